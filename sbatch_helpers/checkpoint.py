@@ -1,0 +1,812 @@
+"""Crash-safe checkpoints that a requeued job can trust.
+
+Layout of a checkpoint directory::
+
+    <directory>/
+        latest                      # one line: the name of the checkpoint saved last
+        ckpt-00000042/
+            payload.bin             # or any files a writer put there (sub-folders allowed)
+            MANIFEST.json           # step, time, files with size and sha256, metadata
+            COMPLETE                # written LAST; names the manifest's sha256
+        .tmp-ckpt-00000043-1234/    # a save in progress (or a leftover of a killed one)
+
+Save protocol: write into ``.tmp-ckpt-<step>-<pid>``, fsync every file and folder, write the manifest,
+fsync, rename to ``ckpt-<step>``, fsync the parent, write ``COMPLETE`` (temp file, fsync, rename,
+fsync), then point ``latest`` at it (temp file, fsync, rename, fsync). A writer killed at any point
+leaves either the previous checkpoints untouched plus a leftover that loading ignores, or a new
+checkpoint without its marker, which loading skips.
+
+Load: the newest checkpoint by step whose marker is present and whose manifest verifies (sizes only,
+or sizes and sha256) wins; each newer candidate that was rejected is logged with its reason.
+
+The high-level functions never raise on corrupt or hostile directory contents: they reject the
+candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-line summary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
+
+log = logging.getLogger(__name__)
+
+FORMAT = "autoheal-checkpoint/1"
+PREFIX = "ckpt-"
+STEP_DIGITS = 8
+MANIFEST = "MANIFEST.json"
+MARKER = "COMPLETE"
+LATEST = "latest"
+PAYLOAD = "payload.bin"
+TMP_PREFIX = ".tmp-"
+DEL_PREFIX = ".del-"
+RESERVED = frozenset({MANIFEST, MARKER})
+VERIFY_MODES = ("sha256", "size")
+
+DEFAULT_STALE_AGE = 6 * 3600.0
+DEFAULT_SHARD_TIMEOUT = 600.0
+_MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_NAME_RE = re.compile(r"^ckpt-(\d{%d,})$" % STEP_DIGITS)
+_SHARD_RE = re.compile(r"^shard-(\d{5,})-of-(\d{5,})\.bin$")
+_CHUNK = 1024 * 1024
+
+Writer = Callable[[Any], None]
+Payload = Union[bytes, bytearray, memoryview, Writer]
+
+
+class CheckpointError(Exception):
+    """A save could not complete, or an argument is invalid."""
+
+
+class NoValidCheckpoint(CheckpointError):
+    """No checkpoint in the directory passed validation; the message says what was found and why."""
+
+
+class ShardTimeout(CheckpointError):
+    """The designated rank gave up waiting for the other ranks' shards."""
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """Why one candidate (a checkpoint name, or ``latest``) was not used."""
+
+    name: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+def _fault(point: str) -> None:
+    """Test hook called at each step of the save protocol; tests replace it to kill the writer."""
+
+
+# ---------------------------------------------------------------- names
+
+
+def checkpoint_name(step: int) -> str:
+    """``ckpt-00000042`` for step 42."""
+    return f"{PREFIX}{_check_step(step):0{STEP_DIGITS}d}"
+
+
+def parse_name(name: str) -> Optional[int]:
+    """The step of a canonical checkpoint name, or None for names that are not ours."""
+    m = _NAME_RE.match(name)
+    if not m:
+        return None
+    step = int(m.group(1))
+    return step if checkpoint_name(step) == name else None
+
+
+def checkpoint_step(path: Union[str, os.PathLike]) -> int:
+    """The step of a checkpoint directory (or of a file inside one); ValueError if it is not one."""
+    p = Path(path)
+    for candidate in (p, p.parent):
+        step = parse_name(candidate.name)
+        if step is not None:
+            return step
+    raise ValueError(f"not a checkpoint path (expected .../{PREFIX}<{STEP_DIGITS} digits>): {path}")
+
+
+def _check_step(step: int) -> int:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+    return step
+
+
+def _check_verify(verify: str) -> str:
+    if verify not in VERIFY_MODES:
+        raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    return verify
+
+
+def env_rank(environ: Optional[Mapping[str, str]] = None) -> int:
+    """This process's rank: ``SLURM_PROCID``, else ``RANK``, else 0."""
+    env = os.environ if environ is None else environ
+    for key in ("SLURM_PROCID", "RANK"):
+        value = env.get(key, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+def env_world_size(environ: Optional[Mapping[str, str]] = None) -> int:
+    """Number of ranks: ``SLURM_NTASKS``, else ``WORLD_SIZE``, else 1."""
+    env = os.environ if environ is None else environ
+    for key in ("SLURM_NTASKS", "WORLD_SIZE"):
+        value = env.get(key, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+# ---------------------------------------------------------------- durable file operations
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # some network filesystems refuse fsync on directories
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(str(path), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file, fsync, rename, fsync the folder."""
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _write_payload(path: Path, payload: Payload) -> None:
+    with open(path, "wb") as f:
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            f.write(payload)
+        elif callable(payload):
+            payload(f)
+        else:
+            raise CheckpointError(
+                f"payload must be bytes or a callable taking a binary file, got {type(payload).__name__}"
+            )
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _safe_relpath(name: object) -> bool:
+    if not isinstance(name, str) or not name or "\x00" in name or "\\" in name:
+        return False
+    if name.startswith("/"):
+        return False
+    parts = name.split("/")
+    return all(p not in ("", ".", "..") for p in parts)
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.lstat().st_mtime
+    if path.is_symlink():
+        return newest
+    for root, dirs, files in os.walk(path):
+        for n in dirs + files:
+            try:
+                newest = max(newest, os.lstat(os.path.join(root, n)).st_mtime)
+            except OSError:
+                pass
+    return newest
+
+
+def _rmtree(path: Path) -> None:
+    """Rename out of the way first, so a half-deleted checkpoint never keeps a valid-looking name."""
+    target = path
+    if not path.name.startswith((TMP_PREFIX, DEL_PREFIX)):
+        target = path.parent / f"{DEL_PREFIX}{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(path, target)
+        except OSError:
+            target = path
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            target.unlink()
+
+
+# ---------------------------------------------------------------- reading and verifying
+
+
+class Checkpoint:
+    """A checkpoint that passed verification."""
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = path
+        self.manifest = manifest
+        self.step: int = manifest["step"]
+        md = manifest.get("metadata")
+        self.metadata: dict = md if isinstance(md, dict) else {}
+
+    def __repr__(self) -> str:
+        return f"Checkpoint(step={self.step}, path={str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def files(self) -> list:
+        """Names (relative, '/'-separated) of the files the manifest lists."""
+        return sorted(self.manifest["files"])
+
+    def file(self, name: str) -> Path:
+        """Path of a listed file; KeyError for a name the manifest does not list."""
+        if name not in self.manifest["files"]:
+            raise KeyError(f"{name!r} is not in checkpoint {self.name} (files: {', '.join(self.files)})")
+        return self.path / name
+
+    def read_bytes(self, name: str = PAYLOAD) -> bytes:
+        return self.file(name).read_bytes()
+
+    def shard_names(self) -> list:
+        return sorted(n for n in self.manifest["files"] if _SHARD_RE.match(n))
+
+    def read_shard(self, rank: int) -> bytes:
+        for n in self.shard_names():
+            if int(_SHARD_RE.match(n).group(1)) == rank:
+                return self.read_bytes(n)
+        raise KeyError(f"checkpoint {self.name} has no shard for rank {rank}")
+
+
+def verify_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
+    """Check one checkpoint directory; return it as a :class:`Checkpoint` or a :class:`Rejection`.
+
+    Never raises on bad contents (only on a bad ``verify`` argument).
+    """
+    _check_verify(verify)
+    path = Path(path)
+    name = path.name
+    try:
+        return _verify(path, verify)
+    except _Reject as r:
+        return Rejection(name, str(r))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+        return Rejection(name, f"unreadable: {type(exc).__name__}: {exc}")
+
+
+class _Reject(Exception):
+    pass
+
+
+def _verify(path: Path, verify: str) -> Checkpoint:
+    step = parse_name(path.name)
+    if step is None:
+        raise _Reject(f"not a checkpoint name ({PREFIX}<{STEP_DIGITS} digits>)")
+    if path.is_symlink():
+        raise _Reject("is a symlink, not a checkpoint directory")
+    if not path.is_dir():
+        raise _Reject("missing" if not path.exists() else "not a directory")
+    marker = path / MARKER
+    if not marker.is_file() or marker.is_symlink():
+        raise _Reject(f"marker {MARKER} missing (torn or unfinished save)")
+    mpath = path / MANIFEST
+    if not mpath.is_file() or mpath.is_symlink():
+        raise _Reject(f"{MANIFEST} missing")
+    if mpath.stat().st_size > _MAX_MANIFEST_BYTES:
+        raise _Reject(f"{MANIFEST} too large")
+    raw = mpath.read_bytes()
+    try:
+        marker_doc = json.loads(marker.read_bytes()[:4096].decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise _Reject(f"marker {MARKER} is not valid JSON") from None
+    if not isinstance(marker_doc, dict) or marker_doc.get("manifest_sha256") != hashlib.sha256(raw).hexdigest():
+        raise _Reject(f"marker {MARKER} does not match {MANIFEST} (manifest changed or corrupt)")
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise _Reject(f"{MANIFEST} is not valid JSON") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise _Reject(f"{MANIFEST} is not an {FORMAT} manifest")
+    if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
+        raise _Reject(f"{MANIFEST} step {manifest.get('step')!r} does not match the directory name")
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise _Reject(f"{MANIFEST} has no file list")
+    root = path.resolve()
+    for fname, info in sorted(files.items()):
+        if not _safe_relpath(fname) or fname in RESERVED:
+            raise _Reject(f"{MANIFEST} lists an unsafe file name {fname!r}")
+        if not isinstance(info, dict):
+            raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
+        size, digest = info.get("size"), info.get("sha256")
+        if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
+            raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
+        fpath = path / fname
+        if fpath.is_symlink() or root not in fpath.resolve().parents:
+            raise _Reject(f"{fname} points outside the checkpoint")
+        if not fpath.is_file():
+            raise _Reject(f"{fname} missing")
+        actual = fpath.stat().st_size
+        if actual != size:
+            raise _Reject(f"{fname} size {actual} != {size} in manifest (truncated or overwritten)")
+        if verify == "sha256" and _sha256(fpath) != digest:
+            raise _Reject(f"{fname} sha256 mismatch (corrupt)")
+    return Checkpoint(path, manifest)
+
+
+def read_latest_pointer(directory: Union[str, os.PathLike]) -> Optional[str]:
+    """The checkpoint name in ``latest``, or None when absent or not one of our names."""
+    try:
+        with open(Path(directory) / LATEST, "rb") as f:
+            text = f.read(256).decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    return text if parse_name(text) is not None else None
+
+
+# ---------------------------------------------------------------- the manager
+
+
+class CheckpointManager:
+    """Save, prune and load checkpoints in one directory.
+
+    ``rank``: this process's rank (default from ``SLURM_PROCID``/``RANK``, else 0). Only rank 0 — the
+    designated rank — writes manifests, markers and the ``latest`` pointer; other ranks may only
+    contribute shards through :meth:`save_shard`.
+    ``keep``: how many valid checkpoints to keep (None or 0: keep all).
+    ``verify``: default check for loading, ``"sha256"`` (full) or ``"size"`` (fast).
+    ``stale_age``: seconds after which an unfinished save's leftovers may be deleted.
+    """
+
+    def __init__(
+        self,
+        directory: Union[str, os.PathLike],
+        keep: Optional[int] = 3,
+        rank: Optional[int] = None,
+        *,
+        verify: str = "sha256",
+        world_size: Optional[int] = None,
+        stale_age: float = DEFAULT_STALE_AGE,
+        shard_timeout: float = DEFAULT_SHARD_TIMEOUT,
+        session: Optional[str] = None,
+    ):
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
+            raise ValueError(f"keep must be a non-negative int or None, got {keep!r}")
+        self.directory = Path(directory)
+        self.keep = keep or None
+        self.rank = env_rank() if rank is None else int(rank)
+        self.world_size = env_world_size() if world_size is None else int(world_size)
+        self.verify = _check_verify(verify)
+        self.stale_age = float(stale_age)
+        self.shard_timeout = float(shard_timeout)
+        self.session = _session_token() if session is None else _sanitize(session)
+        self.rejections: list = []
+        self._writing: set = set()
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.directory)!r}, keep={self.keep}, rank={self.rank})"
+
+    @property
+    def is_primary(self) -> bool:
+        return self.rank == 0
+
+    # ---- saving
+
+    def save(
+        self,
+        step: int,
+        payload: Union[Payload, Mapping[str, Payload]],
+        metadata: Optional[dict] = None,
+        *,
+        filename: str = PAYLOAD,
+    ) -> Path:
+        """Save ``payload`` as checkpoint ``step`` and return its final path.
+
+        ``payload``: bytes, a callable given a binary file opened for writing (e.g.
+        ``lambda f: torch.save(state, f)``), or a mapping of file names to either.
+        """
+        items = dict(payload) if isinstance(payload, Mapping) else {filename: payload}
+        for name in items:
+            if not _safe_relpath(name) or name in RESERVED:
+                raise CheckpointError(f"invalid payload file name {name!r}")
+        with self.saving(step, metadata) as tmp:
+            for name, data in items.items():
+                target = tmp / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write_payload(target, data)
+                _fault("payload-written")
+        return self.directory / checkpoint_name(step)
+
+    @contextlib.contextmanager
+    def saving(self, step: int, metadata: Optional[dict] = None) -> Iterator[Path]:
+        """Yield a temporary folder to write files into; on success publish it as checkpoint ``step``.
+
+        On an exception the temporary folder is deleted and nothing is published.
+        """
+        self._require_primary("saving()")
+        _check_step(step)
+        meta_json = _metadata_json(metadata)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self._make_tmp(step)
+        self._writing.add(tmp.name)
+        try:
+            _fault("tmp-created")
+            yield tmp
+            self._publish(step, tmp, meta_json)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            self._writing.discard(tmp.name)
+
+    def save_shard(
+        self,
+        step: int,
+        data: Payload,
+        rank: Optional[int] = None,
+        *,
+        world_size: Optional[int] = None,
+        metadata: Optional[dict] = None,
+        timeout: Optional[float] = None,
+    ) -> Path:
+        """Write this rank's shard of checkpoint ``step``.
+
+        Every rank calls it. Non-designated ranks write their shard into a shared staging folder and
+        return the shard's path. Rank 0 writes its shard, waits up to ``timeout`` seconds for all
+        ``world_size`` shards, then publishes the checkpoint (manifest, marker, pointer) and returns
+        its final path; it raises :class:`ShardTimeout` (publishing nothing) if shards are missing.
+        The staging folder is ``.tmp-ckpt-<step>-shards-<session>``: the session defaults to the
+        job id and restart count, so shards left by an earlier run of the job are never mixed in.
+        """
+        _check_step(step)
+        rank = self.rank if rank is None else int(rank)
+        world = self.world_size if world_size is None else int(world_size)
+        if not 0 <= rank < world:
+            raise CheckpointError(f"rank {rank} is outside world_size {world}")
+        meta_json = _metadata_json(metadata) if rank == 0 else None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        staging = self.directory / f"{TMP_PREFIX}{checkpoint_name(step)}-shards-{self.session}"
+        staging.mkdir(exist_ok=True)
+        shard = staging / _shard_name(rank, world)
+        part = staging / f".{shard.name}.part-{os.getpid()}"
+        _write_payload(part, data)
+        os.replace(part, shard)
+        _fsync_dir(staging)
+        _fault("shard-written")
+        if rank != 0:
+            return shard
+        self._writing.add(staging.name)
+        try:
+            self._wait_for_shards(staging, world, self.shard_timeout if timeout is None else timeout)
+            wanted = {_shard_name(r, world) for r in range(world)}
+            for n in os.listdir(staging):  # part-files of a rank that died, shards of another world size
+                if n not in wanted:
+                    _rmtree(staging / n)
+            self._publish(step, staging, meta_json, extra={"world_size": world})
+        finally:
+            self._writing.discard(staging.name)
+        return self.directory / checkpoint_name(step)
+
+    def _wait_for_shards(self, staging: Path, world: int, timeout: float) -> None:
+        wanted = {_shard_name(r, world) for r in range(world)}
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        while True:
+            missing = wanted - set(os.listdir(staging))
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                ranks = sorted(int(_SHARD_RE.match(n).group(1)) for n in missing)
+                raise ShardTimeout(
+                    f"checkpoint {staging.name}: timed out after {timeout:g}s waiting for shards of ranks "
+                    f"{ranks} (have {world - len(missing)}/{world}); nothing published"
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def _require_primary(self, what: str) -> None:
+        if not self.is_primary:
+            raise CheckpointError(
+                f"{what} is for the designated rank 0 only (this is rank {self.rank}); "
+                f"other ranks contribute with save_shard()"
+            )
+
+    def _make_tmp(self, step: int) -> Path:
+        base = f"{TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
+        for n in range(1000):
+            tmp = self.directory / (base if n == 0 else f"{base}.{n}")
+            try:
+                tmp.mkdir()
+                return tmp
+            except FileExistsError:
+                continue
+        raise CheckpointError(f"cannot create a temporary folder {base}.* in {self.directory}")
+
+    def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[dict] = None) -> None:
+        files = {}
+        for root, dirs, names in os.walk(tmp):
+            rootp = Path(root)
+            for n in dirs + names:
+                if (rootp / n).is_symlink():
+                    raise CheckpointError(f"symlinks are not supported in a checkpoint: {rootp / n}")
+            for n in names:
+                fpath = rootp / n
+                rel = fpath.relative_to(tmp).as_posix()
+                if rel in RESERVED:
+                    raise CheckpointError(f"{rel} is a reserved name in a checkpoint")
+                _fsync_file(fpath)
+                files[rel] = {"size": fpath.stat().st_size, "sha256": _sha256(fpath)}
+            _fsync_dir(rootp)
+        if not files:
+            raise CheckpointError(f"nothing was written into the checkpoint for step {step}")
+        now = time.time()
+        manifest = {
+            "format": FORMAT,
+            "step": step,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+            "unix_time": now,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "files": files,
+            "metadata": json.loads(meta_json),
+        }
+        manifest.update(extra or {})
+        raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        _write_durable(tmp / MANIFEST, raw)
+        _fault("manifest-written")
+
+        name = checkpoint_name(step)
+        final = self.directory / name
+        if os.path.lexists(final):  # an older save of the same step (e.g. a torn one): replace it
+            _rmtree(final)
+        os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        _fault("renamed")
+
+        marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+        _write_durable(final / MARKER, json.dumps(marker).encode() + b"\n")
+        _fault("marker-written")
+
+        _write_durable(self.directory / LATEST, (name + "\n").encode())
+        _fault("pointer-written")
+        log.info("checkpoint saved: %s", final)
+        try:
+            self.prune()
+        except OSError as exc:  # pruning is housekeeping: never fail a save over it
+            log.warning("checkpoint pruning in %s failed: %s", self.directory, exc)
+
+    # ---- pruning
+
+    def prune(self, now: Optional[float] = None) -> list:
+        """Delete surplus checkpoints and stale leftovers; return the deleted paths.
+
+        Keeps the newest ``keep`` checkpoints that verify (by size), the one ``latest`` names, and
+        anything this manager is writing. Checkpoints failing verification and temporary folders are
+        deleted only once older than ``stale_age``. Deletes oldest first.
+        """
+        if not self.is_primary or not self.directory.is_dir():
+            return []
+        now = time.time() if now is None else now
+        pointer = read_latest_pointer(self.directory)
+        names = os.listdir(self.directory)
+        ckpts = sorted(((parse_name(n), n) for n in names if parse_name(n) is not None), reverse=True)
+        doomed = []
+        valid_seen = 0
+        for step, name in ckpts:
+            path = self.directory / name
+            if path.is_symlink():  # not something we made: leave it alone
+                continue
+            ok = isinstance(verify_checkpoint(path, "size"), Checkpoint)
+            if name == pointer:
+                valid_seen += ok
+                continue
+            if ok:
+                valid_seen += 1
+                if self.keep is None or valid_seen <= self.keep:
+                    continue
+                doomed.append((step, path))
+            elif self._is_stale(path, now):
+                doomed.append((step, path))
+        for n in names:
+            if n.startswith((TMP_PREFIX, DEL_PREFIX, f".{LATEST}.tmp-")) and n not in self._writing:
+                path = self.directory / n
+                if n.startswith(DEL_PREFIX) or self._is_stale(path, now):
+                    doomed.append((-1, path))
+        doomed.sort(key=lambda t: t[0])
+        for _, path in doomed:
+            log.info("checkpoint pruning: deleting %s", path)
+            _rmtree(path)
+        return [p for _, p in doomed]
+
+    def _is_stale(self, path: Path, now: float) -> bool:
+        try:
+            return now - _newest_mtime(path) > self.stale_age
+        except OSError:
+            return False
+
+    # ---- loading
+
+    def checkpoints(self) -> list:
+        """Steps of the folders named like checkpoints (valid or not), oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError:
+            return []
+        return sorted(s for s in (parse_name(n) for n in names) if s is not None)
+
+    def latest_valid(self, verify: Optional[str] = None) -> Optional[Checkpoint]:
+        """The newest checkpoint (by step) that verifies, or None.
+
+        The reasons newer candidates were rejected are logged and kept in :attr:`rejections`.
+        """
+        verify = _check_verify(verify or self.verify)
+        self.rejections = []
+        pointer_problem = self._pointer_problem()
+        if pointer_problem:
+            self._reject(pointer_problem)
+        for step in reversed(self.checkpoints()):
+            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            if isinstance(result, Checkpoint):
+                return result
+            self._reject(result)
+        return None
+
+    def load(self, step: Optional[int] = None, verify: Optional[str] = None) -> Checkpoint:
+        """The checkpoint for ``step`` (default: :meth:`latest_valid`); raise NoValidCheckpoint."""
+        verify = _check_verify(verify or self.verify)
+        if step is None:
+            found = self.latest_valid(verify)
+        else:
+            self.rejections = []
+            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            found = result if isinstance(result, Checkpoint) else None
+            if found is None:
+                self._reject(result)
+        if found is None:
+            raise NoValidCheckpoint(self._summary(step))
+        return found
+
+    def _pointer_problem(self) -> Optional[Rejection]:
+        path = self.directory / LATEST
+        if not os.path.lexists(path):
+            return None
+        try:
+            with open(path, "rb") as f:
+                text = f.read(256).decode("utf-8", "replace").strip()
+        except OSError as exc:
+            return Rejection(LATEST, f"unreadable ({exc.strerror}); ignored")
+        if parse_name(text) is None:
+            return Rejection(LATEST, f"names {text[:60]!r}, not a checkpoint in this directory; ignored")
+        if not (self.directory / text).is_dir():
+            return Rejection(LATEST, f"names missing {text}; ignored")
+        return None
+
+    def _reject(self, rejection: Rejection) -> None:
+        self.rejections.append(rejection)
+        log.warning("checkpoint rejected in %s: %s", self.directory, rejection)
+
+    def _summary(self, step: Optional[int]) -> str:
+        where = f"no valid checkpoint{'' if step is None else f' for step {step}'} in {self.directory}"
+        if not self.directory.is_dir():
+            return f"{where}: directory does not exist"
+        n = len(self.checkpoints()) if step is None else 1
+        found = f"found no {PREFIX}* folders" if n == 0 else f"rejected {n} candidate(s)"
+        return "; ".join([f"{where}: {found}"] + [str(r) for r in self.rejections])
+
+
+def _shard_name(rank: int, world: int) -> str:
+    return f"shard-{rank:05d}-of-{world:05d}.bin"
+
+
+def _sanitize(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(text))[:64] or "local"
+
+
+def _session_token(environ: Optional[Mapping[str, str]] = None) -> str:
+    env = os.environ if environ is None else environ
+    parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "AUTOHEAL_RESTART_COUNT")]
+    return _sanitize(".".join(p for p in parts if p)) if any(parts) else "local"
+
+
+def _metadata_json(metadata: Optional[dict]) -> str:
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        return json.dumps(metadata, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"metadata must be JSON-serialisable: {exc}") from None
+
+
+# ---------------------------------------------------------------- runner-facing helpers
+
+
+def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size") -> Optional[Path]:
+    """Path of the newest valid checkpoint in ``directory`` (size check by default), or None.
+
+    Never raises: used by the job runner to set ``AUTOHEAL_RESUME_FROM``.
+    """
+    if not directory:
+        return None
+    try:
+        found = CheckpointManager(directory, keep=None, rank=0, verify=verify).latest_valid()
+    except Exception as exc:  # the runner must start the job whatever the folder holds
+        log.warning("find_resume_point(%s) failed: %s", directory, exc)
+        return None
+    return found.path if found else None
+
+
+def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Checkpoint:
+    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad."""
+    result = verify_checkpoint(path, verify)
+    if isinstance(result, Rejection):
+        raise NoValidCheckpoint(f"checkpoint {path} rejected: {result.reason}")
+    return result
+
+
+def main(argv: Optional[list] = None) -> int:
+    """``python -m autoheal.sbatch_helpers.checkpoint resume-point DIR [--verify size|sha256]``.
+
+    Prints the resume path and exits 0, or prints nothing and exits 1 when there is none.
+    ``step PATH`` prints the step of a checkpoint path (exit 2 if it is not one).
+    """
+    import argparse
+
+    p = argparse.ArgumentParser(prog="autoheal-checkpoint", description="checkpoint helpers for job scripts")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rp = sub.add_parser("resume-point", help="print the newest valid checkpoint path")
+    rp.add_argument("directory")
+    rp.add_argument("--verify", choices=VERIFY_MODES, default="size")
+    sp = sub.add_parser("step", help="print the step of a checkpoint path")
+    sp.add_argument("path")
+    args = p.parse_args(argv)
+    if args.cmd == "step":
+        try:
+            print(checkpoint_step(args.path))
+        except ValueError as exc:
+            print(f"autoheal-checkpoint: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    found = find_resume_point(args.directory, args.verify)
+    if found is None:
+        return 1
+    print(found)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
