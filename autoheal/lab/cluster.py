@@ -1,0 +1,340 @@
+"""A real multi-node Slurm cluster on one machine: munged, slurmctld, one ``slurmd -N`` per node.
+
+Everything (config, state, sockets, logs, fake GPU state, kernel logs) lives under one directory, so
+several labs can coexist. ``lab.json`` in that directory records each process by PID and start time;
+``down`` stops exactly those processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from autoheal.errors import AutohealError
+from autoheal.lab import procs
+from autoheal.lab.slurmconf import LabLayout, render_gres_conf, render_slurm_conf
+
+STATE_FILE = "lab.json"
+APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
+
+
+class LabError(AutohealError):
+    """The lab could not be brought up, inspected or torn down."""
+
+
+def default_dir() -> Path:
+    """``$XDG_STATE_HOME/autoheal/lab`` (``~/.local/state/autoheal/lab``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "autoheal" / "lab"
+
+
+def _free_ports(n: int) -> List[int]:
+    socks, ports = [], []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def ensure_slurm_installed(install: bool = True) -> None:
+    """Install Debian's Slurm and munge with apt when missing (root only), else say what to run."""
+    missing = [b for b in ("slurmctld", "slurmd", "scontrol", "munged") if not _which(b)]
+    if not missing:
+        return
+    if not install:
+        raise LabError(f"missing {', '.join(missing)}: run `apt-get install {' '.join(APT_PACKAGES)}`")
+    if os.geteuid() != 0:
+        raise LabError(f"missing {', '.join(missing)} and not root: run "
+                       f"`sudo apt-get install {' '.join(APT_PACKAGES)}` first")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", *APT_PACKAGES]):
+        res = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        if res.returncode != 0:
+            raise LabError(f"{' '.join(argv)} failed: {res.stderr.strip()[-500:]}")
+
+
+def _which(name: str) -> Optional[str]:
+    return shutil.which(name) or next((str(p) for d in ("/usr/sbin", "/usr/bin", "/sbin")
+                                       if (p := Path(d, name)).exists()), None)
+
+
+class Lab:
+    """One lab cluster rooted at ``root``."""
+
+    def __init__(self, root: Optional[Path] = None):
+        self.root = Path(root or default_dir()).resolve()
+
+    # ---- persisted state -------------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        return self.root / STATE_FILE
+
+    def load_state(self) -> Optional[dict]:
+        try:
+            return json.loads(self.state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise LabError(f"{self.state_path}: unreadable lab state: {exc}") from None
+
+    def _save_state(self, state: dict) -> None:
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        os.replace(tmp, self.state_path)
+
+    def layout(self) -> LabLayout:
+        st = self.load_state()
+        if not st:
+            raise LabError(f"no lab at {self.root}: run `autoheal lab up --dir {self.root}`")
+        lay = st["layout"]
+        return LabLayout(root=Path(lay["root"]), nodes=lay["nodes"], spares=lay["spares"], gpus=lay["gpus"],
+                         ctld_port=lay["ctld_port"], node_ports=lay["node_ports"], rest_port=lay["rest_port"],
+                         cluster_name=lay["cluster_name"], extra_conf=lay.get("extra_conf", []))
+
+    def records(self) -> Dict[str, procs.ProcRecord]:
+        st = self.load_state() or {}
+        return {name: procs.ProcRecord(**rec) for name, rec in st.get("procs", {}).items()}
+
+    def _record(self, rec: procs.ProcRecord) -> None:
+        st = self.load_state() or {}
+        st.setdefault("procs", {})[rec.name] = rec.to_dict()
+        self._save_state(st)
+
+    def _forget(self, name: str) -> None:
+        st = self.load_state() or {}
+        st.get("procs", {}).pop(name, None)
+        self._save_state(st)
+
+    def env(self) -> Dict[str, str]:
+        """Environment a shell (or a test) needs to use this lab's Slurm and autoheal."""
+        lay = self.layout()
+        env = {"SLURM_CONF": str(lay.slurm_conf), "AUTOHEAL_CONFIG": str(lay.autoheal_conf),
+               "AUTOHEAL_LAB_DIR": str(self.root)}
+        st = self.load_state() or {}
+        if st.get("nvml_lib_dir"):
+            env["AUTOHEAL_LAB_NVML_LIB_DIR"] = st["nvml_lib_dir"]
+        if st.get("kubeconfig"):
+            env["KUBECONFIG"] = st["kubeconfig"]
+        return env
+
+    def slurm_env(self) -> Dict[str, str]:
+        return dict(os.environ, **self.env())
+
+    # ---- up / down --------------------------------------------------------------------------------
+    def up(self, nodes: int = 3, gpus: int = 8, spares: int = 1, fragment: Optional[List[str]] = None,
+           hooks: Optional[Dict[str, str]] = None, extra_conf: Optional[List[str]] = None,
+           install: bool = True, wait: float = 60.0) -> dict:
+        """Bring the lab up (idempotent: a lab already up with every process alive is left alone)."""
+        st = self.load_state()
+        if st and st.get("procs"):
+            dead = [n for n, r in self.records().items() if not procs.is_alive(r)]
+            if not dead:
+                return self.status()
+            # Partly dead (a process killed from outside, a reboot): start over cleanly.
+            self.down()
+        ensure_slurm_installed(install)
+        names = [f"gpu{i}" for i in range(1, nodes + 1)]
+        spare_names = [f"spare{i}" for i in range(1, spares + 1)]
+        ports = _free_ports(2 + len(names) + len(spare_names))
+        lay = LabLayout(root=self.root, nodes=names, spares=spare_names, gpus=gpus, ctld_port=ports[0],
+                        rest_port=ports[1], node_ports=dict(zip(names + spare_names, ports[2:])),
+                        extra_conf=list(extra_conf or []))
+        for sub in ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        for i in range(gpus):
+            (self.root / "dev" / f"nvidia{i}").touch()
+        for name in lay.all_nodes:
+            lay.kernel_log(name).touch()
+        state = {"layout": {**asdict(lay), "root": str(lay.root)}, "procs": {}, "started": time.time(),
+                 "fragment": list(fragment or [])}
+        self._save_state(state)
+        self._write_configs(lay, hooks or {}, fragment or [])
+        self._start_munge(lay)
+        self._start_slurmctld(lay)
+        for name in lay.all_nodes:
+            if name not in lay.spares:
+                self.start_slurmd(name)
+        self.wait_nodes_up(lay.nodes, timeout=wait)
+        return self.status()
+
+    def _write_configs(self, lay: LabLayout, hooks: Dict[str, str], fragment: List[str]) -> None:
+        lay.slurm_conf.write_text(render_slurm_conf(lay, hooks, fragment))
+        lay.path("etc", "gres.conf").write_text(render_gres_conf(lay))
+        lay.path("etc", "cgroup.conf").write_text("CgroupPlugin=disabled\n") if False else None
+        if not lay.autoheal_conf.exists():
+            lay.autoheal_conf.write_text(render_autoheal_toml(lay))
+
+    def _start_munge(self, lay: LabLayout) -> None:
+        key = lay.path("munge", "munge.key")
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o400)
+        munged = _which("munged") or "munged"
+        argv = [munged, "-F", "--force", f"--socket={lay.munge_socket}", f"--key-file={key}",
+                f"--pid-file={lay.path('munge', 'munged.pid')}", f"--seed-file={lay.path('munge', 'seed')}",
+                f"--log-file={lay.path('log', 'munged.log')}"]
+        rec = procs.spawn("munged", argv, lay.path("log", "munged.out"))
+        self._record(rec)
+        _wait_for(lambda: lay.munge_socket.exists(), 10, "munged socket", rec)
+
+    def _start_slurmctld(self, lay: LabLayout) -> None:
+        argv = [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(lay.slurm_conf)]
+        rec = procs.spawn("slurmctld", argv, lay.path("log", "slurmctld.out"), env=self._daemon_env(lay))
+        self._record(rec)
+        _wait_for(lambda: self._ping(lay), 30, "slurmctld to answer", rec)
+
+    def _daemon_env(self, lay: LabLayout) -> Dict[str, str]:
+        return dict(os.environ, SLURM_CONF=str(lay.slurm_conf))
+
+    def _ping(self, lay: LabLayout) -> bool:
+        try:
+            res = subprocess.run([_which("scontrol") or "scontrol", "ping"], env=self._daemon_env(lay),
+                                 capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            return False
+        return res.returncode == 0 and " UP" in res.stdout
+
+    def start_slurmd(self, node: str) -> procs.ProcRecord:
+        """Start (or restart) one node's slurmd; the lab's "reboot" and spare bring-up use this."""
+        lay = self.layout()
+        name = f"slurmd-{node}"
+        old = self.records().get(name)
+        if old and procs.is_alive(old):
+            procs.stop(old)
+        env = self._daemon_env(lay)
+        env.update(self.node_env(node))
+        argv = [_which("slurmd") or "slurmd", "-D", "-N", node, "-f", str(lay.slurm_conf)]
+        rec = procs.spawn(name, argv, lay.path("log", f"slurmd-{node}.out"), env=env)
+        self._record(rec)
+        return rec
+
+    def stop_slurmd(self, node: str) -> bool:
+        rec = self.records().get(f"slurmd-{node}")
+        if not rec:
+            return False
+        stopped = procs.stop(rec)
+        self._forget(rec.name)
+        return stopped
+
+    def node_env(self, node: str) -> Dict[str, str]:
+        """What a process "on" ``node`` sees: its fake GPUs and its kernel log."""
+        lay = self.layout()
+        env = {"AUTOHEAL_FAKE_NVML_STATE": str(lay.gpu_state(node)), "AUTOHEAL_NODE": node,
+               "AUTOHEAL_CONFIG": str(lay.autoheal_conf)}
+        st = self.load_state() or {}
+        if st.get("nvml_lib_dir"):
+            env["LD_LIBRARY_PATH"] = st["nvml_lib_dir"]
+        return env
+
+    def wait_nodes_up(self, nodes: List[str], timeout: float = 60.0) -> None:
+        """Wait until every node has registered (no longer UNKNOWN / NOT_RESPONDING)."""
+        lay = self.layout()
+        deadline = time.monotonic() + timeout
+        pending = list(nodes)
+        while time.monotonic() < deadline:
+            states = self._node_states(lay)
+            pending = [n for n in nodes if n not in states or
+                       any(bad in states[n] for bad in ("UNKNOWN", "NOT_RESPONDING", "DOWN", "*"))]
+            if not pending:
+                return
+            time.sleep(0.3)
+        raise LabError(f"nodes {', '.join(pending)} did not come up in {timeout:.0f}s; "
+                       f"see {lay.path('log')}/slurmd-<node>.log")
+
+    def _node_states(self, lay: LabLayout) -> Dict[str, str]:
+        try:
+            res = subprocess.run([_which("sinfo") or "sinfo", "-N", "-h", "-o", "%N %T"],
+                                 env=self._daemon_env(lay), capture_output=True, text=True, timeout=10)
+        except subprocess.TimeoutExpired:
+            return {}
+        out = {}
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = parts[1].upper()
+        return out
+
+    def down(self) -> List[str]:
+        """Stop every recorded process (slurmd first, munged last). Returns the names stopped."""
+        recs = self.records()
+        order = sorted(recs, key=lambda n: (0 if n.startswith(("slurmd-", "xid-watch", "sync", "kube",
+                                                                   "spare-pool", "slurmrestd")) else
+                                            1 if n == "slurmctld" else 2, n))
+        stopped = []
+        for name in order:
+            if procs.stop(recs[name]):
+                stopped.append(name)
+            self._forget(name)
+        return stopped
+
+    # ---- status -----------------------------------------------------------------------------------
+    def status(self) -> dict:
+        """Every lab process with pid and liveness, every node with its Slurm state and files."""
+        st = self.load_state()
+        if not st:
+            return {"dir": str(self.root), "up": False, "processes": [], "nodes": []}
+        lay = self.layout()
+        recs = self.records()
+        plist = [{"name": n, "pid": r.pid, "alive": procs.is_alive(r), "log": r.log} for n, r in sorted(recs.items())]
+        states = self._node_states(lay) if recs.get("slurmctld") and procs.is_alive(recs["slurmctld"]) else {}
+        nodes = [{"name": n, "spare": n in lay.spares, "state": states.get(n, "unknown"),
+                  "gpu_state_file": str(lay.gpu_state(n)), "kernel_log": str(lay.kernel_log(n)),
+                  "slurmd_port": lay.node_ports[n]} for n in lay.all_nodes]
+        up = bool(plist) and all(p["alive"] for p in plist)
+        return {"dir": str(self.root), "up": up, "slurm_conf": str(lay.slurm_conf),
+                "autoheal_conf": str(lay.autoheal_conf), "processes": plist, "nodes": nodes}
+
+
+def _wait_for(pred, timeout: float, what: str, rec: procs.ProcRecord) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        if not procs.is_alive(rec):
+            raise LabError(f"{rec.name} exited while waiting for {what}; see {rec.log}: "
+                           f"{_tail(rec.log)}")
+        time.sleep(0.1)
+    raise LabError(f"timed out after {timeout:.0f}s waiting for {what}; see {rec.log}: {_tail(rec.log)}")
+
+
+def _tail(path: str, n: int = 3) -> str:
+    try:
+        lines = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(lines[-n:])
+
+
+def render_autoheal_toml(lay: LabLayout) -> str:
+    """The autoheal config every lab process uses (journal and node state under the lab dir)."""
+    return "\n".join([
+        "# Generated by `autoheal lab up`.",
+        "[slurm]",
+        f'slurm_conf = "{lay.slurm_conf}"',
+        "timeout = 10.0",
+        "",
+        "[journal]",
+        f'path = "{lay.path("journal", "journal.jsonl")}"',
+        "",
+        "[hooks]",
+        f'state_dir = "{lay.root}/nodestate/{{node}}"',
+        "",
+    ]) + "\n"
+
+
+def python_executable() -> str:
+    return sys.executable

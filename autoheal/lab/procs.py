@@ -1,0 +1,100 @@
+"""Processes the lab starts: spawn detached, record by PID, check liveness, stop by PID.
+
+A PID alone can be reused by an unrelated process after a crash; every record keeps the process's
+start time from /proc so that ``stop`` never signals a stranger.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Dict, List, Optional
+
+
+@dataclass
+class ProcRecord:
+    """One lab process: what it is, its PID and /proc start time, its log file."""
+
+    name: str
+    pid: int
+    start_time: int
+    argv: List[str]
+    log: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def proc_start_time(pid: int) -> Optional[int]:
+    """The start time (clock ticks since boot) of ``pid`` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            data = fh.read().decode(errors="replace")
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: split after the last ')'
+    rest = data.rsplit(")", 1)[-1].split()
+    try:
+        if rest[0] == "Z":  # a zombie is as good as dead
+            return None
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def is_alive(rec: ProcRecord) -> bool:
+    """True when the recorded process still runs (same PID *and* same start time)."""
+    return proc_start_time(rec.pid) == rec.start_time
+
+
+def spawn(name: str, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None,
+          cwd: Optional[Path] = None) -> ProcRecord:
+    """Start ``argv`` detached from us (own session, no stdin), output appended to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=str(cwd) if cwd else None, start_new_session=True,
+                                close_fds=True)
+    start = None
+    for _ in range(50):
+        start = proc_start_time(proc.pid)
+        if start is not None:
+            break
+        time.sleep(0.01)
+    return ProcRecord(name=name, pid=proc.pid, start_time=start or -1, argv=list(argv), log=str(log))
+
+
+def stop(rec: ProcRecord, timeout: float = 10.0) -> bool:
+    """SIGTERM the process (and its process group), SIGKILL after ``timeout``. True if it was running."""
+    if not is_alive(rec):
+        _reap(rec.pid)
+        return False
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(rec.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            try:
+                os.kill(rec.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline:
+            _reap(rec.pid)
+            if not is_alive(rec):
+                return True
+            time.sleep(0.05)
+    return True
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status when the process is our own child (tests start labs in-process)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+    except OSError:
+        pass

@@ -1,0 +1,54 @@
+"""Reasons and comments we write into Slurm: our prefix, sanitising, and ownership.
+
+Every reason we write starts with ``autoheal: `` so that we can tell our drains from an admin's (the
+convention NHC and Slinky follow). We only ever resume or rewrite a node whose reason is ours.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+PREFIX = "autoheal: "
+#: Slurm stores reasons of any length, but sinfo -R truncates and reasons travel into Kubernetes
+#: annotations and webhook messages: keep them short enough to read in one line.
+MAX_REASON_LEN = 200
+MAX_COMMENT_LEN = 1000
+
+_WS = re.compile(r"\s+")
+
+
+def sanitize(text: str, max_len: int = MAX_REASON_LEN) -> str:
+    """Return ``text`` as one printable line of at most ``max_len`` characters.
+
+    Control characters (newlines, escapes, NUL) become spaces, runs of white space collapse, and
+    over-long text is cut with a trailing ellipsis. Quotes and shell metacharacters are kept: we pass
+    argv lists, never a shell, so they are harmless and may carry meaning.
+    """
+    text = "" if text is None else str(text)
+    cleaned = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
+    cleaned = _WS.sub(" ", cleaned).strip()
+    if len(cleaned) > max_len:
+        cleaned = cleaned[: max(0, max_len - 3)].rstrip() + "..."
+    return cleaned
+
+
+def make_reason(*parts: str, max_len: int = MAX_REASON_LEN) -> str:
+    """Build an ``autoheal: a: b`` reason from parts, sanitised and bounded (prefix included)."""
+    body = ": ".join(sanitize(p, max_len) for p in parts if p is not None and str(p).strip())
+    return sanitize(PREFIX + body, max_len)
+
+
+def is_ours(reason: str | None) -> bool:
+    """True when a Slurm reason was written by autoheal (starts with our prefix).
+
+    Slurm may append ``[user@time]`` when it prints a reason; the prefix test is unaffected.
+    """
+    return bool(reason) and reason.strip().startswith(PREFIX.strip())
+
+
+def strip_reason_suffix(reason: str | None) -> str:
+    """Remove the ``[user@2026-01-01T00:00:00]`` suffix scontrol appends when it prints a reason."""
+    if not reason:
+        return ""
+    return re.sub(r"\s*\[[^\[\]@]+@[^\[\]]+\]\s*$", "", reason).strip()

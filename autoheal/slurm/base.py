@@ -1,0 +1,119 @@
+"""The one interface every Slurm backend implements, plus the shared retry policy.
+
+Callers depend on ``SlurmAdapter`` only; ``autoheal.slurm.get_adapter(config)`` picks the backend.
+Reads retry with backoff when slurmctld does not answer; a final failure raises ``SlurmUnavailable``,
+which every caller must treat as "unknown" (never as a reason to drain or resume).
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import Callable, Dict, List, Optional, TypeVar
+
+from autoheal.errors import SlurmNotFound, SlurmUnavailable
+from autoheal.slurm.model import Job, Node, SlurmVersion
+
+T = TypeVar("T")
+
+
+def with_retries(fn: Callable[[], T], retries: int, base_delay: float = 0.5,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """Call ``fn``; on SlurmUnavailable retry ``retries`` times with doubling delay (capped at 5 s)."""
+    attempt = 0
+    while True:
+        try:
+            return fn()
+        except SlurmUnavailable:
+            if attempt >= retries:
+                raise
+            sleep(min(5.0, base_delay * (2 ** attempt)))
+            attempt += 1
+
+
+class SlurmAdapter(ABC):
+    """Everything autoheal asks of Slurm. Node and job names are plain strings."""
+
+    name = "abstract"
+
+    # ---- reads -----------------------------------------------------------------------------------
+    @abstractmethod
+    def version(self) -> SlurmVersion:
+        """The Slurm version of the client tools / server."""
+
+    @abstractmethod
+    def list_nodes(self) -> List[Node]:
+        """Every node with state, flags and reason, in one call."""
+
+    def get_node(self, name: str) -> Node:
+        """One node; SlurmNotFound when Slurm does not know it."""
+        for node in self.list_nodes():
+            if node.name == name:
+                return node
+        raise SlurmNotFound(f"node {name!r} not found")
+
+    @abstractmethod
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        """Jobs (all, or those with an allocation on ``node``), optionally filtered by state."""
+
+    def get_job(self, job_id: str) -> Job:
+        """One job by id (``123`` or ``123_4``); SlurmNotFound when it is gone."""
+        for job in self.list_jobs():
+            if job.job_id == str(job_id) or job.raw_id == str(job_id):
+                return job
+        raise SlurmNotFound(f"job {job_id} not found")
+
+    @abstractmethod
+    def show_config(self) -> Dict[str, str]:
+        """The running slurm.conf values as slurmctld reports them (``scontrol show config``)."""
+
+    @abstractmethod
+    def ping(self) -> bool:
+        """True when slurmctld answers."""
+
+    # ---- node writes -----------------------------------------------------------------------------
+    @abstractmethod
+    def drain(self, node: str, reason: str) -> None:
+        """Set DRAIN with ``reason`` (the caller sanitises and checks ownership: see nodeops)."""
+
+    @abstractmethod
+    def resume(self, node: str) -> None:
+        """Clear DRAIN/DOWN (state=resume)."""
+
+    @abstractmethod
+    def set_reason(self, node: str, reason: str) -> None:
+        """Replace the reason of an already drained node."""
+
+    @abstractmethod
+    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
+        """``scontrol reboot [ASAP] nextstate=... reason=... node``."""
+
+    # ---- job writes ------------------------------------------------------------------------------
+    @abstractmethod
+    def requeue(self, job_id: str, hold: bool = False) -> None:
+        """``scontrol requeue`` (or ``requeuehold`` with ``hold``)."""
+
+    @abstractmethod
+    def release(self, job_id: str) -> None:
+        """Release a held job."""
+
+    @abstractmethod
+    def update_job(self, job_id: str, **fields: str) -> None:
+        """``scontrol update jobid=X Key=Value ...`` (e.g. ExcNodeList, Comment)."""
+
+    @abstractmethod
+    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
+        """Send a signal to a job's steps (``batch``: only the batch shell; ``full``: every process)."""
+
+    def set_job_comment(self, job_id: str, comment: str) -> None:
+        """Replace the job's comment (visible in ``squeue -o %k`` and ``sacct``)."""
+        self.update_job(job_id, Comment=comment)
+
+
+def unavailable_if(message: str) -> bool:
+    """True when a Slurm error message means "controller unreachable / not answering"."""
+    text = message.lower()
+    return any(s in text for s in ("unable to contact slurm controller", "socket timed out",
+                                   "connection refused", "connect failure", "communication connection failure",
+                                   "slurm backup controller in standby", "zero bytes were transmitted",
+                                   "unable to process configuration file", "timed out"))

@@ -1,0 +1,157 @@
+"""The default Slurm backend: ``scontrol``, ``sinfo``, ``squeue`` and ``scancel`` as subprocesses.
+
+Every call is an argv list with a timeout. Output formats by version: node lists come from
+``sinfo --json`` on 22.05 (``scontrol --json`` does not exist there) and ``scontrol --json show node``
+on 23.02+; jobs from ``squeue --json`` everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Dict, List, Optional
+
+from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+from autoheal.slurm import parse
+from autoheal.slurm.base import SlurmAdapter, unavailable_if, with_retries
+from autoheal.slurm.binaries import find_binary
+from autoheal.slurm.model import Job, Node, SlurmVersion
+
+
+class CliSlurm(SlurmAdapter):
+    """Slurm through its command-line tools."""
+
+    name = "cli"
+
+    def __init__(self, bin_dir: str = "", slurm_conf: str = "", timeout: float = 10.0, retries: int = 2,
+                 env: Optional[Dict[str, str]] = None):
+        self.bin_dir = bin_dir
+        self.timeout = timeout
+        self.retries = retries
+        self._env = dict(os.environ if env is None else env)
+        if slurm_conf:
+            self._env["SLURM_CONF"] = slurm_conf
+        self._env.setdefault("PATH", "/usr/bin:/bin:/usr/sbin:/sbin")
+        self._version: Optional[SlurmVersion] = None
+
+    @classmethod
+    def from_config(cls, section) -> "CliSlurm":
+        return cls(bin_dir=section.bin_dir, slurm_conf=section.slurm_conf, timeout=section.timeout,
+                   retries=section.retries)
+
+    # ---- process plumbing ------------------------------------------------------------------------
+    def run(self, tool: str, *args: str, timeout: Optional[float] = None) -> str:
+        """Run a Slurm tool; typed errors for timeouts, unreachable controller and refusals."""
+        argv = [find_binary(tool, self.bin_dir), *args]
+        limit = self.timeout if timeout is None else timeout
+        try:
+            res = subprocess.run(argv, env=self._env, capture_output=True, text=True, timeout=limit,
+                                 stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise SlurmUnavailable(f"{tool} {' '.join(args[:3])}: no answer within {limit:g}s "
+                                   f"(slurmctld down or unreachable?)") from None
+        except OSError as exc:
+            raise SlurmError(f"{tool}: cannot run {argv[0]}: {exc}") from None
+        if res.returncode != 0:
+            msg = " ".join((res.stderr or res.stdout).split())[:300] or f"exit code {res.returncode}"
+            if unavailable_if(msg):
+                raise SlurmUnavailable(f"{tool}: {msg}")
+            if "not found" in msg.lower() or "invalid job id" in msg.lower() or "invalid node name" in msg.lower():
+                raise SlurmNotFound(f"{tool}: {msg}")
+            raise SlurmError(f"{tool} {' '.join(args[:2])}: {msg}")
+        return res.stdout
+
+    def _read(self, tool: str, *args: str) -> str:
+        return with_retries(lambda: self.run(tool, *args), self.retries)
+
+    # ---- reads -------------------------------------------------------------------------------------
+    def version(self) -> SlurmVersion:
+        if self._version is None:
+            self._version = SlurmVersion.parse(self.run("scontrol", "--version"))
+        return self._version
+
+    def list_nodes(self) -> List[Node]:
+        if self.version().at_least(23, 2):
+            return parse.nodes_from_json(self._read("scontrol", "--json", "show", "node"), "scontrol --json show node")
+        return parse.nodes_from_json(self._read("sinfo", "--json"), "sinfo --json")
+
+    def get_node(self, name: str) -> Node:
+        text = self._read("scontrol", "-o", "show", "node", name)
+        nodes = parse.nodes_from_oneliners(text)
+        for node in nodes:
+            if node.name == name:
+                return node
+        raise SlurmNotFound(f"node {name!r} not found")
+
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        args = ["--json"]
+        if node:
+            args += ["-w", node]
+        jobs = parse.jobs_from_json(self._read("squeue", *args), "squeue --json")
+        if states:
+            wanted = {s.upper() for s in states}
+            jobs = [j for j in jobs if j.state in wanted]
+        if node:  # squeue -w also matches pending jobs that asked for the node; keep real allocations
+            jobs = [j for j in jobs if node in j.nodes]
+        return jobs
+
+    def get_job(self, job_id: str) -> Job:
+        try:
+            jobs = parse.jobs_from_json(self._read("squeue", "--json", "-j", str(job_id)), "squeue --json")
+        except SlurmError as exc:
+            if "invalid job id" in str(exc).lower():
+                raise SlurmNotFound(f"job {job_id} not found") from None
+            raise
+        for job in jobs:
+            if job.job_id == str(job_id) or job.raw_id == str(job_id):
+                return job
+        if jobs:
+            return jobs[0]
+        raise SlurmNotFound(f"job {job_id} not found")
+
+    def show_config(self) -> Dict[str, str]:
+        return parse.parse_show_config(self._read("scontrol", "show", "config"))
+
+    def ping(self) -> bool:
+        try:
+            out = self.run("scontrol", "ping")
+        except SlurmError:
+            return False
+        return " UP" in out
+
+    # ---- writes --------------------------------------------------------------------------------------
+    def _write(self, tool: str, *args: str) -> None:
+        # Idempotent writes (node updates, job field updates) may be retried like reads.
+        with_retries(lambda: self.run(tool, *args), self.retries)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._write("scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}")
+
+    def resume(self, node: str) -> None:
+        self._write("scontrol", "update", f"nodename={node}", "state=resume")
+
+    def set_reason(self, node: str, reason: str) -> None:
+        self._write("scontrol", "update", f"nodename={node}", f"reason={reason}")
+
+    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
+        args = ["reboot"] + (["ASAP"] if asap else []) + [f"nextstate={nextstate}", f"reason={reason}", node]
+        self.run("scontrol", *args)
+
+    def requeue(self, job_id: str, hold: bool = False) -> None:
+        self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
+
+    def release(self, job_id: str) -> None:
+        self.run("scontrol", "release", str(job_id))
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        if not fields:
+            return
+        self._write("scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in fields.items()))
+
+    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
+        args = [f"--signal={signal}"]
+        if batch:
+            args.append("--batch")
+        elif full:
+            args.append("--full")
+        self.run("scancel", *args, str(job_id))

@@ -1,0 +1,204 @@
+"""Parsers for Slurm's output: JSON of 22.05 (openapi v0.0.38 layout) and 23.02+ (v0.0.39+ layout),
+``scontrol -o`` one-liners, and ``scontrol show config``. Pure functions over text.
+
+Anything we cannot read raises ``SlurmParseError`` naming what was wrong: a caller must never mistake
+unreadable output for "no nodes" or "no jobs".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Optional
+
+from autoheal.errors import SlurmParseError
+from autoheal.slurm.hostlist import expand
+from autoheal.slurm.model import Job, Node, parse_state
+
+
+def _loads(text: str, what: str) -> dict:
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        snippet = (text or "").strip()[:60]
+        raise SlurmParseError(f"{what}: not valid JSON ({exc.msg} at char {exc.pos}); output began {snippet!r}") from None
+    if not isinstance(data, dict):
+        raise SlurmParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        msg = first.get("error") or first.get("description") if isinstance(first, dict) else str(first)
+        raise SlurmParseError(f"{what}: Slurm reported an error: {msg}")
+    return data
+
+
+def _num(value: Any) -> Optional[int]:
+    """Numbers are plain in v0.0.38 and ``{"set": true, "infinite": false, "number": N}`` later."""
+    if isinstance(value, dict):
+        if not value.get("set", True) or value.get("infinite"):
+            return None
+        value = value.get("number")
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def node_from_json(obj: dict) -> Node:
+    """One node object of either JSON layout."""
+    if not isinstance(obj, dict) or not obj.get("name"):
+        raise SlurmParseError(f"node JSON without a name: {str(obj)[:80]!r}")
+    raw_state = obj.get("state")
+    if isinstance(raw_state, list):  # 23.02+: ["IDLE", "DRAIN"]
+        base, flags = parse_state("+".join(str(s) for s in raw_state))
+    else:  # 22.05: "idle" + state_flags
+        base, flags = parse_state(str(raw_state or ""), obj.get("state_flags") or [])
+    parts = obj.get("partitions") or []
+    return Node(name=str(obj["name"]), state=base, flags=flags, reason=_str(obj.get("reason")),
+                reason_user=_str(obj.get("reason_set_by_user")), reason_time=_num(obj.get("reason_changed_at")),
+                gres=_str(obj.get("gres")), partitions=tuple(parts if isinstance(parts, list) else str(parts).split(",")),
+                cpus=_num(obj.get("cpus")) or 0)
+
+
+def nodes_from_json(text: str, what: str = "node list") -> List[Node]:
+    """``sinfo --json`` (22.05) or ``scontrol --json show node`` (23.02+)."""
+    data = _loads(text, what)
+    nodes = data.get("nodes")
+    if not isinstance(nodes, list):
+        raise SlurmParseError(f"{what}: JSON has no 'nodes' list (keys: {', '.join(sorted(data)) or 'none'})")
+    return [node_from_json(n) for n in nodes]
+
+
+def _job_state(value: Any) -> str:
+    if isinstance(value, list):
+        return str(value[0]).upper() if value else "UNKNOWN"
+    return str(value or "UNKNOWN").upper()
+
+
+def job_from_json(obj: dict) -> Job:
+    """One job object of either JSON layout."""
+    if not isinstance(obj, dict) or _num(obj.get("job_id")) is None:
+        raise SlurmParseError(f"job JSON without a job_id: {str(obj)[:80]!r}")
+    raw_id = str(_num(obj["job_id"]))
+    array_job = _num(obj.get("array_job_id"))
+    array_task = _num(obj.get("array_task_id"))
+    job_id = f"{array_job}_{array_task}" if array_job and array_task is not None else raw_id
+    return Job(job_id=job_id, raw_id=raw_id, state=_job_state(obj.get("job_state")),
+               nodes=tuple(expand(_str(obj.get("nodes")))), name=_str(obj.get("name")),
+               user=_str(obj.get("user_name")), comment=_str(obj.get("comment")),
+               excluded_nodes=tuple(expand(_str(obj.get("excluded_nodes")))),
+               requeue=bool(obj.get("requeue")), restart_count=_num(obj.get("restart_cnt")) or 0,
+               batch_host=_str(obj.get("batch_host")), end_time=_num(obj.get("end_time")),
+               state_reason=_str(obj.get("state_reason")),
+               array_job_id=str(array_job) if array_job else None,
+               array_task_id=str(array_task) if array_job and array_task is not None else None)
+
+
+def jobs_from_json(text: str, what: str = "job list") -> List[Job]:
+    """``squeue --json`` of any supported version."""
+    data = _loads(text, what)
+    jobs = data.get("jobs")
+    if not isinstance(jobs, list):
+        raise SlurmParseError(f"{what}: JSON has no 'jobs' list (keys: {', '.join(sorted(data)) or 'none'})")
+    return [job_from_json(j) for j in jobs]
+
+
+# ---- scontrol -o one-liners ------------------------------------------------------------------------
+# Values may contain spaces (OS=Linux 6.1 #1 SMP, Reason=...). A new field starts at " Key=" where Key
+# is CamelCase without spaces; a Reason can contain "x=y" too, so Reason runs to the end of the line
+# except for the few keys Slurm prints after it.
+_KEY = re.compile(r"(?:^|\s)([A-Z][A-Za-z0-9_:/]*)=")
+_AFTER_REASON = ("Comment", "Extra", "ExtraReason")
+
+
+def parse_oneliner(line: str) -> Dict[str, str]:
+    """``Key=Value Key2=Value two ...`` -> dict; robust to spaces in values."""
+    line = line.rstrip("\n")
+    fields: Dict[str, str] = {}
+    reason_at = line.find(" Reason=")
+    tail = ""
+    if reason_at >= 0:
+        line, tail = line[:reason_at], line[reason_at + 1:]
+    matches = list(_KEY.finditer(line))
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        fields[m.group(1)] = line[m.end():end].strip()
+    if tail:
+        value = tail[len("Reason="):]
+        for key in _AFTER_REASON:
+            cut = value.find(f" {key}=")
+            if cut >= 0:
+                fields.update(parse_oneliner(value[cut + 1:]))
+                value = value[:cut]
+        fields["Reason"] = value.strip()
+    return fields
+
+
+def _null(value: Optional[str]) -> str:
+    return "" if value in (None, "(null)", "None", "N/A") else str(value)
+
+
+def node_from_oneliner(line: str) -> Node:
+    f = parse_oneliner(line)
+    if "NodeName" not in f:
+        raise SlurmParseError(f"scontrol node line without NodeName: {line[:80]!r}")
+    base, flags = parse_state(f.get("State", ""))
+    reason = _null(f.get("Reason"))
+    user = ""
+    m = re.search(r"\s*\[([^\[\]@]+)@([^\[\]]+)\]$", reason)
+    if m:
+        user = m.group(1)
+        reason = reason[: m.start()].strip()
+    try:
+        cpus = int(f.get("CPUTot", "0"))
+    except ValueError:
+        cpus = 0
+    return Node(name=f["NodeName"], state=base, flags=flags, reason=reason, reason_user=user,
+                gres=_null(f.get("Gres")), partitions=tuple(p for p in _null(f.get("Partitions")).split(",") if p),
+                cpus=cpus)
+
+
+def nodes_from_oneliners(text: str) -> List[Node]:
+    """``scontrol -o show node``; "No nodes in the system" is an empty list."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("No nodes"):
+        return []
+    return [node_from_oneliner(ln) for ln in lines]
+
+
+# ---- scontrol show config ---------------------------------------------------------------------------
+_CONF_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*)$")
+
+
+def parse_show_config(text: str) -> Dict[str, str]:
+    """``scontrol show config`` -> {Key: value} (first section only: slurm.conf values).
+
+    Keeps Slurm's own spelling of keys and values (``KillWait = 30 sec`` -> ``"30 sec"``).
+    """
+    out: Dict[str, str] = {}
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("Configuration data as of"):
+        head = (lines[0] if lines else "")[:60]
+        raise SlurmParseError(f"scontrol show config: unexpected first line {head!r}")
+    for line in lines[1:]:
+        if not line.strip():
+            # later sections (cgroup.conf, MPI plugins, "Slurmctld(primary) at ...") are not slurm.conf
+            if out:
+                break
+            continue
+        m = _CONF_LINE.match(line)
+        if m:
+            out[m.group(1)] = m.group(2).strip()
+    if not out:
+        raise SlurmParseError("scontrol show config: no Key = value lines found")
+    return out
