@@ -613,15 +613,6 @@ static int set_valid_locked(struct nvmlEventSet_st *set)
 
 /* -------------------------------------------------------------- dev helpers */
 
-static int initialized(void)
-{
-    int r;
-    pthread_mutex_lock(&g_lock);
-    r = g_init_count > 0;
-    pthread_mutex_unlock(&g_lock);
-    return r;
-}
-
 static int handle_index(nvmlDevice_t device)
 {
     uintptr_t p = (uintptr_t)device, base = (uintptr_t)&g_devs[0];

@@ -1,0 +1,90 @@
+"""``autoheal node list|drain|resume``: ownership-aware node changes for admins and demos."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from autoheal.cli.output import config_option, handle_errors, json_option, print_json
+from autoheal.errors import EXIT_OK, EXIT_PROBLEM
+
+
+@click.group()
+def node() -> None:
+    """List nodes, or drain/resume them the way autoheal does (never touching an admin's drain)."""
+
+
+def _slurm(config_path):
+    from autoheal.config import load_config
+    from autoheal.slurm import get_adapter
+
+    cfg = load_config(config_path)
+    return cfg, get_adapter(cfg)
+
+
+@node.command("list")
+@config_option
+@json_option
+@handle_errors
+def list_nodes(config_path, as_json: bool) -> None:
+    """Every node with its state and reason; marks the drains that are autoheal's."""
+    from autoheal.reasons import is_ours
+
+    _, slurm = _slurm(config_path)
+    nodes = slurm.list_nodes()
+    rows = [{"name": n.name, "state": n.state_text, "reason": n.reason, "ours": is_ours(n.reason),
+             "gpus": n.gpu_count} for n in nodes]
+    if as_json:
+        print_json(rows)
+        return
+    for r in rows:
+        mark = "*" if r["ours"] else " "
+        click.echo(f"{r['name']:<12} {r['state']:<28} {mark} {r['reason']}")
+
+
+def _report(outcome, as_json: bool, journal_cfg) -> None:
+    from autoheal.journal import Journal
+
+    if outcome.changed:
+        Journal.from_config(journal_cfg).record(outcome.action.split(":")[0], node=outcome.node, action=outcome.action,
+                                                outcome=outcome.action, message=outcome.reason, source="cli",
+                                                severity="action")
+    if as_json:
+        print_json(outcome.__dict__)
+    else:
+        verb = "would be " if outcome.dry_run else ""
+        click.echo(f"{outcome.node}: {verb}{outcome.action}" + (f" ({outcome.reason})" if outcome.reason else ""))
+
+
+@node.command("drain")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why; stored as 'autoheal: <reason>' (sanitised, bounded).")
+@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@config_option
+@json_option
+@handle_errors
+def drain(name, reason, dry_run, config_path, as_json: bool) -> None:
+    """Drain NAME with an autoheal reason, unless an admin already drained it (exit 1 then)."""
+    from autoheal import nodeops
+
+    cfg, slurm = _slurm(config_path)
+    outcome = nodeops.drain(slurm, name, reason, dry_run=dry_run)
+    _report(outcome, as_json, cfg)
+    sys.exit(EXIT_PROBLEM if outcome.action == nodeops.SKIPPED_FOREIGN else EXIT_OK)
+
+
+@node.command("resume")
+@click.argument("name")
+@click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
+@config_option
+@json_option
+@handle_errors
+def resume(name, dry_run, config_path, as_json: bool) -> None:
+    """Resume NAME only if autoheal drained it (an admin's drain is left alone: exit 1)."""
+    from autoheal import nodeops
+
+    cfg, slurm = _slurm(config_path)
+    outcome = nodeops.resume(slurm, name, dry_run=dry_run)
+    _report(outcome, as_json, cfg)
+    sys.exit(EXIT_PROBLEM if outcome.action == nodeops.SKIPPED_NOT_OURS else EXIT_OK)

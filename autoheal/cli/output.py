@@ -1,0 +1,51 @@
+"""Shared CLI plumbing: the --json/--config options, printing, and the error envelope.
+
+Exit codes: 0 ok, 1 problem found, 2 usage/config error or could not check.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Any, Callable
+
+import click
+
+from autoheal.errors import EXIT_USAGE, AutohealError
+
+
+def json_option(fn: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(fn)
+
+
+def config_option(fn: Callable) -> Callable:
+    return click.option("--config", "config_path", envvar="AUTOHEAL_CONFIG", type=click.Path(dir_okay=False),
+                        help="autoheal config file [env AUTOHEAL_CONFIG; default /etc/autoheal/autoheal.toml].")(fn)
+
+
+def print_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def handle_errors(fn: Callable) -> Callable:
+    """Turn our typed errors into one line on stderr (or a JSON envelope) and their exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except AutohealError as exc:
+            if kwargs.get("as_json"):
+                print_json({"ok": False, "error": str(exc), "type": type(exc).__name__})
+            click.echo(f"autoheal: error: {exc}", err=True)
+            sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
+
+    return wrapper
+
+
+def load_cfg(config_path):
+    """Load the config or exit 2 with the one-line reason."""
+    from autoheal.config import load_config
+
+    return load_config(config_path)

@@ -1,0 +1,149 @@
+"""``autoheal lab``: a real multi-node Slurm cluster with fake GPUs on this machine."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from autoheal.cli.output import handle_errors, json_option, print_json
+from autoheal.errors import EXIT_OK, EXIT_PROBLEM
+
+
+def dir_option(fn):
+    return click.option("--dir", "lab_dir", type=click.Path(file_okay=False), envvar="AUTOHEAL_LAB_DIR",
+                        help="Lab directory [env AUTOHEAL_LAB_DIR; default ~/.local/state/autoheal/lab]. "
+                             "Several labs can coexist in different directories.")(fn)
+
+
+def _lab(lab_dir):
+    from autoheal.lab.cluster import Lab
+
+    return Lab(Path(lab_dir) if lab_dir else None)
+
+
+@click.group()
+def lab() -> None:
+    """A local lab cluster: munge, slurmctld and one slurmd per node, fake GPUs, fake kernel logs.
+
+    \b
+      autoheal lab up                  start (installs Debian's Slurm if missing, as root)
+      eval "$(autoheal lab env)"       use its Slurm from this shell (sinfo, squeue, sbatch)
+      autoheal lab inject --node gpu1 --gpu 3 --xid 79
+      autoheal lab status / down
+    """
+
+
+@lab.command()
+@dir_option
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 32), help="GPU nodes.")
+@click.option("--gpus", default=8, show_default=True, type=click.IntRange(1, 16), help="Fake GPUs per node.")
+@click.option("--spares", default=1, show_default=True, type=click.IntRange(0, 8),
+              help="Spare nodes, defined in Slurm but held out of service for node replacement.")
+@click.option("--slurm-defaults", is_flag=True, help="Leave out the recommended slurm.conf fragment.")
+@click.option("--no-hooks", is_flag=True, help="Do not wire HealthCheckProgram/Prolog/Epilog to autoheal.")
+@click.option("--no-xid-watch", is_flag=True, help="Do not run autoheal xid-watch on the nodes.")
+@click.option("--no-install", is_flag=True, help="Fail instead of apt-installing missing Slurm packages.")
+@json_option
+@handle_errors
+def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, as_json) -> None:
+    """Start the lab (a lab already up is left as it is)."""
+    status = _lab(lab_dir).up(nodes=nodes, gpus=gpus, spares=spares, slurm_defaults=slurm_defaults,
+                              hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install)
+    _print_status(status, as_json)
+
+
+@lab.command()
+@dir_option
+@json_option
+@handle_errors
+def down(lab_dir, as_json) -> None:
+    """Stop every lab process by PID (nothing up is fine)."""
+    stopped = _lab(lab_dir).down()
+    if as_json:
+        print_json({"stopped": stopped})
+    else:
+        click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@lab.command()
+@dir_option
+@json_option
+@handle_errors
+def status(lab_dir, as_json) -> None:
+    """Every lab process (pid, alive) and node (state, GPU state file, kernel log). Exit 1 if not up."""
+    st = _lab(lab_dir).status()
+    _print_status(st, as_json)
+    sys.exit(EXIT_OK if st["up"] else EXIT_PROBLEM)
+
+
+def _print_status(st: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(st)
+        return
+    click.echo(f"lab {st['dir']}: {'up' if st['up'] else 'not up'}")
+    for p in st["processes"]:
+        click.echo(f"  {p['name']:<22} pid {p['pid']:<8} {'running' if p['alive'] else 'DEAD'}  {p['log']}")
+    for n in st["nodes"]:
+        click.echo(f"  node {n['name']:<10} {n['state']:<22} gpus {n['gpu_state_file']}  kmsg {n['kernel_log']}")
+
+
+@lab.command()
+@dir_option
+@handle_errors
+def env(lab_dir) -> None:
+    """Print exports for a shell: eval "$(autoheal lab env)"."""
+    for key, value in _lab(lab_dir).env().items():
+        click.echo(f"export {key}={shlex.quote(value)}")
+
+
+@lab.command()
+@dir_option
+@click.option("--node", required=True, help="Lab node, e.g. gpu1.")
+@click.option("--gpu", default=0, show_default=True, type=int, help="GPU index on that node.")
+@click.option("--xid", type=int, help="Raise this XID (NVML event + kernel-log line), e.g. 79.")
+@click.option("--ecc-dbe", "kind", flag_value="ecc-dbe", help="Uncorrectable (double-bit) ECC error.")
+@click.option("--remap-failure", "kind", flag_value="remap-failure", help="Row-remap failure.")
+@click.option("--remap-pending", "kind", flag_value="remap-pending", help="Row remap pending (reset needed).")
+@click.option("--thermal", "kind", flag_value="thermal", help="Over-temperature with HW slowdown.")
+@click.option("--lost", "kind", flag_value="lost", help="GPU lost (NVML_ERROR_GPU_IS_LOST), no XID.")
+@click.option("--pcie-degraded", "kind", flag_value="pcie-degraded", help="PCIe link below max gen/width.")
+@click.option("--nvlink-down", "kind", flag_value="nvlink-down", help="An NVLink link down.")
+@click.option("--hang", "kind", flag_value="hang", help="NVML calls on this GPU hang.")
+@click.option("--clear", "kind", flag_value="clear", help="Heal the GPU (what a GPU reset does in the lab).")
+@json_option
+@handle_errors
+def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
+    """Break one fake GPU on one node (or --clear it)."""
+    from autoheal.lab.gpus import inject as do_inject
+
+    if xid is not None and kind:
+        raise click.UsageError("give either --xid or one fault flag, not both")
+    if xid is None and not kind:
+        raise click.UsageError("give --xid N or a fault flag (--ecc-dbe, --lost, --clear, ...)")
+    result = do_inject(_lab(lab_dir), node, gpu, "xid" if xid is not None else kind, xid=xid)
+    if as_json:
+        print_json(result)
+    else:
+        what = f"xid {xid}" if xid is not None else kind
+        click.echo(f"{node} gpu {gpu}: injected {what}" + (f"\n  kernel log: {result['kernel_log']}"
+                                                           if result["kernel_log"] else ""))
+
+
+@lab.command("gpu-reset", hidden=True)
+@dir_option
+@click.option("--node", required=True)
+@click.option("--gpu", required=True, type=int)
+@handle_errors
+def gpu_reset(lab_dir, node, gpu) -> None:
+    """The lab's GPU reset command (the hooks' reset_command): clears the fake GPU's fault state."""
+    from autoheal.lab.gpus import inject as do_inject
+
+    do_inject(_lab(lab_dir), node, gpu, "clear")
+    click.echo(f"{node} gpu {gpu}: reset")
+
+
+if __name__ == "__main__":
+    lab()

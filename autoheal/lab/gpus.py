@@ -1,0 +1,70 @@
+"""The lab's fake GPUs: build the fake libnvidia-ml, write each node's GPU state, inject faults."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+from autoheal.lab.cluster import Lab, LabError
+
+INJECT_KINDS = ("xid", "ecc-dbe", "remap-failure", "remap-pending", "thermal", "lost", "pcie-degraded",
+                "nvlink-down", "hang", "clear")
+
+
+def setup_gpus(lab: Lab) -> Optional[str]:
+    """Build the fake NVML into the lab and write healthy state for every node. Returns the lib dir."""
+    from autoheal.lab import fakenvml
+    from autoheal.lab.fakenvml import state as gstate
+
+    lay = lab.layout()
+    lib_dir = lab.root / "lib"
+    try:
+        fakenvml.build_library(lib_dir)
+    except Exception as exc:  # gcc or header missing: the lab still runs Slurm, say why GPUs are absent
+        raise LabError(f"cannot build the fake NVML library: {exc}") from None
+    for node in lay.all_nodes:
+        path = lay.gpu_state(node)
+        if not path.exists():
+            gstate.write_state(path, gstate.default_state(node, lay.gpus))
+    st = lab.load_state() or {}
+    st["nvml_lib_dir"] = str(lib_dir)
+    lab._save_state(st)
+    return str(lib_dir)
+
+
+def _kmsg_seq(path: Path) -> int:
+    try:
+        return sum(1 for _ in open(path, "rb"))
+    except OSError:
+        return 0
+
+
+def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None) -> dict:
+    """Break (or heal, ``clear``) one fake GPU: NVML state, an NVML XID event, a kernel-log line."""
+    from autoheal.lab.fakenvml import state as gstate
+
+    lay = lab.layout()
+    if node not in lay.all_nodes:
+        raise LabError(f"no node {node!r} in this lab (nodes: {', '.join(lay.all_nodes)})")
+    if not 0 <= gpu < lay.gpus:
+        raise LabError(f"--gpu {gpu}: the lab's nodes have GPUs 0..{lay.gpus - 1}")
+    if kind not in INJECT_KINDS:
+        raise LabError(f"unknown fault {kind!r}; use one of {', '.join(INJECT_KINDS)}")
+    path = lay.gpu_state(node)
+    before = gstate.read_state(path)
+    gstate.inject(path, gpu, kind, xid=xid)
+    result = {"node": node, "gpu": gpu, "kind": kind, "xid": xid, "time": time.time(), "kernel_log": None}
+    log_xid = xid if kind == "xid" else {"ecc-dbe": 48, "remap-failure": 64, "nvlink-down": 74}.get(kind)
+    if log_xid is not None:
+        bus = before.gpus[gpu].pci_bus_id
+        line = gstate.kernel_log_line(bus, log_xid)
+        kpath = lay.kernel_log(node)
+        record = gstate.kmsg_record(line, seq=_kmsg_seq(kpath) + 1) if hasattr(gstate, "kmsg_record") else line
+        with open(kpath, "a", encoding="utf-8") as fh:
+            fh.write(record.rstrip("\n") + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        result["kernel_log"] = record.rstrip("\n")
+    return result
