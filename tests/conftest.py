@@ -1,0 +1,85 @@
+"""Shared fixtures: real lab clusters (munged + slurmctld + slurmd per node) started once per session.
+
+``plain_lab``: Slurm only (no hooks, no xid-watch), for adapter and core tests.
+``healing_lab``: hooks and xid-watch wired as `autoheal lab up` does by default.
+``lab_factory``: a fresh lab per test (for tests that kill or restart daemons).
+Every lab is torn down by PID at the end, even after failures.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autoheal.lab.cluster import Lab
+
+
+def _require_slurm() -> None:
+    missing = [b for b in ("slurmctld", "slurmd", "munged", "scontrol")
+               if not (shutil.which(b) or Path("/usr/sbin", b).exists())]
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must install Slurm: missing {', '.join(missing)}")
+        pytest.skip(f"Slurm not installed here ({', '.join(missing)} missing)")
+    if os.geteuid() != 0:
+        pytest.skip("the lab runs Slurm daemons as root")
+
+
+class LabHandle:
+    """A running lab plus conveniences for tests."""
+
+    def __init__(self, lab: Lab):
+        self.lab = lab
+        self.root = lab.root
+        self.layout = lab.layout()
+        self.env = lab.slurm_env()
+
+    def adapter(self, **kwargs):
+        from autoheal.slurm.cli_backend import CliSlurm
+
+        return CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env, **kwargs)
+
+    def config(self):
+        from autoheal.config import load_config
+
+        return load_config(self.layout.autoheal_conf)
+
+
+def _start(root: Path, **kwargs) -> LabHandle:
+    _require_slurm()
+    lab = Lab(root)
+    lab.up(install=False, **kwargs)
+    return LabHandle(lab)
+
+
+@pytest.fixture(scope="session")
+def plain_lab(tmp_path_factory):
+    handle = _start(tmp_path_factory.mktemp("plainlab"), nodes=3, gpus=8, spares=1, hooks=False, xid_watch=False)
+    yield handle
+    handle.lab.down()
+
+
+@pytest.fixture(scope="session")
+def healing_lab(tmp_path_factory):
+    handle = _start(tmp_path_factory.mktemp("heallab"), nodes=3, gpus=8, spares=1)
+    yield handle
+    handle.lab.down()
+
+
+@pytest.fixture
+def lab_factory(tmp_path_factory):
+    started = []
+
+    def make(**kwargs) -> LabHandle:
+        kwargs.setdefault("hooks", False)
+        kwargs.setdefault("xid_watch", False)
+        handle = _start(tmp_path_factory.mktemp("lab"), **kwargs)
+        started.append(handle)
+        return handle
+
+    yield make
+    for handle in started:
+        handle.lab.down()
