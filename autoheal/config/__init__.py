@@ -15,6 +15,8 @@ from typing import Optional, Union
 
 from autoheal.config.core_sections import JournalSection, NotifySection, SlurmSection
 from autoheal.config.hooks_section import HooksSection
+from autoheal.config.sbatch_section import SbatchSection
+from autoheal.config.sync_section import SyncSection
 from autoheal.config.schema import describe, from_mapping, setting, to_mapping
 from autoheal.errors import ConfigError
 
@@ -38,6 +40,8 @@ class Config:
     journal: JournalSection = setting(default_factory=JournalSection, doc="Remediation journal.")
     notify: NotifySection = setting(default_factory=NotifySection, doc="Webhook notifications.")
     hooks: HooksSection = setting(default_factory=HooksSection, doc="Node-side checks and hooks.")
+    sbatch: SbatchSection = setting(default_factory=SbatchSection, doc="autoheal sbatch defaults.")
+    sync: SyncSection = setting(default_factory=SyncSection, doc="Slurm <-> Kubernetes sync and remediation.")
     source: Optional[str] = setting(None, doc="Path the config was read from (set by the loader; "
                                     "not a key of the file).")
 
