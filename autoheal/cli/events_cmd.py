@@ -7,7 +7,7 @@ import time
 
 import click
 
-from autoheal.cli.output import config_option, handle_errors, json_option, print_json
+from autoheal.cliutil import config_option, handle_errors, json_option, print_json
 from autoheal.errors import ConfigError
 
 

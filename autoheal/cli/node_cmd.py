@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from autoheal.cli.output import config_option, handle_errors, json_option, print_json
+from autoheal.cliutil import config_option, handle_errors, json_option, print_json
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from autoheal.cli.output import handle_errors, json_option, print_json
+from autoheal.cliutil import handle_errors, json_option, print_json
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 
 

@@ -176,5 +176,6 @@ def build_library(out_dir: Path) -> Path:
     fd, tmp_hash = tempfile.mkstemp(prefix=f".{LIB_NAME}.sha256.", suffix=".tmp", dir=out_dir)
     with os.fdopen(fd, "w") as f:
         f.write(digest + "\n")
+    os.chmod(tmp_hash, 0o644)
     os.replace(tmp_hash, hash_file)
     return target

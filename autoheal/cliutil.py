@@ -1,4 +1,5 @@
-"""Shared CLI plumbing: the --json/--config options, printing, and the error envelope.
+"""Shared CLI plumbing for the CLI layer and the parts' commands: --json/--config options, printing,
+and the error envelope.
 
 Exit codes: 0 ok, 1 problem found, 2 usage/config error or could not check.
 """
