@@ -174,6 +174,7 @@ class Lab:
         hook_lines = wiring.write_hook_wrappers(lay, lib_dir) if hooks else {}
         fragment = [] if slurm_defaults else wiring.drop_keys(wiring.recommended_fragment(), hook_lines)
         self._write_configs(lay, hook_lines, fragment)
+        self._write_jwt_key(lay)
         self._start_munge(lay)
         self._start_slurmctld(lay)
         for name in lay.all_nodes:
@@ -202,6 +203,53 @@ class Lab:
         lay.path("etc", "gres.conf").write_text(render_gres_conf(lay))
         if not lay.autoheal_conf.exists():
             lay.autoheal_conf.write_text(render_autoheal_toml(lay))
+
+    def _write_jwt_key(self, lay: LabLayout) -> None:
+        key = lay.path("etc", "jwt.key")
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(os.urandom(32).hex().encode())
+
+    def start_slurmrestd(self, auth: str = "local") -> dict:
+        """Start slurmrestd: ``local`` auth on a unix socket, or ``jwt`` on a loopback TCP port.
+
+        Returns {"url": ..., "user": ..., "token": ...} for the REST backend (token only for jwt).
+        """
+        lay = self.layout()
+        version = _slurm_version()
+        plugin = "openapi/slurmctld" if version >= (23, 11) else "openapi/v0.0.%d" % {
+            (22, 5): 38, (23, 2): 39}.get(version[:2], 38)
+        env = self._daemon_env(lay)
+        env["SLURMRESTD_SECURITY"] = "disable_user_check"
+        name = f"slurmrestd-{auth}"
+        if auth == "jwt":
+            env["SLURM_JWT"] = "daemon"
+            listen = f"127.0.0.1:{lay.rest_port}"
+            url = f"http://{listen}"
+            argv = [_which("slurmrestd") or "slurmrestd", "-f", str(lay.slurm_conf), "-s", plugin,
+                    "-a", "rest_auth/jwt", listen]
+        else:
+            sock = lay.path("run", "slurmrestd.sock")
+            url = f"unix:{sock}"
+            argv = [_which("slurmrestd") or "slurmrestd", "-f", str(lay.slurm_conf), "-s", plugin,
+                    "-a", "rest_auth/local", f"unix:{sock}"]
+        old = self.records().get(name)
+        if old and procs.is_alive(old):
+            procs.stop(old)
+        rec = procs.spawn(name, argv, lay.path("log", f"{name}.log"), env=env)
+        self._record(rec)
+        info = {"url": url, "user": "", "token": ""}
+        if auth == "jwt":
+            out = subprocess.run([_which("scontrol") or "scontrol", "token", "username=root", "lifespan=3600"],
+                                 env=self._daemon_env(lay), capture_output=True, text=True, timeout=10)
+            if out.returncode != 0:
+                raise LabError(f"scontrol token failed: {out.stderr.strip()}")
+            info.update(user="root", token=out.stdout.strip().split("=", 1)[-1])
+            _wait_for(lambda: _port_open(lay.rest_port), 15, "slurmrestd to listen", rec)
+        else:
+            _wait_for(lambda: lay.path("run", "slurmrestd.sock").exists(), 15, "slurmrestd socket", rec)
+        return info
 
     def _start_munge(self, lay: LabLayout) -> None:
         key = lay.path("munge", "munge.key")
@@ -322,6 +370,20 @@ class Lab:
         up = bool(plist) and all(p["alive"] for p in plist)
         return {"dir": str(self.root), "up": up, "slurm_conf": str(lay.slurm_conf),
                 "autoheal_conf": str(lay.autoheal_conf), "processes": plist, "nodes": nodes}
+
+
+def _slurm_version() -> tuple:
+    res = subprocess.run([_which("scontrol") or "scontrol", "--version"], capture_output=True, text=True, timeout=10)
+    import re
+
+    m = re.search(r"(\d+)\.(\d+)", res.stdout)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _wait_for(pred, timeout: float, what: str, rec: procs.ProcRecord) -> None:

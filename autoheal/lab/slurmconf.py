@@ -64,6 +64,9 @@ def render_slurm_conf(lay: LabLayout, hooks: Dict[str, str], fragment: List[str]
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={lay.munge_socket}",
+        # JWT as an alternative auth so slurmrestd can be reached with tokens (`lab rest --auth jwt`).
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={r}/etc/jwt.key",
         f"StateSaveLocation={r}/state",
         f"SlurmdSpoolDir={r}/spool/%n",
         f"SlurmctldPidFile={r}/run/slurmctld.pid",

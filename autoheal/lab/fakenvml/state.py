@@ -629,13 +629,28 @@ KERN_WARNING = 4
 KERN_INFO = 6
 
 
-def kmsg_prefix(seq: int, usec: int, priority: int = KERN_WARNING, facility: int = 0) -> str:
-    """The ``/dev/kmsg`` record prefix ``<prio>,<seq>,<usec>,-;`` (prio = facility*8 + level)."""
+def _now_usec() -> int:
+    return time.monotonic_ns() // 1000
+
+
+def kmsg_prefix(
+    seq: int, usec: Optional[int] = None, priority: int = KERN_WARNING, facility: int = 0
+) -> str:
+    """The ``/dev/kmsg`` record prefix ``<prio>,<seq>,<usec>,-;`` (prio = facility*8 + level).
+
+    ``usec`` defaults to CLOCK_MONOTONIC in microseconds, like the kernel's timestamps.
+    """
+    if usec is None:
+        usec = _now_usec()
     return f"{(facility << 3) | priority},{int(seq)},{int(usec)},-;"
 
 
 def kmsg_record(
-    message: str, seq: int, usec: int, priority: int = KERN_WARNING, facility: int = 0
+    message: str,
+    seq: int,
+    usec: Optional[int] = None,
+    priority: int = KERN_WARNING,
+    facility: int = 0,
 ) -> str:
     """One ``/dev/kmsg`` record, newline-terminated; bytes outside 32..126 and ``\\`` escaped as ``\\xNN``
     like the kernel does."""
@@ -667,7 +682,7 @@ def append_kmsg(path: PathLike, message: str, priority: int = KERN_WARNING) -> s
                 if m:
                     last_seq = int(m.group(1))
                     break
-        record = kmsg_record(message, last_seq + 1, time.monotonic_ns() // 1000, priority)
+        record = kmsg_record(message, last_seq + 1, _now_usec(), priority)
         os.write(fd, record.encode())
         return record
     finally:

@@ -1,0 +1,143 @@
+"""Slurm through pyslurm (optional).
+
+pyslurm on PyPI tracks the newest Slurm (25.11 at the time of writing) and must match the installed
+libslurm exactly; no registry reachable from our CI has a build for 22.05 or 24.11, so this backend is
+NOT exercised against a real Slurm in our tests. What is tested: the mapping from pyslurm's objects to
+our models and the calls we make, against a stand-in module (tests/unit/test_slurm_pyslurm.py). Use the
+CLI backend unless you have a pyslurm build that matches your Slurm.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from autoheal.errors import SlurmError, SlurmNotFound
+from autoheal.slurm.base import SlurmAdapter
+from autoheal.slurm.hostlist import expand
+from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
+
+
+def _import_pyslurm():
+    try:
+        import pyslurm  # type: ignore
+    except ImportError as exc:
+        raise SlurmError(f"slurm.backend = 'pyslurm' but pyslurm cannot be imported ({exc}); "
+                         f"install a pyslurm build matching your Slurm, or use backend 'cli'") from None
+    return pyslurm
+
+
+def _gres_text(value) -> str:
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
+    return str(value or "")
+
+
+class PyslurmSlurm(SlurmAdapter):
+    """Slurm through the pyslurm bindings (objects API of pyslurm >= 23)."""
+
+    name = "pyslurm"
+
+    def __init__(self, module=None):
+        self.ps = module or _import_pyslurm()
+
+    @classmethod
+    def from_config(cls, section) -> "PyslurmSlurm":
+        return cls()
+
+    def _wrap(self, fn, what: str):
+        try:
+            return fn()
+        except self.ps.RPCError as exc:  # pyslurm's error type for failed Slurm calls
+            msg = str(exc)
+            if "not found" in msg.lower() or "invalid" in msg.lower():
+                raise SlurmNotFound(f"pyslurm {what}: {msg}") from None
+            raise SlurmError(f"pyslurm {what}: {msg}") from None
+
+    def version(self) -> SlurmVersion:
+        return SlurmVersion.parse(str(getattr(self.ps, "version", lambda: "")() if callable(
+            getattr(self.ps, "version", None)) else getattr(self.ps, "__version__", "")))
+
+    def _node(self, n) -> Node:
+        base, flags = parse_state(str(getattr(n, "state", "") or ""))
+        return Node(name=n.name, state=base, flags=flags, reason=str(getattr(n, "reason", "") or ""),
+                    reason_user=str(getattr(n, "reason_user", "") or ""),
+                    reason_time=getattr(n, "reason_time", None),
+                    gres=_gres_text(getattr(n, "configured_gres", "")),
+                    partitions=tuple(getattr(n, "partitions", None) or ()),
+                    cpus=int(getattr(n, "total_cpus", 0) or 0))
+
+    def list_nodes(self) -> List[Node]:
+        nodes = self._wrap(lambda: self.ps.Nodes.load(), "load nodes")
+        return [self._node(n) for n in nodes.values()]
+
+    def _job(self, j) -> Job:
+        array_id = getattr(j, "array_id", None)
+        task = getattr(j, "array_task_id", None)
+        raw = str(j.id)
+        jid = f"{array_id}_{task}" if array_id and task is not None else raw
+        excluded = getattr(j, "excluded_nodes", None) or ""
+        return Job(job_id=jid, raw_id=raw, state=str(getattr(j, "state", "UNKNOWN")).upper(),
+                   nodes=tuple(expand(str(getattr(j, "allocated_nodes", "") or ""))),
+                   name=str(getattr(j, "name", "") or ""), user=str(getattr(j, "user_name", "") or ""),
+                   comment=str(getattr(j, "comment", "") or ""),
+                   excluded_nodes=tuple(expand(excluded if isinstance(excluded, str) else ",".join(excluded))),
+                   requeue=bool(getattr(j, "is_requeueable", False)),
+                   restart_count=int(getattr(j, "requeue_count", 0) or 0),
+                   batch_host=str(getattr(j, "batch_host", "") or ""), end_time=getattr(j, "end_time", None),
+                   state_reason=str(getattr(j, "state_reason", "") or ""),
+                   array_job_id=str(array_id) if array_id else None,
+                   array_task_id=str(task) if array_id and task is not None else None)
+
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        jobs = [self._job(j) for j in self._wrap(lambda: self.ps.Jobs.load(), "load jobs").values()]
+        if node:
+            jobs = [j for j in jobs if node in j.nodes]
+        if states:
+            wanted = {s.upper() for s in states}
+            jobs = [j for j in jobs if j.state in wanted]
+        return jobs
+
+    def show_config(self) -> Dict[str, str]:
+        conf = self._wrap(lambda: self.ps.slurmctld.Config.load(), "load config")
+        return {k: str(v) for k, v in conf.to_dict().items()}
+
+    def ping(self) -> bool:
+        try:
+            self.ps.Nodes.load()
+            return True
+        except Exception:  # any failure means "not answering" for a ping
+            return False
+
+    def _modify_node(self, node: str, **changes) -> None:
+        self._wrap(lambda: self.ps.Node(node).modify(self.ps.Node(**changes)), f"modify node {node}")
+
+    def drain(self, node: str, reason: str) -> None:
+        self._modify_node(node, state="DRAIN", reason=reason)
+
+    def resume(self, node: str) -> None:
+        self._modify_node(node, state="RESUME")
+
+    def set_reason(self, node: str, reason: str) -> None:
+        self._modify_node(node, state="DRAIN", reason=reason)
+
+    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
+        raise SlurmError("the pyslurm backend does not reboot nodes; use the CLI backend")
+
+    def requeue(self, job_id: str, hold: bool = False) -> None:
+        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).requeue(hold=hold), f"requeue {job_id}")
+
+    def release(self, job_id: str) -> None:
+        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).release(), f"release {job_id}")
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        mapped = {}
+        for key, value in fields.items():
+            k = key.lower()
+            mapped["excluded_nodes" if k == "excnodelist" else k] = value
+        desc = self.ps.JobSubmitDescription(**mapped)
+        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).modify(desc), f"update job {job_id}")
+
+    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
+        steps = "batch" if batch else ("all" if full else "children")
+        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).send_signal(signal, steps=steps),
+                   f"signal {job_id}")

@@ -1,0 +1,281 @@
+"""Slurm through slurmrestd (for the sync daemon in a pod with no Slurm binaries).
+
+Auth: local (``unix:/path/socket``, slurmrestd's ``rest_auth/local``) or JWT (``X-SLURM-USER-NAME`` and
+``X-SLURM-USER-TOKEN`` over TCP). The token is read from a file or env var and never appears in logs,
+errors or ``repr``.
+
+API versions: reads work on v0.0.38 (Slurm 22.05) and later. v0.0.38 has no node or job update endpoints,
+so writes there raise a ``SlurmError`` that says to use the CLI backend; v0.0.40+ (Slurm 23.11+) can drain,
+resume, update jobs and signal them. Requeue, reboot and the full running config are not exposed by
+slurmrestd at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Dict, List, Optional
+from urllib.parse import quote
+
+import requests
+from requests.adapters import HTTPAdapter
+from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
+
+from autoheal.errors import SlurmError, SlurmNotFound, SlurmParseError, SlurmUnavailable
+from autoheal.slurm import parse
+from autoheal.slurm.base import SlurmAdapter, with_retries
+from autoheal.slurm.model import Job, Node, SlurmVersion
+
+KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+UNIX_BASE = "http://slurmrestd.local"
+
+
+class _UnixConnection(HTTPConnection):
+    def __init__(self, socket_path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+
+    def connect(self):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        sock.connect(self.socket_path)
+        self.sock = sock
+
+
+class _UnixPool(HTTPConnectionPool):
+    def __init__(self, socket_path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = socket_path
+        self._timeout = timeout
+
+    def _new_conn(self):
+        return _UnixConnection(self.socket_path, self._timeout)
+
+
+class UnixSocketAdapter(HTTPAdapter):
+    """A requests transport adapter that sends every request to one unix socket."""
+
+    def __init__(self, socket_path: str, timeout: float):
+        self.socket_path = socket_path
+        self._timeout = timeout
+        super().__init__()
+
+    def get_connection_with_tls_context(self, request, verify, proxies=None, cert=None):  # requests >= 2.32
+        return _UnixPool(self.socket_path, self._timeout)
+
+    def get_connection(self, url, proxies=None):  # older requests
+        return _UnixPool(self.socket_path, self._timeout)
+
+
+class RestSlurm(SlurmAdapter):
+    """Slurm through slurmrestd."""
+
+    name = "rest"
+
+    def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
+                 timeout: float = 10.0, retries: int = 2):
+        self.timeout = timeout
+        self.retries = retries
+        self._session = requests.Session()
+        self._session.trust_env = False
+        if url.startswith("unix:"):
+            path = url[len("unix:"):]
+            self.base = UNIX_BASE
+            self._session.mount(UNIX_BASE + "/", UnixSocketAdapter(path, timeout))
+        else:
+            self.base = url.rstrip("/")
+        if user:
+            self._session.headers["X-SLURM-USER-NAME"] = user
+        if token:
+            self._session.headers["X-SLURM-USER-TOKEN"] = token
+        self._api = None if api_version == "auto" else api_version
+        self.url = url
+
+    def __repr__(self) -> str:  # never show the token
+        return f"RestSlurm(url={self.url!r}, api={self._api or 'auto'})"
+
+    @classmethod
+    def from_config(cls, section) -> "RestSlurm":
+        token = ""
+        if section.rest_token_file:
+            try:
+                with open(section.rest_token_file, encoding="utf-8") as fh:
+                    token = fh.read().strip()
+            except OSError as exc:
+                raise SlurmError(f"slurm.rest_token_file {section.rest_token_file}: cannot read: {exc.strerror}") from None
+        elif section.rest_token_env:
+            token = os.environ.get(section.rest_token_env, "")
+        return cls(section.rest_url, section.rest_api_version, section.rest_user, token, section.timeout,
+                   section.retries)
+
+    # ---- HTTP plumbing ---------------------------------------------------------------------------
+    def _request(self, method: str, path: str, body: Optional[dict] = None, params: Optional[dict] = None) -> dict:
+        url = f"{self.base}{path}"
+        try:
+            resp = self._session.request(method, url, json=body, params=params, timeout=self.timeout)
+        except requests.Timeout:
+            raise SlurmUnavailable(f"slurmrestd {method} {path}: no answer within {self.timeout:g}s") from None
+        except requests.ConnectionError as exc:
+            raise SlurmUnavailable(f"slurmrestd {method} {path}: cannot connect ({type(exc).__name__})") from None
+        text = resp.text
+        data: dict = {}
+        if text.strip():
+            try:
+                data = json.loads(text)
+            except ValueError:
+                if resp.status_code < 400:
+                    raise SlurmParseError(f"slurmrestd {path}: answer is not JSON: {text.strip()[:60]!r}") from None
+        errors = data.get("errors") if isinstance(data, dict) else None
+        if resp.status_code in (401, 403):
+            raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code}: authentication refused "
+                             f"(check rest_user and the token)")
+        if resp.status_code == 404 and not errors:
+            raise SlurmError(f"slurmrestd {method} {path}: HTTP 404 (endpoint not served by this slurmrestd)")
+        if resp.status_code >= 500 and not errors:
+            raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
+        if errors:
+            first = errors[0] if isinstance(errors[0], dict) else {"error": str(errors[0])}
+            msg = first.get("description") or first.get("error") or "error"
+            code = first.get("error_number") or first.get("errno")
+            low = str(msg).lower()
+            if "not found" in low or "invalid job id" in low or "invalid node name" in low or code in (2017, 2008):
+                raise SlurmNotFound(f"slurmrestd {path}: {msg}")
+            if resp.status_code >= 500 and "unable to contact" in str(msg).lower():
+                raise SlurmUnavailable(f"slurmrestd {path}: {msg}")
+            raise SlurmError(f"slurmrestd {method} {path}: {msg}")
+        if resp.status_code >= 400:
+            raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
+        return data if isinstance(data, dict) else {}
+
+    def _get(self, path: str, params: Optional[dict] = None) -> dict:
+        return with_retries(lambda: self._request("GET", path, params=params), self.retries)
+
+    @property
+    def api(self) -> str:
+        """The OpenAPI plugin version to use: the configured one, or the newest the server answers."""
+        if self._api is None:
+            last_err: Optional[Exception] = None
+            for candidate in KNOWN_VERSIONS:
+                try:
+                    self._request("GET", f"/slurm/{candidate}/ping")
+                    self._api = candidate
+                    break
+                except SlurmError as exc:
+                    if "endpoint not served" not in str(exc):
+                        raise  # unreachable, auth refused, ...: the version is not the problem
+                    last_err = exc
+            if self._api is None:
+                raise SlurmError(f"slurmrestd at {self.url} serves none of {', '.join(KNOWN_VERSIONS)} ({last_err})")
+        return self._api
+
+    @property
+    def can_write(self) -> bool:
+        return self.api >= "v0.0.40"
+
+    def _require_write(self, what: str) -> None:
+        if not self.can_write:
+            raise SlurmError(f"slurmrestd {self.api} (Slurm 22.05/23.02) has no endpoint to {what}; "
+                             f"use slurm.backend = 'cli' for writes")
+
+    # ---- reads ------------------------------------------------------------------------------------
+    def version(self) -> SlurmVersion:
+        data = self._get(f"/slurm/{self.api}/ping")
+        meta = data.get("meta", {})
+        rel = (meta.get("Slurm") or meta.get("slurm") or {}).get("release") or ""
+        if not rel:
+            v = (meta.get("Slurm") or meta.get("slurm") or {}).get("version") or {}
+            rel = f"{v.get('major', 0)}.{v.get('minor', 0)}.{v.get('micro', 0)}"
+        return SlurmVersion.parse(str(rel))
+
+    def list_nodes(self) -> List[Node]:
+        data = self._get(f"/slurm/{self.api}/nodes")
+        return parse.nodes_from_json(json.dumps(data), "slurmrestd nodes")
+
+    def get_node(self, name: str) -> Node:
+        data = self._get(f"/slurm/{self.api}/node/{quote(name)}")
+        nodes = parse.nodes_from_json(json.dumps(data), f"slurmrestd node {name}")
+        for node in nodes:
+            if node.name == name:
+                return node
+        raise SlurmNotFound(f"node {name!r} not found")
+
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        data = self._get(f"/slurm/{self.api}/jobs")
+        jobs = parse.jobs_from_json(json.dumps(data), "slurmrestd jobs")
+        if node:
+            jobs = [j for j in jobs if node in j.nodes]
+        if states:
+            wanted = {s.upper() for s in states}
+            jobs = [j for j in jobs if j.state in wanted]
+        return jobs
+
+    def get_job(self, job_id: str) -> Job:
+        raw = str(job_id)
+        data = self._get(f"/slurm/{self.api}/job/{quote(raw)}")
+        jobs = parse.jobs_from_json(json.dumps(data), f"slurmrestd job {raw}")
+        for job in jobs:
+            if job.job_id == raw or job.raw_id == raw:
+                return job
+        if jobs:
+            return jobs[0]
+        raise SlurmNotFound(f"job {raw} not found")
+
+    def show_config(self) -> Dict[str, str]:
+        raise SlurmError("slurmrestd does not expose the running slurm.conf; use the CLI backend "
+                         "(`scontrol show config`) for autoheal doctor")
+
+    def ping(self) -> bool:
+        try:
+            data = self._request("GET", f"/slurm/{self.api}/ping")
+        except SlurmError:
+            return False
+        pings = data.get("pings") or []
+        return any(str(p.get("ping", p.get("pinged", ""))).upper() in ("UP", "TRUE") or p.get("responding")
+                   for p in pings)
+
+    # ---- writes (v0.0.40+) ------------------------------------------------------------------------
+    def _node_update(self, node: str, body: dict, what: str) -> None:
+        self._require_write(what)
+        with_retries(lambda: self._request("POST", f"/slurm/{self.api}/node/{quote(node)}", body), self.retries)
+
+    def drain(self, node: str, reason: str) -> None:
+        self._node_update(node, {"state": ["DRAIN"], "reason": reason}, "drain nodes")
+
+    def resume(self, node: str) -> None:
+        self._node_update(node, {"state": ["RESUME"]}, "resume nodes")
+
+    def set_reason(self, node: str, reason: str) -> None:
+        self._node_update(node, {"state": ["DRAIN"], "reason": reason}, "set node reasons")
+
+    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
+        raise SlurmError("slurmrestd cannot reboot nodes; use the CLI backend (`scontrol reboot`)")
+
+    def requeue(self, job_id: str, hold: bool = False) -> None:
+        raise SlurmError("slurmrestd cannot requeue jobs; use the CLI backend (`scontrol requeue`)")
+
+    def release(self, job_id: str) -> None:
+        self.update_job(job_id, hold="false")
+
+    def update_job(self, job_id: str, **fields: str) -> None:
+        self._require_write("update jobs")
+        body: dict = {}
+        for key, value in fields.items():
+            k = key.lower()
+            if k in ("excnodelist", "excluded_nodes"):
+                body["excluded_nodes"] = [n for n in str(value).split(",") if n]
+            elif k == "hold":
+                body["hold"] = str(value).lower() in ("1", "true", "yes")
+            else:
+                body[k] = value
+        with_retries(lambda: self._request("POST", f"/slurm/{self.api}/job/{quote(str(job_id))}", body),
+                     self.retries)
+
+    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
+        self._require_write("signal jobs")
+        flags = "BATCH_JOB" if batch else ("FULL_JOB" if full else "")
+        params = {"signal": signal}
+        if flags:
+            params["flags"] = flags
+        self._request("DELETE", f"/slurm/{self.api}/job/{quote(str(job_id))}", params=params)
