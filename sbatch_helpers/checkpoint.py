@@ -329,7 +329,8 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         raise _Reject(f"{MANIFEST} too large")
     raw = mpath.read_bytes()
     try:
-        marker_doc = json.loads(marker.read_bytes()[:4096].decode("utf-8"))
+        with open(marker, "rb") as f:
+            marker_doc = json.loads(f.read(4096).decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise _Reject(f"marker {MARKER} is not valid JSON") from None
     if not isinstance(marker_doc, dict) or marker_doc.get("manifest_sha256") != hashlib.sha256(raw).hexdigest():
