@@ -1,0 +1,285 @@
+"""Pure judges over gathered GPU data: each returns ``CheckResult``s, no I/O.
+
+A result has a status (ok / warn / fail / unknown), one readable line (``reason``, which becomes the
+drain reason after ``autoheal: ``), evidence, and the suggested action: none, requeue-job, drain,
+reset-gpu, reboot-node or replace-node. Checks can be disabled and re-thresholded in ``[hooks]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, Iterable, List, Optional
+
+from autoheal.hooks.gather import GpuSample, NodeSample
+from autoheal.hooks.xids import DRAIN_POLICIES, XidEvent, describe, policy_for
+
+OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
+NONE, REQUEUE, DRAIN, RESET, REBOOT, REPLACE = ("none", "requeue-job", "drain", "reset-gpu", "reboot-node",
+                                                "replace-node")
+_SEVERITY = {OK: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
+POLICY_ACTION = {"ignore": NONE, "warn": NONE, "requeue": REQUEUE, "drain": RESET, "reset": RESET,
+                 "reboot": REBOOT, "replace": REPLACE}
+CLOCKS_HW_SLOWDOWN, CLOCKS_SW_THERMAL, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
+RECOVERY_ACTIONS = {1: ("GPU reset required", RESET), 2: ("node reboot required", REBOOT),
+                    3: ("drain P2P required", DRAIN), 4: ("drain and reset required", RESET)}
+
+
+@dataclass
+class CheckResult:
+    """The verdict of one check on one GPU (``gpu`` None: node-wide)."""
+
+    check: str
+    status: str
+    reason: str = ""
+    action: str = NONE
+    gpu: Optional[int] = None
+    evidence: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CheckResult":
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "") -> str:
+    """``gpu 3 (0000:3b:00.0)``."""
+    idx = g.index if g is not None else index
+    bus = (g.pci if g is not None and g.pci else "") or pci
+    label = f"gpu {idx}" if idx is not None else "gpu ?"
+    return f"{label} ({bus})" if bus else label
+
+
+def _ok(check: str, gpu: Optional[int] = None) -> CheckResult:
+    return CheckResult(check, OK, "", NONE, gpu)
+
+
+# ---- node-wide -------------------------------------------------------------------------------------
+
+def check_driver(s: NodeSample, pinned: str = "") -> List[CheckResult]:
+    """NVML reachable; driver version as pinned. A hang or a missing library is unknown; a driver that
+    is installed but not loaded is a failure (the node needs a reboot)."""
+    if s.init_error:
+        low = s.init_error.lower()
+        if "driver not loaded" in low or "driver_not_loaded" in low:
+            return [CheckResult("driver", FAIL, "driver: NVIDIA driver not loaded", REBOOT,
+                                evidence={"error": s.init_error})]
+        return [CheckResult("driver", UNKNOWN, f"driver: NVML unavailable: {s.init_error}", NONE,
+                            evidence={"error": s.init_error})]
+    if pinned and s.driver_version != pinned:
+        return [CheckResult("driver", FAIL, f"driver: version {s.driver_version}, expected {pinned}", REBOOT,
+                            evidence={"driver_version": s.driver_version, "expected": pinned})]
+    return [CheckResult("driver", OK, evidence={"driver_version": s.driver_version})]
+
+
+def check_count(s: NodeSample, expected: int) -> List[CheckResult]:
+    """Fewer GPUs than expected (a GPU that fell off the bus is no longer enumerated)."""
+    if expected <= 0 or s.count is None:
+        return []
+    if s.count < expected:
+        return [CheckResult("gpu-count", FAIL, f"gpu-count: {s.count} of {expected} GPUs visible", REBOOT,
+                            evidence={"count": s.count, "expected": expected})]
+    return [CheckResult("gpu-count", OK, evidence={"count": s.count})]
+
+
+# ---- per GPU ---------------------------------------------------------------------------------------
+
+def check_reachable(g: GpuSample) -> List[CheckResult]:
+    """GPU lost (NVML_ERROR_GPU_IS_LOST) fails; a read that did not finish is unknown."""
+    if g.error == "lost":
+        return [CheckResult("gpu-lost", FAIL, f"gpu-lost: {gpu_label(g)}: GPU is lost (fallen off the bus)",
+                            REBOOT, g.index, {"error": g.error})]
+    if g.error:
+        return [CheckResult("gpu-lost", UNKNOWN, f"gpu-lost: {gpu_label(g)}: not read: {g.error}", NONE, g.index,
+                            {"error": g.error})]
+    return [_ok("gpu-lost", g.index)]
+
+
+def check_ecc(g: GpuSample, dbe_max: int = 0) -> List[CheckResult]:
+    if g.ecc_dbe_volatile is None:
+        return []
+    if g.ecc_dbe_volatile > dbe_max:
+        return [CheckResult("ecc", FAIL, f"ecc: {gpu_label(g)}: {g.ecc_dbe_volatile} uncorrectable ECC errors",
+                            RESET, g.index, {"ecc_dbe_volatile": g.ecc_dbe_volatile})]
+    return [_ok("ecc", g.index)]
+
+
+def check_remapped_rows(g: GpuSample) -> List[CheckResult]:
+    if g.remap_failure:
+        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {gpu_label(g)}: row remap failure",
+                            REPLACE, g.index, {"remap_failure": True})]
+    if g.remap_pending:
+        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {gpu_label(g)}: row remap pending a reset",
+                            RESET, g.index, {"remap_pending": True, "uncorrectable": g.remap_uncorrectable})]
+    if g.remap_failure is None:
+        return []
+    return [_ok("remapped-rows", g.index)]
+
+
+def check_retired_pages(g: GpuSample, pages_max: int = 60) -> List[CheckResult]:
+    if g.retired_pages is None and g.retired_pending is None:
+        return []
+    if (g.retired_pages or 0) > pages_max:
+        return [CheckResult("retired-pages", FAIL, f"retired-pages: {gpu_label(g)}: {g.retired_pages} retired "
+                            f"pages", REPLACE, g.index, {"retired_pages": g.retired_pages})]
+    if g.retired_pending:
+        return [CheckResult("retired-pages", FAIL, f"retired-pages: {gpu_label(g)}: page retirement pending a "
+                            f"reset", RESET, g.index, {"retired_pending": True})]
+    return [_ok("retired-pages", g.index)]
+
+
+def check_pcie(g: GpuSample, gen: bool = True, width: bool = True) -> List[CheckResult]:
+    """Width below max always counts; generation only on a busy GPU (it drops while idle)."""
+    ev = {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max}
+    if width and g.pcie_width and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
+        return [CheckResult("pcie", FAIL, f"pcie: {gpu_label(g)}: link x{g.pcie_width} below x{g.pcie_width_max}",
+                            REBOOT, g.index, ev)]
+    if gen and g.idle is False and g.pcie_gen and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max:
+        return [CheckResult("pcie", FAIL, f"pcie: {gpu_label(g)}: link gen{g.pcie_gen} below gen{g.pcie_gen_max}",
+                            REBOOT, g.index, ev)]
+    if g.pcie_width is None and g.pcie_gen is None:
+        return []
+    return [_ok("pcie", g.index)]
+
+
+def check_nvlink(g: GpuSample) -> List[CheckResult]:
+    if g.nvlinks_down is None:
+        return []
+    if g.nvlinks_down:
+        links = ",".join(str(x) for x in g.nvlinks_down)
+        return [CheckResult("nvlink", FAIL, f"nvlink: {gpu_label(g)}: link {links} down", RESET, g.index,
+                            {"links_down": list(g.nvlinks_down)})]
+    return [_ok("nvlink", g.index)]
+
+
+def check_clocks(g: GpuSample, fail: bool = False) -> List[CheckResult]:
+    if g.clock_events is None:
+        return []
+    names = [n for bit, n in ((CLOCKS_HW_SLOWDOWN, "HW slowdown"), (CLOCKS_HW_THERMAL, "HW thermal slowdown"),
+                              (CLOCKS_SW_THERMAL, "SW thermal slowdown"), (CLOCKS_HW_POWER_BRAKE, "power brake"))
+             if g.clock_events & bit]
+    if names:
+        return [CheckResult("clocks", FAIL if fail else WARN, f"clocks: {gpu_label(g)}: {', '.join(names)}",
+                            DRAIN if fail else NONE, g.index, {"clock_events": hex(g.clock_events)})]
+    return [_ok("clocks", g.index)]
+
+
+def check_temperature(g: GpuSample, fail_at: int = 90, warn_at: int = 85) -> List[CheckResult]:
+    if g.temperature is None:
+        return []
+    if g.temperature >= fail_at:
+        return [CheckResult("temperature", FAIL, f"temperature: {gpu_label(g)}: {g.temperature} C (limit {fail_at})",
+                            DRAIN, g.index, {"temperature": g.temperature})]
+    if g.temperature >= warn_at:
+        return [CheckResult("temperature", WARN, f"temperature: {gpu_label(g)}: {g.temperature} C", NONE, g.index,
+                            {"temperature": g.temperature})]
+    return [_ok("temperature", g.index)]
+
+
+def check_recovery_action(g: GpuSample) -> List[CheckResult]:
+    if g.recovery_action is None:
+        return []
+    if g.recovery_action in RECOVERY_ACTIONS:
+        text, action = RECOVERY_ACTIONS[g.recovery_action]
+        status = WARN if action == DRAIN else FAIL
+        return [CheckResult("recovery-action", status, f"recovery-action: {gpu_label(g)}: {text}", action, g.index,
+                            {"recovery_action": g.recovery_action})]
+    return [_ok("recovery-action", g.index)]
+
+
+def check_persistence(g: GpuSample, required: bool = True) -> List[CheckResult]:
+    if g.persistence is None or not required:
+        return []
+    if not g.persistence:
+        return [CheckResult("persistence", WARN, f"persistence: {gpu_label(g)}: persistence mode off", NONE,
+                            g.index)]
+    return [_ok("persistence", g.index)]
+
+
+# ---- XIDs ------------------------------------------------------------------------------------------
+
+def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Optional[int] = None,
+              pci: str = "", app_repeats: int = 0, app_limit: int = 5) -> CheckResult:
+    """One XID through the policy table; repeated application XIDs on one GPU escalate to a reset."""
+    policy = policy_for(ev.xid, overrides)
+    idx = ev.gpu if ev.gpu is not None else gpu
+    bus = pci or (ev.pci + ".0" if ev.pci and ev.pci.count(":") == 2 else ev.pci)
+    where = gpu_label(None, idx, bus)
+    text = f"xid {ev.xid} {where}: {describe(ev.xid)}"
+    evidence = {"xid": ev.xid, "pci": ev.pci, "source": ev.source, "policy": policy}
+    if ev.seq is not None:
+        evidence["seq"] = ev.seq
+    if ev.line:
+        evidence["line"] = ev.line
+    if policy == "ignore":
+        if app_repeats >= app_limit:
+            evidence["repeats"] = app_repeats
+            return CheckResult("xid", FAIL, f"{text} repeated {app_repeats} times", RESET, idx, evidence)
+        return CheckResult("xid", OK, text, NONE, idx, evidence)
+    if policy in DRAIN_POLICIES:
+        return CheckResult("xid", FAIL, text, POLICY_ACTION[policy], idx, evidence)
+    if policy == "requeue":
+        return CheckResult("xid", WARN, text, REQUEUE, idx, evidence)
+    return CheckResult("xid", WARN, text, NONE, idx, evidence)
+
+
+# ---- all together ----------------------------------------------------------------------------------
+
+def judge_sample(s: NodeSample, hooks_cfg: Any, expected_gpus: int = 0) -> List[CheckResult]:
+    """Every enabled check over one sample (XIDs are judged separately: they need the state)."""
+    off = set(getattr(hooks_cfg, "disabled_checks", []) or [])
+    out: List[CheckResult] = []
+    if "driver" not in off:
+        out += check_driver(s, hooks_cfg.driver_version)
+    elif s.init_error:
+        out.append(CheckResult("driver", UNKNOWN, f"driver: NVML unavailable: {s.init_error}"))
+    if s.init_error:
+        return out
+    if "gpu-count" not in off:
+        out += check_count(s, expected_gpus)
+    for g in s.gpus:
+        reach = check_reachable(g)
+        if "gpu-lost" not in off or reach[0].status == UNKNOWN:
+            out += reach
+        if g.error:
+            continue
+        if "ecc" not in off:
+            out += check_ecc(g, hooks_cfg.ecc_dbe_max)
+        if "remapped-rows" not in off:
+            out += check_remapped_rows(g)
+        if "retired-pages" not in off:
+            out += check_retired_pages(g, hooks_cfg.retired_pages_max)
+        if "pcie" not in off:
+            out += check_pcie(g, hooks_cfg.pcie_check_gen, hooks_cfg.pcie_check_width)
+        if "nvlink" not in off and hooks_cfg.nvlink_check:
+            out += check_nvlink(g)
+        if "clocks" not in off:
+            out += check_clocks(g, hooks_cfg.clock_events_fail)
+        if "temperature" not in off:
+            out += check_temperature(g, hooks_cfg.temperature_max, hooks_cfg.temperature_warn)
+        if "recovery-action" not in off:
+            out += check_recovery_action(g)
+        if "persistence" not in off:
+            out += check_persistence(g, hooks_cfg.persistence_required)
+    return out
+
+
+def overall(results: Iterable[CheckResult]) -> str:
+    """fail > unknown > warn > ok. No results at all is unknown."""
+    worst, seen = OK, False
+    for r in results:
+        seen = True
+        if _SEVERITY[r.status] > _SEVERITY[worst]:
+            worst = r.status
+    return worst if seen else UNKNOWN
+
+
+def worst_failure(results: Iterable[CheckResult]) -> Optional[CheckResult]:
+    """The failure that names the drain: the one with the heaviest repair."""
+    order = {NONE: 0, REQUEUE: 1, DRAIN: 2, RESET: 3, REBOOT: 4, REPLACE: 5}
+    fails = [r for r in results if r.status == FAIL]
+    if not fails:
+        return None
+    # xid first (the most specific reason a human sees), then by repair weight
+    return max(fails, key=lambda r: (r.check == "xid", order.get(r.action, 0)))

@@ -1,0 +1,329 @@
+"""One health pass over a node: gather, judge, remember, then drain / repair / resume through Slurm.
+
+Used by the healthcheck (full pass), ``autoheal check`` (full pass, optionally without Slurm changes)
+and the prolog/epilog (cheap pass). Decisions follow the ownership rules of ``autoheal.nodeops``; a
+Slurm that does not answer or an NVML that only says "unknown" never leads to a drain (exit 2).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from autoheal.hooks import checks as C
+from autoheal.hooks import state as S
+from autoheal.hooks.gather import NodeSample, gather, index_by_pci
+from autoheal.hooks.ladder import next_rung
+from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
+
+EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+
+
+@dataclass
+class Pass:
+    """The outcome of one pass: what was seen, what was done, and the exit code."""
+
+    node: str
+    status: str = C.UNKNOWN
+    results: List[C.CheckResult] = field(default_factory=list)
+    actions: List[Dict[str, Any]] = field(default_factory=list)
+    errors: List[str] = field(default_factory=list)
+    exit_code: int = EXIT_UNKNOWN
+    sample: Optional[NodeSample] = None
+
+    def to_dict(self, verbose: bool = False) -> dict:
+        res = [r.to_dict() for r in self.results if verbose or r.status != C.OK]
+        return {"node": self.node, "status": self.status, "exit_code": self.exit_code, "results": res,
+                "actions": self.actions, "errors": self.errors,
+                "gpus": None if self.sample is None else self.sample.count}
+
+    def summary(self) -> str:
+        bad = [r.reason for r in self.results if r.status in (C.FAIL, C.UNKNOWN, C.WARN)]
+        head = f"{self.node}: {self.status}"
+        return head + ("" if not bad else ": " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
+
+
+def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[str, int],
+                now: float) -> List[C.CheckResult]:
+    """Judge new XIDs once each: dedupe against recent ones (other sources, companion events), count
+    application XIDs per GPU, open a fault for every drain-class XID."""
+    h = ctx.hooks
+    out: List[C.CheckResult] = []
+    last_pass = st.get("last_pass") or {}
+    for ev in events:
+        # an XID logged before the last passing check was already judged (or predates this install)
+        if (ev.usec is not None and last_pass.get("boot_id") == boot_id()
+                and ev.usec < int(last_pass.get("usec", 0))):
+            continue
+        gpu = ev.gpu if ev.gpu is not None else pci_map.get(ev.pci)
+        if S.seen_recently(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds):
+            continue
+        S.remember_xid(st, ev.xid, gpu, ev.pci, now)
+        repeats = 0
+        if C.policy_for(ev.xid, h.xid_policy) == "ignore":
+            repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)
+        pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
+        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat)
+        out.append(r)
+        if r.status == C.FAIL:
+            S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
+                              "evidence": r.evidence})
+    return out
+
+
+def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
+            now: Optional[float] = None) -> Pass:
+    """Gather and judge; update the node state (kernel-log cursor, XIDs, unknown streaks, faults)."""
+    now = time.time() if now is None else now
+    p = Pass(node=ctx.node)
+    sample = gather(ctx.node, budget=budget, cheap=cheap)
+    p.sample = sample
+    expected = 0 if cheap else ctx.expected_gpus()
+    off = set(ctx.hooks.disabled_checks)
+    with ctx.store.locked() as st:
+        pci_map = dict(st.get("gpu_pci", {}))
+        pci_map.update(index_by_pci(sample))
+        st["gpu_pci"] = pci_map
+        by_index = {v: k for k, v in pci_map.items()}
+        for g in sample.gpus:  # a lost GPU no longer tells its PCI address: use the one remembered
+            if not g.pci and g.index in by_index:
+                g.pci = by_index[g.index] + ".0"
+        results = C.judge_sample(sample, ctx.hooks, expected)
+        if read_log and ctx.hooks.kernel_log and "xid" not in off:
+            events, cursor = read_kernel_log(ctx.path(ctx.hooks.kernel_log), LogCursor.from_dict(st.get("kmsg")))
+            st["kmsg"] = cursor.to_dict()
+            results += xid_results(ctx, st, events, pci_map, now)
+        if not cheap:
+            results = _escalate_unknown(ctx, st, results)
+        # open faults keep failing until a repair rung closes them
+        failing = {(r.check, r.gpu) for r in results if r.status == C.FAIL}
+        for f in st.get("faults", []):
+            if (f.get("check", "xid"), f.get("gpu")) in failing:
+                continue
+            results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, f.get("reason", ""), f.get("action", C.RESET),
+                                         f.get("gpu"), {"open_fault_since": f.get("since")}))
+        p.results = results
+        p.status = C.overall(results)
+        if not cheap:
+            st["last_result"] = {"time": now, "status": p.status, "source": ctx.source,
+                                 "results": [r.to_dict() for r in results if r.status != C.OK]}
+    return p
+
+
+def _escalate_unknown(ctx, st: Dict[str, Any], results: List[C.CheckResult]) -> List[C.CheckResult]:
+    """A GPU unreadable in N consecutive full passes is failed as unresponsive."""
+    streaks: Dict[str, int] = {}
+    old = st.get("unknown_runs", {})
+    out = []
+    for r in results:
+        if r.status == C.UNKNOWN and r.gpu is not None:
+            key = str(r.gpu)
+            streaks[key] = int(old.get(key, 0)) + 1
+            if streaks[key] >= ctx.hooks.unknown_runs_to_fail:
+                r = C.CheckResult("gpu-lost", C.FAIL, f"gpu-lost: gpu {r.gpu}: unresponsive in {streaks[key]} "
+                                  f"checks", C.REBOOT, r.gpu, r.evidence)
+        out.append(r)
+    st["unknown_runs"] = streaks
+    return out
+
+
+# ---- Slurm side --------------------------------------------------------------------------------------
+
+def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, Any]:
+    """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
+    touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
+    from autoheal import nodeops
+    from autoheal.reasons import is_ours, make_reason, strip_reason_suffix
+
+    reason = make_reason(failure.reason)
+    node = ctx.slurm.get_node(ctx.node)
+    current = strip_reason_suffix(node.reason)
+    if (node.drain or node.down) and current and is_ours(current):
+        out = nodeops.Outcome(ctx.node, nodeops.SKIPPED_SAME, current, current, dry_run)
+    else:
+        out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
+    act = {"action": "drain", "outcome": out.action, "reason": out.reason, "previous_reason": out.previous_reason,
+           "dry_run": dry_run}
+    if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
+            and is_ours(out.reason or current):
+        with ctx.store.locked() as st:
+            if not st.get("drain"):
+                st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
+                               "check": failure.check, "gpu": failure.gpu}
+            st["passes"] = 0
+    if out.changed:
+        ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
+                   severity="action", evidence=failure.evidence)
+    elif out.action == nodeops.SKIPPED_FOREIGN:
+        ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
+                   message=f"{failure.reason} (node already drained by someone else: {out.previous_reason})",
+                   severity="info", evidence=failure.evidence)
+    return act
+
+
+def maybe_resume(ctx, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
+    """Resume a drain we made after N consecutive passes and the cooldown; forget it if someone else
+    changed the node meanwhile."""
+    from autoheal import nodeops
+    from autoheal.reasons import strip_reason_suffix
+
+    st = ctx.store.read()
+    ours = st.get("drain")
+    if not ours:
+        return None
+    node = ctx.slurm.get_node(ctx.node)
+    current = strip_reason_suffix(node.reason)
+    if not (node.drain or node.down) or current != ours.get("reason"):
+        # resumed by an admin, or re-drained with another reason: not ours to resume any more
+        with ctx.store.locked() as st2:
+            st2["drain"] = None
+        return {"action": "forget-drain", "outcome": "node no longer carries our drain", "reason": current}
+    if st.get("passes", 0) < ctx.hooks.resume_after_passes:
+        return {"action": "resume", "outcome": f"waiting: {st.get('passes', 0)} of "
+                f"{ctx.hooks.resume_after_passes} passes", "reason": current}
+    if now - float(ours.get("time", 0)) < ctx.hooks.resume_cooldown:
+        return {"action": "resume", "outcome": "waiting: cooldown", "reason": current}
+    out = nodeops.resume(ctx.slurm, ctx.node, dry_run=dry_run)
+    if out.changed:
+        with ctx.store.locked() as st2:
+            st2["drain"] = None
+        ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
+                   severity="action")
+    return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
+
+
+def maybe_repair(ctx, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Dict[str, Any]]:
+    """Climb the recovery ladder for failures, only once the node is drained by us and idle."""
+    st = ctx.store.read()
+    if not st.get("drain"):
+        return []
+    node = ctx.slurm.get_node(ctx.node)
+    if not node.drained:  # jobs still running (or not drained): repairs wait
+        return []
+    done: List[Dict[str, Any]] = []
+    window = ctx.hooks.ladder_window
+    seen = set()
+    for r in results:
+        if r.status != C.FAIL or (r.check, r.gpu) in seen:
+            continue
+        seen.add((r.check, r.gpu))
+        resets = S.ladder_count(st, r.gpu, "reset", now, window)
+        reboots = S.ladder_count(st, r.gpu, "reboot", now, window)
+        rung = next_rung(r.action, resets, reboots, can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
+                         can_reboot=ctx.hooks.reboot_enabled)
+        if not rung:
+            continue
+        done.append(_run_rung(ctx, rung, r, now, dry_run))
+        if rung != C.RESET:
+            break  # a reboot or replacement covers the whole node
+    return done
+
+
+def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
+    from autoheal.reasons import make_reason
+
+    act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
+    if dry_run:
+        act["outcome"] = "dry-run"
+        return act
+    if rung == C.RESET:
+        argv = [a.replace("{node}", ctx.node).replace("{gpu}", str(r.gpu)) for a in ctx.hooks.reset_command]
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.hooks.reset_timeout,
+                                 stdin=subprocess.DEVNULL)
+            ok = res.returncode == 0
+            act["outcome"] = "ok" if ok else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            ok, act["outcome"] = False, f"failed: {exc}"
+        with ctx.store.locked() as st:
+            S.record_rung(st, r.gpu, "reset", now)
+            if ok:
+                st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
+                st["passes"] = 0
+        ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=act["outcome"],
+                   message=f"reset gpu {r.gpu} for: {r.reason}", severity="action" if ok else "error",
+                   evidence={"argv": argv})
+        return act
+    if rung == C.REBOOT:
+        st = ctx.store.read()
+        pending = st.get("reboot_requested") or {}
+        if pending.get("boot_id") == boot_id():
+            act["outcome"] = "waiting: reboot already requested"
+            return act
+        reason = make_reason("reboot", r.reason)
+        ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
+        with ctx.store.locked() as st:
+            S.record_rung(st, r.gpu, "reboot", now)
+            st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
+            st["faults"] = []
+            if st.get("drain"):
+                st["drain"]["reason"] = reason
+        act["outcome"] = "requested"
+        ctx.record("remediation-step", check=r.check, action="reboot-node", outcome="requested", message=reason,
+                   severity="action")
+        return act
+    # replacement: say so in the reason; the k8s_sync remediation acts on "autoheal: replace: ..."
+    from autoheal import nodeops
+
+    reason = make_reason("replace", r.reason)
+    node = ctx.slurm.get_node(ctx.node)
+    from autoheal.reasons import strip_reason_suffix
+
+    if strip_reason_suffix(node.reason).startswith(make_reason("replace")):
+        act["outcome"] = "already asked"
+        return act
+    out = nodeops.drain(ctx.slurm, ctx.node, reason)
+    with ctx.store.locked() as st:
+        S.record_rung(st, r.gpu, "replace", now)
+        if st.get("drain"):
+            st["drain"]["reason"] = reason
+    act["outcome"] = out.action
+    ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
+               severity="action")
+    return act
+
+
+def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run: bool = False,
+                now: Optional[float] = None) -> Pass:
+    """The healthcheck: observe, then act. Exit 0 healthy (or warn), 1 failed, 2 could not tell."""
+    from autoheal.errors import SlurmError, SlurmUnavailable
+
+    now = time.time() if now is None else now
+    p = observe(ctx, ctx.hooks.nvml_timeout if budget is None else budget, now=now)
+    try:
+        if p.status == C.FAIL:
+            with ctx.store.locked() as st:
+                st["passes"] = 0
+            failure = C.worst_failure(p.results)
+            if drain and failure is not None:
+                p.actions.append(drain_for(ctx, failure, dry_run))
+                p.actions += maybe_repair(ctx, p.results, now, dry_run)
+            p.exit_code = EXIT_FAIL
+        elif p.status == C.UNKNOWN:
+            with ctx.store.locked() as st:
+                st["passes"] = 0
+            p.exit_code = EXIT_UNKNOWN
+        else:
+            with ctx.store.locked() as st:
+                st["passes"] = int(st.get("passes", 0)) + 1
+                st["last_pass"] = {"time": now, "boot_id": boot_id(), "usec": int(time.monotonic() * 1e6)}
+            if drain:
+                act = maybe_resume(ctx, now, dry_run)
+                if act:
+                    p.actions.append(act)
+            p.exit_code = EXIT_OK
+    except SlurmUnavailable as exc:
+        p.errors.append(f"slurmctld unreachable, nothing changed: {exc}")
+        ctx.record("error", message=f"health pass: slurmctld unreachable: {exc}", severity="error")
+        p.exit_code = EXIT_UNKNOWN
+    except SlurmError as exc:
+        p.errors.append(f"slurm: {exc}")
+        ctx.record("error", message=f"health pass: {exc}", severity="error")
+        p.exit_code = EXIT_UNKNOWN
+    return p
+
+
+__all__ = ["Pass", "observe", "health_pass", "drain_for", "maybe_resume", "maybe_repair", "xid_results",
+           "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
