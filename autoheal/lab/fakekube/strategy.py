@@ -42,6 +42,8 @@ def _default_pod_spec(spec: Obj) -> None:
 def apply_defaults(rt: ResourceType, obj: Obj) -> None:
     if rt.custom:
         return
+    if rt.status_subresource or rt.kind == "Lease":
+        obj.setdefault("spec", {})  # a Go struct field without omitempty always serializes
     if rt.kind == "Pod" and isinstance(obj.get("spec"), dict):
         _default_pod_spec(obj["spec"])
     elif rt.kind == "Namespace":

@@ -1,0 +1,706 @@
+"""HTTP front end: routes kube-apiserver URLs to the registry, streams watches, serves discovery.
+
+``FakeKubeServer`` runs a ``ThreadingHTTPServer`` on 127.0.0.1 in a background
+thread. ``store`` is the :class:`~autoheal.lab.fakekube.registry.Registry`
+(seed and inspect objects from Python), ``faults`` the
+:class:`~autoheal.lab.fakekube.faults.FaultInjector`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
+from urllib.parse import parse_qs, urlsplit
+
+from . import discovery, errors, tables
+from .errors import ApiError
+from .faults import FaultInjector
+from .registry import Registry
+from .resources import NODE_REPLACEMENT, ResourceType, ResourceTypes, builtin_types
+from .store import TooOld, VersionedStore
+from .watch import Watcher
+
+JSON = "application/json"
+PATCH_TYPES = {
+    "application/json-patch+json": "json",
+    "application/merge-patch+json": "merge",
+    "application/strategic-merge-patch+json": "strategic",
+}
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _media_types(header: Optional[str]) -> List[Tuple[str, Dict[str, str]]]:
+    out = []
+    for part in (header or "").split(","):
+        bits = [b.strip() for b in part.split(";") if b.strip()]
+        if not bits:
+            continue
+        params = {}
+        for b in bits[1:]:
+            k, _, v = b.partition("=")
+            params[k.strip().lower()] = v.strip()
+        out.append((bits[0].lower(), params))
+    return out
+
+
+def _truthy(value: Optional[str]) -> bool:
+    return value is not None and value.lower() in ("1", "true", "yes")
+
+
+class FakeKubeServer:
+    """A faithful-enough kube-apiserver for tests and the local lab (stdlib only)."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0,
+                 custom_resources: Iterable[ResourceType] = (NODE_REPLACEMENT,), history_window: int = 1000,
+                 bookmark_interval: float = 60.0, max_watch_seconds: float = 1800.0,
+                 pod_deletion_delay: float = 0.0, aggregated_discovery: bool = True,
+                 token: str = "fake-token", require_token: bool = False,
+                 clock: Callable[[], float] = time.time, request_log_size: int = 2000):
+        if host not in LOOPBACK:
+            raise ValueError(f"the fake API server only listens on loopback, not {host!r}")
+        self.host = "127.0.0.1" if host == "localhost" else host
+        self.port = port
+        self.types = ResourceTypes(builtin_types() + tuple(custom_resources))
+        self.store = Registry(self.types, VersionedStore(history_window), clock, pod_deletion_delay)
+        self.store.seed_namespaces()
+        self.faults = FaultInjector()
+        self.bookmark_interval = bookmark_interval
+        self.max_watch_seconds = max_watch_seconds
+        self.aggregated_discovery = aggregated_discovery
+        self.token = token
+        self.require_token = require_token
+        self.clock = clock
+        self.requests: Deque[Dict[str, Any]] = deque(maxlen=request_log_size)
+        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+        self._connections: set = set()
+        self._conn_lock = threading.Lock()
+        self.stopping = threading.Event()
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> "FakeKubeServer":
+        if self._httpd is not None:
+            return self
+        handler = type("BoundHandler", (_Handler,), {"app": self})
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        server_cls = type("Server", (ThreadingHTTPServer,), {"address_family": family,
+                                                             "daemon_threads": True,
+                                                             "allow_reuse_address": True})
+        self.stopping.clear()
+        self.store.store.reopen()
+        self._httpd = server_cls((self.host, self.port), handler)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name=f"fakekube-{self.port}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End watches, stop accepting, close open connections and wait for the serving thread."""
+        if self._httpd is None:
+            return
+        self.stopping.set()
+        self.store.store.close()
+        self.store.cancel_timers()
+        self._httpd.shutdown()
+        with self._conn_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> "FakeKubeServer":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def write_kubeconfig(self, path: str, namespace: str = "default", context: str = "fakekube") -> str:
+        """Write a kubeconfig (JSON, which is valid YAML) usable by kubectl and the python client."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": context, "cluster": {"server": self.url}}],
+            "users": [{"name": context, "user": {"token": self.token}}],
+            "contexts": [{"name": context, "context": {"cluster": context, "user": context,
+                                                        "namespace": namespace}}],
+            "current-context": context,
+            "preferences": {},
+        }
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as fh:
+            json.dump(config, fh, indent=2)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+        return path
+
+    def reset(self) -> None:
+        """Forget faults and objects; recreate the default namespaces."""
+        self.faults.clear()
+        self.store.reset()
+
+    def _track(self, conn: socket.socket, add: bool) -> None:
+        with self._conn_lock:
+            if add:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fakekube/1.32"
+    app: FakeKubeServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.app._track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.app._track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        pass
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+            return b"".join(chunks)
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _send(self, code: int, body: bytes, content_type: str, headers: Optional[Dict[str, str]] = None) -> None:
+        self._status = code
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _send_json(self, code: int, obj: Any, content_type: str = JSON,
+                   headers: Optional[Dict[str, str]] = None) -> None:
+        self._send(code, json.dumps(obj, separators=(",", ":")).encode() + b"\n", content_type, headers)
+
+    def _send_error(self, err: ApiError) -> None:
+        headers = {"Retry-After": str(err.retry_after)} if err.retry_after else None
+        body = err.to_status()
+        token = getattr(err, "continue_token", None)
+        if token:
+            body["metadata"] = {"continue": token}
+        self._send_json(err.code, body, headers=headers)
+
+    def _handle(self, method: str) -> None:
+        self._status = 0
+        started = time.time()
+        parts = urlsplit(self.path)
+        path = parts.path.rstrip("/") or "/"
+        query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        self._dry_values = parse_qs(parts.query).get("dryRun", [])
+        entry = {"method": method, "path": path, "query": query,
+                 "content_type": self.headers.get("Content-Type", ""), "accept": self.headers.get("Accept", "")}
+        try:
+            body = self._read_body()
+            entry["body"] = body.decode("utf-8", "replace")[:4000]
+            if path.startswith("/_fake"):
+                self._admin(method, path, body)
+                return
+            if self.app.require_token and self.headers.get("Authorization") != f"Bearer {self.app.token}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            is_watch = _truthy(query.get("watch")) or "/watch/" in path
+            fault = self.app.faults.match(method, path, is_watch)
+            if fault is not None and self._apply_fault(fault, path):
+                return
+            self._route(method, path, query, body)
+        except ApiError as err:
+            self._send_error(err)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as exc:  # pragma: no cover - a bug in the fake answers like a server bug
+            traceback.print_exc()
+            self._send_error(errors.internal(f"{type(exc).__name__}: {exc}"))
+        finally:
+            entry["status"] = self._status
+            entry["duration_ms"] = round((time.time() - started) * 1000, 1)
+            self.app.requests.append(entry)
+
+    def _apply_fault(self, fault: Any, path: str) -> bool:
+        if fault.latency_ms:
+            time.sleep(fault.latency_ms / 1000.0)
+        if fault.disconnect:
+            self.close_connection = True
+            try:
+                self.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self._status = -1
+            return True
+        if fault.status is None:
+            return False
+        code = int(fault.status)
+        message = fault.message or _fault_message(code, path)
+        err = errors.generic(code, message, fault.reason, fault.retry_after)
+        if code == 429 and not fault.retry_after:
+            err.retry_after = 1
+            err.details["retryAfterSeconds"] = 1
+        self._send_error(err)
+        return True
+
+    def _decode_json(self, body: bytes) -> Any:
+        ctype = self.headers.get("Content-Type", JSON).split(";")[0].strip().lower()
+        if "yaml" in ctype or "protobuf" in ctype or "cbor" in ctype:
+            raise errors.unsupported_media_type(ctype, [JSON])
+        try:
+            return json.loads(body.decode("utf-8") or "null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}")
+
+    def _dry_run(self) -> bool:
+        for value in self._dry_values:
+            if value != "All":
+                raise errors.bad_request(f"Invalid dry run value: {value!r}")
+        return bool(self._dry_values)
+
+    # -- routing -----------------------------------------------------------------------------
+
+    def _route(self, method: str, path: str, query: Dict[str, str], body: bytes) -> None:
+        app = self.app
+        if path in ("/healthz", "/livez", "/readyz") or path.startswith(("/healthz/", "/livez/", "/readyz/")):
+            self._send(200, b"ok", "text/plain; charset=utf-8")
+            return
+        if path == "/version":
+            self._send_json(200, discovery.VERSION_INFO)
+            return
+        if path in ("/api", "/apis"):
+            self._discovery_root(path == "/api")
+            return
+        segs = path.strip("/").split("/")
+        if segs[0] == "api" and len(segs) >= 2:
+            group, version, rest = "", segs[1], segs[2:]
+        elif segs[0] == "apis" and len(segs) >= 2:
+            group = segs[1]
+            if group not in app.types.groups() or not group:
+                raise _not_found_path()
+            if len(segs) == 2:
+                self._send_json(200, discovery.api_group(app.types, group))
+                return
+            version, rest = segs[2], segs[3:]
+        else:
+            self._send(404, b"404 page not found\n", "text/plain; charset=utf-8")
+            return
+        if version not in app.types.groups().get(group, ()):
+            raise _not_found_path()
+        if not rest:
+            self._send_json(200, discovery.api_resource_list(app.types, group, version))
+            return
+        self._resource(method, group, version, rest, query, body)
+
+    def _discovery_root(self, core: bool) -> None:
+        for mtype, params in _media_types(self.headers.get("Accept")):
+            if self.app.aggregated_discovery and params.get("as") == "APIGroupDiscoveryList" \
+                    and params.get("g") == "apidiscovery.k8s.io" and params.get("v") in ("v2", "v2beta1"):
+                ctype = discovery.AGGREGATED_V2 if params["v"] == "v2" else discovery.AGGREGATED_V2BETA1
+                self._send_json(200, discovery.aggregated(self.app.types, core, params["v"]), ctype)
+                return
+            if mtype in (JSON, "*/*", "application/*"):
+                break
+        host = self.headers.get("Host") or f"127.0.0.1:{self.app.port}"
+        doc = discovery.api_versions(host) if core else discovery.api_group_list(self.app.types)
+        self._send_json(200, doc)
+
+    def _resource(self, method: str, group: str, version: str, rest: List[str], query: Dict[str, str],
+                  body: bytes) -> None:
+        types = self.app.types
+        watch_path = False
+        if rest[0] == "watch":
+            watch_path, rest = True, rest[1:]
+            if not rest:
+                raise _not_found_path()
+        namespace: Optional[str] = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            inner = types.by_url(group, version, rest[2])
+            if inner is not None and inner.namespaced:
+                namespace, rest = rest[1], rest[2:]
+        rt = types.by_url(group, version, rest[0])
+        if rt is None or len(rest) > 3 or (namespace is not None and not rt.namespaced):
+            raise _not_found_path()
+        if rt.namespaced and namespace is None and len(rest) > 1:
+            raise _not_found_path()
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        if name is None:
+            self._collection(method, rt, namespace, query, body, watch_path)
+        elif sub is None:
+            self._item(method, rt, namespace, name, query, body, watch_path)
+        elif sub == "status" and rt.status_subresource and not watch_path:
+            self._status_sub(method, rt, namespace, name, body)
+        elif sub == "eviction" and any(s.name == "eviction" for s in rt.subresources) and not watch_path:
+            if method != "POST":
+                raise errors.method_not_allowed()
+            result = self.app.store.evict(name, namespace or "", self._decode_json(body), self._dry_run())
+            self._send_json(201, result)
+        else:
+            raise _not_found_path()
+
+    def _collection(self, method: str, rt: ResourceType, namespace: Optional[str], query: Dict[str, str],
+                    body: bytes, watch_path: bool) -> None:
+        store = self.app.store
+        if method == "GET":
+            if watch_path or _truthy(query.get("watch")):
+                self._watch(rt, namespace, query)
+                return
+            limit = _int_param(query, "limit")
+            listed = store.list(rt, namespace, query.get("labelSelector"), query.get("fieldSelector"),
+                                limit, query.get("continue"))
+            self._send_object(rt, listed, query, is_list=True)
+        elif method == "POST" and (namespace is not None or not rt.namespaced):
+            created = store.create(rt, self._decode_json(body), namespace, dry_run=self._dry_run())
+            self._send_json(201, created)
+        elif method == "DELETE" and (namespace is not None or not rt.namespaced):
+            options = self._delete_options(body, query)
+            result = store.delete_collection(rt, namespace, query.get("labelSelector"), query.get("fieldSelector"),
+                                             options, self._dry_run())
+            self._send_json(200, result)
+        else:
+            raise errors.method_not_allowed()
+
+    def _item(self, method: str, rt: ResourceType, namespace: Optional[str], name: str, query: Dict[str, str],
+              body: bytes, watch_path: bool) -> None:
+        store = self.app.store
+        if watch_path:
+            if method != "GET":
+                raise errors.method_not_allowed()
+            query = dict(query)
+            query["fieldSelector"] = ",".join(filter(None, [query.get("fieldSelector"), f"metadata.name={name}"]))
+            self._watch(rt, namespace, query)
+        elif method == "GET":
+            self._send_object(rt, store.get(rt, name, namespace), query, is_list=False)
+        elif method == "PUT":
+            self._send_json(200, store.update(rt, name, self._decode_json(body), namespace, dry_run=self._dry_run()))
+        elif method == "PATCH":
+            self._send_json(200, self._patch(rt, namespace, name, body, None))
+        elif method == "DELETE":
+            code, result = store.delete(rt, name, namespace, self._delete_options(body, query), self._dry_run())
+            self._send_json(code, result)
+        else:
+            raise errors.method_not_allowed()
+
+    def _status_sub(self, method: str, rt: ResourceType, namespace: Optional[str], name: str, body: bytes) -> None:
+        store = self.app.store
+        if method == "GET":
+            self._send_json(200, store.get(rt, name, namespace))
+        elif method == "PUT":
+            self._send_json(200, store.update(rt, name, self._decode_json(body), namespace, "status",
+                                              self._dry_run()))
+        elif method == "PATCH":
+            self._send_json(200, self._patch(rt, namespace, name, body, "status"))
+        else:
+            raise errors.method_not_allowed()
+
+    def _patch(self, rt: ResourceType, namespace: Optional[str], name: str, body: bytes,
+               sub: Optional[str]) -> Dict[str, Any]:
+        ctype = self.headers.get("Content-Type", "").split(";")[0].strip().lower()
+        patch_type = PATCH_TYPES.get(ctype)
+        if patch_type is None or (patch_type == "strategic" and rt.custom):
+            accepted = ["application/json-patch+json", "application/merge-patch+json"]
+            if not rt.custom:
+                accepted.append("application/strategic-merge-patch+json")
+            # server-side apply (application/apply-patch+yaml) is not implemented by the fake
+            raise errors.unsupported_media_type(ctype, accepted)
+        try:
+            document = json.loads(body.decode("utf-8") or "null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise errors.bad_request(f"error decoding patch: {exc}")
+        return self.app.store.patch(rt, name, document, patch_type, namespace, sub, self._dry_run())
+
+    def _delete_options(self, body: bytes, query: Dict[str, str]) -> Dict[str, Any]:
+        options: Dict[str, Any] = {}
+        if body.strip():
+            decoded = self._decode_json(body)
+            if not isinstance(decoded, dict):
+                raise errors.bad_request("DeleteOptions must be a JSON object")
+            options.update(decoded)
+        if "gracePeriodSeconds" in query:
+            options.setdefault("gracePeriodSeconds", _int_param(query, "gracePeriodSeconds"))
+        if "propagationPolicy" in query:
+            options.setdefault("propagationPolicy", query["propagationPolicy"])
+        if "orphanDependents" in query:
+            options.setdefault("orphanDependents", _truthy(query["orphanDependents"]))
+        return options
+
+    # -- output ------------------------------------------------------------------------------
+
+    def _output_mode(self) -> Tuple[str, str]:
+        """('table'|'metadata'|'json', content type) from the Accept header."""
+        for mtype, params in _media_types(self.headers.get("Accept")):
+            if params.get("as") == "Table" and params.get("g") == "meta.k8s.io":
+                return "table", f"application/json;as=Table;v={params.get('v', 'v1')};g=meta.k8s.io"
+            if params.get("as") in ("PartialObjectMetadata", "PartialObjectMetadataList") \
+                    and params.get("g") == "meta.k8s.io":
+                return "metadata", f"application/json;as={params['as']};v={params.get('v', 'v1')};g=meta.k8s.io"
+            if mtype in (JSON, "*/*", "application/*"):
+                break
+        return "json", JSON
+
+    def _send_object(self, rt: ResourceType, obj: Dict[str, Any], query: Dict[str, str], is_list: bool) -> None:
+        mode, ctype = self._output_mode()
+        if mode == "table":
+            items = [self.app.store.decorate(rt, o) for o in obj["items"]] if is_list else [obj]
+            meta = obj["metadata"] if is_list else {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            self._send_json(200, tables.table(rt, items, meta, self.app.clock(),
+                                              query.get("includeObject", "Metadata")), ctype)
+        elif mode == "metadata":
+            if is_list:
+                doc = {"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1",
+                       "metadata": obj["metadata"],
+                       "items": [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                  "metadata": o.get("metadata", {})} for o in obj["items"]]}
+            else:
+                doc = {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+            self._send_json(200, doc, ctype)
+        else:
+            self._send_json(200, obj)
+
+    # -- watch -------------------------------------------------------------------------------
+
+    def _watch(self, rt: ResourceType, namespace: Optional[str], query: Dict[str, str]) -> None:
+        app = self.app
+        watcher = app.store.watcher(rt, namespace, query.get("labelSelector"), query.get("fieldSelector"))
+        rv = query.get("resourceVersion")
+        if rv not in (None, "") and not rv.isdigit():
+            raise errors.bad_request(f"invalid resource version: {rv!r}")
+        timeout = _int_param(query, "timeoutSeconds")
+        allow_bookmarks = _truthy(query.get("allowWatchBookmarks"))
+        send_initial = _truthy(query.get("sendInitialEvents"))
+        mode, ctype = self._output_mode()
+        start = time.monotonic()
+        deadline = start + (timeout if timeout is not None else app.max_watch_seconds)
+
+        self._status = 200
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.send_header("Cache-Control", "no-cache, private")
+        self.send_header("Audit-Id", str(uuid.uuid4()))
+        self.end_headers()
+        first = [True]
+
+        def emit(events: List[Dict[str, Any]]) -> None:
+            for ev in events:
+                if mode != "json" and ev["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                    ev = {"type": ev["type"], "object": self._transform(rt, ev["object"], mode, query, first[0])}
+                    first[0] = False
+                self._chunk(json.dumps(ev, separators=(",", ":")).encode() + b"\n")
+
+        try:
+            try:
+                emit(watcher.start(rv, send_initial, allow_bookmarks))
+            except TooOld as exc:
+                emit([{"type": "ERROR", "object": errors.expired(str(exc)).to_status()}])
+                self._chunk(b"")
+                return
+            next_bookmark = self._next_bookmark(time.monotonic(), deadline) if allow_bookmarks else None
+            while not app.stopping.is_set():
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                wake = min(deadline, now + 0.25, next_bookmark if next_bookmark is not None else deadline)
+                events = watcher.next(max(0.0, wake - now))
+                if events is None:
+                    break
+                emit(events)
+                now = time.monotonic()
+                if next_bookmark is not None and now >= next_bookmark:
+                    emit([watcher.bookmark()])
+                    next_bookmark = self._next_bookmark(now, deadline)
+                if self._client_gone():
+                    self.close_connection = True
+                    return
+            self._chunk(b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.close_connection = True
+
+    def _next_bookmark(self, now: float, deadline: float) -> Optional[float]:
+        """Like the watch cache: every interval, and 2 s before the watch times out."""
+        at = min(now + self.app.bookmark_interval, deadline - 2.0)
+        return at if at >= now else None
+
+    def _transform(self, rt: ResourceType, obj: Dict[str, Any], mode: str, query: Dict[str, str],
+                   headers: bool) -> Dict[str, Any]:
+        if mode == "table":
+            meta = {"resourceVersion": obj["metadata"].get("resourceVersion", "")}
+            return tables.table(rt, [obj], meta, self.app.clock(), query.get("includeObject", "Metadata"),
+                                headers=headers)
+        return {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            if readable:
+                return self.connection.recv(1, socket.MSG_PEEK) == b""
+        except (OSError, ValueError):
+            return True
+        return False
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def _admin(self, method: str, path: str, body: bytes) -> None:
+        """``/_fake/faults``, ``/_fake/reset``, ``/_fake/compact``, ``/_fake/objects``, ``/_fake/requests``."""
+        app = self.app
+        try:
+            payload = json.loads(body.decode("utf-8")) if body.strip() else None
+        except ValueError as exc:
+            raise errors.bad_request(f"bad JSON: {exc}")
+        if path == "/_fake/faults":
+            if method == "GET":
+                self._send_json(200, {"faults": [f.to_dict() for f in app.faults.rules()]})
+            elif method == "POST":
+                specs = payload if isinstance(payload, list) else [payload]
+                try:
+                    added = [app.faults.add_dict(s) for s in specs]
+                except (ValueError, TypeError) as exc:
+                    raise errors.bad_request(str(exc))
+                self._send_json(201, {"faults": [f.to_dict() for f in added]})
+            elif method == "DELETE":
+                app.faults.clear()
+                self._send_json(200, {"faults": []})
+            else:
+                raise errors.method_not_allowed()
+        elif path.startswith("/_fake/faults/") and method == "DELETE":
+            ok = path.rsplit("/", 1)[1].isdigit() and app.faults.remove(int(path.rsplit("/", 1)[1]))
+            self._send_json(200 if ok else 404, {"removed": bool(ok)})
+        elif path == "/_fake/reset" and method == "POST":
+            app.reset()
+            self._send_json(200, {"reset": True, "resourceVersion": str(app.store.store.current_rv)})
+        elif path == "/_fake/compact" and method == "POST":
+            self._send_json(200, {"compactedResourceVersion": str(app.store.store.compact())})
+        elif path == "/_fake/objects" and method == "GET":
+            self._send_json(200, {"items": app.store.dump()})
+        elif path == "/_fake/objects" and method == "POST":
+            objs = payload.get("items", []) if isinstance(payload, dict) and "items" in payload else (
+                payload if isinstance(payload, list) else [payload])
+            created = []
+            for obj in objs:
+                try:
+                    created.append(app.store.add(obj))
+                except KeyError as exc:
+                    raise errors.bad_request(str(exc))
+            self._send_json(201, {"items": created})
+        elif path == "/_fake/requests" and method == "GET":
+            self._send_json(200, {"requests": list(app.requests)})
+        elif path == "/_fake/requests" and method == "DELETE":
+            app.requests.clear()
+            self._send_json(200, {"requests": []})
+        else:
+            self._send_json(404, errors.ApiError(404, "NotFound", f"no admin endpoint {method} {path}").to_status())
+
+
+def _not_found_path() -> ApiError:
+    return ApiError(404, "NotFound", "the server could not find the requested resource", {})
+
+
+def _int_param(query: Dict[str, str], name: str) -> Optional[int]:
+    value = query.get(name)
+    if value in (None, ""):
+        return None
+    try:
+        return int(value)  # type: ignore[arg-type]
+    except ValueError:
+        raise errors.bad_request(f"invalid {name}: {value!r}")
+
+
+def _object_of(path: str) -> Tuple[str, str]:
+    """(qualified resource, name) addressed by an API path, '' when not an object path."""
+    segs = path.strip("/").split("/")
+    if segs[:1] == ["api"]:
+        group, rest = "", segs[2:]
+    elif segs[:1] == ["apis"] and len(segs) > 2:
+        group, rest = segs[1], segs[3:]
+    else:
+        return "", ""
+    if rest[:1] == ["watch"]:
+        rest = rest[1:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if resource and group:
+        resource = f"{resource}.{group}"
+    return resource, rest[1] if len(rest) > 1 else ""
+
+
+def _fault_message(code: int, path: str) -> str:
+    """A message shaped like the real one for this code, naming the object in ``path``."""
+    resource, name = _object_of(path)
+    resource = resource or "resource"
+    if code == 409:
+        return f'Operation cannot be fulfilled on {resource} "{name}": {errors.CONFLICT_MODIFIED}'
+    if code == 404:
+        return f'{resource} "{name}" not found'
+    if code == 429:
+        return "Too many requests, please try again later."
+    if code == 500:
+        return "Internal error occurred: injected fault"
+    if code == 503:
+        return "the server is currently unable to handle the request"
+    if code == 504:
+        return ("the server was unable to return a response in the time allotted, but may still be processing "
+                "the request")
+    return f"injected fault: HTTP {code}"
