@@ -1,0 +1,69 @@
+"""Admin commands of the node side: ``autoheal check`` and ``autoheal xid-watch``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from autoheal.cliutil import config_option, handle_errors, json_option, print_json
+
+
+@click.command("check")
+@click.option("--node", help="Node name [default: $SLURMD_NODENAME, else the short hostname].")
+@click.option("--no-drain", is_flag=True, help="Only report: change nothing in Slurm.")
+@click.option("--dry-run", is_flag=True, help="Show the drain/resume/repair that would happen, change nothing.")
+@click.option("--verbose", "-v", is_flag=True, help="Also list checks that passed.")
+@json_option
+@config_option
+@handle_errors
+def check(node, no_drain, dry_run, verbose, as_json, config_path):
+    """Run every GPU health check on this node now, as the healthcheck does.
+
+    \b
+    Reads NVML (bounded by hooks.nvml_timeout) and new kernel-log XIDs, then (unless --no-drain)
+    drains the node on failure and resumes a drain of ours that is healthy again.
+    Exit 0 healthy, 1 a check failed, 2 could not tell (NVML hung, slurmctld unreachable).
+
+    \b
+    Examples:
+      autoheal check --no-drain            # what is wrong with this node?
+      autoheal check --node gpu1 --json    # in the lab, for node gpu1
+    """
+    from autoheal.hooks.context import Context
+    from autoheal.hooks.engine import health_pass
+
+    ctx = Context.load("check", node, config_path)
+    p = health_pass(ctx, drain=not no_drain, dry_run=dry_run)
+    if as_json:
+        print_json(p.to_dict(verbose))
+    else:
+        click.echo(p.summary())
+        for a in p.actions:
+            click.echo(f"  {a.get('action')}: {a.get('outcome')} {a.get('reason') or ''}".rstrip())
+        for e in p.errors:
+            click.echo(f"  error: {e}", err=True)
+    sys.stdout.flush()
+    os._exit(p.exit_code)  # an NVML worker may be stuck in the driver
+
+
+@click.command("xid-watch")
+@click.option("--node", help="Node name [default: $SLURMD_NODENAME, else the short hostname].")
+@click.option("--no-nvml", is_flag=True, help="Follow the kernel log only.")
+@click.option("--no-kernel-log", is_flag=True, help="Wait on NVML XID events only.")
+@config_option
+@handle_errors
+def xid_watch(node, no_nvml, no_kernel_log, config_path):
+    """Watch for GPU XIDs and drain within seconds (long-running node daemon).
+
+    \b
+    Waits on NVML XID events and follows the kernel log (hooks.kernel_log). On a drain-class XID
+    (policy table, hooks.xid_policy) it drains the node, sends running jobs their grace signal
+    (hooks.grace_signal; `autoheal sbatch` jobs get hooks.runner_signal on the batch shell) and
+    requeues what still runs after hooks.grace_seconds. Run it from systemd:
+    hooks/systemd/autoheal-xid-watch.service.
+    """
+    from autoheal.hooks.xid_watch import main
+
+    sys.exit(main(node, config_path, nvml=not no_nvml, kernel_log=not no_kernel_log))
