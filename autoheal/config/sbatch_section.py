@@ -9,10 +9,24 @@ from autoheal.config.schema import setting
 
 @dataclass
 class SbatchSection:
-    """Defaults for ``autoheal sbatch`` (command-line options and ``#AUTOHEAL`` lines win)."""
+    """Defaults for ``autoheal sbatch`` (``#AUTOHEAL`` lines and command-line options win, in that order)."""
 
     grace: int = setting(120, doc="Seconds between the grace signal and the requeue: time to checkpoint.",
                          min=5, max=3600)
     signal: str = setting("USR2", doc="Signal sent to the batch shell (then forwarded to the job's steps) "
                           "to ask for a checkpoint. USR1 is avoided: NCCL may use it.")
     max_restarts: int = setting(5, doc="Stop requeueing after this many restarts.", min=0, max=1000)
+    checkpoint_dir: str = setting("", doc="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j (job id, "
+                                  "123 or 123_4 for array tasks), %A, %a, %x (job name) and %u (user) are "
+                                  "expanded at run time. Empty: <submit dir>/autoheal-checkpoints/%j.")
+    exclude_failed: bool = setting(True, doc="After a node problem, add the failed node to the job's "
+                                   "excluded nodes before it restarts (merged with the user's own --exclude).")
+    requeue_margin: int = setting(15, doc="Seconds before the grace window would cross the time limit at "
+                                  "which the runner starts checkpoint-then-requeue on its own (in case the "
+                                  "Slurm signal comes late or not at all).", min=0, max=3600)
+    python: str = setting("", doc="Python interpreter the generated batch script runs the job runner with "
+                          "(must have autoheal installed on the compute nodes). Empty: the interpreter "
+                          "running `autoheal sbatch`.")
+    sbatch: str = setting("", doc="sbatch binary. Empty: slurm.bin_dir, then PATH and the usual directories.")
+    submit_timeout: float = setting(60.0, doc="Seconds before a hanging sbatch submission is abandoned.",
+                                    min=1, max=3600)

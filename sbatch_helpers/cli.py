@@ -1,0 +1,161 @@
+"""``autoheal sbatch`` (also installed as ``autoheal-sbatch``): submit a batch script under the job runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Dict, Optional, Tuple
+
+import click
+
+from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
+from autoheal.errors import EXIT_PROBLEM, SlurmError
+from autoheal.sbatch_helpers import wrapper
+
+CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
+           "help_option_names": ["--help"], "max_content_width": 100}
+
+
+@click.command("sbatch", context_settings=CONTEXT)
+@click.option("--max-restarts", type=click.IntRange(0, 1000), default=None,
+              help="Restarts allowed before the job stops for good [config sbatch.max_restarts; default 5]. "
+                   "The job also stops when two consecutive restarts resume from the same checkpoint step.")
+@click.option("--checkpoint-dir", default=None, metavar="DIR",
+              help="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j %A %a %x %u expand like sbatch's "
+                   "[default <submit dir>/autoheal-checkpoints/%j].")
+@click.option("--grace", type=click.IntRange(5, 3600), default=None, metavar="SECONDS",
+              help="Time to checkpoint between the grace signal and the requeue [default 120].")
+@click.option("--signal", "signal_name", default=None, metavar="SIG",
+              help="Grace signal sent to the batch shell and forwarded to the job's processes [default USR2]; "
+                   "sbatch syntax B:SIG@SECONDS also sets --grace.")
+@click.option("--exclude-failed/--no-exclude-failed", default=None,
+              help="After a node problem, add the node to the job's excluded nodes before it restarts "
+                   "[default: on]. Your own --exclude is kept.")
+@click.option("--notify", multiple=True, metavar="URL", help="Webhook told about each restart (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the sbatch command and the generated script; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (the plan with --dry-run, else the job id).")
+@config_option
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@handle_errors
+def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, dry_run, as_json,
+           config_path, args) -> None:
+    """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
+
+    \b
+    Usage: autoheal sbatch [WRAPPER OPTIONS] [SBATCH OPTIONS] SCRIPT [ARGS]...
+           autoheal sbatch [WRAPPER OPTIONS] [SBATCH OPTIONS] --wrap "COMMAND"
+
+    Every sbatch option and #SBATCH line works as usual. autoheal sbatch adds what requeueing needs
+    (--requeue, --open-mode=append, --signal=B:USR2@GRACE, a job comment starting with autoheal-runner)
+    and runs SCRIPT under a job runner that, for every run, exports
+
+    \b
+      AUTOHEAL_CHECKPOINT_DIR   where to save checkpoints
+      AUTOHEAL_RESUME_FROM      newest valid checkpoint (unset on a fresh start)
+      AUTOHEAL_RESTART_COUNT    0 on the first run
+      AUTOHEAL_REQUEUE_REASON   why the previous run ended: time-limit, preemption,
+                                node-failure, autoheal-drain, external-requeue
+
+    On the grace signal (node drained by autoheal, preemption, time limit near) the runner forwards the
+    signal to your script (and through srun to every task), waits up to --grace seconds for it to save and
+    exit, then requeues the job, away from a failed node.
+
+    Defaults come from the config file's [sbatch] section, then "#AUTOHEAL --grace 300"-style lines in the
+    script, then the command line.
+
+    \b
+    Examples:
+      autoheal sbatch -N 2 --time=4:00:00 train.sh --lr 0.1
+      autoheal sbatch --grace 300 --max-restarts 10 --notify https://hooks.example/x train.sh
+      autoheal sbatch --dry-run train.sh        # review the command and generated script
+
+    Exit codes: 0 submitted (sbatch's output is passed through; --parsable honoured), 1 sbatch refused the
+    job (its message is shown), 2 bad script, option or config.
+    """
+    cfg = load_cfg(config_path)
+    sbatch_args, late, script, script_args = wrapper.split_command_line(args)
+    overrides: Dict[str, object] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
+                                    "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
+                                    "notify": list(notify)}
+    overrides = {k: v for k, v in overrides.items() if v not in (None, [])}
+    for key, value in late.items():
+        if key == "notify":
+            overrides.setdefault("notify", [])
+            overrides["notify"] = list(overrides["notify"]) + list(value)  # type: ignore[arg-type]
+        else:
+            overrides[key] = value
+    text, script_path = _script_text(sbatch_args, script, script_args)
+    source = os.path.abspath(cfg.source) if cfg.source and os.path.exists(cfg.source) else None
+    req = wrapper.SubmitRequest(script_path=script_path, script_text=text, script_args=list(script_args),
+                                sbatch_args=sbatch_args, cli_overrides=overrides,
+                                defaults=wrapper.defaults_from_config(cfg.sbatch), python=sys.executable,
+                                config_path=source)
+    plan = wrapper.build_plan(req)
+    if dry_run:
+        if as_json:
+            print_json({"ok": True, "dry_run": True, **plan.to_dict()})
+        else:
+            click.echo(plan.render(), nl=False)
+        return
+    for w in plan.warnings:
+        click.echo(f"autoheal sbatch: warning: {w}", err=True)
+    out = _submit(plan, cfg)
+    if as_json:
+        print_json({"ok": True, "job_id": _job_id(out), "sbatch_output": out.strip()})
+    else:
+        click.echo(out, nl=False)
+
+
+def _script_text(sbatch_args, script: Optional[str], script_args) -> Tuple[str, Optional[str]]:
+    wrap = None
+    opts, _ = wrapper.parse_sbatch_options(sbatch_args)
+    for o in opts:
+        if o.name == "wrap":
+            wrap = o.value
+    if wrap is not None:
+        if script:
+            raise wrapper.WrapperError(f"give either --wrap or a script, not both (got script {script!r})")
+        return wrapper.wrap_script(wrap), None
+    if not script:
+        raise wrapper.WrapperError("no SCRIPT given (autoheal sbatch [OPTIONS] SCRIPT [ARGS]; see --help)")
+    return wrapper.read_script(script), os.path.abspath(script)
+
+
+def _submit(plan: wrapper.SubmitPlan, cfg) -> str:
+    from autoheal.slurm.binaries import find_binary
+
+    binary = cfg.sbatch.sbatch or find_binary("sbatch", cfg.slurm.bin_dir)
+    env = dict(os.environ)
+    if cfg.slurm.slurm_conf:
+        env["SLURM_CONF"] = cfg.slurm.slurm_conf
+    argv = [binary, *plan.argv[1:]]
+    try:
+        res = subprocess.run(argv, input=plan.script, capture_output=True, text=True, env=env,
+                             timeout=cfg.sbatch.submit_timeout)
+    except subprocess.TimeoutExpired:
+        raise _Refused(f"sbatch did not answer within {cfg.sbatch.submit_timeout:g}s") from None
+    except OSError as exc:
+        raise _Refused(f"cannot run {binary}: {exc.strerror}") from None
+    if res.returncode != 0:
+        msg = " ".join((res.stderr or res.stdout).split())[:500] or f"exit code {res.returncode}"
+        raise _Refused(f"sbatch refused the job: {msg}")
+    if res.stderr:  # sbatch's warnings
+        sys.stderr.write(res.stderr)
+    return res.stdout
+
+
+def _job_id(out: str) -> Optional[str]:
+    import re
+
+    m = re.search(r"(\d+)", out or "")
+    return m.group(1) if m else None
+
+
+class _Refused(SlurmError):
+    exit_code = EXIT_PROBLEM
+
+
+def main() -> None:
+    """Console script ``autoheal-sbatch``."""
+    sbatch(prog_name="autoheal-sbatch")

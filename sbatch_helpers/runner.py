@@ -1,0 +1,611 @@
+"""The job runner: runs inside the allocation as the batch shell (``exec``'d by the generated script).
+
+``python -m autoheal.sbatch_helpers.runner [--grace S] [--signal SIG] [--max-restarts N] ...
+--script FILE -- [ARGS]``
+
+For every run of the job it:
+
+1. works out which restart this is (``SLURM_RESTART_COUNT``, unset = 0) and why the previous run ended
+   (the cause the previous run recorded in the job comment, else ``sacct``, else node reasons);
+2. stops with a clear final state when the restart budget is spent or two consecutive restarts resume
+   from the same checkpoint step (no progress);
+3. exports ``AUTOHEAL_CHECKPOINT_DIR``, ``AUTOHEAL_RESTART_COUNT``, ``AUTOHEAL_RESUME_FROM`` (newest valid
+   checkpoint), ``AUTOHEAL_REQUEUE_REASON`` and ``AUTOHEAL_GRACE_SIGNAL`` and starts the user's script as a
+   child in its own process group;
+4. on the grace signal, on SIGTERM, or ``requeue_margin`` seconds before the grace window would cross the
+   time limit: forwards the signal to the child's process group (``srun`` relays it to every task), waits
+   up to the grace window for the whole group to exit (SIGTERM then SIGKILL after that), classifies the
+   cause from Slurm's data, records it (job comment + journal + webhook) and requeues the job — checkpoint
+   first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release.
+
+Exit codes: the user command's own code when it ends by itself; 0 after a requeue; 91 when the restart
+budget is spent; 92 when no progress is made; 90 on a runner usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+from autoheal.reasons import MAX_COMMENT_LEN, sanitize
+from autoheal.sbatch_helpers import causes
+from autoheal.sbatch_helpers.wrapper import COMMENT_SEPARATOR, MARKER
+
+EXIT_REQUEUED = 0
+EXIT_USAGE = 90
+EXIT_MAX_RESTARTS = 91
+EXIT_NO_PROGRESS = 92
+KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL once the grace window is over
+POLL = 0.2
+
+
+def say(text: str) -> None:
+    """One runner line on stderr (lands in the job's output file)."""
+    sys.stderr.write(f"autoheal-runner: {text}\n")
+    sys.stderr.flush()
+
+
+# ---- job identity and the comment record (pure) --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobIdentity:
+    """Who we are, from the batch environment."""
+
+    job_id: str  # "123", or "123_4" for an array task (the form scontrol requeue needs)
+    raw_id: str
+    restart_count: int
+    submit_dir: str = ""
+    job_name: str = ""
+    user: str = ""
+    nodes: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "JobIdentity":
+        raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
+        array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
+        job_id = f"{array}_{task}" if array and task else raw
+        try:
+            restarts = max(0, int(env.get("SLURM_RESTART_COUNT", "0") or 0))
+        except ValueError:
+            restarts = 0
+        return cls(job_id=job_id, raw_id=raw, restart_count=restarts, submit_dir=env.get("SLURM_SUBMIT_DIR", ""),
+                   job_name=env.get("SLURM_JOB_NAME", ""), user=env.get("SLURM_JOB_USER") or env.get("USER", ""),
+                   nodes=env.get("SLURM_JOB_NODELIST", ""))
+
+
+def expand_checkpoint_dir(template: str, ident: JobIdentity) -> str:
+    """Expand %j %A %a %x %u and make relative paths relative to the submit directory."""
+    template = template or "autoheal-checkpoints/%j"
+    array, _, task = ident.job_id.partition("_")
+    values = {"j": ident.job_id, "A": array, "a": task or "", "x": ident.job_name or "job", "u": ident.user, "%": "%"}
+    out = re.sub(r"%([jAaxu%])", lambda m: values[m.group(1)], template)
+    if not os.path.isabs(out):
+        out = os.path.join(ident.submit_dir or os.getcwd(), out)
+    return out
+
+
+_FIELD = re.compile(r"(\w+)=(\S*)")
+_WORD = re.compile(r"[\s|]+")
+
+
+@dataclass
+class CommentState:
+    """What the runner keeps in the job comment, after the ``autoheal-runner`` marker.
+
+    ``restarts``/``last``/``step``: the latest restart (its number, cause label and the checkpoint step it
+    resumes from); ``resumed``: the step the current run started from (``none``); ``nodes``: the current
+    run's nodes; ``state``: running, requeued, completed, failed, cancelled, max-restarts, no-progress.
+    """
+
+    restarts: int = 0
+    last: str = ""
+    step: str = ""
+    resumed: str = ""
+    nodes: str = ""
+    state: str = ""
+    user_comment: str = ""
+
+    @classmethod
+    def parse(cls, comment: str) -> "CommentState":
+        text = comment or ""
+        head, sep, user = text.partition(COMMENT_SEPARATOR.strip())
+        st = cls(user_comment=user.strip() if sep else "")
+        if not head.strip().startswith(MARKER):
+            return cls(user_comment=text.strip())
+        for key, value in _FIELD.findall(head):
+            if key == "restarts":
+                st.restarts = int(value) if value.isdigit() else 0
+            elif key in ("last", "step", "resumed", "nodes", "state"):
+                setattr(st, key, value)
+        return st
+
+    def render(self) -> str:
+        parts = [MARKER]
+        if self.restarts:
+            parts.append(f"restarts={self.restarts}")
+        for key in ("last", "step", "resumed", "nodes", "state"):
+            value = getattr(self, key)
+            if value not in ("", None):
+                parts.append(f"{key}={_WORD.sub('_', str(value))}")
+        text = " ".join(parts)
+        if self.user_comment:
+            text += COMMENT_SEPARATOR + self.user_comment
+        return sanitize(text, MAX_COMMENT_LEN)
+
+
+def no_progress(restart_count: int, previous_resumed: str, resumed_now: str) -> bool:
+    """Two consecutive restarts (this one and the previous one) resume from the same checkpoint step."""
+    return restart_count >= 2 and previous_resumed != "" and previous_resumed == resumed_now
+
+
+def merged_exclusions(user_excluded: Sequence[str], failed: Sequence[str]) -> List[str]:
+    """The user's own exclusions first, then the failed nodes; no duplicates."""
+    out: List[str] = []
+    for name in list(user_excluded) + list(failed):
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def build_env(base: Mapping[str, str], *, checkpoint_dir: str, restart_count: int, resume_from: Optional[str],
+              reason: Optional[str], grace_signal: str) -> Dict[str, str]:
+    """The user command's environment."""
+    env = dict(base)
+    env["AUTOHEAL_CHECKPOINT_DIR"] = checkpoint_dir
+    env["AUTOHEAL_RESTART_COUNT"] = str(restart_count)
+    env["AUTOHEAL_GRACE_SIGNAL"] = grace_signal
+    env.pop("AUTOHEAL_RESUME_FROM", None)
+    env.pop("AUTOHEAL_REQUEUE_REASON", None)
+    if resume_from:
+        env["AUTOHEAL_RESUME_FROM"] = resume_from
+    if reason:
+        env["AUTOHEAL_REQUEUE_REASON"] = reason
+    return env
+
+
+# ---- side effects ----------------------------------------------------------------------------------
+
+
+def read_sacct_states(job_id: str, timeout: float = 10.0, env: Optional[Mapping[str, str]] = None
+                      ) -> Optional[List[str]]:
+    """``sacct -n -P -X -D -j ID -o State``: one state per run, oldest first; None without accounting."""
+    from autoheal.slurm.binaries import maybe_binary
+
+    sacct = maybe_binary("sacct")
+    if not sacct:
+        return None
+    try:
+        res = subprocess.run([sacct, "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", "State"],
+                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                             env=dict(env) if env is not None else None)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:  # "Slurm accounting storage is disabled" and friends
+        return None
+    states = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
+    return states or None
+
+
+def _set_subreaper() -> None:
+    """Become the reaper of orphaned descendants (e.g. srun after the user's bash died on the signal),
+    so we can wait for the whole process group, not only its leader."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+class Child:
+    """The user's command in its own process group."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]):
+        self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
+        self.pgid = self.proc.pid
+        self.status: Optional[int] = None
+
+    def reap(self) -> None:
+        """Collect every exited child (ours and adopted orphans); note our main child's status."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid == self.proc.pid:
+                self.status = os.waitstatus_to_exitcode(status) if hasattr(os, "waitstatus_to_exitcode") else (
+                    -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
+                self.proc.returncode = self.status
+
+    @property
+    def leader_done(self) -> bool:
+        self.reap()
+        return self.status is not None
+
+    @property
+    def group_alive(self) -> bool:
+        self.reap()
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait_group(self, timeout: float, clock: Callable[[], float] = time.monotonic) -> bool:
+        """Wait until every process of the group exited; False on timeout."""
+        deadline = clock() + timeout
+        while self.group_alive:
+            if clock() >= deadline:
+                return False
+            time.sleep(POLL)
+        return True
+
+
+@dataclass
+class RunnerOptions:
+    grace: int = 120
+    signal: str = "USR2"
+    max_restarts: int = 5
+    checkpoint_dir: str = ""
+    exclude_failed: bool = True
+    notify: List[str] = field(default_factory=list)
+    requeue_margin: int = 15
+    script: Optional[str] = None
+    command: List[str] = field(default_factory=list)
+
+
+class Runner:
+    """One run of the job under the runner (see the module docstring)."""
+
+    def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm=None, journal=None, notifier=None,
+                 env: Optional[Mapping[str, str]] = None, sacct: Callable[[str], Optional[List[str]]] = None,
+                 clock: Callable[[], float] = time.time):
+        self.opts = opts
+        self.ident = ident
+        self.slurm = slurm
+        self.journal = journal
+        self.notifier = notifier
+        self.env = dict(os.environ if env is None else env)
+        self.sacct = sacct or (lambda job_id: read_sacct_states(job_id, env=self.env))
+        self.clock = clock
+        self.grace_sig = signal.Signals["SIG" + opts.signal]
+        self.received: Optional[int] = None
+        self.requeueing = False
+        self.comment = CommentState()
+        self.end_time: Optional[int] = None
+        self.job_nodes: List[str] = []
+
+    # ---- records ---------------------------------------------------------------------------------
+    def record(self, event: str, message: str, severity: str = "info", **evidence) -> None:
+        say(message)
+        rec = None
+        if self.journal is not None:
+            rec = self.journal.record(event, job_ids=[self.ident.job_id], node=str(evidence.get("node", "")),
+                                      evidence=evidence, message=message, severity=severity,
+                                      action=event, source="sbatch-runner")
+        if self.notifier is not None and severity != "info":
+            from autoheal.journal import Record
+
+            rec = rec or Record(event=event, job_ids=[self.ident.job_id], message=message, severity=severity,
+                                evidence=evidence, source="sbatch-runner", time=time.time())
+            try:
+                self.notifier.send(rec, extra_urls=self.opts.notify)
+            except Exception as exc:  # a notification must never stop the job
+                say(f"warning: notification failed: {exc}")
+
+    def write_comment(self) -> None:
+        if self.slurm is None or not self.ident.job_id:
+            return
+        try:
+            self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
+        except Exception as exc:  # the job must go on without its comment
+            say(f"warning: cannot update the job comment: {exc}")
+
+    # ---- Slurm reads (best effort) ---------------------------------------------------------------
+    def _job(self):
+        if self.slurm is None or not self.ident.job_id:
+            return None
+        try:
+            return self.slurm.get_job(self.ident.job_id)
+        except Exception as exc:
+            say(f"warning: cannot read job {self.ident.job_id}: {exc}")
+            return None
+
+    def _nodes(self, names: Sequence[str]):
+        if self.slurm is None or not names:
+            return []
+        try:
+            wanted = set(names)
+            return [n for n in self.slurm.list_nodes() if n.name in wanted]
+        except Exception as exc:
+            say(f"warning: cannot read node states: {exc}")
+            return []
+
+    # ---- the run ---------------------------------------------------------------------------------
+    def start_checks(self) -> Optional[int]:
+        """Read the comment, classify this restart, enforce the budget. An exit code means: stop now."""
+        from autoheal.slurm.hostlist import expand
+
+        job = self._job()
+        self.comment = CommentState.parse(job.comment if job else "")
+        if job is not None:
+            self.end_time = job.end_time
+            self.job_nodes = list(job.nodes)
+        if not self.job_nodes and self.ident.nodes:
+            self.job_nodes = expand(self.ident.nodes)
+        restart = self.ident.restart_count
+        prev_nodes = self._nodes(expand(self.comment.nodes)) if restart and self.comment.nodes else []
+        sacct_states = self.sacct(self.ident.job_id) if restart else None
+        self.cause = causes.classify_start(restart_count=restart, recorded=self.comment.last,
+                                           recorded_restarts=self.comment.restarts, sacct_states=sacct_states,
+                                           previous_nodes=prev_nodes)
+        if self.cause and self.comment.restarts != restart:
+            # Slurm (or someone) requeued us: record this restart now.
+            self.comment.restarts, self.comment.last = restart, self.cause.label()
+            self.record("job-restart", f"job {self.ident.job_id} restart {restart}: {self.cause.kind}"
+                        f"{' on ' + self.cause.node if self.cause.node else ''} ({self.cause.evidence})",
+                        "action", node=self.cause.node, cause=self.cause.kind, restart=restart)
+        if restart > self.opts.max_restarts:
+            return self.finish("max-restarts", EXIT_MAX_RESTARTS,
+                               f"job {self.ident.job_id}: restart {restart} exceeds --max-restarts "
+                               f"{self.opts.max_restarts}; not running it again")
+        return None
+
+    def finish(self, state: str, code: int, message: str, severity: str = "error") -> int:
+        self.comment.state = state
+        self.write_comment()
+        self.record(f"job-{state}", message, severity, final_state=state, restarts=self.ident.restart_count)
+        return code
+
+    def prepare(self) -> Dict[str, str]:
+        from autoheal.sbatch_helpers.checkpoint import checkpoint_step, find_resume_point
+
+        ckdir = expand_checkpoint_dir(self.opts.checkpoint_dir, self.ident)
+        try:
+            Path(ckdir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            say(f"warning: cannot create checkpoint dir {ckdir}: {exc.strerror}")
+        resume = find_resume_point(ckdir)
+        self.resume_step = "none"
+        if resume is not None:
+            try:
+                self.resume_step = str(checkpoint_step(resume))
+            except ValueError:
+                pass
+        self.checkpoint_dir = ckdir
+        return build_env(self.env, checkpoint_dir=ckdir, restart_count=self.ident.restart_count,
+                         resume_from=str(resume) if resume else None,
+                         reason=self.cause.kind if self.cause else None, grace_signal=self.opts.signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.requeueing:
+            return  # Slurm's kill sequence after our own requeue: finish what we are doing
+        if self.received is None:
+            self.received = signum
+
+    def run(self, argv: Sequence[str]) -> int:
+        stop = self.start_checks()
+        if stop is not None:
+            return stop
+        env = self.prepare()
+        if no_progress(self.ident.restart_count, self.comment.resumed, self.resume_step):
+            return self.finish("no-progress", EXIT_NO_PROGRESS,
+                               f"job {self.ident.job_id}: restarts {self.ident.restart_count - 1} and "
+                               f"{self.ident.restart_count} both resume from checkpoint step {self.resume_step}; "
+                               f"stopping (no progress)")
+        self.comment.resumed = self.resume_step
+        self.comment.nodes = ",".join(self.job_nodes)
+        self.comment.state = "running"
+        self.write_comment()
+        say(f"job {self.ident.job_id} run {self.ident.restart_count} on {self.comment.nodes or '?'}: "
+            f"checkpoint dir {self.checkpoint_dir}, resume from step {self.resume_step}"
+            f"{', previous run ended by ' + self.cause.label() if self.cause else ''}")
+        for sig in {self.grace_sig, signal.SIGTERM}:
+            signal.signal(sig, self._on_signal)
+        _set_subreaper()
+        try:
+            child = Child(argv, env)
+        except OSError as exc:
+            say(f"cannot start {argv[0]}: {exc.strerror}")
+            return 127
+        deadline = None
+        if self.end_time and self.end_time > self.clock():
+            deadline = self.end_time - self.opts.grace - self.opts.requeue_margin
+        while not child.leader_done:
+            if self.received is not None:
+                return self.interrupted(child, self.received, deadline_hit=False)
+            if deadline is not None and self.clock() >= deadline:
+                return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
+            time.sleep(POLL)
+        if self.received is not None and child.group_alive:
+            return self.interrupted(child, self.received, deadline_hit=False)
+        code = child.status if child.status is not None else 1
+        if self.received is not None:  # the signal came while the child was exiting anyway
+            return self.interrupted(child, self.received, deadline_hit=False)
+        if code == 0:
+            return self.finish("completed", 0, f"job {self.ident.job_id} completed", "info")
+        return self.finish("failed", code if code > 0 else 128 - code,
+                           f"job {self.ident.job_id}: the command exited with {code} (not requeued: a failing "
+                           f"command is not a node problem)", "info")
+
+    def interrupted(self, child: Child, signum: int, deadline_hit: bool) -> int:
+        sig_name = signal.Signals(signum).name
+        say(f"{'time limit near' if deadline_hit else sig_name + ' received'}: forwarding "
+            f"{sig_name} to the job's processes, waiting up to {self.opts.grace}s for them to checkpoint")
+        started = time.monotonic()
+        child.signal(signum)
+        if not child.wait_group(self.opts.grace):
+            say(f"the job's processes did not exit within {self.opts.grace}s: SIGTERM, then SIGKILL "
+                f"after {KILL_AFTER_TERM:g}s")
+            child.signal(signal.SIGTERM)
+            if not child.wait_group(KILL_AFTER_TERM):
+                child.signal(signal.SIGKILL)
+                child.wait_group(KILL_AFTER_TERM)
+        waited = time.monotonic() - started
+        job = self._job()
+        nodes = self._nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        cause = causes.classify_interrupt(signal_name=sig_name, grace_signal=self.opts.signal, now=self.clock(),
+                                          end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
+                                          job_state=job.state if job else "RUNNING", deadline_hit=deadline_hit)
+        from autoheal.sbatch_helpers.checkpoint import checkpoint_step, find_resume_point
+
+        latest = find_resume_point(self.checkpoint_dir)
+        step = str(checkpoint_step(latest)) if latest else "none"
+        evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
+                        child_exit=child.status, waited=round(waited, 1))
+        if cause.kind == causes.CANCELLED:
+            self.comment.state = "cancelled"
+            self.write_comment()
+            self.record("job-cancelled", f"job {self.ident.job_id} cancelled; not requeued", "info", **evidence)
+            return child.status if child.status and child.status > 0 else 0
+        next_restart = self.ident.restart_count + 1
+        if cause.kind == causes.EXTERNAL_REQUEUE:
+            self.requeueing = True
+            self._note_restart(next_restart, cause, step, "requeued")
+            self.record("job-requeue", f"job {self.ident.job_id} was requeued from outside; checkpoint step "
+                        f"{step}", "action", **evidence)
+            return EXIT_REQUEUED
+        if self.ident.restart_count >= self.opts.max_restarts:
+            return self.finish("max-restarts", EXIT_MAX_RESTARTS,
+                               f"job {self.ident.job_id}: {cause.kind} after {self.ident.restart_count} restarts "
+                               f"(--max-restarts {self.opts.max_restarts}); not requeued, checkpoint step {step}")
+        self.requeueing = True
+        self._note_restart(next_restart, cause, step, "requeued")
+        try:
+            excluded = self.requeue(cause, nodes, job)
+        except Exception as exc:
+            self.comment.state = "requeue-failed"
+            self.write_comment()
+            self.record("job-requeue-failed", f"job {self.ident.job_id}: requeue failed: {exc}", "error",
+                        **evidence)
+            return 1
+        evidence["excluded"] = ",".join(excluded)
+        self.record("job-requeue", f"job {self.ident.job_id} requeued after {cause.label()} at checkpoint step "
+                    f"{step} (restart {next_restart} of at most {self.opts.max_restarts})"
+                    f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
+        return EXIT_REQUEUED
+
+    def _note_restart(self, restart: int, cause: causes.Cause, step: str, state: str) -> None:
+        self.comment.restarts, self.comment.last, self.comment.step = restart, cause.label(), step
+        self.comment.state = state
+        self.write_comment()
+
+    def requeue(self, cause: causes.Cause, nodes, job) -> List[str]:
+        """Requeue (checkpoint already done); after a node problem exclude the bad nodes while pending."""
+        if self.slurm is None:
+            raise RuntimeError("no Slurm access")
+        bad = [n.name for n in nodes if n.drain or n.down or not n.responding]
+        if cause.node and cause.node not in bad:
+            bad.append(cause.node)
+        if not (cause.node_problem and self.opts.exclude_failed and bad):
+            self.slurm.requeue(self.ident.job_id)
+            return []
+        self.slurm.requeue(self.ident.job_id, hold=True)
+        try:
+            current = self.slurm.get_job(self.ident.job_id)
+            user_excluded = list(current.excluded_nodes)
+        except Exception:
+            user_excluded = list(job.excluded_nodes) if job else []
+        merged = merged_exclusions(user_excluded, bad)
+        try:
+            self.slurm.update_job(self.ident.job_id, ExcNodeList=",".join(merged))
+        except Exception as exc:
+            say(f"warning: cannot exclude {','.join(bad)}: {exc}")
+            merged = []
+        finally:
+            self.slurm.release(self.ident.job_id)
+        return merged
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
+    p = argparse.ArgumentParser(prog="python -m autoheal.sbatch_helpers.runner",
+                                description="autoheal job runner (started by the script autoheal sbatch generates)")
+    p.add_argument("--grace", type=int, default=120)
+    p.add_argument("--signal", default="USR2")
+    p.add_argument("--max-restarts", type=int, default=5)
+    p.add_argument("--checkpoint-dir", default="")
+    p.add_argument("--exclude-failed", dest="exclude_failed", action="store_true", default=True)
+    p.add_argument("--no-exclude-failed", dest="exclude_failed", action="store_false")
+    p.add_argument("--notify", action="append", default=[])
+    p.add_argument("--requeue-margin", type=int, default=15)
+    p.add_argument("--script", help="the user's script (deleted when the runner exits)")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    a = p.parse_args(argv)
+    command = list(a.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    name = a.signal.upper()
+    name = name[3:] if name.startswith("SIG") else name
+    if "SIG" + name not in signal.Signals.__members__:
+        p.error(f"--signal {a.signal}: unknown signal")
+    return RunnerOptions(grace=a.grace, signal=name, max_restarts=a.max_restarts, checkpoint_dir=a.checkpoint_dir,
+                         exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
+                         script=a.script, command=command)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        opts = parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_USAGE if exc.code else 0
+    cmd = ([opts.script] if opts.script else []) + opts.command
+    if not cmd:
+        say("nothing to run (give --script FILE or a command after --)")
+        return EXIT_USAGE
+    from autoheal.config import Config, load_config
+    from autoheal.errors import AutohealError
+
+    try:
+        cfg = load_config()
+    except AutohealError as exc:
+        say(f"warning: {exc}; using default settings")
+        cfg = Config()
+    slurm = journal = notifier = None
+    try:
+        from autoheal.slurm import get_adapter
+
+        slurm = get_adapter(cfg)
+    except Exception as exc:
+        say(f"warning: no Slurm access ({exc}): the job runs but cannot requeue itself")
+    try:
+        from autoheal.journal import Journal
+        from autoheal.notify import Notifier
+
+        journal = Journal.from_config(cfg)
+        notifier = Notifier.from_config(cfg, journal)
+    except Exception as exc:
+        say(f"warning: journal/notifications unavailable: {exc}")
+    runner = Runner(opts, JobIdentity.from_env(os.environ), slurm=slurm, journal=journal, notifier=notifier)
+    try:
+        return runner.run(cmd)
+    finally:
+        if notifier is not None:
+            notifier.flush(5.0)
+        if opts.script:
+            try:
+                os.unlink(opts.script)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

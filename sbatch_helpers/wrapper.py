@@ -1,0 +1,507 @@
+"""``autoheal sbatch`` without side effects: read the user's script and options, merge the defaults,
+detect conflicts, and build the final sbatch argv plus the generated batch script.
+
+Precedence of the wrapper's own settings, lowest first: the config file's ``[sbatch]`` section, the
+script's ``#SBATCH --signal=B:SIG@secs`` line (if any), the script's ``#AUTOHEAL`` lines, the command line.
+
+The generated batch script keeps the user's ``#SBATCH`` header verbatim (so sbatch reads the same
+options), embeds the user's script byte for byte in a quoted here-document (sbatch semantics: the job
+runs the script as it was at submission, also after a requeue), and ``exec``\\ s the job runner, which
+thereby *is* the batch shell and receives the ``B:`` grace signal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from autoheal.errors import AutohealError
+
+MARKER = "autoheal-runner"
+RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
+COMMENT_SEPARATOR = " | "
+
+# sbatch options that take a value (long names without "--", short letters). Anything else that starts
+# with "-" is a flag. Options with an *optional* value must be written --opt=value (sbatch's own rule).
+_LONG_WITH_VALUE = frozenset("""
+account acctg-freq array batch begin bb bbf chdir cluster-constraint clusters comment constraint
+container container-id core-spec cores-per-socket cpu-freq cpus-per-gpu cpus-per-task deadline delay-boot
+dependency distribution error exclude export-file extra extra-node-info gid gpu-bind gpu-freq gpus
+gpus-per-node gpus-per-socket gpus-per-task gres gres-flags hint input job-name kill-on-invalid-dep licenses
+mail-type mail-user mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus network nice nodefile nodelist
+nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket open-mode output partition
+power prefer priority profile qos reservation signal sockets-per-node switches thread-spec threads-per-core
+time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap cluster M
+""".split())
+_LONG_OPTIONAL_VALUE = frozenset({"exclusive", "get-user-env", "no-kill", "propagate", "requeue", "export",
+                                  "segment"})
+_SHORT_WITH_VALUE = frozenset("AabBcCDdeFGiJLMmnNopqStwx")
+_SHORT_ALIASES = {"A": "account", "a": "array", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
+                  "C": "constraint", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile",
+                  "G": "gpus", "i": "input", "J": "job-name", "L": "licenses", "M": "clusters",
+                  "m": "distribution", "n": "ntasks", "N": "nodes", "o": "output", "p": "partition",
+                  "q": "qos", "S": "core-spec", "t": "time", "w": "nodelist", "x": "exclude",
+                  "H": "hold", "k": "no-kill", "O": "overcommit", "Q": "quiet", "s": "oversubscribe",
+                  "v": "verbose", "W": "wait", "h": "help", "V": "version", "u": "usage"}
+
+
+class WrapperError(AutohealError):
+    """Bad input to ``autoheal sbatch``: missing script, conflicting or malformed options (exit 2)."""
+
+
+@dataclass(frozen=True)
+class SbatchOption:
+    """One sbatch option as given: canonical long name, value (None for flags), original tokens."""
+
+    name: str
+    value: Optional[str]
+    tokens: Tuple[str, ...]
+
+
+def parse_sbatch_options(args: Sequence[str], stop_at_positional: bool = True
+                         ) -> Tuple[List[SbatchOption], List[str]]:
+    """Split sbatch-style arguments into options and the rest (from the first positional on).
+
+    ``--`` ends the options. Raises WrapperError for an option missing its value.
+    """
+    opts: List[SbatchOption] = []
+    i = 0
+    args = list(args)
+    while i < len(args):
+        tok = args[i]
+        if tok == "--":
+            return opts, args[i + 1:]
+        if tok.startswith("--") and len(tok) > 2:
+            body = tok[2:]
+            if "=" in body:
+                name, value = body.split("=", 1)
+                opts.append(SbatchOption(name, value, (tok,)))
+            elif body in _LONG_WITH_VALUE:
+                if i + 1 >= len(args):
+                    raise WrapperError(f"sbatch option {tok} needs a value")
+                opts.append(SbatchOption(body, args[i + 1], (tok, args[i + 1])))
+                i += 1
+            else:
+                opts.append(SbatchOption(body, None, (tok,)))
+        elif tok.startswith("-") and len(tok) > 1 and not tok[1].isdigit():
+            letter = tok[1]
+            name = _SHORT_ALIASES.get(letter, letter)
+            if letter in _SHORT_WITH_VALUE:
+                if len(tok) > 2:
+                    value = tok[2:].lstrip("=")
+                    opts.append(SbatchOption(name, value, (tok,)))
+                else:
+                    if i + 1 >= len(args):
+                        raise WrapperError(f"sbatch option {tok} needs a value")
+                    opts.append(SbatchOption(name, args[i + 1], (tok, args[i + 1])))
+                    i += 1
+            else:
+                opts.append(SbatchOption(name, None, (tok,)))
+        elif stop_at_positional:
+            return opts, args[i:]
+        else:
+            raise WrapperError(f"unexpected argument {tok!r} in an #SBATCH line")
+        i += 1
+    return opts, []
+
+
+# ---- the user's script ---------------------------------------------------------------------------
+
+
+@dataclass
+class ParsedScript:
+    """What sbatch and the wrapper read from a batch script's header."""
+
+    text: str
+    sbatch_lines: List[str] = field(default_factory=list)  # verbatim, in order
+    sbatch_options: List[SbatchOption] = field(default_factory=list)
+    autoheal_args: List[str] = field(default_factory=list)
+
+
+def _directive_args(line: str, prefix: str, where: str) -> List[str]:
+    rest = line[len(prefix):]
+    try:
+        return shlex.split(rest, comments=True)
+    except ValueError as exc:
+        raise WrapperError(f"{where}: cannot parse {line.strip()!r}: {exc}") from None
+
+
+def parse_script(text: str, where: str = "script") -> ParsedScript:
+    """Read ``#SBATCH`` and ``#AUTOHEAL`` lines from the header (up to the first command, as sbatch does)."""
+    if not text.startswith("#!"):
+        raise WrapperError(f"{where}: the first line must start with #! followed by the path to an "
+                           f"interpreter (sbatch requires it; e.g. #!/bin/bash)")
+    parsed = ParsedScript(text=text)
+    for line in text.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            break
+        if line.startswith("#SBATCH"):
+            parsed.sbatch_lines.append(line)
+            opts, rest = parse_sbatch_options(_directive_args(line, "#SBATCH", where), stop_at_positional=True)
+            if rest:
+                raise WrapperError(f"{where}: unexpected {rest[0]!r} in {line.strip()!r}")
+            parsed.sbatch_options.extend(opts)
+        elif line.startswith("#AUTOHEAL"):
+            parsed.autoheal_args.extend(_directive_args(line, "#AUTOHEAL", where))
+    return parsed
+
+
+# ---- the wrapper's own options -------------------------------------------------------------------
+
+
+@dataclass
+class WrapperOptions:
+    """The settings the runner gets (after merging config, script and command line)."""
+
+    grace: int = 120
+    signal: str = "USR2"
+    max_restarts: int = 5
+    checkpoint_dir: str = ""
+    exclude_failed: bool = True
+    notify: List[str] = field(default_factory=list)
+    requeue_margin: int = 15
+    python: str = ""
+
+
+# name -> (field, kind); kinds: int, str, bool-true, bool-false, list
+WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
+    "--max-restarts": ("max_restarts", "int"),
+    "--checkpoint-dir": ("checkpoint_dir", "str"),
+    "--grace": ("grace", "int"),
+    "--signal": ("signal", "str"),
+    "--exclude-failed": ("exclude_failed", "true"),
+    "--no-exclude-failed": ("exclude_failed", "false"),
+    "--notify": ("notify", "list"),
+}
+
+
+def parse_signal_spec(value: str) -> Tuple[str, Optional[int]]:
+    """``USR2`` / ``SIGUSR2`` / ``12`` / ``B:USR2@90`` -> (``"USR2"``, 90 or None). WrapperError if bad."""
+    import signal as _signal
+
+    text = str(value).strip()
+    grace: Optional[int] = None
+    if "@" in text:
+        text, secs = text.rsplit("@", 1)
+        if not secs.strip().isdigit():
+            raise WrapperError(f"--signal {value!r}: the part after @ must be seconds")
+        grace = int(secs)
+    if ":" in text:
+        scope, text = text.split(":", 1)
+        if scope.upper() not in ("B", "R", "RB", "BR"):
+            raise WrapperError(f"--signal {value!r}: unknown scope {scope!r} (use B:)")
+    text = text.strip().upper()
+    try:
+        sig = _signal.Signals(int(text)) if text.isdigit() else _signal.Signals[text if text.startswith("SIG")
+                                                                                 else "SIG" + text]
+    except (KeyError, ValueError):
+        raise WrapperError(f"--signal {value!r}: unknown signal name") from None
+    if sig in (_signal.SIGKILL, _signal.SIGSTOP):
+        raise WrapperError(f"--signal {value!r}: {sig.name} cannot be caught, so nothing could checkpoint")
+    return sig.name[3:], grace
+
+
+def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, object]:
+    """``--grace 60 --max-restarts=3 ...`` (as in ``#AUTOHEAL`` lines) -> {field: value}."""
+    out: Dict[str, object] = {}
+    args = list(args)
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        name, _, inline = tok.partition("=")
+        if name not in WRAPPER_FLAGS:
+            known = ", ".join(sorted(WRAPPER_FLAGS))
+            raise WrapperError(f"{where}: unknown option {tok!r} (known: {known})")
+        fld, kind = WRAPPER_FLAGS[name]
+        if kind in ("true", "false"):
+            if inline:
+                raise WrapperError(f"{where}: {name} takes no value")
+            out[fld] = kind == "true"
+            i += 1
+            continue
+        if inline or "=" in tok:
+            value = inline
+        else:
+            if i + 1 >= len(args):
+                raise WrapperError(f"{where}: {name} needs a value")
+            value = args[i + 1]
+            i += 1
+        i += 1
+        if kind == "int":
+            try:
+                out[fld] = int(value)
+            except ValueError:
+                raise WrapperError(f"{where}: {name} expects an integer, got {value!r}") from None
+        elif kind == "list":
+            out.setdefault(fld, [])
+            out[fld].append(value)  # type: ignore[union-attr]
+        else:
+            out[fld] = value
+    return out
+
+
+def check_options(opts: WrapperOptions) -> WrapperOptions:
+    """Validate ranges and normalise the signal name; WrapperError naming the bad value."""
+    if not 5 <= opts.grace <= 3600:
+        raise WrapperError(f"--grace {opts.grace}: must be between 5 and 3600 seconds")
+    if not 0 <= opts.max_restarts <= 1000:
+        raise WrapperError(f"--max-restarts {opts.max_restarts}: must be between 0 and 1000")
+    sig, grace = parse_signal_spec(opts.signal)
+    opts = replace(opts, signal=sig, grace=grace if grace is not None else opts.grace)
+    for url in opts.notify:
+        if not url.startswith(("http://", "https://")):
+            raise WrapperError(f"--notify {url!r}: must be an http:// or https:// URL")
+    return opts
+
+
+def merge_options(defaults: WrapperOptions, *layers: Dict[str, object]) -> WrapperOptions:
+    """Apply override layers in order (later wins); ``notify`` lists accumulate."""
+    merged = replace(defaults, notify=list(defaults.notify))
+    for layer in layers:
+        for key, value in layer.items():
+            if value is None:
+                continue
+            if key == "signal":
+                sig, grace = parse_signal_spec(str(value))
+                merged.signal = sig
+                if grace is not None:
+                    merged.grace = grace
+            elif key == "notify":
+                merged.notify.extend(v for v in value if v not in merged.notify)  # type: ignore[union-attr]
+            else:
+                setattr(merged, key, value)
+    return merged
+
+
+def defaults_from_config(section) -> WrapperOptions:
+    """WrapperOptions from a config ``[sbatch]`` section (or None: built-in defaults)."""
+    if section is None:
+        return WrapperOptions()
+    return WrapperOptions(grace=section.grace, signal=section.signal, max_restarts=section.max_restarts,
+                          checkpoint_dir=section.checkpoint_dir, exclude_failed=section.exclude_failed,
+                          requeue_margin=section.requeue_margin, python=section.python)
+
+
+# ---- the plan ------------------------------------------------------------------------------------
+
+
+@dataclass
+class SubmitRequest:
+    """Everything the CLI collected, before merging."""
+
+    script_path: Optional[str]  # None with --wrap
+    script_text: str
+    script_args: List[str]
+    sbatch_args: List[str]  # the user's sbatch options from the command line
+    cli_overrides: Dict[str, object] = field(default_factory=dict)
+    defaults: WrapperOptions = field(default_factory=WrapperOptions)
+    python: str = "python3"
+    sbatch: str = "sbatch"
+    config_path: Optional[str] = None
+
+
+@dataclass
+class SubmitPlan:
+    """What ``autoheal sbatch`` will run: argv (script on stdin) and the generated batch script."""
+
+    argv: List[str]
+    script: str
+    options: WrapperOptions
+    warnings: List[str] = field(default_factory=list)
+    parsable: bool = False
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return {"argv": self.argv, "script": self.script, "options": asdict(self.options),
+                "warnings": self.warnings, "stdin": "script"}
+
+    def render(self) -> str:
+        """Human dry-run output: the command and the script, ready to review or copy."""
+        lines = ["# sbatch command (the generated batch script below is passed on stdin):",
+                 " ".join(shlex.quote(a) for a in self.argv), "", "# generated batch script:"]
+        out = "\n".join(lines) + "\n" + self.script
+        for w in self.warnings:
+            out += f"# warning: {w}\n"
+        return out
+
+
+def _has(opts: Sequence[SbatchOption], *names: str) -> Optional[SbatchOption]:
+    found = None
+    for o in opts:
+        if o.name in names:
+            found = o  # last one wins, as in sbatch
+    return found
+
+
+def _delimiter(text: str) -> str:
+    base = "AUTOHEAL_USER_SCRIPT_" + hashlib.sha256(text.encode()).hexdigest()[:8].upper()
+    delim, n = base, 0
+    lines = set(text.splitlines())
+    while delim in lines:
+        n += 1
+        delim = f"{base}_{n}"
+    return delim
+
+
+def build_plan(req: SubmitRequest) -> SubmitPlan:
+    """Merge settings, check conflicts, and produce the sbatch argv and the generated script."""
+    where = req.script_path or "--wrap"
+    parsed = parse_script(req.script_text, where)
+    cli_opts, rest = parse_sbatch_options(req.sbatch_args, stop_at_positional=True)
+    if rest:
+        raise WrapperError(f"unexpected argument {rest[0]!r} before the script")
+    all_opts = parsed.sbatch_options + cli_opts
+    warnings: List[str] = []
+
+    bad = _has(all_opts, "no-requeue")
+    if bad:
+        raise WrapperError("--no-requeue conflicts with autoheal sbatch, which requeues the job to resume it; "
+                           "remove it (or submit with plain sbatch)")
+    mode = _has(all_opts, "open-mode")
+    if mode and (mode.value or "").lower() != "append":
+        raise WrapperError(f"--open-mode={mode.value} conflicts with requeueing: a restarted job would "
+                           f"truncate its output; remove it (autoheal sbatch uses --open-mode=append)")
+    rq = _has(all_opts, "requeue")
+    if rq and rq.value and rq.value.lower() not in ("expedite",):
+        raise WrapperError(f"--requeue={rq.value}: unknown value")
+    if _has(cli_opts, "wait") and _has(cli_opts, "parsable"):
+        pass  # both are fine; sbatch handles them
+
+    script_layer: Dict[str, object] = {}
+    user_signal = _has(parsed.sbatch_options, "signal")
+    if user_signal and user_signal.value:
+        if user_signal.value.upper().startswith(("B:", "RB:", "BR:")):
+            script_layer["signal"] = user_signal.value
+        else:
+            warnings.append(f"the script's --signal={user_signal.value} is replaced by the batch-shell signal; "
+                            f"the runner forwards it to every step")
+    if _has(cli_opts, "signal"):
+        raise WrapperError("give the grace signal as a wrapper option before sbatch options: "
+                           "autoheal sbatch --signal USR2 --grace 90 ... (or #AUTOHEAL --signal ...)")
+    autoheal_layer = parse_wrapper_args(parsed.autoheal_args, f"{where}: #AUTOHEAL")
+    opts = check_options(merge_options(req.defaults, script_layer, autoheal_layer, req.cli_overrides))
+
+    comment_opt = _has(all_opts, "comment")
+    comment = MARKER
+    if comment_opt and comment_opt.value:
+        comment = f"{MARKER}{COMMENT_SEPARATOR}{comment_opt.value}"
+
+    argv = [req.sbatch]
+    if not rq or not rq.value:
+        argv.append("--requeue")
+    argv += ["--open-mode=append", f"--signal=B:{opts.signal}@{opts.grace}", f"--comment={comment}"]
+    if not _has(all_opts, "job-name"):
+        name = Path(req.script_path).name if req.script_path else "wrap"
+        argv.append(f"--job-name={name}")
+    for o in cli_opts:
+        if o.name in ("comment", "wrap"):
+            continue
+        argv.extend(o.tokens)
+    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts), options=opts, warnings=warnings,
+                      parsable=bool(_has(cli_opts, "parsable")))
+    return plan
+
+
+def runner_argv(opts: WrapperOptions) -> List[str]:
+    """The runner's options (the script path and the user's arguments follow)."""
+    argv = ["--grace", str(opts.grace), "--signal", opts.signal, "--max-restarts", str(opts.max_restarts),
+            "--requeue-margin", str(opts.requeue_margin),
+            "--exclude-failed" if opts.exclude_failed else "--no-exclude-failed"]
+    if opts.checkpoint_dir:
+        argv += ["--checkpoint-dir", opts.checkpoint_dir]
+    for url in opts.notify:
+        argv += ["--notify", url]
+    return argv
+
+
+def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions) -> str:
+    """The batch script sbatch stores: the user's #SBATCH header, the embedded script, exec of the runner."""
+    text = parsed.text if parsed.text.endswith("\n") else parsed.text + "\n"
+    delim = _delimiter(text)
+    python = opts.python or req.python
+    src = req.script_path or "sbatch --wrap"
+    lines = ["#!/bin/bash", *parsed.sbatch_lines,
+             f"# Generated by `autoheal sbatch` from {src}. The #SBATCH lines above are the script's own;",
+             "# the job runner runs the script (embedded below as it was at submission) as a child, forwards",
+             "# the grace signal to it, and requeues the job to resume from its newest valid checkpoint."]
+    if req.config_path:
+        lines.append(f"export AUTOHEAL_CONFIG={shlex.quote(req.config_path)}")
+    lines += [
+        'autoheal_script="$(mktemp "${TMPDIR:-/tmp}/autoheal-job-${SLURM_JOB_ID:-0}.XXXXXX")" || exit 1',
+        f"cat > \"$autoheal_script\" <<'{delim}'",
+    ]
+    body = text + delim + "\n"
+    tail = [
+        'chmod 700 "$autoheal_script"',
+        "exec " + " ".join(shlex.quote(a) for a in [python, "-m", RUNNER_MODULE, *runner_argv(opts)])
+        + ' --script "$autoheal_script" --' + "".join(" " + shlex.quote(a) for a in req.script_args),
+    ]
+    return "\n".join(lines) + "\n" + body + "\n".join(tail) + "\n"
+
+
+def wrap_script(command: str) -> str:
+    """The script sbatch --wrap would build for ``command``."""
+    return f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{command}\n"
+
+
+def read_script(path: str) -> str:
+    """The user's script text; WrapperError (one line) when missing, unreadable or not text."""
+    p = Path(path)
+    if not p.exists():
+        raise WrapperError(f"script {path}: not found")
+    if p.is_dir():
+        raise WrapperError(f"script {path}: is a directory")
+    if not os.access(p, os.R_OK):
+        raise WrapperError(f"script {path}: not readable (permission denied)")
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise WrapperError(f"script {path}: cannot read: {exc.strerror}") from None
+    if b"\x00" in data:
+        raise WrapperError(f"script {path}: is binary, not a batch script")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise WrapperError(f"script {path}: is not UTF-8 text") from None
+
+
+def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, object], Optional[str], List[str]]:
+    """``[sbatch and wrapper options] SCRIPT [ARGS]`` -> (sbatch args, wrapper overrides, script, args).
+
+    Wrapper options may also appear among the sbatch options (before SCRIPT).
+    """
+    sbatch_args: List[str] = []
+    wrapper_tokens: List[str] = []
+    args = list(args)
+    i = 0
+    while i < len(args):
+        tok = args[i]
+        name = tok.split("=", 1)[0]
+        if name in WRAPPER_FLAGS:
+            kind = WRAPPER_FLAGS[name][1]
+            if kind in ("true", "false") or "=" in tok:
+                wrapper_tokens.append(tok)
+            else:
+                wrapper_tokens.extend(args[i:i + 2])
+                i += 1
+            i += 1
+            continue
+        try:
+            opts, _ = parse_sbatch_options([tok], stop_at_positional=True)
+        except WrapperError:  # an option that takes its value from the next argument
+            opts, _ = parse_sbatch_options(args[i:i + 2], stop_at_positional=True)
+        if not opts:
+            if tok == "--":
+                i += 1
+            break
+        consumed = len(opts[0].tokens)
+        sbatch_args.extend(args[i:i + consumed])
+        i += consumed
+    script = args[i] if i < len(args) else None
+    return sbatch_args, parse_wrapper_args(wrapper_tokens, "command line"), script, args[i + 1:]
