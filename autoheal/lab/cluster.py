@@ -172,7 +172,8 @@ class Lab:
         self._save_state(state)
         lib_dir = labgpus.setup_gpus(self) or ""
         hook_lines = wiring.write_hook_wrappers(lay, lib_dir) if hooks else {}
-        fragment = [] if slurm_defaults else wiring.drop_keys(wiring.recommended_fragment(), hook_lines)
+        version = "%d.%02d" % _slurm_version()
+        fragment = [] if slurm_defaults else wiring.drop_keys(wiring.recommended_fragment(version), hook_lines)
         self._write_configs(lay, hook_lines, fragment)
         self._write_jwt_key(lay)
         self._start_munge(lay)
@@ -373,7 +374,8 @@ class Lab:
 
 
 def _slurm_version() -> tuple:
-    res = subprocess.run([_which("scontrol") or "scontrol", "--version"], capture_output=True, text=True, timeout=10)
+    # slurmctld -V needs no slurm.conf (scontrol --version does, and tries DNS SRV lookups without one)
+    res = subprocess.run([_which("slurmctld") or "slurmctld", "-V"], capture_output=True, text=True, timeout=10)
     import re
 
     m = re.search(r"(\d+)\.(\d+)", res.stdout)

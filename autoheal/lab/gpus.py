@@ -54,14 +54,13 @@ def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None) 
         raise LabError(f"unknown fault {kind!r}; use one of {', '.join(INJECT_KINDS)}")
     path = lay.gpu_state(node)
     before = gstate.read_state(path)
-    gstate.inject(path, gpu, kind, xid=xid)
-    result = {"node": node, "gpu": gpu, "kind": kind, "xid": xid, "time": time.time(), "kernel_log": None}
-    log_xid = xid if kind == "xid" else {"ecc-dbe": 48, "remap-failure": 64, "nvlink-down": 74}.get(kind)
-    if log_xid is not None:
-        bus = before.gpus[gpu].pci_bus_id
-        line = gstate.kernel_log_line(bus, log_xid)
+    logged_xid = gstate.inject(path, gpu, kind, xid=xid)
+    result = {"node": node, "gpu": gpu, "kind": kind, "xid": logged_xid, "time": time.time(), "kernel_log": None}
+    if logged_xid is not None:
+        # The driver logs the XID on the node's kernel log too (what `dmesg` shows on a real node).
+        line = gstate.kernel_log_line(before.gpus[gpu].pci_bus_id, logged_xid)
         kpath = lay.kernel_log(node)
-        record = gstate.kmsg_record(line, seq=_kmsg_seq(kpath) + 1) if hasattr(gstate, "kmsg_record") else line
+        record = gstate.kmsg_record(line, seq=_kmsg_seq(kpath) + 1)
         with open(kpath, "a", encoding="utf-8") as fh:
             fh.write(record.rstrip("\n") + "\n")
             fh.flush()

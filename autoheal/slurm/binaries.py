@@ -12,10 +12,11 @@ from autoheal.errors import SlurmError
 FALLBACK_DIRS = ("/usr/bin", "/usr/local/bin", "/opt/slurm/bin", "/usr/sbin", "/usr/local/sbin")
 
 
-def find_binary(name: str, bin_dir: str = "") -> str:
-    """Absolute path of ``name``: ``bin_dir`` first, then PATH, then the usual install directories."""
+def find_binary(name: str, bin_dir: str = "", search_path: Optional[str] = None) -> str:
+    """Absolute path of ``name``: ``bin_dir`` first, then PATH (``search_path`` or the process's), then the
+    usual install directories."""
     candidates = [Path(bin_dir) / name] if bin_dir else []
-    on_path = shutil.which(name)
+    on_path = shutil.which(name, path=search_path)
     if on_path:
         candidates.append(Path(on_path))
     candidates.extend(Path(d) / name for d in FALLBACK_DIRS)

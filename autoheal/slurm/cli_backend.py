@@ -42,7 +42,7 @@ class CliSlurm(SlurmAdapter):
     # ---- process plumbing ------------------------------------------------------------------------
     def run(self, tool: str, *args: str, timeout: Optional[float] = None) -> str:
         """Run a Slurm tool; typed errors for timeouts, unreachable controller and refusals."""
-        argv = [find_binary(tool, self.bin_dir), *args]
+        argv = [find_binary(tool, self.bin_dir, self._env.get("PATH")), *args]
         limit = self.timeout if timeout is None else timeout
         try:
             res = subprocess.run(argv, env=self._env, capture_output=True, text=True, timeout=limit,
@@ -105,8 +105,10 @@ class CliSlurm(SlurmAdapter):
         for job in jobs:
             if job.job_id == str(job_id) or job.raw_id == str(job_id):
                 return job
-        if jobs:
-            return jobs[0]
+        # An array's own id names its tasks: return the first task (squeue -j <array id> lists them all)
+        for job in jobs:
+            if job.array_job_id == str(job_id):
+                return job
         raise SlurmNotFound(f"job {job_id} not found")
 
     def show_config(self) -> Dict[str, str]:

@@ -216,10 +216,8 @@ class RestSlurm(SlurmAdapter):
         data = self._get(f"/slurm/{self.api}/job/{quote(raw)}")
         jobs = parse.jobs_from_json(json.dumps(data), f"slurmrestd job {raw}")
         for job in jobs:
-            if job.job_id == raw or job.raw_id == raw:
+            if job.job_id == raw or job.raw_id == raw or job.array_job_id == raw:
                 return job
-        if jobs:
-            return jobs[0]
         raise SlurmNotFound(f"job {raw} not found")
 
     def show_config(self) -> Dict[str, str]:

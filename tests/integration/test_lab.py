@@ -1,0 +1,99 @@
+"""The lab itself: idempotent up, clean down, processes killed from outside, fake GPUs via real pynvml."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from click.testing import CliRunner
+
+from autoheal.lab import procs
+from autoheal.lab.cli import lab as lab_cli
+from autoheal.lab.cluster import Lab
+
+
+def _pids(lab: Lab):
+    return {name: rec.pid for name, rec in lab.records().items()}
+
+
+def test_up_twice_is_idempotent_and_down_stops_every_pid(lab_factory):
+    handle = lab_factory(nodes=2, gpus=2, spares=1)
+    lab = handle.lab
+    first = _pids(lab)
+    assert {"munged", "slurmctld", "slurmd-gpu1", "slurmd-gpu2"} <= set(first)
+    lab.up(nodes=2, gpus=2, spares=1, hooks=False, xid_watch=False, install=False)
+    assert _pids(lab) == first  # nothing restarted
+    recs = lab.records()
+    stopped = lab.down()
+    assert set(stopped) == set(first)
+    assert not any(procs.is_alive(r) for r in recs.values())
+    assert lab.down() == []  # down with nothing up is fine
+
+
+def test_down_with_no_lab_at_all(tmp_path):
+    result = CliRunner().invoke(lab_cli, ["down", "--dir", str(tmp_path / "never")])
+    assert result.exit_code == 0 and "nothing was running" in result.output
+    status = CliRunner().invoke(lab_cli, ["status", "--dir", str(tmp_path / "never"), "--json"])
+    assert status.exit_code == 1 and json.loads(status.output)["up"] is False
+
+
+def test_process_killed_from_outside_is_seen_and_up_recovers(lab_factory):
+    handle = lab_factory(nodes=2, gpus=2, spares=0)
+    lab = handle.lab
+    victim = lab.records()["slurmd-gpu2"]
+    os.kill(victim.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while procs.is_alive(victim) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    st = lab.status()
+    assert st["up"] is False
+    assert [p["alive"] for p in st["processes"] if p["name"] == "slurmd-gpu2"] == [False]
+    lab.up(nodes=2, gpus=2, spares=0, hooks=False, xid_watch=False, install=False)
+    st = lab.status()
+    assert st["up"] is True
+    assert {n["name"]: n["state"] for n in st["nodes"]}["gpu2"] == "IDLE"
+
+
+def test_status_env_and_inject_through_cli(plain_lab):
+    runner = CliRunner()
+    d = str(plain_lab.root)
+    st = json.loads(runner.invoke(lab_cli, ["status", "--dir", d, "--json"]).output)
+    assert st["up"] and {p["name"] for p in st["processes"]} >= {"munged", "slurmctld", "slurmd-gpu1"}
+    assert all(p["pid"] > 0 for p in st["processes"])
+    env_out = runner.invoke(lab_cli, ["env", "--dir", d]).output
+    assert f"export SLURM_CONF={plain_lab.layout.slurm_conf}" in env_out
+    res = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu3", "--gpu", "5", "--xid", "79", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    assert "Xid (PCI:" in out["kernel_log"] and ": 79," in out["kernel_log"]
+    assert out["kernel_log"] in plain_lab.layout.kernel_log("gpu3").read_text()
+    try:
+        probe = ("import json, pynvml as p\np.nvmlInit()\n"
+                 "try:\n    p.nvmlDeviceGetTemperature(p.nvmlDeviceGetHandleByIndex(5), 0); r = 'ok'\n"
+                 "except p.NVMLError_GpuIsLost:\n    r = 'lost'\n"
+                 "print(json.dumps({'count': p.nvmlDeviceGetCount(), 'gpu5': r}))")
+        env = dict(plain_lab.env, **plain_lab.lab.node_env("gpu3"))
+        got = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=30)
+        assert got.returncode == 0, got.stderr
+        assert json.loads(got.stdout) == {"count": 8, "gpu5": "lost"}
+        # other nodes' GPUs are unaffected
+        env1 = dict(plain_lab.env, **plain_lab.lab.node_env("gpu1"))
+        got1 = subprocess.run([sys.executable, "-c", probe], env=env1, capture_output=True, text=True, timeout=30)
+        assert json.loads(got1.stdout)["gpu5"] == "ok"
+    finally:
+        runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu3", "--gpu", "5", "--clear"])
+
+
+def test_inject_rejects_bad_input(plain_lab):
+    runner = CliRunner()
+    d = str(plain_lab.root)
+    bad_node = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "nope", "--xid", "79"])
+    assert bad_node.exit_code == 2 and "no node 'nope'" in bad_node.output
+    bad_gpu = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu1", "--gpu", "99", "--xid", "79"])
+    assert bad_gpu.exit_code == 2
+    both = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu1", "--xid", "79", "--lost"])
+    assert both.exit_code == 2
