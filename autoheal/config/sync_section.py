@@ -3,14 +3,109 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import List, Optional
 
 from autoheal.config.schema import setting
+from autoheal.errors import ConfigError
+
+
+def _list(*items: str):
+    return lambda: list(items)
 
 
 @dataclass
 class SyncSection:
     """``autoheal sync``: mirroring node states both ways and replacing broken nodes."""
 
-    slurm_resync_seconds: float = setting(5.0, doc="Seconds between full Slurm reads (one call for all "
-                                          "nodes).", min=0.5, max=3600)
+    slurm_resync_seconds: float = setting(1.5, doc="Seconds between full Slurm reads (one call for all "
+                                          "nodes); a Slurm change reaches Kubernetes within about this long.",
+                                          min=0.5, max=3600)
     namespace: str = setting("slurm", doc="Namespace of the slurmd pods, Events and the leader Lease.")
+    kubeconfig: Optional[str] = setting(None, doc="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config; "
+                                        "ignored with in_cluster).")
+    in_cluster: bool = setting(False, doc="Use the pod's ServiceAccount instead of a kubeconfig.")
+    request_timeout_seconds: float = setting(10.0, doc="Timeout of each Kubernetes API request.", min=1, max=300)
+    watch_timeout_seconds: int = setting(300, doc="Server-side timeout of each watch request before it is "
+                                         "re-opened from the last resourceVersion.", min=5, max=3600)
+
+    # ---- mapping Slurm nodes to Kubernetes objects ----------------------------------------------
+    mapping: str = setting("pod", doc="How a Slurm node finds its Kubernetes Node: 'pod' (Slinky-style: the "
+                           "slurmd pod selected by pod_selector, keyed by pod_key; its spec.nodeName is the "
+                           "Node), 'node-name' (Node named like the Slurm node), 'node-label' (Node whose "
+                           "node_label value is the Slurm node name).",
+                           choices=("pod", "node-name", "node-label"))
+    pod_selector: str = setting("app.kubernetes.io/component=slurmd", doc="Label selector of the slurmd pods "
+                                "(mapping = 'pod').")
+    pod_key: str = setting("hostname", doc="Which pod field holds the Slurm node name: 'hostname' "
+                           "(spec.hostname, Slinky), 'pod-name' (metadata.name) or 'node-name' "
+                           "(spec.nodeName).", choices=("hostname", "pod-name", "node-name"))
+    node_label: str = setting("autoheal.io/slurm-node", doc="Node label holding the Slurm node name "
+                              "(mapping = 'node-label').")
+
+    # ---- Slurm -> Kubernetes --------------------------------------------------------------------
+    mirror_pod_conditions: bool = setting(True, doc="Write SlurmNodeState* conditions on slurmd pods (turn off "
+                                          "where a Slinky operator already writes them).")
+    condition_prefix: str = setting("SlurmNodeState", doc="Prefix of the mirrored pod condition types "
+                                    "(Slinky's names: SlurmNodeStateIdle, SlurmNodeStateDrain, ...).")
+    health_condition: str = setting("GPUHealthy", doc="Node condition set to False while autoheal's hardware "
+                                    "drain is on the Slurm node (empty: never write it).")
+    taint_unhealthy: bool = setting(True, doc="Also taint Nodes under an autoheal hardware drain, so "
+                                    "Kubernetes workloads stay off the bad GPUs.")
+    taint_key: str = setting("autoheal.io/gpu-unhealthy", doc="Key of that taint.")
+    taint_effect: str = setting("NoSchedule", doc="Effect of that taint.",
+                                choices=("NoSchedule", "PreferNoSchedule", "NoExecute"))
+
+    # ---- Kubernetes -> Slurm --------------------------------------------------------------------
+    drain_on_cordon: bool = setting(True, doc="Drain the Slurm node when its Kubernetes Node is cordoned "
+                                    "(spec.unschedulable) by someone else; resume on uncordon.")
+    drain_on_taints: List[str] = setting(default_factory=list, doc="Taints written by other tools that take a "
+                                         "node out of Slurm: 'key', 'key=value' or 'key:Effect' (e.g. "
+                                         "'nvidia.com/gpu-error:NoSchedule').")
+    drain_on_conditions: List[str] = setting(default_factory=list, doc="Node conditions written by other tools "
+                                             "(node-problem-detector, NVSentinel) that take a node out of "
+                                             "Slurm: 'Type' (bad when True) or 'Type=Status' (e.g. "
+                                             "'GpuHealthy=False').")
+    cordon_reason_annotation: str = setting("autoheal.io/cordon-reason", doc="Node annotation whose text is "
+                                            "appended to the Slurm drain reason of a cordon.")
+    annotation_prefix: str = setting("autoheal.io", doc="Prefix of the origin annotations autoheal writes on "
+                                     "Nodes (<prefix>/slurm-drain-origin, <prefix>/cordoned-by).")
+    max_k8s_drain_fraction: float = setting(0.5, doc="Refuse to drain more than this share of mapped nodes "
+                                            "in one pass from Kubernetes signals (a fleet-wide glitch is "
+                                            "reported, not turned into a mass drain); at least 2 are "
+                                            "always allowed.", min=0.0, max=1.0)
+
+    # ---- writes, leadership, serving -----------------------------------------------------------
+    api_writes_per_second: float = setting(20.0, doc="Rate limit of Kubernetes writes (token bucket).",
+                                           min=0.1, max=10000)
+    api_write_burst: int = setting(50, doc="Burst size of Kubernetes writes.", min=1, max=100000)
+    slurm_writes_per_second: float = setting(5.0, doc="Rate limit of Slurm drains/resumes.", min=0.1,
+                                             max=10000)
+    slurm_write_burst: int = setting(20, doc="Burst size of Slurm writes.", min=1, max=100000)
+    events: bool = setting(True, doc="Post a Kubernetes Event for every drain, resume and taint change.")
+    leader_election: bool = setting(True, doc="Only the holder of the Lease writes (run 2 replicas).")
+    lease_name: str = setting("autoheal-sync", doc="Name of the coordination.k8s.io Lease.")
+    lease_duration_seconds: float = setting(15.0, doc="Lease duration: a new leader takes over within this "
+                                            "long after the old one stops renewing.", min=2, max=600)
+    metrics_port: int = setting(9464, doc="Port of /metrics, /healthz, /readyz (0: off).", min=0, max=65535)
+    metrics_address: str = setting("0.0.0.0", doc="Address the metrics server binds.")
+    enabled_steps: List[str] = setting(default_factory=_list("slurm-to-pods", "health-to-nodes",
+                                                             "nodes-to-slurm"),
+                                       doc="Reconcile steps to run, in order.")
+
+    def validate(self) -> None:
+        """Cross-field checks: our own taint/condition must never count as an external signal."""
+        for spec in self.drain_on_taints:
+            if spec.split(":")[0].split("=")[0] == self.taint_key:
+                raise ConfigError(f"sync.drain_on_taints: {spec!r} is autoheal's own taint (sync.taint_key); "
+                                  "it would drain nodes in a loop")
+        for spec in self.drain_on_conditions:
+            if self.health_condition and spec.split("=")[0] == self.health_condition:
+                raise ConfigError(f"sync.drain_on_conditions: {spec!r} is autoheal's own condition "
+                                  "(sync.health_condition); it would drain nodes in a loop")
+            status = spec.split("=", 1)[1] if "=" in spec else "True"
+            if status not in ("True", "False", "Unknown"):
+                raise ConfigError(f"sync.drain_on_conditions: {spec!r}: status must be True, False or Unknown")
+        known = ("slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate")
+        for step in self.enabled_steps:
+            if step not in known:
+                raise ConfigError(f"sync.enabled_steps: unknown step {step!r}; use some of {', '.join(known)}")

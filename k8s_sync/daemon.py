@@ -1,0 +1,96 @@
+"""The ``autoheal sync`` daemon: watch caches, leader election, a pass every resync period (or sooner
+when a watched object changes), metrics server, clean shutdown on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Optional
+
+from autoheal.k8s_sync.engine import Reconciler
+from autoheal.k8s_sync.informer import Informer
+from autoheal.k8s_sync.leader import LeaderElector
+
+log = logging.getLogger("autoheal.sync")
+
+
+def identity() -> str:
+    """This replica's Lease identity: the pod name (HOSTNAME in Kubernetes) plus the PID."""
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+
+
+class SyncDaemon:
+    """Wires caches, elector, reconciler and metrics together; ``run()`` blocks until ``stop()``."""
+
+    def __init__(self, slurm, kube, cfg, *, dry_run: bool = False, metrics=None, journal=None,
+                 ident: Optional[str] = None, use_watch: bool = True):
+        self.cfg = cfg
+        self.kube = kube
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self.nodes_cache = self.pods_cache = None
+        if use_watch:
+            self.nodes_cache = Informer("nodes", kube.list_nodes, kube.watch_nodes, cfg.watch_timeout_seconds,
+                                        on_change=self._wake.set)
+            if cfg.mapping == "pod":
+                self.pods_cache = Informer(
+                    "pods", lambda: kube.list_pods(cfg.namespace, cfg.pod_selector),
+                    lambda rv, t: kube.watch_pods(cfg.namespace, cfg.pod_selector, rv, t),
+                    cfg.watch_timeout_seconds, on_change=self._wake.set)
+        self.elector = None
+        if cfg.leader_election:
+            self.elector = LeaderElector(kube, cfg.namespace, cfg.lease_name, ident or identity(),
+                                         cfg.lease_duration_seconds, on_change=self._on_leader)
+        self.metrics = metrics
+        self.reconciler = Reconciler(slurm, kube, cfg, dry_run=dry_run, leader=self.elector,
+                                     nodes_cache=self.nodes_cache, pods_cache=self.pods_cache,
+                                     journal=journal, metrics=metrics)
+        self.reconciler.slurm_max_age = max(0.0, cfg.slurm_resync_seconds - 0.05)
+        self.passes = 0
+
+    def _on_leader(self, leader: bool) -> None:
+        log.info("leadership %s", "acquired" if leader else "lost",
+                 extra={"identity": self.elector.identity if self.elector else ""})
+        if self.metrics is not None:
+            self.metrics.leader.set(1 if leader else 0)
+        self._wake.set()
+
+    def start_background(self) -> None:
+        for cache in (self.nodes_cache, self.pods_cache):
+            if cache is not None:
+                cache.start()
+        if self.elector is not None:
+            self.elector.start()
+
+    def run(self, max_passes: Optional[int] = None) -> None:
+        self.start_background()
+        # Watch events wake the loop early, but never more often than every 0.2 s (event storms).
+        min_gap = min(0.2, self.cfg.slurm_resync_seconds)
+        while not self._stop.is_set():
+            res = self.reconciler.run_pass()
+            self.passes += 1
+            if max_passes is not None and self.passes >= max_passes:
+                break
+            self._stop.wait(min_gap)
+            wait = 0.2 if res.deferred else self.cfg.slurm_resync_seconds
+            self._wake.clear()
+            self._wake.wait(wait)
+        self.shutdown()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def shutdown(self, release: bool = True) -> None:
+        for cache in (self.nodes_cache, self.pods_cache):
+            if cache is not None:
+                cache.stop()
+        if self.elector is not None:
+            self.elector.stop(release=release)
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())

@@ -1,0 +1,247 @@
+"""The narrow Kubernetes adapter: every API call ``autoheal sync`` makes, and nothing else.
+
+Objects travel as plain dicts in the API's JSON form (we ask the client for the raw response and
+``json.loads`` it: no model classes, which is both faster at 10,000 nodes and what the pure planner
+takes). The official ``kubernetes`` client is imported lazily, so ``autoheal --help`` stays fast.
+
+Each method declares the RBAC permission it needs (``@needs``); ``REQUIRED_PERMISSIONS`` is checked
+against the manifests in ``deploy/`` by the tests, so the Role grants exactly what the code calls.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+
+from autoheal.errors import AutohealError
+
+#: (apiGroup, resource, verb) -> True for every call the adapter can make.
+REQUIRED_PERMISSIONS: Set[Tuple[str, str, str]] = set()
+
+
+def needs(*perms: Tuple[str, str, str]) -> Callable:
+    """Declare the RBAC permissions a method uses (collected into REQUIRED_PERMISSIONS)."""
+    def deco(fn: Callable) -> Callable:
+        REQUIRED_PERMISSIONS.update(perms)
+        fn.rbac = perms  # type: ignore[attr-defined]
+        return fn
+    return deco
+
+
+class KubeError(AutohealError):
+    """A Kubernetes API call failed; ``status`` is the HTTP code (0: no answer)."""
+
+    def __init__(self, message: str, status: int = 0, retry_after: Optional[float] = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+class Conflict(KubeError):
+    """409: the object changed since we read it (or already exists)."""
+
+
+class Gone(KubeError):
+    """410: the resourceVersion we watch from is too old; relist."""
+
+
+class NotFound(KubeError):
+    """404."""
+
+
+def _classify(exc: Exception, what: str) -> KubeError:
+    status = int(getattr(exc, "status", 0) or 0)
+    body = getattr(exc, "body", None) or ""
+    message = ""
+    try:
+        message = json.loads(body).get("message", "") if body else ""
+    except (ValueError, AttributeError):
+        message = str(body)[:200]
+    retry_after = None
+    headers = getattr(exc, "headers", None) or {}
+    try:
+        if headers.get("Retry-After"):
+            retry_after = float(headers.get("Retry-After"))
+    except (TypeError, ValueError):
+        retry_after = None
+    text = f"{what}: HTTP {status}" + (f": {message}" if message else "") if status else \
+        f"{what}: {type(exc).__name__}: {str(exc)[:200]}"
+    cls = {409: Conflict, 410: Gone, 404: NotFound}.get(status, KubeError)
+    return cls(text, status, retry_after)
+
+
+def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False):
+    """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
+    try:
+        from kubernetes import client, config as kconfig
+    except ImportError:  # pragma: no cover - the k8s extra is missing
+        raise AutohealError("autoheal sync needs the kubernetes client: pip install 'slurm-autoheal[k8s]'") from None
+    cfg = client.Configuration()
+    try:
+        if in_cluster:
+            kconfig.load_incluster_config(client_configuration=cfg)
+        else:
+            kconfig.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    except Exception as exc:  # the loaders raise ConfigException, FileNotFoundError, TypeError...
+        src = "in-cluster ServiceAccount" if in_cluster else (kubeconfig or "$KUBECONFIG / ~/.kube/config")
+        raise AutohealError(f"cannot load Kubernetes credentials from {src}: {exc}") from None
+    return cfg
+
+
+_PATCH_TYPES = {"strategic": "application/strategic-merge-patch+json", "merge": "application/merge-patch+json",
+                "json": "application/json-patch+json"}
+
+
+class KubeApi:
+    """The real adapter, over the official client."""
+
+    def __init__(self, client_config, timeout: float = 10.0):
+        from kubernetes import client
+
+        self._client_mod = client
+        self.api_client = client.ApiClient(client_config)
+        self.core = client.CoreV1Api(self.api_client)
+        self.coord = client.CoordinationV1Api(self.api_client)
+        self.timeout = timeout
+        self.calls: Dict[str, int] = {}  # method -> count, for metrics and tests
+
+    @classmethod
+    def from_settings(cls, kubeconfig: Optional[str] = None, in_cluster: bool = False,
+                      timeout: float = 10.0) -> "KubeApi":
+        return cls(load_client_config(kubeconfig, in_cluster), timeout)
+
+    # ---- plumbing --------------------------------------------------------------------------------
+    def _raw(self, what: str, fn: Callable, *args, **kwargs) -> Any:
+        self.calls[what] = self.calls.get(what, 0) + 1
+        kwargs.setdefault("_request_timeout", self.timeout)
+        try:
+            resp = fn(*args, _preload_content=False, **kwargs)
+            data = resp.data
+        except Exception as exc:  # ApiException, urllib3 errors, timeouts: all become KubeError
+            raise _classify(exc, what) from None
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:
+            raise KubeError(f"{what}: answer is not JSON") from None
+
+    def _patch(self, what: str, fn: Callable, *args, body: Any, patch_type: str) -> Dict[str, Any]:
+        return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
+
+    @staticmethod
+    def _by_name(items: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+        return {(i.get("metadata") or {}).get("name"): i for i in items}
+
+    # ---- reads -----------------------------------------------------------------------------------
+    @needs(("", "nodes", "list"))
+    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        data = self._raw("list_nodes", self.core.list_node)
+        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+
+    @needs(("", "pods", "list"))
+    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        data = self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=selector or None)
+        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+
+    def _watch(self, what: str, fn: Callable, *args, resource_version: str, timeout: int,
+               **kwargs) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        """Events of one watch request from ``resource_version``; Gone on 410 (caller relists)."""
+        self.calls[what] = self.calls.get(what, 0) + 1
+        try:
+            resp = fn(*args, watch=True, resource_version=resource_version, timeout_seconds=timeout,
+                      allow_watch_bookmarks=True, _preload_content=False,
+                      _request_timeout=(self.timeout, timeout + self.timeout), **kwargs)
+        except Exception as exc:
+            raise _classify(exc, what) from None
+        try:
+            buf = b""
+            for chunk in resp.stream(65536, decode_content=True):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    etype, obj = event.get("type"), event.get("object") or {}
+                    if etype == "ERROR":
+                        code = int(obj.get("code") or 0)
+                        cls = Gone if code == 410 else KubeError
+                        raise cls(f"{what}: watch error {code}: {obj.get('message', '')}", code)
+                    yield etype, obj
+        except KubeError:
+            raise
+        except (ValueError, OSError, socket.timeout, Exception) as exc:  # connection reset, read timeout
+            if isinstance(exc, GeneratorExit):
+                raise
+            raise _classify(exc, what) from None
+        finally:
+            resp.release_conn()
+
+    @needs(("", "nodes", "watch"))
+    def watch_nodes(self, resource_version: str, timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        return self._watch("watch_nodes", self.core.list_node, resource_version=resource_version,
+                           timeout=timeout)
+
+    @needs(("", "pods", "watch"))
+    def watch_pods(self, namespace: str, selector: str, resource_version: str,
+                   timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]:
+        return self._watch("watch_pods", self.core.list_namespaced_pod, namespace,
+                           label_selector=selector or None, resource_version=resource_version, timeout=timeout)
+
+    # ---- writes ----------------------------------------------------------------------------------
+    @needs(("", "nodes", "patch"))
+    def patch_node(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
+        return self._patch("patch_node", self.core.patch_node, name, body=body, patch_type=patch_type)
+
+    @needs(("", "nodes/status", "patch"))
+    def patch_node_status(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
+        return self._patch("patch_node_status", self.core.patch_node_status, name, body=body,
+                           patch_type=patch_type)
+
+    @needs(("", "pods/status", "patch"))
+    def patch_pod_status(self, namespace: str, name: str, body: Dict[str, Any],
+                         patch_type: str = "strategic") -> Dict[str, Any]:
+        return self._patch("patch_pod_status", self.core.patch_namespaced_pod_status, name, namespace,
+                           body=body, patch_type=patch_type)
+
+    @needs(("", "events", "create"))
+    def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str,
+                     etype: str = "Normal", now: str = "") -> Dict[str, Any]:
+        body = event_body(namespace, node, reason, message, etype, now)
+        return self._raw("create_event", self.core.create_namespaced_event, namespace, body)
+
+    # ---- leases ----------------------------------------------------------------------------------
+    @needs(("coordination.k8s.io", "leases", "get"))
+    def get_lease(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
+        try:
+            return self._raw("get_lease", self.coord.read_namespaced_lease, name, namespace)
+        except NotFound:
+            return None
+
+    @needs(("coordination.k8s.io", "leases", "create"))
+    def create_lease(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        return self._raw("create_lease", self.coord.create_namespaced_lease, namespace, body)
+
+    @needs(("coordination.k8s.io", "leases", "update"))
+    def replace_lease(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        return self._raw("replace_lease", self.coord.replace_namespaced_lease, name, namespace, body)
+
+
+def event_body(namespace: str, node: Dict[str, Any], reason: str, message: str, etype: str,
+               now: str) -> Dict[str, Any]:
+    """A core/v1 Event about a Node, from autoheal-sync."""
+    import uuid
+
+    from autoheal.reasons import sanitize
+
+    meta = node.get("metadata") or {}
+    name = meta.get("name", "")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
+        "reason": reason[:128], "message": sanitize(message, 1024), "type": etype,
+        "source": {"component": "autoheal-sync"}, "reportingComponent": "autoheal-sync",
+        "reportingInstance": socket.gethostname()[:128],
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }

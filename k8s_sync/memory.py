@@ -1,0 +1,222 @@
+"""In-memory stand-ins for both sides, behind the same interfaces as the real adapters: for dry-run
+demos, the property test and the 10,000-node benchmark (no sockets, so they measure our code).
+
+``MemoryKube`` keeps dicts with resourceVersions (409 on a stale one), merges ``status.conditions`` by
+type on strategic merge patches, replaces other lists, and deletes keys set to null on merge patches.
+``MemorySlurm`` is a SlurmAdapter over a dict of ``Node``s.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from dataclasses import replace
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+from autoheal.errors import SlurmNotFound, SlurmUnavailable
+from autoheal.slurm.base import SlurmAdapter
+from autoheal.slurm.model import Node, SlurmVersion
+
+from autoheal.k8s_sync.kube import Conflict, KubeError, NotFound
+
+
+def _merge(target: Any, patch: Any, strategic: bool) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif key == "conditions" and strategic and isinstance(value, list):
+            merged = {c.get("type"): c for c in (out.get(key) or [])}
+            for c in value:
+                merged[c.get("type")] = {**merged.get(c.get("type"), {}), **c}
+            out[key] = list(merged.values())
+        else:
+            out[key] = _merge(out.get(key), value, strategic)
+    return out
+
+
+class MemoryKube:
+    """A thread-safe in-memory Kubernetes with the KubeApi method set (no watch: callers relist)."""
+
+    def __init__(self):
+        self.nodes: Dict[str, Dict[str, Any]] = {}
+        self.pods: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.leases: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.events: List[Dict[str, Any]] = []
+        self.writes = 0
+        self.rv = 0
+        self.lock = threading.Lock()
+        self.fail_reads = False
+
+    def _bump(self, obj: Dict[str, Any]) -> Dict[str, Any]:
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        return obj
+
+    def add_node(self, name: str, **spec: Any) -> Dict[str, Any]:
+        with self.lock:
+            obj = {"metadata": {"name": name, "annotations": {}, "labels": {}}, "spec": dict(spec),
+                   "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+            self.nodes[name] = self._bump(obj)
+            return copy.deepcopy(obj)
+
+    def add_pod(self, namespace: str, name: str, node: str, hostname: str, labels: Dict[str, str]) -> None:
+        with self.lock:
+            obj = {"metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+                   "spec": {"nodeName": node, "hostname": hostname}, "status": {"conditions": []}}
+            self.pods[(namespace, name)] = self._bump(obj)
+
+    # ---- KubeApi surface -------------------------------------------------------------------------
+    def list_nodes(self):
+        with self.lock:
+            if self.fail_reads:
+                raise KubeError("list_nodes: HTTP 500", 500)
+            return copy.deepcopy(self.nodes), str(self.rv)
+
+    def list_pods(self, namespace: str, selector: str):
+        key, _, value = (selector or "").partition("=")
+        with self.lock:
+            if self.fail_reads:
+                raise KubeError("list_pods: HTTP 500", 500)
+            out = {n: copy.deepcopy(p) for (ns, n), p in self.pods.items() if ns == namespace and
+                   (not key or (p["metadata"].get("labels") or {}).get(key) == value)}
+            return out, str(self.rv)
+
+    def watch_nodes(self, resource_version: str, timeout: int) -> Iterator:  # pragma: no cover - unused
+        return iter(())
+
+    def watch_pods(self, namespace, selector, resource_version, timeout) -> Iterator:  # pragma: no cover
+        return iter(())
+
+    def _apply(self, store: Dict, key, body: Dict[str, Any], patch_type: str, part: Optional[str]):
+        with self.lock:
+            obj = store.get(key)
+            if obj is None:
+                raise NotFound(f"{key} not found", 404)
+            want_rv = (body.get("metadata") or {}).get("resourceVersion")
+            if want_rv and want_rv != obj["metadata"]["resourceVersion"]:
+                raise Conflict(f"{key}: the object has been modified", 409)
+            body = dict(body)
+            if "metadata" in body:
+                body["metadata"] = {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
+            if part == "status":
+                body = {"status": body.get("status", {})}
+            else:
+                body = {k: v for k, v in body.items() if k != "status"}
+            new = _merge(obj, body, patch_type == "strategic")
+            store[key] = self._bump(new)
+            self.writes += 1
+            return copy.deepcopy(new)
+
+    def patch_node(self, name, body, patch_type="strategic"):
+        return self._apply(self.nodes, name, body, patch_type, None)
+
+    def patch_node_status(self, name, body, patch_type="strategic"):
+        return self._apply(self.nodes, name, body, patch_type, "status")
+
+    def patch_pod_status(self, namespace, name, body, patch_type="strategic"):
+        return self._apply(self.pods, (namespace, name), body, patch_type, "status")
+
+    def create_event(self, namespace, node, reason, message, etype="Normal", now=""):
+        with self.lock:
+            self.events.append({"node": (node.get("metadata") or {}).get("name"), "reason": reason,
+                                "message": message, "type": etype})
+            self.writes += 1
+            return {}
+
+    def get_lease(self, namespace, name):
+        with self.lock:
+            lease = self.leases.get((namespace, name))
+            return copy.deepcopy(lease) if lease else None
+
+    def create_lease(self, namespace, body):
+        with self.lock:
+            key = (namespace, body["metadata"]["name"])
+            if key in self.leases:
+                raise Conflict("lease exists", 409)
+            self.leases[key] = self._bump(copy.deepcopy(body))
+            return copy.deepcopy(self.leases[key])
+
+    def replace_lease(self, namespace, name, body):
+        with self.lock:
+            cur = self.leases.get((namespace, name))
+            if cur is None:
+                raise NotFound("lease not found", 404)
+            if body["metadata"].get("resourceVersion") != cur["metadata"]["resourceVersion"]:
+                raise Conflict("lease modified", 409)
+            self.leases[(namespace, name)] = self._bump(copy.deepcopy(body))
+            return copy.deepcopy(self.leases[(namespace, name)])
+
+
+class MemorySlurm(SlurmAdapter):
+    """A SlurmAdapter over ``nodes`` (name -> Node); ``fail`` makes every call SlurmUnavailable."""
+
+    name = "memory"
+
+    def __init__(self, nodes: Optional[Dict[str, Node]] = None):
+        self.nodes: Dict[str, Node] = dict(nodes or {})
+        self.fail = False
+        self.calls: Dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def _count(self, what: str) -> None:
+        self.calls[what] = self.calls.get(what, 0) + 1
+        if self.fail:
+            raise SlurmUnavailable("slurmctld not answering (simulated)")
+
+    def version(self) -> SlurmVersion:
+        return SlurmVersion(24, 11, 0, "memory")
+
+    def list_nodes(self) -> List[Node]:
+        with self.lock:
+            self._count("list_nodes")
+            return list(self.nodes.values())
+
+    def _get(self, node: str) -> Node:
+        if node not in self.nodes:
+            raise SlurmNotFound(f"node {node!r} not found")
+        return self.nodes[node]
+
+    def drain(self, node: str, reason: str) -> None:
+        with self.lock:
+            self._count("drain")
+            n = self._get(node)
+            self.nodes[node] = replace(n, flags=n.flags | {"DRAIN"}, reason=reason)
+
+    def resume(self, node: str) -> None:
+        with self.lock:
+            self._count("resume")
+            n = self._get(node)
+            state = "IDLE" if n.state == "DOWN" else n.state
+            self.nodes[node] = replace(n, state=state, flags=n.flags - {"DRAIN", "FAIL"}, reason="")
+
+    def set_reason(self, node: str, reason: str) -> None:
+        with self.lock:
+            self._count("set_reason")
+            self.nodes[node] = replace(self._get(node), reason=reason)
+
+    def list_jobs(self, node=None, states=None):
+        return []
+
+    def show_config(self):
+        return {}
+
+    def ping(self) -> bool:
+        return not self.fail
+
+    def reboot(self, node, reason, asap=True, nextstate="resume"):
+        raise NotImplementedError
+
+    def requeue(self, job_id, hold=False):
+        raise NotImplementedError
+
+    def release(self, job_id):
+        raise NotImplementedError
+
+    def update_job(self, job_id, **fields):
+        raise NotImplementedError
+
+    def signal_job(self, job_id, signal, batch=False, full=False):
+        raise NotImplementedError

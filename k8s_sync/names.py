@@ -1,0 +1,76 @@
+"""Names autoheal writes into Kubernetes and Slurm, and how we recognise our own writes (origins).
+
+Every write carries its origin so that the other direction never mistakes it for a new signal:
+- Slurm drains made because of Kubernetes start with ``autoheal: k8s: `` (``K8S_PREFIX``);
+- autoheal's hardware drains start with ``autoheal: `` but not ``autoheal: k8s: ``;
+- the Node taint and health condition autoheal writes have their own key/type, which config validation
+  forbids in the "external signal" lists;
+- a cordon autoheal makes itself (remediation) is marked with ``<prefix>/cordoned-by: autoheal``;
+- ``<prefix>/slurm-drain-origin`` on the Node says which Kubernetes signal drained the Slurm node.
+"""
+
+from __future__ import annotations
+
+import re
+
+from autoheal.reasons import PREFIX, is_ours, make_reason, sanitize, strip_reason_suffix
+
+K8S_PREFIX = PREFIX + "k8s: "
+ME = "autoheal"
+#: Kubernetes caps annotation values only by total size; keep ours readable like Slinky (256 chars).
+MAX_ANNOTATION_LEN = 256
+
+
+def drain_origin_key(prefix: str) -> str:
+    return f"{prefix}/slurm-drain-origin"
+
+
+def cordoned_by_key(prefix: str) -> str:
+    return f"{prefix}/cordoned-by"
+
+
+def k8s_reason(what: str, detail: str = "") -> str:
+    """``autoheal: k8s: <what>[: <detail>]`` sanitised (the detail is user text from an annotation)."""
+    parts = ["k8s", what]
+    if detail and sanitize(detail, MAX_ANNOTATION_LEN):
+        parts.append(sanitize(detail, MAX_ANNOTATION_LEN))
+    return make_reason(*parts)
+
+
+def is_k8s_reason(reason: str) -> bool:
+    """A Slurm reason autoheal wrote because of a Kubernetes signal."""
+    return strip_reason_suffix(reason).startswith(K8S_PREFIX.rstrip())
+
+
+def is_health_reason(reason: str) -> bool:
+    """A Slurm reason of autoheal's own (hardware/health) drains, i.e. ours but not from Kubernetes."""
+    text = strip_reason_suffix(reason)
+    return is_ours(text) and not is_k8s_reason(text)
+
+
+_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def health_reason_code(reason: str) -> str:
+    """CamelCase condition reason from an autoheal drain reason: ``XID79`` when an XID is named, else the
+    first words (``autoheal: ecc-dbe on gpu 2`` -> ``EccDbeOnGpu``), else ``AutohealDrain``."""
+    text = strip_reason_suffix(reason)
+    m = _XID.search(text)
+    if m:
+        return f"XID{int(m.group(1))}"
+    body = text[len(PREFIX.strip()):] if text.startswith(PREFIX.strip()) else text
+    words = _WORD.findall(body.split(":")[0])[:4]
+    code = "".join(w[:1].upper() + w[1:].lower() for w in words)
+    if not code or not code[0].isalpha():
+        return "AutohealDrain"
+    return code[:63]
+
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def label_value(text: str) -> str:
+    """Text squeezed into a valid label/taint value (63 chars, alnum at both ends)."""
+    value = _LABEL_VALUE_BAD.sub("-", text)[:63].strip("-_.")
+    return value
