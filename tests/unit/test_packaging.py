@@ -1,0 +1,52 @@
+"""Packaging and layering facts that CI must keep true."""
+
+from __future__ import annotations
+
+import configparser
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MAPPED = {"autoheal": "autoheal", "autoheal.hooks": "hooks", "autoheal.slurm_conf": "slurm_conf",
+          "autoheal.sbatch_helpers": "sbatch_helpers", "autoheal.k8s_sync": "k8s_sync"}
+
+
+def _setup_cfg():
+    cfg = configparser.ConfigParser()
+    cfg.read(ROOT / "setup.cfg")
+    return cfg
+
+
+def test_every_package_folder_is_listed_in_setup_cfg():
+    listed = {p.strip() for p in _setup_cfg()["options"]["packages"].split() if p.strip()}
+    found = set()
+    for pkg, folder in MAPPED.items():
+        base = ROOT / folder
+        for init in base.rglob("__init__.py"):
+            rel = init.parent.relative_to(base)
+            name = pkg if str(rel) == "." else pkg + "." + ".".join(rel.parts)
+            if pkg == "autoheal" and rel.parts and any(name.startswith(m + ".") or name == m
+                                                       for m in MAPPED if m != "autoheal"):
+                continue
+            found.add(name)
+    assert found <= listed, f"add to setup.cfg [options] packages: {sorted(found - listed)}"
+
+
+def test_package_dir_maps_the_four_parts():
+    raw = _setup_cfg()["options"]["package_dir"]
+    pairs = dict(line.split("=") for line in raw.split("\n") if "=" in line)
+    pairs = {k.strip(): v.strip() for k, v in pairs.items()}
+    assert pairs == MAPPED
+
+
+def test_cli_loads_subcommands_lazily():
+    probe = ("import sys, json\nfrom autoheal.cli.main import cli\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('autoheal.', 'kubernetes', 'requests')))))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd="/")
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    heavy = [m for m in loaded if m.startswith(("autoheal.hooks", "autoheal.k8s_sync", "autoheal.sbatch_helpers",
+                                                "autoheal.slurm_conf", "autoheal.lab", "kubernetes", "requests"))]
+    assert heavy == []
