@@ -91,13 +91,32 @@ def from_sacct(states: Optional[Sequence[str]]) -> Optional[Cause]:
     return Cause(kind, evidence=f"sacct state {previous[-1]}") if kind else None
 
 
+RUNNING_STATES = ("RUNNING", "SUSPENDED", "CONFIGURING", "")
+PENDING_STATES = ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD")
+
+
+def interrupt_action(job_state: str, job_restart_count: Optional[int], own_restart_count: int) -> str:
+    """What the runner must do after an interruption: ``requeue`` (itself), ``none-requeued`` (Slurm or
+    someone already requeued the job: its restart count went up or it is pending) or ``none-ending``
+    (the job is being cancelled or stopped: never requeue a job the user cancelled).
+
+    Observed on 22.05: right after ``scancel`` squeue says COMPLETING then CANCELLED (restart count
+    unchanged); right after ``scontrol requeue`` COMPLETING then PENDING, with the restart count already
+    incremented.
+    """
+    state = (job_state or "").upper()
+    if (job_restart_count is not None and job_restart_count > own_restart_count) or state in PENDING_STATES:
+        return "none-requeued"
+    if state not in RUNNING_STATES:
+        return "none-ending"
+    return "requeue"
+
+
 def classify_interrupt(*, signal_name: str, grace_signal: str, now: float, end_time: Optional[int],
                        grace: float, nodes: Sequence[Node], job_state: str = "RUNNING",
-                       deadline_hit: bool = False) -> Cause:
+                       deadline_hit: bool = False, requeued_elsewhere: bool = False) -> Cause:
     """Why the runner was interrupted (it got a signal, or its own time-limit deadline fired)."""
     state = (job_state or "").upper()
-    if state.startswith("CANCEL"):
-        return Cause(CANCELLED, evidence=f"job state {state}")
     if deadline_hit:
         return Cause(TIME_LIMIT, evidence=f"end time {end_time}: the runner's own deadline")
     problem = node_problem(nodes)
@@ -105,13 +124,15 @@ def classify_interrupt(*, signal_name: str, grace_signal: str, now: float, end_t
         return problem
     if near_time_limit(now, end_time, grace):
         return Cause(TIME_LIMIT, evidence=f"signal at {int(now)}, end time {end_time}")
-    if state in ("PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"):
-        return Cause(EXTERNAL_REQUEUE, evidence=f"job state {state}")
+    if requeued_elsewhere or state in PENDING_STATES:
+        return Cause(EXTERNAL_REQUEUE, evidence=f"job state {state or '?'}, requeued without the runner")
     if state == "PREEMPTED":
         return Cause(PREEMPTION, evidence=f"job state {state}")
+    if state not in RUNNING_STATES:
+        return Cause(CANCELLED, evidence=f"job state {state}: the job is ending (cancelled or stopped)")
     if signal_name.upper().replace("SIG", "") == "TERM":
         # SIGTERM alone, job still running, no node problem, not the time limit: preemption without
-        # send_user_signal (Slurm's kill sequence starts with SIGTERM).
+        # send_user_signal (GraceTime sends SIGTERM first).
         return Cause(PREEMPTION, evidence="SIGTERM while the job is still running")
     return Cause(SIGNAL, evidence=f"{grace_signal} with no node problem and far from the time limit "
                  f"(preemption with send_user_signal, or sent by hand)")

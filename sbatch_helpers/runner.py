@@ -463,26 +463,30 @@ class Runner:
         waited = time.monotonic() - started
         job = self._job()
         nodes = self._nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        state = job.state if job else "RUNNING"
+        action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
         cause = causes.classify_interrupt(signal_name=sig_name, grace_signal=self.opts.signal, now=self.clock(),
                                           end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
-                                          job_state=job.state if job else "RUNNING", deadline_hit=deadline_hit)
+                                          job_state=state, deadline_hit=deadline_hit,
+                                          requeued_elsewhere=action == "none-requeued")
         from autoheal.sbatch_helpers.checkpoint import checkpoint_step, find_resume_point
 
         latest = find_resume_point(self.checkpoint_dir)
         step = str(checkpoint_step(latest)) if latest else "none"
         evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
-                        child_exit=child.status, waited=round(waited, 1))
-        if cause.kind == causes.CANCELLED:
+                        child_exit=child.status, waited=round(waited, 1), job_state=state)
+        if action == "none-ending":
             self.comment.state = "cancelled"
             self.write_comment()
-            self.record("job-cancelled", f"job {self.ident.job_id} cancelled; not requeued", "info", **evidence)
+            self.record("job-cancelled", f"job {self.ident.job_id} is ending ({state}); not requeued", "info",
+                        **evidence)
             return child.status if child.status and child.status > 0 else 0
         next_restart = self.ident.restart_count + 1
-        if cause.kind == causes.EXTERNAL_REQUEUE:
+        if action == "none-requeued":
             self.requeueing = True
             self._note_restart(next_restart, cause, step, "requeued")
-            self.record("job-requeue", f"job {self.ident.job_id} was requeued from outside; checkpoint step "
-                        f"{step}", "action", **evidence)
+            self.record("job-requeue", f"job {self.ident.job_id} was requeued by Slurm or from outside "
+                        f"({cause.label()}); checkpoint step {step}", "action", **evidence)
             return EXIT_REQUEUED
         if self.ident.restart_count >= self.opts.max_restarts:
             return self.finish("max-restarts", EXIT_MAX_RESTARTS,
@@ -493,6 +497,10 @@ class Runner:
         try:
             excluded = self.requeue(cause, nodes, job)
         except Exception as exc:
+            if "pending" in str(exc).lower():  # requeued meanwhile by Slurm or someone else: same outcome
+                self.record("job-requeue", f"job {self.ident.job_id} was already requeued ({cause.label()}); "
+                            f"checkpoint step {step}", "action", **evidence)
+                return EXIT_REQUEUED
             self.comment.state = "requeue-failed"
             self.write_comment()
             self.record("job-requeue-failed", f"job {self.ident.job_id}: requeue failed: {exc}", "error",
