@@ -26,6 +26,7 @@ from .selectors import (SelectorError, field_selector_matches, labels_of, parse_
 from .store import Obj, VersionedStore, key_string, obj_key
 from .validation import validate, validate_update
 from .watch import Watcher
+from .zerofill import fill_zero_values
 
 Resource = Union[str, ResourceType]
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
@@ -228,6 +229,9 @@ class Registry:
                     md.pop(key, None)
             strategy.apply_defaults(rt, obj)
             strategy.prepare_for_create(rt, obj, keep_status)
+            if not rt.custom:
+                fill_zero_values(rt.kind, obj)
+                self._normalize_times(obj)
             problems = validate(rt, obj)
             if problems:
                 raise errors.invalid(rt, md.get("name", ""), problems)
@@ -295,6 +299,13 @@ class Registry:
             return self._commit_update(rt, old, patched, subresource, dry_run)
 
     @staticmethod
+    def _normalize_times(obj: Obj) -> None:
+        try:
+            strategy.normalize_times(obj)
+        except strategy.BadTime as exc:
+            raise errors.bad_request(str(exc))
+
+    @staticmethod
     def _patch_error(exc: PatchError) -> ApiError:
         if exc.code == 422:
             return ApiError(422, "Invalid", "the server rejected our request due to an error in our request",
@@ -331,6 +342,9 @@ class Registry:
                 md["uid"] = old_md.get("uid")
             if strategy.spec_changed(rt, old, new):
                 md["generation"] = old_md.get("generation", 1) + 1
+        if not rt.custom:
+            fill_zero_values(rt.kind, new)
+            self._normalize_times(new)
         problems = validate_update(rt, old, new)
         if problems:
             raise errors.invalid(rt, old_md["name"], problems)

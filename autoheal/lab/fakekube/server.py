@@ -222,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, body: bytes, content_type: str, headers: Optional[Dict[str, str]] = None) -> None:
         self._status = code
+        if self._entry is not None:
+            self._entry["status"] = code
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -246,13 +248,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _handle(self, method: str) -> None:
         self._status = 0
+        self._entry: Optional[Dict[str, Any]] = None
         started = time.time()
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
         query = {k: v[0] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
         self._dry_values = parse_qs(parts.query).get("dryRun", [])
         entry = {"method": method, "path": path, "query": query,
-                 "content_type": self.headers.get("Content-Type", ""), "accept": self.headers.get("Accept", "")}
+                 "content_type": self.headers.get("Content-Type", ""), "accept": self.headers.get("Accept", ""),
+                 "status": 0}
+        if not path.startswith("/_fake"):
+            self._entry = entry
+            self.app.requests.append(entry)  # logged first, so a client sees it once it has the answer
         try:
             body = self._read_body()
             entry["body"] = body.decode("utf-8", "replace")[:4000]
@@ -276,7 +283,6 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             entry["status"] = self._status
             entry["duration_ms"] = round((time.time() - started) * 1000, 1)
-            self.app.requests.append(entry)
 
     def _apply_fault(self, fault: Any, path: str) -> bool:
         if fault.latency_ms:

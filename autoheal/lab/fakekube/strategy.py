@@ -8,7 +8,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict
+import datetime
+import re
+from typing import Any, Dict, Tuple
 
 from .resources import ResourceType
 
@@ -110,3 +112,49 @@ def spec_changed(rt: ResourceType, old: Obj, new: Obj) -> bool:
         strip = lambda o: {k: v for k, v in o.items() if k not in skip}  # noqa: E731
         return strip(old) != strip(new)
     return old.get("spec") != new.get("spec")
+
+
+# -- timestamps ----------------------------------------------------------------------------------
+
+TIME_KEYS = frozenset({"creationTimestamp", "deletionTimestamp", "lastTransitionTime", "lastHeartbeatTime",
+                       "lastProbeTime", "lastUpdateTime", "firstTimestamp", "lastTimestamp", "startedAt",
+                       "finishedAt", "startTime"})
+MICRO_TIME_KEYS = frozenset({"acquireTime", "renewTime", "eventTime", "lastObservedTime"})
+_RFC3339 = re.compile(r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+
+
+class BadTime(ValueError):
+    pass
+
+
+def _parse_time(value: str) -> Tuple[datetime.datetime, int]:
+    m = _RFC3339.match(value)
+    if not m:
+        raise BadTime(f'parsing time "{value}" as "2006-01-02T15:04:05Z07:00": cannot parse "{value}"')
+    year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+    micros = int(((m.group(7) or ".0")[1:] + "000000")[:6])
+    zone = m.group(8)
+    offset = datetime.timedelta(0)
+    if zone not in ("Z", "z"):
+        sign = 1 if zone[0] == "+" else -1
+        offset = sign * datetime.timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+    stamp = datetime.datetime(year, month, day, hour, minute, second, tzinfo=datetime.timezone(offset))
+    return stamp.astimezone(datetime.timezone.utc), micros
+
+
+def normalize_times(obj: Any) -> None:
+    """Re-encode timestamps as the server does: metav1.Time in whole seconds UTC, MicroTime with
+    six fractional digits UTC. Raises BadTime for a value the server could not decode."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            if isinstance(value, str) and (key in TIME_KEYS or key in MICRO_TIME_KEYS):
+                stamp, micros = _parse_time(value)
+                if key in MICRO_TIME_KEYS:
+                    obj[key] = stamp.strftime("%Y-%m-%dT%H:%M:%S") + f".{micros:06d}Z"
+                else:
+                    obj[key] = stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+            else:
+                normalize_times(value)
+    elif isinstance(obj, list):
+        for item in obj:
+            normalize_times(item)
