@@ -179,10 +179,19 @@ class XidWatch:
             for j in fresh:
                 pending[j] = {"deadline": now + self.h.grace_seconds, "xid": xid, "gpu": r.gpu,
                               "note": f"requeued after xid {xid} on {where}", "signalled": False}
+        # SIGTERM is what `scontrol requeue` sends itself, KillWait seconds before SIGKILL: for plain jobs
+        # requeue at once and let Slurm's kill sequence be the grace window (a job that exits on SIGTERM
+        # would otherwise end before we could requeue it).
+        term = self.h.grace_signal.upper().replace("SIG", "") == "TERM"
         for j in fresh:
             try:
                 job = self.ctx.slurm.get_job(j)
                 runner = job.comment.startswith(self.h.runner_comment)
+                if not runner and term:
+                    with self.ctx.store.locked() as st:
+                        if j in st.get("requeues", {}):
+                            st["requeues"][j]["deadline"] = now
+                    continue
                 if runner:
                     self.ctx.slurm.signal_job(j, self.h.runner_signal, batch=True)
                 else:
