@@ -2,7 +2,7 @@
 
 One line per record, written with O_APPEND under an exclusive flock and fsync'd, so concurrent writers
 (healthcheck, xid-watch, the job runner, the sync daemon) never interleave and a crash never loses an
-acknowledged record. A journal that cannot be written is reported (``JournalError``, or ``False`` from
+acknowledged record. A journal that cannot be written is reported (``JournalError``, or ``None`` from
 ``record(..., strict=False)``) and never stops the caller's real work.
 """
 
@@ -74,11 +74,15 @@ class Journal:
         line = (rec.to_json() + "\n").encode()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise JournalError(f"journal {self.path}: cannot open for writing: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            # A crash may have left a torn last line: start ours on a fresh line so it stays readable.
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line
             written = os.write(fd, line)
             if written != len(line):
                 raise JournalError(f"journal {self.path}: short write ({written} of {len(line)} bytes)")
@@ -91,8 +95,8 @@ class Journal:
         return rec
 
     def record(self, event: str, strict: bool = False, **fields: Any) -> Optional[Record]:
-        """Build and append a record; with ``strict=False`` a failure is printed to stderr and the
-        record is returned anyway (the caller's work must go on)."""
+        """Build and append a record. With ``strict=False`` a failure is printed to stderr and None is
+        returned (the caller's work must go on); with ``strict=True`` it raises JournalError."""
         rec = Record(event=event, **fields)
         try:
             return self.append(rec)
@@ -114,7 +118,10 @@ class Journal:
         with fh:
             for line in fh:
                 try:
-                    rec = Record.from_dict(json.loads(line))
+                    data = json.loads(line)
+                    if not isinstance(data, dict):
+                        continue
+                    rec = Record.from_dict(data)
                 except (ValueError, TypeError):
                     continue
                 if node and rec.node != node:

@@ -29,7 +29,7 @@ def sanitize(text: str, max_len: int = MAX_REASON_LEN) -> str:
     cleaned = "".join(" " if unicodedata.category(ch)[0] == "C" else ch for ch in text)
     cleaned = _WS.sub(" ", cleaned).strip()
     if len(cleaned) > max_len:
-        cleaned = cleaned[: max(0, max_len - 3)].rstrip() + "..."
+        cleaned = cleaned[:max_len] if max_len < 3 else cleaned[: max_len - 3].rstrip() + "..."
     return cleaned
 
 

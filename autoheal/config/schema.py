@@ -61,6 +61,8 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{key}: expected a number, got {value!r}")
         value = float(value)
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
     elif tp is str:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {value!r}")

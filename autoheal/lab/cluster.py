@@ -173,7 +173,8 @@ class Lab:
         lib_dir = labgpus.setup_gpus(self) or ""
         hook_lines = wiring.write_hook_wrappers(lay, lib_dir) if hooks else {}
         version = "%d.%02d" % _slurm_version()
-        fragment = [] if slurm_defaults else wiring.drop_keys(wiring.recommended_fragment(version), hook_lines)
+        fragment = [] if slurm_defaults else wiring.drop_keys(
+            wiring.recommended_fragment(version, existing={"AuthInfo": f"socket={lay.munge_socket}"}), hook_lines)
         self._write_configs(lay, hook_lines, fragment)
         self._write_jwt_key(lay)
         self._start_munge(lay)
@@ -420,7 +421,9 @@ def render_autoheal_toml(lay: LabLayout) -> str:
                   "expected_gpus": lay.gpus, "dcgm_mapping_dir": f"{lay.root}/dcgm/{{node}}",
                   "reset_command": [sys.executable, "-m", "autoheal.lab.cli", "gpu-reset", "--dir", str(lay.root),
                                     "--node", "{node}", "--gpu", "{gpu}"],
-                  "resume_cooldown": 5.0, "textfile_dir": f"{lay.root}/metrics/{{node}}"},
+                  "resume_cooldown": 5.0, "textfile_dir": f"{lay.root}/metrics/{{node}}",
+                  # a short grace window and NVML budget keep lab drills and tests quick
+                  "grace_seconds": 10.0, "nvml_timeout": 3.0},
         "sync": {"slurm_resync_seconds": 2.0},
     }
     known = {key for key, _doc, _default in describe(Config)}

@@ -7,7 +7,7 @@ import importlib.util
 import shlex
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from autoheal.lab.slurmconf import LabLayout
 
@@ -53,13 +53,16 @@ def write_hook_wrappers(lay: LabLayout, lib_dir: str) -> Dict[str, str]:
     return out
 
 
-def recommended_fragment(version: str = "auto") -> List[str]:
-    """slurm.conf lines from ``autoheal.slurm_conf`` (empty when that part is not installed)."""
+def recommended_fragment(version: str = "auto", existing: Optional[Dict[str, str]] = None) -> List[str]:
+    """slurm.conf lines from ``autoheal.slurm_conf`` (empty when that part is not installed).
+
+    ``existing`` holds values the lab sets itself (AuthInfo's munge socket) for the fragment to merge
+    into its own lines rather than replace."""
     if not module_available("autoheal.slurm_conf.fragment"):
         return []
     from autoheal.slurm_conf.fragment import lab_fragment
 
-    return list(lab_fragment(version))
+    return list(lab_fragment(version, existing=existing))
 
 
 def drop_keys(lines: List[str], keys) -> List[str]:

@@ -46,6 +46,8 @@ def expand(expr: str) -> List[str]:
             if not rm:
                 raise SlurmParseError(f"bad range {r!r} in hostlist {expr!r}")
             lo, hi = rm.group(1), rm.group(2) or rm.group(1)
+            if int(hi) < int(lo):
+                raise SlurmParseError(f"reversed range {r!r} in hostlist {expr!r}")
             width = len(lo) if lo.startswith("0") else 0
             if int(hi) - int(lo) > 100000:
                 raise SlurmParseError(f"range {r!r} in hostlist {expr!r} is implausibly large")

@@ -177,7 +177,7 @@ def nodes_from_oneliners(text: str) -> List[Node]:
 
 
 # ---- scontrol show config ---------------------------------------------------------------------------
-_CONF_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*=\s?(.*)$")
+_CONF_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)\s*=\s?(.*)$")
 
 
 def parse_show_config(text: str) -> Dict[str, str]:

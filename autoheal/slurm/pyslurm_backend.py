@@ -123,11 +123,21 @@ class PyslurmSlurm(SlurmAdapter):
     def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
         raise SlurmError("the pyslurm backend does not reboot nodes; use the CLI backend")
 
+    def _numeric_id(self, job_id: str) -> int:
+        """Slurm's own id of a job; an array task ``123_4`` has its own id, found by looking it up."""
+        text = str(job_id)
+        if "_" not in text:
+            return int(text)
+        for job in self.list_jobs():
+            if job.job_id == text:
+                return int(job.raw_id)
+        raise SlurmNotFound(f"array task {text} not found")
+
     def requeue(self, job_id: str, hold: bool = False) -> None:
-        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).requeue(hold=hold), f"requeue {job_id}")
+        self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).requeue(hold=hold), f"requeue {job_id}")
 
     def release(self, job_id: str) -> None:
-        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).release(), f"release {job_id}")
+        self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).release(), f"release {job_id}")
 
     def update_job(self, job_id: str, **fields: str) -> None:
         mapped = {}
@@ -135,9 +145,9 @@ class PyslurmSlurm(SlurmAdapter):
             k = key.lower()
             mapped["excluded_nodes" if k == "excnodelist" else k] = value
         desc = self.ps.JobSubmitDescription(**mapped)
-        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).modify(desc), f"update job {job_id}")
+        self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).modify(desc), f"update job {job_id}")
 
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         steps = "batch" if batch else ("all" if full else "children")
-        self._wrap(lambda: self.ps.Job(int(str(job_id).split("_")[0])).send_signal(signal, steps=steps),
+        self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).send_signal(signal, steps=steps),
                    f"signal {job_id}")

@@ -107,8 +107,6 @@ def test_bounds_inclusive():
     assert cfg.slurm.timeout == 600.0 and cfg.slurm.retries == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: schema._check_value min/max comparisons are False for NaN, "
-                                       "so `timeout = nan` passes validation")
 def test_nan_float_rejected():
     with pytest.raises(ConfigError):
         parse_config("[slurm]\ntimeout = nan\n")

@@ -45,8 +45,6 @@ def test_expand_errors(expr, fragment):
     assert expr in str(err.value)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: hostlist.expand('gpu[3-1]') silently returns [] instead of "
-                                       "raising SlurmParseError (Slurm rejects a reversed range)")
 def test_reversed_range_is_error():
     with pytest.raises(SlurmParseError):
         expand("gpu[3-1]")

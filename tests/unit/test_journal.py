@@ -96,9 +96,6 @@ def test_torn_last_line_skipped(tmp_path):
     assert [r.event for r in j.read()] == ["a", "b"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Journal.append does not start a new line after a torn last "
-                                       "line, so the first record acknowledged after a crash is glued to "
-                                       "the torn bytes and lost on read")
 def test_record_after_torn_line_is_kept(tmp_path):
     j = _torn(tmp_path / "j.jsonl")
     j.append(Record(event="d"))
@@ -111,9 +108,6 @@ def test_garbage_lines_and_unknown_keys(tmp_path):
     assert [r.event for r in Journal(path).read()] == ["ok"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Journal.read only catches ValueError/TypeError; a line holding "
-                                       "valid JSON that is not an object (null, [], 5) raises AttributeError "
-                                       "from Record.from_dict")
 def test_non_object_json_line_skipped(tmp_path):
     path = tmp_path / "j.jsonl"
     path.write_text('null\n{"event": "ok"}\n')

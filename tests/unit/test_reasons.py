@@ -65,8 +65,6 @@ def test_exact_length_not_cut():
     assert sanitize(text) == text
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: sanitize() returns '...' (3 chars) when max_len < 3, "
-                                       "exceeding max_len")
 @pytest.mark.parametrize("max_len", [0, 1, 2])
 def test_tiny_max_len_still_bounded(max_len):
     assert len(sanitize("abcdef", max_len=max_len)) <= max_len

@@ -154,13 +154,11 @@ def test_2205_show_config_stops_at_first_blank_line():
     text = _read(F2205 / "show_config.txt")
     conf = parse.parse_show_config(text)
     first_section = text.split("\n\n", 1)[0].splitlines()[1:]
-    plain = [ln for ln in first_section if "=" in ln and "[" not in ln.split("=")[0]]
+    plain = [ln for ln in first_section if "=" in ln]
     assert len(conf) == len(plain)
     assert "Slurmctld(primary) at vm is UP" not in " ".join(conf.values())
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: parse._CONF_LINE does not accept indexed keys, so "
-                                       "'SlurmctldHost[0] = vm(localhost)' is silently dropped")
 def test_2205_show_config_keeps_indexed_keys():
     conf = parse.parse_show_config(_read(F2205 / "show_config.txt"))
     assert conf.get("SlurmctldHost[0]") == "vm(localhost)"

@@ -150,9 +150,6 @@ def test_job_writes():
                      ("job.send_signal", 42, "INT", "children")]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PyslurmSlurm job writes use int(job_id.split('_')[0]), so an "
-                                       "array task id '123_4' acts on job 123 (the array's first task), "
-                                       "not on the task (raw id 130)")
 def test_array_task_requeue_targets_the_task():
     fake, calls = make_fake(jobs=[_job(id=130, array_id=123, array_task_id=4), _job(id=123, array_task_id=0)])
     PyslurmSlurm(module=fake).requeue("123_4")
