@@ -209,16 +209,17 @@ def _set_subreaper() -> None:
 class Child:
     """The user's command in its own process group."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str]):
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], reap_all: bool = True):
         self.proc = subprocess.Popen(list(argv), env=dict(env), start_new_session=True)
         self.pgid = self.proc.pid
         self.status: Optional[int] = None
+        self.reap_all = reap_all  # the runner as subreaper reaps adopted orphans; tests in-process must not
 
     def reap(self) -> None:
         """Collect every exited child (ours and adopted orphans); note our main child's status."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status = os.waitpid(-1 if self.reap_all else self.proc.pid, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
@@ -278,7 +279,7 @@ class Runner:
 
     def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm=None, journal=None, notifier=None,
                  env: Optional[Mapping[str, str]] = None, sacct: Callable[[str], Optional[List[str]]] = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, adopt_orphans: bool = True):
         self.opts = opts
         self.ident = ident
         self.slurm = slurm
@@ -287,6 +288,7 @@ class Runner:
         self.env = dict(os.environ if env is None else env)
         self.sacct = sacct or (lambda job_id: read_sacct_states(job_id, env=self.env))
         self.clock = clock
+        self.adopt_orphans = adopt_orphans
         self.grace_sig = signal.Signals["SIG" + opts.signal]
         self.received: Optional[int] = None
         self.requeueing = False
@@ -421,9 +423,10 @@ class Runner:
             f"{', previous run ended by ' + self.cause.label() if self.cause else ''}")
         for sig in {self.grace_sig, signal.SIGTERM}:
             signal.signal(sig, self._on_signal)
-        _set_subreaper()
+        if self.adopt_orphans:
+            _set_subreaper()
         try:
-            child = Child(argv, env)
+            child = Child(argv, env, reap_all=self.adopt_orphans)
         except OSError as exc:
             say(f"cannot start {argv[0]}: {exc.strerror}")
             return 127

@@ -1,0 +1,114 @@
+"""``autoheal sbatch`` command line: the --dry-run output is locked by a recorded reference file.
+
+Regenerate the reference after an intended change with ``AUTOHEAL_RECORD=1 pytest tests/unit/test_sbatch_cli.py``
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from autoheal.sbatch_helpers.cli import sbatch
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sbatch"
+REFERENCE = FIXTURES / "dry_run.txt"
+
+
+def _run(*args, env=None):
+    runner = CliRunner()
+    return runner.invoke(sbatch, list(args), env={"AUTOHEAL_CONFIG": str(FIXTURES / "autoheal.toml"), **(env or {})},
+                         catch_exceptions=False)
+
+
+def _normalise(text: str) -> str:
+    return text.replace(str(FIXTURES), "{fixtures}")
+
+
+def test_dry_run_matches_recorded_reference():
+    res = _run("--dry-run", "--notify", "https://hooks.example/T0", "--partition=gpu", "-t", "1:00:00",
+               str(FIXTURES / "train.sh"), "--lr", "0.1 0.2")
+    assert res.exit_code == 0, res.output
+    got = _normalise(res.output)
+    if os.environ.get("AUTOHEAL_RECORD"):
+        REFERENCE.write_text(got)
+    assert REFERENCE.exists(), "no reference yet: run with AUTOHEAL_RECORD=1"
+    assert got == REFERENCE.read_text(), "dry-run output changed; re-record with AUTOHEAL_RECORD=1 if intended"
+
+
+def test_dry_run_json_has_argv_and_script():
+    import json
+
+    res = _run("--dry-run", "--json", "--grace", "200", str(FIXTURES / "train.sh"))
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["argv"][:4] == ["sbatch", "--requeue", "--open-mode=append", "--signal=B:USR2@200"]
+    assert data["options"]["max_restarts"] == 3  # from the #AUTOHEAL line
+    assert data["script"].startswith("#!/bin/bash\n#SBATCH --job-name=tiny\n")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-requeue"], "--no-requeue conflicts"),
+    (["--open-mode=truncate"], "--open-mode=truncate conflicts"),
+    (["--grace", "1"], "--grace"),
+    (["--signal", "KILL"], "cannot be caught"),
+])
+def test_conflicts_and_bad_options_exit_2(args, message):
+    res = _run(*args, str(FIXTURES / "train.sh"))
+    assert res.exit_code == 2
+    assert message in res.output
+
+
+def test_missing_and_unreadable_scripts_exit_2(tmp_path):
+    res = _run(str(tmp_path / "nope.sh"))
+    assert res.exit_code == 2 and "not found" in res.output
+    noshebang = tmp_path / "plain.sh"
+    noshebang.write_text("echo hi\n")
+    res = _run(str(noshebang))
+    assert res.exit_code == 2 and "#!" in res.output
+    if os.geteuid() != 0:  # root reads anything
+        secret = tmp_path / "secret.sh"
+        secret.write_text("#!/bin/bash\n")
+        secret.chmod(0)
+        res = _run(str(secret))
+        assert res.exit_code == 2 and "not readable" in res.output
+    res = _run()
+    assert res.exit_code == 2 and "no SCRIPT" in res.output
+
+
+def test_sbatch_refusal_is_passed_through_with_exit_1(tmp_path):
+    fake = tmp_path / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
+                    "exit 1\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[sbatch]\nsbatch = "{fake}"\n')
+    res = _run(str(FIXTURES / "train.sh"), env={"AUTOHEAL_CONFIG": str(cfg)})
+    assert res.exit_code == 1
+    assert "Invalid partition name specified" in res.output
+
+
+def test_submission_passes_script_on_stdin_and_prints_job_id(tmp_path):
+    fake = tmp_path / "sbatch"
+    capture = tmp_path / "captured"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" > {capture}.args\ncat > {capture}.script\necho 'Submitted batch job 42'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[sbatch]\nsbatch = "{fake}"\n')
+    res = _run("--max-restarts", "7", str(FIXTURES / "train.sh"), env={"AUTOHEAL_CONFIG": str(cfg)})
+    assert res.exit_code == 0, res.output
+    assert res.output == "Submitted batch job 42\n"
+    args = (tmp_path / "captured.args").read_text()
+    assert "--requeue --open-mode=append --signal=B:USR2@90 --comment=autoheal-runner" in args
+    script = (tmp_path / "captured.script").read_text()
+    assert "--max-restarts 7" in script and "autoheal.sbatch_helpers.runner" in script
+
+
+def test_wrap_builds_a_script():
+    res = _run("--dry-run", "--wrap", "echo hello")
+    assert res.exit_code == 0, res.output
+    assert "echo hello" in res.output and "--job-name=wrap" in res.output
