@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import Optional
 
 from autoheal.k8s_sync.engine import Reconciler
@@ -50,6 +51,8 @@ class SyncDaemon:
                                      journal=journal, metrics=metrics)
         self.reconciler.slurm_max_age = max(0.0, cfg.slurm_resync_seconds - 0.05)
         self.passes = 0
+        #: False simulates a crash in tests: the Lease is left to expire instead of being handed over.
+        self.release_on_stop = True
 
     def _on_leader(self, leader: bool) -> None:
         log.info("leadership %s", "acquired" if leader else "lost",
@@ -65,8 +68,20 @@ class SyncDaemon:
         if self.elector is not None:
             self.elector.start()
 
+    def wait_synced(self, timeout: float) -> bool:
+        """Wait (bounded) for the first list of every cache and the first lease round."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self._stop.is_set():
+            caches = [c for c in (self.nodes_cache, self.pods_cache) if c is not None]
+            lease_done = self.elector is None or self.elector.rounds > 0
+            if all(c.synced for c in caches) and lease_done:
+                return True
+            self._stop.wait(0.05)
+        return False
+
     def run(self, max_passes: Optional[int] = None) -> None:
         self.start_background()
+        self.wait_synced(self.cfg.request_timeout_seconds)
         # Watch events wake the loop early, but never more often than every 0.2 s (event storms).
         min_gap = min(0.2, self.cfg.slurm_resync_seconds)
         while not self._stop.is_set():
@@ -78,7 +93,7 @@ class SyncDaemon:
             wait = 0.2 if res.deferred else self.cfg.slurm_resync_seconds
             self._wake.clear()
             self._wake.wait(wait)
-        self.shutdown()
+        self.shutdown(release=self.release_on_stop)
 
     def stop(self) -> None:
         self._stop.set()

@@ -56,6 +56,7 @@ class LeaderElector:
         self.holder = ""
         self.transitions = 0
         self.last_error = ""
+        self.rounds = 0
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -78,6 +79,7 @@ class LeaderElector:
         """One round of the algorithm; True when we hold the lease afterwards."""
         started = self.mono()
         now = self.wall()
+        self.rounds += 1
         try:
             lease = self.kube.get_lease(self.namespace, self.name)
             spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.duration)),

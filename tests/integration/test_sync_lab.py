@@ -1,0 +1,259 @@
+"""autoheal sync against the lab: real Slurm (CLI adapter) and the fake Kubernetes API through the real
+kubernetes client (and the real kubectl for cordon/uncordon when it is installed)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import time
+
+import pytest
+
+from autoheal.k8s_sync.daemon import SyncDaemon
+from autoheal.k8s_sync.engine import Reconciler
+from autoheal.k8s_sync.kube import KubeApi
+from autoheal.reasons import strip_reason_suffix
+from sync_helpers import core_api, k8s_name, pod_name, seed_fake_api, sync_cfg
+
+pytest.importorskip("kubernetes")
+from autoheal.lab.fakekube.server import FakeKubeServer  # noqa: E402
+
+HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def kube_env(plain_lab, tmp_path_factory):
+    server = FakeKubeServer().start()
+    kc = str(tmp_path_factory.mktemp("kube") / "kubeconfig")
+    server.write_kubeconfig(kc)
+    names = list(plain_lab.layout.nodes)
+    seed_fake_api(server, names)
+    slurm = plain_lab.adapter(timeout=10)
+    yield {"server": server, "kubeconfig": kc, "names": names, "slurm": slurm, "api": core_api(server),
+           "lab": plain_lab}
+    for n in names:  # leave the shared lab as we found it
+        try:
+            node = slurm.get_node(n)
+            if node.drain and strip_reason_suffix(node.reason).startswith(("autoheal", "admin")):
+                slurm.resume(n)
+        except Exception:
+            pass
+    server.stop()
+
+
+def kube(env, **kw):
+    return KubeApi.from_settings(env["kubeconfig"], timeout=kw.pop("timeout", 5.0))
+
+
+def knode(env, n):
+    return env["api"].api_client.sanitize_for_serialization(env["api"].read_node(k8s_name(n)))
+
+
+def pod_conditions(env, n):
+    pod = env["api"].read_namespaced_pod(pod_name(n), "slurm")
+    return {c.type: c for c in (pod.status.conditions or [])}
+
+
+def cordon(env, n, on=True):
+    verb = "cordon" if on else "uncordon"
+    if shutil.which("kubectl"):
+        subprocess.run(["kubectl", "--kubeconfig", env["kubeconfig"], verb, k8s_name(n)], check=True,
+                       capture_output=True, timeout=30)
+    else:
+        env["api"].patch_node(k8s_name(n), {"spec": {"unschedulable": on}})
+
+
+def writes(server):
+    return [r for r in list(server.requests) if r["method"] in ("POST", "PUT", "PATCH", "DELETE")
+            and "/leases" not in r["path"]]
+
+
+def test_mirroring_both_directions(kube_env):
+    env, slurm = kube_env, kube_env["slurm"]
+    a, b, c = env["names"][:3]
+    rec = Reconciler(slurm, kube(env), sync_cfg())
+    assert rec.run_pass().ok
+    conds = pod_conditions(env, a)
+    assert conds["SlurmNodeStateIdle"].status == "True"
+
+    # Slurm -> Kubernetes: an autoheal hardware drain becomes GPUHealthy=False + taint, then goes away
+    slurm.drain(a, HEALTH)
+    res = rec.run_pass()
+    assert res.ok and not res.errors, res.errors
+    k = knode(env, a)
+    gh = [x for x in k["status"]["conditions"] if x["type"] == "GPUHealthy"][0]
+    assert (gh["status"], gh["reason"]) == ("False", "XID79") and "gpu 3" in gh["message"]
+    assert {"key": "autoheal.io/gpu-unhealthy", "value": "XID79", "effect": "NoSchedule"} in k["spec"]["taints"]
+    assert pod_conditions(env, a)["SlurmNodeStateDrain"].message == HEALTH
+    assert not slurm.get_node(a).drain is False  # untouched: still our health drain
+    slurm.resume(a)
+    assert rec.run_pass().ok
+    k = knode(env, a)
+    assert not [x for x in k["status"]["conditions"] if x["type"] == "GPUHealthy"]
+    assert not k["spec"].get("taints")
+    assert "SlurmNodeStateDrain" not in pod_conditions(env, a)
+
+    # Kubernetes -> Slurm: cordon (kubectl) with a custom reason drains; uncordon resumes
+    env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": "lent to inference"}}})
+    cordon(env, b)
+    assert rec.run_pass().ok
+    node = slurm.get_node(b)
+    assert node.drain and strip_reason_suffix(node.reason) == "autoheal: k8s: node cordoned: lent to inference"
+    assert knode(env, b)["metadata"]["annotations"]["autoheal.io/slurm-drain-origin"] == strip_reason_suffix(node.reason)
+    assert "SlurmNodeStateDrain" in pod_conditions(env, b)  # mirrored in the same pass
+    events = env["api"].list_namespaced_event("slurm").items
+    assert any(e.reason == "AutohealSlurmDrain" and e.involved_object.name == k8s_name(b) for e in events)
+    idle = rec.run_pass()
+    assert idle.planned == [], [a.describe() for a in idle.planned]  # converged: an idle pass writes nothing
+    cordon(env, b, on=False)
+    assert rec.run_pass().ok
+    assert not slurm.get_node(b).drain
+    assert "autoheal.io/slurm-drain-origin" not in (knode(env, b)["metadata"].get("annotations") or {})
+
+    # an admin drain is never touched, cordoned or not
+    slurm.drain(c, "admin: psu swap")
+    cordon(env, c)
+    assert rec.run_pass().ok
+    cordon(env, c, on=False)
+    assert rec.run_pass().ok
+    node = slurm.get_node(c)
+    assert node.drain and strip_reason_suffix(node.reason) == "admin: psu swap"
+    slurm.resume(c)
+    assert rec.run_pass().ok
+
+
+def test_api_faults_are_reported_then_retried(kube_env):
+    env, slurm, server = kube_env, kube_env["slurm"], kube_env["server"]
+    a = env["names"][0]
+    rec = Reconciler(slurm, kube(env), sync_cfg())
+    rec.run_pass()
+    try:
+        for status in (409, 429, 500):
+            # make a Node change pending (taint on / off), then fail its first write
+            slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
+            rule = server.faults.add(method="PATCH", path_regex=r"/nodes/", status=status, times=1)
+            res = rec.run_pass()
+            assert rule.hits == 1
+            if status == 409:
+                assert res.conflicts >= 1 and not res.errors
+            else:
+                assert any(f"HTTP {status}" in e for e in res.errors), res.errors
+            res = rec.run_pass()  # the fault is gone: the next pass completes the change
+            assert res.ok and not res.errors
+            idle = rec.run_pass()
+            assert idle.planned == [], [a.describe() for a in idle.planned]
+        # a failed list read writes nothing at all
+        server.faults.add(method="GET", path_regex=r"/api/v1/nodes$", status=500, times=1)
+        slurm.drain(a, HEALTH) if not slurm.get_node(a).drain else None
+        before = len(writes(server))
+        res = rec.run_pass()
+        assert not res.ok and "500" in res.read_error
+        assert len(writes(server)) == before
+    finally:
+        server.faults.clear()
+        if slurm.get_node(a).drain:
+            slurm.resume(a)
+        rec.run_pass()
+
+
+def test_slurmctld_unreachable_changes_nothing(kube_env, tmp_path):
+    env, server = kube_env, kube_env["server"]
+    from autoheal.slurm.cli_backend import CliSlurm
+
+    # the lab's own slurm.conf, but slurmctld "moved" to a port where nothing listens
+    import re
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        free_port = sock.getsockname()[1]
+    text = env["lab"].layout.slurm_conf.read_text()
+    bogus = tmp_path / "slurm.conf"
+    bogus.write_text(re.sub(r"(?im)^SlurmctldPort=\S+", f"SlurmctldPort={free_port}", text))
+    dead = CliSlurm(slurm_conf=str(bogus), timeout=3, retries=0, env=dict(env["lab"].env, SLURM_CONF=str(bogus)))
+    cordon(env, env["names"][1])
+    try:
+        before = len(writes(server))
+        res = Reconciler(dead, kube(env), sync_cfg()).run_pass()
+        assert not res.ok and res.read_error
+        assert len(writes(server)) == before
+    finally:
+        cordon(env, env["names"][1], on=False)
+
+
+def test_leader_failover_without_double_writes(kube_env):
+    env, slurm = kube_env, kube_env["slurm"]
+    a = env["names"][0]
+    cfg = sync_cfg(lease_duration_seconds=3.0, slurm_resync_seconds=0.5, lease_name="failover-test")
+    d1 = SyncDaemon(slurm, kube(env), cfg, ident="replica-1")
+    t1 = threading.Thread(target=d1.run, daemon=True)
+    t1.start()
+    wait_for(lambda: d1.elector.is_leader(), 10, "replica-1 to lead")
+    d2 = SyncDaemon(slurm, kube(env), cfg, ident="replica-2")
+    t2 = threading.Thread(target=d2.run, daemon=True)
+    t2.start()
+    try:
+        slurm.drain(a, HEALTH)
+        wait_for(lambda: any(t["key"] == "autoheal.io/gpu-unhealthy" for t in knode(env, a)["spec"].get("taints") or []),
+                 10, "taint from the leader")
+        time.sleep(0)  # let both loops run at least once more
+        wait_for(lambda: d2.passes >= 2, 10, "replica-2 passes")
+        assert d1.reconciler.writes and not d2.reconciler.writes  # the follower never wrote
+        # the leader crashes (no lease release): replica-2 takes over within the lease duration
+        d1.release_on_stop = False
+        d1.stop()
+        t1.join(10)
+        stopped_at = time.monotonic()
+        writes_d1 = dict(d1.reconciler.writes)
+        slurm.resume(a)
+        wait_for(lambda: not (knode(env, a)["spec"].get("taints") or []), 15, "replica-2 to remove the taint")
+        took = time.monotonic() - stopped_at
+        assert took < cfg.lease_duration_seconds + 2 * cfg.slurm_resync_seconds + 2
+        assert d2.reconciler.writes and d1.reconciler.writes == writes_d1
+        lease = kube(env).get_lease("slurm", "failover-test")
+        assert lease["spec"]["holderIdentity"] == "replica-2"
+    finally:
+        for d in (d1, d2):
+            d.stop()
+        t2.join(10)
+        if slurm.get_node(a).drain:
+            slurm.resume(a)
+
+
+def test_watch_relists_after_410(tmp_path):
+    from autoheal.k8s_sync.informer import Informer
+
+    server = FakeKubeServer(history_window=5).start()
+    try:
+        kc = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        seed_fake_api(server, ["w1"])
+        api = core_api(server)
+        k = KubeApi.from_settings(kc, timeout=5.0)
+        inf = Informer("nodes", k.list_nodes, k.watch_nodes, timeout=5)
+        inf.relist()
+        old_rv, relists = inf.rv, inf.relists
+        for i in range(20):  # push old_rv out of the server's watch history
+            api.patch_node(k8s_name("w1"), {"metadata": {"labels": {"step": str(i)}}})
+        inf.rv = old_rv
+        inf.start()
+        try:
+            wait_for(lambda: inf.relists > relists and inf.synced, 10, "relist after 410")
+            assert (inf.snapshot()[k8s_name("w1")]["metadata"]["labels"]["step"]) == "19"
+            api.patch_node(k8s_name("w1"), {"metadata": {"labels": {"step": "after"}}})
+            wait_for(lambda: inf.snapshot()[k8s_name("w1")]["metadata"]["labels"]["step"] == "after", 10,
+                     "watch event after the relist")
+        finally:
+            inf.stop()
+    finally:
+        server.stop()
