@@ -1,0 +1,78 @@
+"""Why a run ended, from Slurm's data: time limit, preemption, node failure, autoheal drain, requeue."""
+
+from __future__ import annotations
+
+from autoheal.sbatch_helpers import causes as c
+from autoheal.slurm.model import Node
+
+OK = Node("gpu1", "ALLOCATED")
+OURS = Node("gpu2", "MIXED", frozenset({"DRAIN"}), reason="autoheal: xid 79 on gpu 3")
+ADMIN = Node("gpu3", "MIXED", frozenset({"DRAIN"}), reason="bad fan")
+DOWN = Node("gpu4", "DOWN", frozenset({"NOT_RESPONDING"}), reason="Not responding")
+
+
+def classify(**kw):
+    args = dict(signal_name="SIGUSR2", grace_signal="USR2", now=1000.0, end_time=100000, grace=120, nodes=[OK])
+    args.update(kw)
+    return c.classify_interrupt(**args)
+
+
+def test_autoheal_drain_beats_other_node_problems_and_names_the_node():
+    assert classify(nodes=[OK, ADMIN, OURS]) == c.Cause(c.AUTOHEAL_DRAIN, "gpu2", classify(nodes=[OURS]).evidence)
+    assert classify(nodes=[OK, ADMIN]).kind == c.NODE_FAILURE
+    assert classify(nodes=[DOWN]).node == "gpu4"
+
+
+def test_time_limit_from_end_time_not_elapsed_time():
+    assert classify(now=1000, end_time=1000 + 120 + 30).kind == c.TIME_LIMIT  # signal may come 60 s early
+    assert classify(now=1000, end_time=1000 + 120 + 61).kind == c.SIGNAL
+    assert classify(deadline_hit=True, nodes=[OURS]).kind == c.TIME_LIMIT
+    assert classify(end_time=None).kind == c.SIGNAL
+
+
+def test_sigterm_while_running_is_preemption_requeue_and_cancel_are_recognised():
+    assert classify(signal_name="SIGTERM").kind == c.PREEMPTION
+    assert classify(signal_name="SIGTERM", job_state="COMPLETING").kind == c.CANCELLED
+    assert classify(signal_name="SIGTERM", requeued_elsewhere=True).kind == c.EXTERNAL_REQUEUE
+    assert classify(job_state="PREEMPTED").kind == c.PREEMPTION
+
+
+def test_interrupt_action_never_requeues_a_cancelled_job():
+    # observed on 22.05: scancel -> COMPLETING/CANCELLED, restart count unchanged
+    assert c.interrupt_action("COMPLETING", 0, 0) == "none-ending"
+    assert c.interrupt_action("CANCELLED", 0, 0) == "none-ending"
+    # scontrol requeue -> COMPLETING with the restart count already incremented, then PENDING
+    assert c.interrupt_action("COMPLETING", 1, 0) == "none-requeued"
+    assert c.interrupt_action("PENDING", 1, 1) == "none-requeued"
+    assert c.interrupt_action("RUNNING", 2, 2) == "requeue"
+    assert c.interrupt_action("RUNNING", None, 0) == "requeue"
+
+
+def test_start_cause_recorded_then_sacct_then_node_reasons_then_external():
+    assert c.classify_start(restart_count=0, recorded="", recorded_restarts=0, sacct_states=None,
+                            previous_nodes=[]) is None
+    rec = c.classify_start(restart_count=2, recorded="autoheal-drain@gpu2", recorded_restarts=2,
+                           sacct_states=None, previous_nodes=[])
+    assert (rec.kind, rec.node) == (c.AUTOHEAL_DRAIN, "gpu2")
+    # a stale record (for restart 1) is not reused for restart 2
+    stale = c.classify_start(restart_count=2, recorded="time-limit", recorded_restarts=1,
+                             sacct_states=["REQUEUED", "NODE_FAIL", "RUNNING"], previous_nodes=[DOWN])
+    assert (stale.kind, stale.node) == (c.NODE_FAILURE, "gpu4")
+    no_acct = c.classify_start(restart_count=1, recorded="", recorded_restarts=0, sacct_states=None,
+                               previous_nodes=[OK, OURS])
+    assert no_acct.kind == c.AUTOHEAL_DRAIN
+    nothing = c.classify_start(restart_count=1, recorded="", recorded_restarts=0, sacct_states=None,
+                               previous_nodes=[OK])
+    assert nothing.kind == c.EXTERNAL_REQUEUE
+
+
+def test_sacct_states():
+    assert c.from_sacct(["PREEMPTED", "RUNNING"]).kind == c.PREEMPTION
+    assert c.from_sacct(["TIMEOUT", "RUNNING"]).kind == c.TIME_LIMIT
+    assert c.from_sacct(["RUNNING"]) is None
+    assert c.from_sacct(None) is None
+
+
+def test_label():
+    assert c.Cause(c.NODE_FAILURE, "gpu2").label() == "node-failure@gpu2"
+    assert c.Cause(c.TIME_LIMIT).label() == "time-limit"
