@@ -317,3 +317,44 @@ def test_events_and_secrets(core):
 def test_dry_run_does_not_persist(core, fake_kube):  # noqa: F811
     core.create_node(client.V1Node(metadata=client.V1ObjectMeta(name="n")), dry_run="All")
     assert fake_kube.store.find("nodes", "n") is None
+
+
+def test_concurrent_read_modify_write_is_atomic(fake_kube):  # noqa: F811
+    """Many writers with optimistic concurrency: every increment lands exactly once."""
+    import threading
+    fake_kube.store.add(make_node("n"))
+    core = client.CoreV1Api(kube_api_client(fake_kube))
+    conflicts = []
+
+    def worker():
+        api = client.CoreV1Api(kube_api_client(fake_kube))
+        for _ in range(10):
+            while True:
+                node = api.read_node("n")
+                count = int((node.metadata.annotations or {}).get("count", "0"))
+                node.metadata.annotations = {"count": str(count + 1)}
+                try:
+                    api.replace_node("n", node)
+                    break
+                except ApiException as exc:
+                    assert exc.status == 409
+                    conflicts.append(1)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert core.read_node("n").metadata.annotations["count"] == "60"
+
+
+def test_bearer_token_required_when_asked():
+    from autoheal.lab.fakekube import FakeKubeServer
+    with FakeKubeServer(require_token=True, token="s3cret") as server:
+        ok = client.CoreV1Api(kube_api_client(server))
+        assert ok.list_node().items == []
+        cfg = client.Configuration()
+        cfg.host = server.url
+        with pytest.raises(ApiException) as exc:
+            client.CoreV1Api(client.ApiClient(cfg)).list_node()
+        assert exc.value.status == 401

@@ -123,16 +123,22 @@ def test_history_window_expires_old_versions():
 def test_watch_single_object_legacy_path_and_namespace_scope(fake_kube, core):  # noqa: F811
     fake_kube.store.add(make_pod("p", node="n"))
     fake_kube.store.add(make_pod("q", node="n", namespace="kube-system"))
-    url = fake_kube.url + "/api/v1/watch/namespaces/default/pods/p?timeoutSeconds=1"
-    lines = urllib.request.urlopen(url).read().decode().splitlines()
-    assert [json.loads(line)["object"]["metadata"]["name"] for line in lines] == ["p"]
+    fake_kube.store.add(make_pod("p2", node="n"))
+    with urllib.request.urlopen(fake_kube.url + "/api/v1/watch/namespaces/default/pods/p?timeoutSeconds=5") as resp:
+        first = json.loads(resp.readline())
+    assert first["type"] == "ADDED" and first["object"]["metadata"]["name"] == "p"
+    url = fake_kube.url + "/api/v1/watch/namespaces/default/pods?timeoutSeconds=5"
+    with urllib.request.urlopen(url) as resp:
+        names = [json.loads(resp.readline())["object"]["metadata"]["name"] for _ in range(2)]
+    assert names == ["p", "p2"]
 
 
 def test_send_initial_events_ends_with_annotated_bookmark(fake_kube):  # noqa: F811
     fake_kube.store.add(make_node("a"))
     url = (fake_kube.url + "/api/v1/nodes?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
-           "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
-    events = [json.loads(line) for line in urllib.request.urlopen(url).read().decode().splitlines()]
+           "&resourceVersionMatch=NotOlderThan&timeoutSeconds=5")
+    with urllib.request.urlopen(url) as resp:
+        events = [json.loads(resp.readline()) for _ in range(2)]
     assert events[0]["type"] == "ADDED"
     assert events[1]["type"] == "BOOKMARK"
     assert events[1]["object"]["metadata"]["annotations"] == {"k8s.io/initial-events-end": "true"}

@@ -119,3 +119,42 @@ def aggregated(types: ResourceTypes, core: bool, version: str = "v2") -> Dict[st
                                     "freshness": "Current"} for v in versions]})
     return {"kind": "APIGroupDiscoveryList", "apiVersion": f"apidiscovery.k8s.io/{version}", "metadata": {},
             "items": items}
+
+
+# -- OpenAPI v3 (only what kubectl needs to see that fieldValidation is supported) -----------------
+
+def _gv_path(group: str, version: str) -> str:
+    return f"apis/{group}/{version}" if group else f"api/{version}"
+
+
+def openapi_v3_root(types: ResourceTypes) -> Dict[str, Any]:
+    """``/openapi/v3``: one entry per group version; the hash changes with the set of types."""
+    paths = {}
+    for group, versions in types.groups().items():
+        for version in versions:
+            names = ",".join(rt.kind for rt in types.in_group_version(group, version))
+            digest = hashlib.sha256(names.encode()).hexdigest()[:16].upper()
+            paths[_gv_path(group, version)] = {"serverRelativeURL": f"/openapi/v3/{_gv_path(group, version)}"
+                                                                    f"?hash={digest}"}
+    return {"paths": paths}
+
+
+def openapi_v3_group_version(types: ResourceTypes, group: str, version: str) -> Dict[str, Any]:
+    """A skeleton spec: the item paths with their PATCH operation, GVK extension and query parameters.
+
+    There are no schemas, so kubectl validates nothing client-side and computes apply patches from
+    its compiled-in types (it falls back to them when the spec has no schema for a kind).
+    """
+    params = [{"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": True}}
+              for name in ("dryRun", "fieldManager", "fieldValidation", "force", "pretty")]
+    paths: Dict[str, Any] = {}
+    for rt in types.in_group_version(group, version):
+        base = "/" + _gv_path(group, version)
+        item = f"{base}/namespaces/{{namespace}}/{rt.plural}/{{name}}" if rt.namespaced \
+            else f"{base}/{rt.plural}/{{name}}"
+        gvk = {"group": group, "version": version, "kind": rt.kind}
+        paths[item] = {"patch": {"operationId": f"patch{rt.kind}", "parameters": params,
+                                 "responses": {"200": {"description": "OK"}},
+                                 "x-kubernetes-action": "patch", "x-kubernetes-group-version-kind": gvk}}
+    return {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": VERSION_INFO["gitVersion"]},
+            "paths": paths, "components": {"schemas": {}}}
