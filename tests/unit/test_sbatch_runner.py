@@ -228,3 +228,35 @@ def test_comment_roundtrip_and_helpers(tmp_path):
     assert (ident.job_id, ident.restart_count) == ("10_2", 0)
     assert r.expand_checkpoint_dir("", ident) == "/home/u/autoheal-checkpoints/10_2"
     assert r.expand_checkpoint_dir("/s/%x/%A-%a", ident) == "/s/t/10-2"
+
+
+def test_notify_url_receives_the_final_state(tmp_path):
+    import http.server
+    import json
+
+    from autoheal.notify import Notifier
+
+    posts = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            posts.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+        runner, slurm, journal = make(tmp_path, restart=3, max_restarts=2, notify=[url])
+        runner.notifier = Notifier([], journal=journal)
+        assert runner.run([sys.executable, "-c", "pass"]) == r.EXIT_MAX_RESTARTS
+        assert runner.notifier.flush(10)
+    finally:
+        server.shutdown()
+    by_event = {p["autoheal"]["event"]: p for p in posts}
+    assert set(by_event) == {"job-restart", "job-max-restarts"}  # the restart Slurm did, then the stop
+    assert "exceeds --max-restarts 2" in by_event["job-max-restarts"]["text"]
