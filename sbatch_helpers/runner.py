@@ -405,6 +405,9 @@ class Runner:
             self.received = signum
 
     def run(self, argv: Sequence[str]) -> int:
+        # First thing: a grace signal arriving while we talk to Slurm must not kill the batch shell.
+        for sig in {self.grace_sig, signal.SIGTERM}:
+            signal.signal(sig, self._on_signal)
         stop = self.start_checks()
         if stop is not None:
             return stop
@@ -421,8 +424,6 @@ class Runner:
         say(f"job {self.ident.job_id} run {self.ident.restart_count} on {self.comment.nodes or '?'}: "
             f"checkpoint dir {self.checkpoint_dir}, resume from step {self.resume_step}"
             f"{', previous run ended by ' + self.cause.label() if self.cause else ''}")
-        for sig in {self.grace_sig, signal.SIGTERM}:
-            signal.signal(sig, self._on_signal)
         if self.adopt_orphans:
             _set_subreaper()
         try:
