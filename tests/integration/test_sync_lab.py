@@ -153,6 +153,13 @@ def test_api_faults_are_reported_then_retried(kube_env):
             assert res.ok and not res.errors
             idle = rec.run_pass()
             assert idle.planned == [], [a.describe() for a in idle.planned]
+        # a write that times out is reported like a 5xx and redone by the next pass
+        slow = Reconciler(slurm, kube(env, timeout=1.0), sync_cfg())
+        slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
+        server.faults.add(method="PATCH", path_regex=r"/nodes/", latency_ms=2500, times=1)
+        res = slow.run_pass()
+        assert res.errors and not res.read_error, res.summary()
+        assert slow.run_pass().ok and slow.run_pass().planned == []
         # a failed list read writes nothing at all
         server.faults.add(method="GET", path_regex=r"/api/v1/nodes$", status=500, times=1)
         slurm.drain(a, HEALTH) if not slurm.get_node(a).drain else None
