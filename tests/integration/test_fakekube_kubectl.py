@@ -165,3 +165,17 @@ def test_custom_resource_create_apply_and_patch_types(cluster, tmp_path):
     assert [c["type"] for c in node["status"]["conditions"]] == ["Ready", "GpuHealthy"]
     kubectl("delete", "node", "gpu-2")
     assert server.store.find("nodes", "gpu-2") is None
+
+
+def test_legacy_discovery_is_enough_for_kubectl(tmp_path):
+    """kubectl asks for aggregated discovery; served the plain documents, it falls back and works."""
+    with FakeKubeServer(aggregated_discovery=False) as server:
+        server.store.add(make_node("gpu-1"))
+        kubeconfig = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
+        base = [KUBECTL, "--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path / "cache")]
+        env = dict(os.environ, HOME=str(tmp_path))
+        out = subprocess.run(base + ["get", "nodes,nodereplacements", "-A"], capture_output=True, text=True,
+                             timeout=30, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "node/gpu-1" in out.stdout
+        assert any(r["path"] == "/apis/autoheal.io/v1alpha1" for r in server.requests)

@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional
+
+from . import errors
+from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass
@@ -111,3 +113,42 @@ class FaultInjector:
                 rule.hits += 1
                 return rule
         return None
+
+
+def _object_of(path: str) -> Tuple[str, str]:
+    """(qualified resource, name) addressed by an API path, '' when not an object path."""
+    segs = path.strip("/").split("/")
+    if segs[:1] == ["api"]:
+        group, rest = "", segs[2:]
+    elif segs[:1] == ["apis"] and len(segs) > 2:
+        group, rest = segs[1], segs[3:]
+    else:
+        return "", ""
+    if rest[:1] == ["watch"]:
+        rest = rest[1:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if resource and group:
+        resource = f"{resource}.{group}"
+    return resource, rest[1] if len(rest) > 1 else ""
+
+
+def fault_message(code: int, path: str) -> str:
+    """A message shaped like the real one for this code, naming the object in ``path``."""
+    resource, name = _object_of(path)
+    resource = resource or "resource"
+    if code == 409:
+        return f'Operation cannot be fulfilled on {resource} "{name}": {errors.CONFLICT_MODIFIED}'
+    if code == 404:
+        return f'{resource} "{name}" not found'
+    if code == 429:
+        return "Too many requests, please try again later."
+    if code == 500:
+        return "Internal error occurred: injected fault"
+    if code == 503:
+        return "the server is currently unable to handle the request"
+    if code == 504:
+        return ("the server was unable to return a response in the time allotted, but may still be processing "
+                "the request")
+    return f"injected fault: HTTP {code}"
