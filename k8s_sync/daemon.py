@@ -42,7 +42,8 @@ class SyncDaemon:
                     lambda rv, t: kube.watch_pods(cfg.namespace, cfg.pod_selector, rv, t),
                     cfg.watch_timeout_seconds, on_change=self._wake.set)
         self.elector = None
-        if cfg.leader_election:
+        # A dry run never takes the Lease: it must not keep the real replicas from writing.
+        if cfg.leader_election and not dry_run:
             self.elector = LeaderElector(kube, cfg.namespace, cfg.lease_name, ident or identity(),
                                          cfg.lease_duration_seconds, on_change=self._on_leader)
         self.metrics = metrics
