@@ -53,7 +53,10 @@ def lab(tmp_path_factory):
     lab_.up(nodes=3, gpus=8, spares=0, hooks=True, xid_watch=True, install=False)
     handle = SimpleNamespace(lab=lab_, layout=lab_.layout(), env=lab_.slurm_env())
     conf = handle.layout.autoheal_conf
-    conf.write_text(conf.read_text().replace("[hooks]\n", "[hooks]\ngrace_seconds = 2.0\nnvml_timeout = 2.0\n"))
+    import re
+
+    text = re.sub(r"(?m)^(grace_seconds|nvml_timeout) = .*\n", "", conf.read_text())
+    conf.write_text(text.replace("[hooks]\n", "[hooks]\ngrace_seconds = 2.0\nnvml_timeout = 2.0\n"))
     for node in handle.layout.nodes:  # pick up the new config
         handle.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node))
     yield handle
