@@ -55,20 +55,15 @@ def test_doctor_on_fragment_lab_passes_the_fragment_checks(plain_lab):
     code, data, f = run_doctor(plain_lab, "--settings-only")
     version = version_tuple(data["slurm_version"])
     owned = {k.lower() for k in LAB_OWNED_KEYS}
-    fragment_ids = {r.id for r in for_version(version) if r.key.lower() not in owned} - {"requeue_delay"}
+    fragment_ids = {r.id for r in for_version(version) if r.key.lower() not in owned}
     not_ok = {rid: f[rid]["current"] for rid in fragment_ids if f[rid]["status"] != "ok"}
-    assert not_ok == {}
+    assert not_ok == {}  # requeue_delay included: the lab merges cred_expire into its AuthInfo
     assert f["gres_types_gpu"]["status"] == "ok"
     assert f["gres_gpu_count"]["status"] == "ok"
     # hooks=False: only the hook settings the lab did not wire may be reported
     problems = {rid for rid, x in f.items() if x["status"] in ("fail", "warn")}
-    assert problems <= {"healthcheck_program", "healthcheck_interval", "prolog", "epilog", "requeue_delay"}
-    assert code == (1 if problems & {"healthcheck_program", "prolog", "requeue_delay"} else 0)
-    if f["requeue_delay"]["status"] != "ok":
-        import pytest
-
-        pytest.xfail("the lab does not yet pass its AuthInfo to lab_fragment(existing=...), so "
-                     "cred_expire is not in its slurm.conf")
+    assert problems <= {"healthcheck_program", "healthcheck_interval", "prolog", "epilog"}
+    assert code == (1 if problems & {"healthcheck_program", "prolog"} else 0)
 
 
 def test_doctor_exit_2_when_slurmctld_unreachable(plain_lab, tmp_path):
