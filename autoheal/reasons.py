@@ -10,6 +10,9 @@ import re
 import unicodedata
 
 PREFIX = "autoheal: "
+#: Drains that mirror a Kubernetes cordon/taint/condition (written by ``autoheal sync``). The node side
+#: must not adopt these as its own health drains: a GPU fault found on such a node replaces the reason.
+K8S_PREFIX = "autoheal: k8s: "
 #: Slurm stores reasons of any length, but sinfo -R truncates and reasons travel into Kubernetes
 #: annotations and webhook messages: keep them short enough to read in one line.
 MAX_REASON_LEN = 200
@@ -45,6 +48,11 @@ def is_ours(reason: str | None) -> bool:
     Slurm may append ``[user@time]`` when it prints a reason; the prefix test is unaffected.
     """
     return bool(reason) and reason.strip().startswith(PREFIX.strip())
+
+
+def is_k8s_origin(reason: str | None) -> bool:
+    """True for drains ``autoheal sync`` made because of Kubernetes (cordon, taint, condition)."""
+    return bool(reason) and reason.strip().startswith(K8S_PREFIX.strip())
 
 
 def strip_reason_suffix(reason: str | None) -> str:
