@@ -31,6 +31,16 @@ def with_retries(fn: Callable[[], T], retries: int, base_delay: float = 0.5,
             attempt += 1
 
 
+def filter_jobs(jobs: List[Job], node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+    """Jobs with an allocation on ``node`` and in one of ``states`` (each filter optional)."""
+    if node:
+        jobs = [j for j in jobs if node in j.nodes]
+    if states:
+        wanted = {s.upper() for s in states}
+        jobs = [j for j in jobs if j.state in wanted]
+    return jobs
+
+
 class SlurmAdapter(ABC):
     """Everything autoheal asks of Slurm. Node and job names are plain strings."""
 

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, unavailable_if, with_retries
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
@@ -88,12 +88,8 @@ class CliSlurm(SlurmAdapter):
         if node:
             args += ["-w", node]
         jobs = parse.jobs_from_json(self._read("squeue", *args), "squeue --json")
-        if states:
-            wanted = {s.upper() for s in states}
-            jobs = [j for j in jobs if j.state in wanted]
-        if node:  # squeue -w also matches pending jobs that asked for the node; keep real allocations
-            jobs = [j for j in jobs if node in j.nodes]
-        return jobs
+        # squeue -w also matches pending jobs that asked for the node: filter_jobs keeps real allocations
+        return filter_jobs(jobs, node, states)
 
     def get_job(self, job_id: str) -> Job:
         try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound
-from autoheal.slurm.base import SlurmAdapter
+from autoheal.slurm.base import SlurmAdapter, filter_jobs
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
@@ -90,12 +90,7 @@ class PyslurmSlurm(SlurmAdapter):
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
         jobs = [self._job(j) for j in self._wrap(lambda: self.ps.Jobs.load(), "load jobs").values()]
-        if node:
-            jobs = [j for j in jobs if node in j.nodes]
-        if states:
-            wanted = {s.upper() for s in states}
-            jobs = [j for j in jobs if j.state in wanted]
-        return jobs
+        return filter_jobs(jobs, node, states)
 
     def show_config(self) -> Dict[str, str]:
         conf = self._wrap(lambda: self.ps.slurmctld.Config.load(), "load config")

@@ -25,7 +25,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, with_retries
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, with_retries
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
@@ -204,12 +204,7 @@ class RestSlurm(SlurmAdapter):
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
         data = self._get(f"/slurm/{self.api}/jobs")
         jobs = parse.jobs_from_json(json.dumps(data), "slurmrestd jobs")
-        if node:
-            jobs = [j for j in jobs if node in j.nodes]
-        if states:
-            wanted = {s.upper() for s in states}
-            jobs = [j for j in jobs if j.state in wanted]
-        return jobs
+        return filter_jobs(jobs, node, states)
 
     def get_job(self, job_id: str) -> Job:
         raw = str(job_id)
