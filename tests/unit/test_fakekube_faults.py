@@ -135,5 +135,6 @@ def test_cli_serves_writes_kubeconfig_and_saves_state_on_sigterm(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    saved = json.loads(state.read_text())["items"]
-    assert {o["metadata"]["name"] for o in saved if o["kind"] == "Node"} == {"persisted", "added"}
+    saved = json.loads(state.read_text())
+    assert {o["metadata"]["name"] for o in saved["items"] if o["kind"] == "Node"} == {"persisted", "added"}
+    assert int(saved["resourceVersion"]) > 1  # a restart continues numbering after it

@@ -152,3 +152,21 @@ def test_stop_ends_open_watches_promptly():
     server.stop()
     resp.read()  # returns once the server closed the stream
     assert time.monotonic() - started < 3
+
+
+def test_future_resource_version_waits_then_times_out(fake_kube, core):  # noqa: F811
+    future = str(fake_kube.store.store.current_rv + 1)
+
+    def later():
+        fake_kube.store.add(make_node("late"))  # makes revision `future` exist
+        fake_kube.store.add(make_node("later"))  # the first change after it
+    threading.Timer(0.2, later).start()
+    events = _events(core, core.list_node, 1, resource_version=future, timeout_seconds=5)
+    assert events[0][1]["metadata"]["name"] == "later"
+    far = str(fake_kube.store.store.current_rv + 100)
+    started = time.monotonic()
+    resp = core.list_node(watch=True, resource_version=far, timeout_seconds=10, _preload_content=False)
+    error = json.loads(resp.data.decode().splitlines()[0])
+    assert 2.5 < time.monotonic() - started < 6
+    assert error["type"] == "ERROR" and error["object"]["code"] == 504
+    assert error["object"]["message"].startswith(f"Too large resource version: {far}")

@@ -49,16 +49,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _read_objects(path: str) -> List[dict]:
+def _load(server: FakeKubeServer, path: str) -> None:
+    """Create the objects of a state or seed file: a list, or ``{"items": [...]}`` with an optional
+    ``resourceVersion`` the new revisions continue after."""
     with open(path) as fh:
         data = json.load(fh)
-    return data.get("items", []) if isinstance(data, dict) else list(data)
+    if isinstance(data, dict) and str(data.get("resourceVersion", "")).isdigit():
+        server.store.store.advance_to(int(data["resourceVersion"]))
+    server.store.load(data.get("items", []) if isinstance(data, dict) else list(data))
 
 
 def _save(server: FakeKubeServer, path: str) -> None:
+    state = {"resourceVersion": str(server.store.store.current_rv), "items": server.store.dump()}
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
-        json.dump({"items": server.store.dump()}, fh, indent=1)
+        json.dump(state, fh, indent=1)
     os.replace(tmp, path)
 
 
@@ -70,9 +75,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                             pod_deletion_delay=args.pod_deletion_delay,
                             aggregated_discovery=not args.legacy_discovery)
     if args.state_file and os.path.exists(args.state_file):
-        server.store.load(_read_objects(args.state_file))
+        _load(server, args.state_file)
     for path in args.seed:
-        server.store.load(_read_objects(path))
+        _load(server, path)
     done = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

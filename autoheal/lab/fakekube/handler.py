@@ -130,6 +130,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         self._status = 0
         self._entry: Optional[Dict[str, Any]] = None
+        self._streaming = False
         started = time.time()
         parts = urlsplit(self.path)
         path = parts.path.rstrip("/") or "/"
@@ -160,7 +161,10 @@ class ApiHandler(BaseHTTPRequestHandler):
             self.close_connection = True
         except Exception as exc:  # pragma: no cover - a bug in the fake answers like a server bug
             traceback.print_exc()
-            self._send_error(errors.internal(f"{type(exc).__name__}: {exc}"))
+            if self._streaming:  # a watch already sent its headers: all we can do is hang up
+                self.close_connection = True
+            else:
+                self._send_error(errors.internal(f"{type(exc).__name__}: {exc}"))
         finally:
             entry["status"] = self._status
             entry["duration_ms"] = round((time.time() - started) * 1000, 1)
@@ -429,6 +433,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         deadline = start + (timeout if timeout is not None else app.max_watch_seconds)
 
         self._status = 200
+        self._streaming = True
         if self._entry is not None:
             self._entry["status"] = 200
         self.send_response(200)
@@ -447,6 +452,10 @@ class ApiHandler(BaseHTTPRequestHandler):
                 self._chunk(json.dumps(ev, separators=(",", ":")).encode() + b"\n")
 
         try:
+            if rv and not self._wait_for_revision(int(rv)):
+                emit([{"type": "ERROR", "object": _too_large(int(rv), app.store.store.current_rv)}])
+                self._chunk(b"")
+                return
             try:
                 emit(watcher.start(rv, send_initial, allow_bookmarks))
             except TooOld as exc:
@@ -474,6 +483,17 @@ class ApiHandler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError, OSError):
             self.close_connection = True
 
+    def _wait_for_revision(self, rv: int, timeout: float = 3.0) -> bool:
+        """A watch from a future resourceVersion waits for it, as the watch cache does (3 s)."""
+        store = self.app.store.store
+        deadline = time.monotonic() + timeout
+        while store.current_rv < rv:
+            left = deadline - time.monotonic()
+            if left <= 0 or store.closed:
+                return False
+            store.wait(min(left, 0.25))
+        return True
+
     def _next_bookmark(self, now: float, deadline: float) -> Optional[float]:
         """Like the watch cache: every interval, and 2 s before the watch times out."""
         at = min(now + self.app.bookmark_interval, deadline - 2.0)
@@ -500,7 +520,11 @@ class ApiHandler(BaseHTTPRequestHandler):
             return True
         return False
 
-    # -- admin -------------------------------------------------------------------------------
+def _too_large(requested: int, current: int) -> Dict[str, Any]:
+    return ApiError(504, "Timeout", f"Too large resource version: {requested}, current: {current}",
+                    {"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                     "retryAfterSeconds": 1}).to_status()
+
 
 def _not_found_path() -> ApiError:
     return ApiError(404, "NotFound", "the server could not find the requested resource", {})

@@ -354,7 +354,7 @@ class Registry:
         ns = old_md.get("namespace", "")
         if new["metadata"].get("deletionTimestamp") and not new["metadata"].get("finalizers") \
                 and not self._waiting_for_kubelet(rt, new):
-            self.store.write(rt.key, new)
+            # emptying the finalizers of a deleting object deletes it: one DELETED event, no MODIFIED
             gone = self._remove(rt, new, "Background")
             return self.decorate(rt, gone)
         stored = self.store.write(rt.key, new)
@@ -562,6 +562,8 @@ class Registry:
         return out
 
     def load(self, objects: List[Obj]) -> None:
+        """Create saved objects (keeping uid, timestamps and status). Afterwards every older
+        resourceVersion is compacted away: a client still holding one gets 410 and relists."""
         for obj in objects:
             rt = self.types.by_kind(obj.get("apiVersion", ""), obj.get("kind", ""))
             if rt is None:
@@ -570,6 +572,7 @@ class Registry:
             if self.store.get(rt.key, md.get("namespace", "") if rt.namespaced else "", md.get("name", "")):
                 continue
             self.create(rt, obj, keep_status=True, keep_meta=True)
+        self.store.compact()
 
     def cancel_timers(self) -> None:
         for timer in self._timers:

@@ -136,6 +136,11 @@ class VersionedStore:
             if not self.closed:
                 self._changed.wait(timeout)
 
+    def advance_to(self, rv: int) -> None:
+        """Continue numbering after ``rv`` (a restored server never reuses resourceVersions)."""
+        with self.lock:
+            self._rv = max(self._rv, rv)
+
     def compact(self) -> int:
         """Forget all watch history (as etcd compaction does); returns the compacted revision."""
         with self.lock:
