@@ -15,10 +15,13 @@ from autoheal.cliutil import config_option, handle_errors, json_option, print_js
 @click.option("--no-drain", is_flag=True, help="Only report: change nothing in Slurm.")
 @click.option("--dry-run", is_flag=True, help="Show the drain/resume/repair that would happen, change nothing.")
 @click.option("--verbose", "-v", is_flag=True, help="Also list checks that passed.")
+@click.option("--clear-faults", is_flag=True, help="Do not check: forget the node's open faults and "
+              "recovery-ladder counts (after a repair by hand), so the next fault starts at a GPU reset again.")
+@click.option("--gpu", type=click.IntRange(0, 1023), help="With --clear-faults: only this GPU's faults and counts.")
 @json_option
 @config_option
 @handle_errors
-def check(node, no_drain, dry_run, verbose, as_json, config_path):
+def check(node, no_drain, dry_run, verbose, clear_faults, gpu, as_json, config_path):
     """Run every GPU health check on this node now, as the healthcheck does.
 
     \b
@@ -30,11 +33,17 @@ def check(node, no_drain, dry_run, verbose, as_json, config_path):
     Examples:
       autoheal check --no-drain            # what is wrong with this node?
       autoheal check --node gpu1 --json    # in the lab, for node gpu1
+      autoheal check --clear-faults --gpu 3 --dry-run   # what would be forgotten
     """
     from autoheal.hooks.context import Context
     from autoheal.hooks.engine import health_pass
 
+    if gpu is not None and not clear_faults:
+        raise click.UsageError("--gpu only goes with --clear-faults")
     ctx = Context.load("check", node, config_path)
+    if clear_faults:
+        _clear(ctx, gpu, dry_run, as_json)
+        return
     p = health_pass(ctx, drain=not no_drain, dry_run=dry_run)
     if as_json:
         print_json(p.to_dict(verbose))
@@ -46,6 +55,21 @@ def check(node, no_drain, dry_run, verbose, as_json, config_path):
             click.echo(f"  error: {e}", err=True)
     sys.stdout.flush()
     os._exit(p.exit_code)  # an NVML worker may be stuck in the driver
+
+
+def _clear(ctx, gpu, dry_run, as_json) -> None:
+    from autoheal.hooks.engine import clear_faults
+
+    out = clear_faults(ctx, gpu=gpu, dry_run=dry_run)
+    if as_json:
+        print_json(out)
+        return
+    verb = "would clear" if dry_run else "cleared"
+    where = f"{ctx.node} gpu {gpu}" if gpu is not None else ctx.node
+    click.echo(f"{where}: {verb} {out['faults']} open fault(s); ladder counts of: "
+               f"{', '.join(out['ladder']) or 'none'}")
+    for f in out["cleared"]["faults"]:
+        click.echo(f"  {f.get('reason', '')}")
 
 
 @click.command("xid-watch")

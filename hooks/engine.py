@@ -32,6 +32,9 @@ class Pass:
     errors: List[str] = field(default_factory=list)
     exit_code: int = EXIT_UNKNOWN
     sample: Optional[NodeSample] = None
+    # CLOCK_MONOTONIC (kmsg's clock) when the pass began: XIDs logged before it were read by this pass or
+    # an earlier one; one logged while this pass ran must still be judged by the next.
+    started_usec: int = 0
 
     def to_dict(self, verbose: bool = False) -> dict:
         res = [r.to_dict() for r in self.results if verbose or r.status != C.OK]
@@ -77,7 +80,7 @@ def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
             now: Optional[float] = None) -> Pass:
     """Gather and judge; update the node state (kernel-log cursor, XIDs, unknown streaks, faults)."""
     now = time.time() if now is None else now
-    p = Pass(node=ctx.node)
+    p = Pass(node=ctx.node, started_usec=int(time.monotonic() * 1e6))
     sample = gather(ctx.node, budget=budget, cheap=cheap)
     p.sample = sample
     expected = 0 if cheap else ctx.expected_gpus()
@@ -285,9 +288,27 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
     return act
 
 
+def pass_lock_timeout(ctx) -> float:
+    """How long a pass waits for another one on the same node: the other's NVML budget plus a few
+    Slurm calls, and always well inside Slurm's 60 s kill of HealthCheckProgram."""
+    return min(40.0, ctx.hooks.nvml_timeout + 4 * ctx.hooks.slurm_timeout + ctx.hooks.reset_timeout / 2)
+
+
 def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run: bool = False,
                 now: Optional[float] = None) -> Pass:
-    """The healthcheck: observe, then act. Exit 0 healthy (or warn), 1 failed, 2 could not tell."""
+    """The healthcheck: observe, then act. Exit 0 healthy (or warn), 1 failed, 2 could not tell.
+
+    Whole passes on one node are serialised (HealthCheckProgram and ``autoheal check`` may overlap), so
+    a pass never acts on what it saw before another pass repaired it."""
+    try:
+        with ctx.store.pass_lock(pass_lock_timeout(ctx)):
+            return _health_pass(ctx, drain, budget, dry_run, now)
+    except TimeoutError as exc:
+        p = Pass(node=ctx.node, errors=[str(exc)])
+        return p
+
+
+def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: Optional[float]) -> Pass:
     from autoheal.errors import SlurmError, SlurmUnavailable
 
     now = time.time() if now is None else now
@@ -308,7 +329,7 @@ def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run
         else:
             with ctx.store.locked() as st:
                 st["passes"] = int(st.get("passes", 0)) + 1
-                st["last_pass"] = {"time": now, "boot_id": boot_id(), "usec": int(time.monotonic() * 1e6)}
+                st["last_pass"] = {"time": now, "boot_id": boot_id(), "usec": p.started_usec}
             if drain:
                 act = maybe_resume(ctx, now, dry_run)
                 if act:
@@ -325,5 +346,41 @@ def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run
     return p
 
 
-__all__ = ["Pass", "observe", "health_pass", "drain_for", "maybe_resume", "maybe_repair", "xid_results",
+__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "maybe_resume", "maybe_repair", "xid_results",
            "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
+
+
+def clear_faults(ctx, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:
+    """Forget open faults and recovery-ladder counts (all, or one GPU's) after an admin repaired the
+    node by hand, so the next fault starts again at the cheapest rung. Our drain record is kept: the
+    healthcheck still resumes the node once it passes. Returns what was (or would be) cleared."""
+    def pick(st: Dict[str, Any]) -> Dict[str, Any]:
+        keys = None if gpu is None else {S.ladder_key(gpu)}
+        return {
+            "faults": [f for f in st.get("faults", []) if gpu is None or f.get("gpu") == gpu],
+            "ladder": {k: v for k, v in st.get("ladder", {}).items() if keys is None or k in keys},
+            "unknown_runs": {k: v for k, v in st.get("unknown_runs", {}).items() if gpu is None or k == str(gpu)},
+            "app_xids": {k: v for k, v in st.get("app_xids", {}).items() if gpu is None or k == str(gpu)},
+            "reboot_requested": st.get("reboot_requested") if gpu is None else None,
+        }
+
+    if dry_run:
+        cleared = pick(ctx.store.read())
+    else:
+        with ctx.store.locked() as st:
+            cleared = pick(st)
+            st["faults"] = [f for f in st.get("faults", []) if f not in cleared["faults"]]
+            for key in ("ladder", "unknown_runs", "app_xids"):
+                st[key] = {k: v for k, v in st.get(key, {}).items() if k not in cleared[key]}
+            if gpu is None:
+                st["reboot_requested"] = None
+                st["last_result"] = None  # a stale failing result would make the prolog fail jobs
+    out = {"node": ctx.node, "gpu": gpu, "dry_run": dry_run, "faults": len(cleared["faults"]),
+           "ladder": sorted(cleared["ladder"]), "cleared": cleared}
+    if not dry_run and (cleared["faults"] or cleared["ladder"] or cleared["unknown_runs"]
+                        or cleared["reboot_requested"]):
+        ctx.record("clear-faults", action="clear-faults", outcome="cleared", severity="action",
+                   message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
+                   f"{', '.join(sorted(cleared['ladder'])) or 'nothing'}",
+                   evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})
+    return out

@@ -82,6 +82,30 @@ class NodeState:
         finally:
             os.close(fd)
 
+    @contextlib.contextmanager
+    def pass_lock(self, timeout: float) -> Iterator[None]:
+        """Serialise whole health passes (observe, drain, repair, resume) on this node.
+
+        Slurm's HealthCheckProgram, ``autoheal check`` and a test may run at the same time; without this
+        two passes could both see a fault, both reset the GPU, and the second would count the first's
+        reset as a recurrence and escalate to a reboot. Raises TimeoutError after ``timeout`` seconds."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(str(self.dir / "pass.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{self.dir}/pass.lock: another health pass has run for over "
+                                           f"{timeout:g}s") from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)
+
     def _write(self, state: Dict[str, Any]) -> None:
         tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:

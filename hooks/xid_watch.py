@@ -141,8 +141,8 @@ class XidWatch:
                             action=r.action)
             if r.status == C.FAIL:
                 self._drain_and_signal(r, now)
-            elif r.action == C.REQUEUE and r.gpu is not None:
-                self._signal_jobs(r, now, self._jobs_on_gpu(r.gpu))
+            elif r.action == C.REQUEUE:
+                self._requeue_without_drain(r, now)
         return results
 
     def _drain_and_signal(self, r: C.CheckResult, now: float) -> None:
@@ -160,13 +160,39 @@ class XidWatch:
             return
         self._signal_jobs(r, now, jobs)
 
-    def _jobs_on_gpu(self, gpu: int) -> List[str]:
+    def _requeue_without_drain(self, r: C.CheckResult, now: float) -> None:
+        """A "requeue" XID (94, contained ECC): the GPU stays in service, the job that hit it restarts.
+
+        Only the jobs on that GPU (DCGM mapping written by the prolog) when the mapping knows the GPU,
+        else every job running on the node: a job left running on corrupted memory is worse than a
+        requeue of its neighbours."""
+        from autoheal.errors import SlurmError
+
+        jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None
+        if jobs is None:
+            try:
+                jobs = [j.job_id for j in self.ctx.slurm.list_jobs(node=self.ctx.node, states=["RUNNING"])]
+            except SlurmError as exc:
+                self._count("slurm_errors_total")
+                self.ctx.record("error", check="xid", message=f"cannot list jobs for {r.reason}: {exc}",
+                                severity="error")
+                return
+        if jobs:
+            self._signal_jobs(r, now, jobs)
+
+    def _jobs_on_gpu(self, gpu: int) -> Optional[List[str]]:
+        """Job ids the DCGM mapping file of ``gpu`` names; None when there is no mapping to ask."""
         d = self.ctx.path(self.h.dcgm_mapping_dir)
+        if not d:
+            return None
         try:
             with open(os.path.join(d, str(gpu)), encoding="utf-8") as fh:
                 return [ln.strip() for ln in fh if ln.strip().isdigit()]
+        except FileNotFoundError:
+            # the prolog keeps the mapping: no file for this GPU while others have one = no job on it
+            return [] if os.path.isdir(d) and os.listdir(d) else None
         except OSError:
-            return []
+            return None
 
     def _signal_jobs(self, r: C.CheckResult, now: float, job_ids: List[str]) -> None:
         from autoheal.errors import SlurmError
