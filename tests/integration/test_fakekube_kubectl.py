@@ -179,3 +179,15 @@ def test_legacy_discovery_is_enough_for_kubectl(tmp_path):
         assert out.returncode == 0, out.stderr
         assert "node/gpu-1" in out.stdout
         assert any(r["path"] == "/apis/autoheal.io/v1alpha1" for r in server.requests)
+
+
+def test_imperative_create_sends_protobuf_and_is_decoded(cluster):
+    server, kubectl = cluster
+    kubectl("create", "namespace", "slurm")
+    kubectl("create", "configmap", "cfg", "--from-literal=mode=drain", "-n", "slurm")
+    kubectl("create", "secret", "generic", "tok", "--from-literal=t=x", "-n", "slurm")
+    assert server.store.get("configmaps", "cfg", "slurm")["data"] == {"mode": "drain"}
+    assert server.store.get("secrets", "tok", "slurm")["data"] == {"t": "eA=="}
+    assert any(r["content_type"] == "application/vnd.kubernetes.protobuf" for r in server.requests)
+    refused = kubectl("create", "deployment", "x", "--image=nginx", "-n", "slurm", check=False)
+    assert refused.returncode != 0 and "unknown format" in refused.stderr  # Deployment protobuf: not decoded

@@ -176,3 +176,56 @@ def test_zero_fields_match_the_client_models(kind, model):
         for part in path.split("."):
             parts.extend([part[:-2], "[]"] if part.endswith("[]") else [part])
         assert _required_fields(model, parts) <= set(fields), path
+
+
+def test_crd_registration_serves_and_unserves_a_resource(fake_kube):  # noqa: F811
+    api_client = kube_api_client(fake_kube)
+    ext = client.ApiextensionsV1Api(api_client)
+    crd = ext.create_custom_resource_definition({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "rebootnodes.example.com"},
+        "spec": {"group": "example.com", "scope": "Cluster",
+                 "names": {"kind": "RebootNode", "plural": "rebootnodes", "shortNames": ["rbn"]},
+                 "versions": [{"name": "v1", "served": True, "storage": True,
+                               "subresources": {"status": {}},
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": True}}}]}})
+    assert crd.metadata.name == "rebootnodes.example.com"
+    established = ext.read_custom_resource_definition("rebootnodes.example.com")
+    assert {c.type: c.status for c in established.status.conditions} == {"NamesAccepted": "True",
+                                                                         "Established": "True"}
+    assert established.status.accepted_names.list_kind == "RebootNodeList"
+    co = client.CustomObjectsApi(api_client)
+    co.create_cluster_custom_object("example.com", "v1", "rebootnodes", {
+        "apiVersion": "example.com/v1", "kind": "RebootNode", "metadata": {"name": "gpu-1"}, "spec": {}})
+    out = co.patch_cluster_custom_object_status("example.com", "v1", "rebootnodes", "gpu-1",
+                                                {"status": {"phase": "Done"}})
+    assert out["status"] == {"phase": "Done"}
+    assert any(g["name"] == "example.com" for g in json.loads(_get(fake_kube, "/apis")[2])["groups"])
+    with pytest.raises(ApiException) as exc:
+        ext.create_custom_resource_definition({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "wrong"}, "spec": {"group": "example.com", "scope": "Cluster",
+                                                   "names": {"kind": "X", "plural": "xs"},
+                                                   "versions": [{"name": "v1", "served": True, "storage": True}]}})
+    assert exc.value.status == 422
+    ext.delete_custom_resource_definition("rebootnodes.example.com")
+    assert _get(fake_kube, "/apis/example.com/v1/rebootnodes")[0] == 404
+    assert fake_kube.store.store.items("rebootnodes.example.com") == []
+
+
+def test_protobuf_bodies_of_namespaces_and_configmaps():
+    from autoheal.lab.fakekube.protobuf import decode_object
+
+    def field(number, payload):
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    meta = field(1, b"slurm") + field(11, field(1, b"team") + field(2, b"gpu")) + field(2, b"")
+    ns = b"k8s\x00" + field(1, field(1, b"v1") + field(2, b"Namespace")) + field(2, field(1, meta))
+    assert decode_object(ns) == {"apiVersion": "v1", "kind": "Namespace",
+                                 "metadata": {"name": "slurm", "labels": {"team": "gpu"}}}
+    cm_body = field(1, field(1, b"c")) + field(2, field(1, b"k") + field(2, b"v"))
+    cm = b"k8s\x00" + field(1, field(1, b"v1") + field(2, b"ConfigMap")) + field(2, cm_body)
+    assert decode_object(cm)["data"] == {"k": "v"}
+    pod = b"k8s\x00" + field(1, field(1, b"v1") + field(2, b"Pod")) + field(2, b"")
+    assert decode_object(pod) is None

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from urllib.parse import parse_qs, urlsplit
 
-from . import discovery, errors, tables
+from . import discovery, errors, protobuf, tables
 from .admin import handle_admin
 from .errors import ApiError
 from .faults import fault_message
@@ -192,7 +192,16 @@ class ApiHandler(BaseHTTPRequestHandler):
         return True
 
     def _decode_json(self, body: bytes) -> Any:
+        """The request body as JSON data (protobuf only for the few kinds kubectl's generators send)."""
         ctype = self.headers.get("Content-Type", JSON).split(";")[0].strip().lower()
+        if ctype == "application/vnd.kubernetes.protobuf":
+            try:
+                decoded = protobuf.decode_object(body)
+            except protobuf.ProtobufError as exc:
+                raise errors.bad_request(f"failed to decode protobuf body: {exc}")
+            if decoded is None:
+                raise errors.unsupported_media_type(ctype, [JSON])
+            return decoded
         if "yaml" in ctype or "protobuf" in ctype or "cbor" in ctype:
             raise errors.unsupported_media_type(ctype, [JSON])
         try:

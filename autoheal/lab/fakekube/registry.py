@@ -17,7 +17,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from . import disruption, errors, strategy
+from . import crds, disruption, errors, strategy
 from .errors import ApiError, status_object
 from .patch import PatchError, apply_patch
 from .resources import ResourceType, ResourceTypes
@@ -47,6 +47,7 @@ class Registry:
         self.clock = clock
         self.pod_deletion_delay = pod_deletion_delay
         self._timers: List[threading.Timer] = []
+        self._crd_types: Dict[Tuple[str, str, str], ResourceType] = {}
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -503,7 +504,8 @@ class Registry:
     def evict(self, name: str, namespace: str, body: Optional[Dict[str, Any]] = None,
               dry_run: bool = False) -> Obj:
         """POST pods/{name}/eviction; returns the 201 success Status or raises (404, 429, 500...)."""
-        pods = self.types.lookup("pods")
+        pods = self.types.by_url("", "v1", "pods")
+        assert pods is not None
         body = body if body is not None else {"metadata": {"name": name, "namespace": namespace}}
         if not isinstance(body, dict):
             raise errors.bad_request("not a Eviction object")
@@ -517,7 +519,8 @@ class Registry:
         with self.store.lock:
             pod = self._require(pods, namespace, name)
             if not disruption.can_ignore_pdb(pod):
-                pdb_type = self.types.lookup("poddisruptionbudgets")
+                pdb_type = self.types.by_url("policy", "v1", "poddisruptionbudgets")
+                assert pdb_type is not None
                 pdb = disruption.check_eviction(pod, self.store.items(pdb_type.key, namespace))
                 if pdb is not None and not dry_run:
                     status = pdb.setdefault("status", {})
@@ -531,16 +534,45 @@ class Registry:
     # -- controllers -------------------------------------------------------------------------
 
     def _after_write(self, rt: ResourceType, namespace: str) -> None:
-        """Run the controllers the fake simulates synchronously (the disruption controller)."""
-        if rt.custom or rt.kind not in ("Pod", "PodDisruptionBudget") or not namespace:
+        """Run the controllers the fake simulates synchronously: disruption and CRD establishing."""
+        if rt.key == crds.CRD_KEY:
+            self._sync_crds()
+        elif not rt.custom and rt.kind in ("Pod", "PodDisruptionBudget") and namespace:
+            self._sync_pdbs(namespace)
+
+    def _sync_pdbs(self, namespace: str) -> None:
+        pdb_type = self.types.by_url("policy", "v1", "poddisruptionbudgets")
+        pod_type = self.types.by_url("", "v1", "pods")
+        if pdb_type is None or pod_type is None:
             return
-        pdb_type = self.types.lookup("poddisruptionbudgets")
-        pods = self.store.items(self.types.lookup("pods").key, namespace)
+        pods = self.store.items(pod_type.key, namespace)
         for pdb in self.store.items(pdb_type.key, namespace):
             status = disruption.compute_status(pdb, pods, self.now())
             if status != pdb.get("status"):
                 pdb["status"] = status
                 self.store.write(pdb_type.key, pdb)
+
+    def _sync_crds(self) -> None:
+        """Serve what the stored CRDs define; stop serving (and drop the objects of) deleted ones."""
+        wanted: Dict[Tuple[str, str, str], ResourceType] = {}
+        for crd in self.store.items(crds.CRD_KEY):
+            if crd["metadata"].get("deletionTimestamp"):
+                continue
+            for rt in crds.types_of(crd):
+                wanted[(rt.group, rt.version, rt.plural)] = rt
+            status = crds.established_status(crd, self.now())
+            if status != crd.get("status"):
+                crd["status"] = status
+                self.store.write(crds.CRD_KEY, crd)
+        for key, rt in list(self._crd_types.items()):
+            if key not in wanted:
+                self.types.remove(rt)
+                if not any(t.key == rt.key for t in self.types.all()):
+                    for obj in self.store.items(rt.key):
+                        self.store.remove(rt.key, obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        for rt in wanted.values():
+            self.types.add(rt)
+        self._crd_types = wanted
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -552,6 +584,7 @@ class Registry:
     def reset(self) -> None:
         """Drop every object (watch history too) and recreate the default namespaces."""
         self.store.clear()
+        self._sync_crds()
         self.seed_namespaces()
 
     def dump(self) -> List[Obj]:

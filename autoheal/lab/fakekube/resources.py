@@ -175,6 +175,17 @@ def builtin_types() -> Tuple[ResourceType, ...]:
         _workload("DaemonSet", "daemonsets", "ds"),
         _workload("Deployment", "deployments", "deploy"),
         _workload("ReplicaSet", "replicasets", "rs"),
+        # stored only (no controllers, no RBAC enforcement): enough to apply deploy manifests
+        ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, short_names=("sa",)),
+        ResourceType("", "v1", "Service", "services", True, short_names=("svc",), categories=("all",),
+                     status_subresource=True, return_deleted_object=True,
+                     smp_schema={"spec.ports": merge_key("port")}),
+        ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
+        ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
+        ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
+        ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
+        ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
+                     short_names=("crd", "crds"), status_subresource=True, has_generation=True),
     )
 
 
@@ -187,7 +198,14 @@ class ResourceTypes:
             self.add(rt)
 
     def add(self, rt: ResourceType) -> None:
-        self._types[(rt.group, rt.version, rt.plural)] = rt
+        types = dict(self._types)  # copy-on-write: readers never see a dict being resized
+        types[(rt.group, rt.version, rt.plural)] = rt
+        self._types = types
+
+    def remove(self, rt: ResourceType) -> None:
+        types = dict(self._types)
+        types.pop((rt.group, rt.version, rt.plural), None)
+        self._types = types
 
     def all(self) -> Tuple[ResourceType, ...]:
         return tuple(self._types.values())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
+from .crds import validate_crd
 from .errors import FieldError, field_error
 from .resources import ResourceType
 from .selectors import label_key_problem, label_value_problem
@@ -131,7 +132,7 @@ def _validate_lease(obj: Dict[str, Any]) -> List[FieldError]:
 
 
 _BY_KIND = {"Pod": _validate_pod, "Node": _validate_node, "PodDisruptionBudget": _validate_pdb,
-            "Lease": _validate_lease}
+            "Lease": _validate_lease, "CustomResourceDefinition": validate_crd}
 
 
 def validate(rt: ResourceType, obj: Dict[str, Any]) -> List[FieldError]:
