@@ -358,3 +358,24 @@ def test_bearer_token_required_when_asked():
         with pytest.raises(ApiException) as exc:
             client.CoreV1Api(client.ApiClient(cfg)).list_node()
         assert exc.value.status == 401
+
+
+def test_event_namespace_rules(core):
+    node_ref = client.V1ObjectReference(kind="Node", name="gpu-1")
+    with pytest.raises(ApiException) as exc:  # a cluster-scoped object's legacy event lives in "default"
+        core.create_namespaced_event("kube-system", client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="e1"), involved_object=node_ref, reason="R"))
+    assert exc.value.status == 422
+    assert json.loads(exc.value.body)["details"]["causes"] == [{
+        "reason": "FieldValueInvalid", "message": 'Invalid value: "": does not match event.namespace',
+        "field": "involvedObject.namespace"}]
+    import datetime
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ev = core.create_namespaced_event("kube-system", client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name="e2"), involved_object=node_ref, reason="R", event_time=now,
+        reporting_component="autoheal", reporting_instance="autoheal-0", action="Drain"))
+    assert ev.event_time is not None
+    with pytest.raises(ApiException) as exc:
+        core.create_namespaced_event("default", client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name="e3"), involved_object=node_ref, reason="R", event_time=now))
+    assert exc.value.status == 422 and "reportingComponent: Required value" in exc.value.body

@@ -232,7 +232,7 @@ class Registry:
             strategy.prepare_for_create(rt, obj, keep_status)
             if not rt.custom:
                 fill_zero_values(rt.kind, obj)
-                self._normalize_times(obj)
+                self._normalize_times(rt, obj)
             problems = validate(rt, obj)
             if problems:
                 raise errors.invalid(rt, md.get("name", ""), problems)
@@ -300,11 +300,11 @@ class Registry:
             return self._commit_update(rt, old, patched, subresource, dry_run)
 
     @staticmethod
-    def _normalize_times(obj: Obj) -> None:
+    def _normalize_times(rt: ResourceType, obj: Obj) -> None:
         try:
             strategy.normalize_times(obj)
         except strategy.BadTime as exc:
-            raise errors.bad_request(str(exc))
+            raise errors.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {exc}')
 
     @staticmethod
     def _patch_error(exc: PatchError) -> ApiError:
@@ -345,7 +345,7 @@ class Registry:
                 md["generation"] = old_md.get("generation", 1) + 1
         if not rt.custom:
             fill_zero_values(rt.kind, new)
-            self._normalize_times(new)
+            self._normalize_times(rt, new)
         problems = validate_update(rt, old, new)
         if problems:
             raise errors.invalid(rt, old_md["name"], problems)

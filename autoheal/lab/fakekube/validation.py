@@ -131,8 +131,28 @@ def _validate_lease(obj: Dict[str, Any]) -> List[FieldError]:
     return []
 
 
+def _validate_event(obj: Dict[str, Any]) -> List[FieldError]:
+    """core/v1 Events: the involvedObject namespace rules and, for "new" events (eventTime set),
+    the reporting fields (pkg/apis/core/validation/events.go, legacyValidateEvent)."""
+    errs: List[FieldError] = []
+    ns = (obj.get("metadata") or {}).get("namespace", "")
+    involved_ns = (obj.get("involvedObject") or {}).get("namespace", "")
+    mismatch = field_error("involvedObject.namespace", "FieldValueInvalid", involved_ns,
+                           "does not match event.namespace")
+    if not obj.get("eventTime"):
+        if (not involved_ns and ns not in ("", "default")) or (involved_ns and involved_ns != ns):
+            errs.append(mismatch)
+        return errs
+    if not involved_ns and ns not in ("default", "kube-system"):
+        errs.append(mismatch)
+    for name in ("reportingComponent", "reportingInstance", "action", "reason"):
+        if not obj.get(name):
+            errs.append(field_error(name, "FieldValueRequired"))
+    return errs
+
+
 _BY_KIND = {"Pod": _validate_pod, "Node": _validate_node, "PodDisruptionBudget": _validate_pdb,
-            "Lease": _validate_lease, "CustomResourceDefinition": validate_crd}
+            "Lease": _validate_lease, "CustomResourceDefinition": validate_crd, "Event": _validate_event}
 
 
 def validate(rt: ResourceType, obj: Dict[str, Any]) -> List[FieldError]:
