@@ -159,11 +159,88 @@ def status(ctx, as_json):
         else:
             click.echo(f"{res.nodes} Slurm nodes, {res.mapped} mapped to Kubernetes, "
                        f"{len(res.planned)} pending changes")
+        if res.breaker:
+            b = res.breaker
+            click.echo("breaker: " + (f"TRIPPED: {b['why']}" if b["tripped"] else
+                                      f"armed ({b['starts_in_window']} starts in window)"))
+        for kname, r in sorted(res.remediations.items()):
+            click.echo(f"remediation: {kname} (Slurm {r['slurm_node']}): {r['state']}"
+                       + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]")
         for line in data["planned"]:
             click.echo(f"pending: {line}")
         for line in res.problems:
             click.echo(f"problem: {line}")
     sys.exit(EXIT_PROBLEM if (res.read_error or res.planned or res.problems) else EXIT_OK)
+
+
+def breaker_reset_patch() -> dict:
+    """The ConfigMap patch that re-arms the breaker (starts forgotten; nothing is replayed: only nodes
+    that still ask for a replacement start, within the limits)."""
+    return {"data": {"trippedAt": None, "starts": "[]", "why": None}}
+
+
+@sync.group("breaker", invoke_without_command=True)
+@json_option
+@click.pass_context
+@handle_errors
+def breaker(ctx, as_json):
+    """Show the remediation circuit breaker; `reset` re-arms it by hand.
+
+    \b
+    The breaker stops *new* remediations (node replacements) when more than
+    sync.breaker_max_percent of nodes are in remediation or drained by
+    autoheal; detection and drains by the hooks go on. It re-arms on its own
+    after sync.breaker_cooldown_seconds once the share is below
+    sync.breaker_rearm_percent. State: ConfigMap sync.breaker_configmap.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from autoheal.k8s_sync.remediation import Breaker
+
+    obj = ctx.obj or {}
+    cfg = load_cfg(obj.get("config_path"))
+    kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
+    cm = kube.get_configmap(cfg.sync.namespace, cfg.sync.breaker_configmap) or {}
+    b = Breaker.from_cfg(cfg.sync, cm.get("data") or {})
+    data = {"tripped": b.tripped, "tripped_at": b.tripped_at, "why": b.why, "starts_in_window": len(b.starts)}
+    if as_json:
+        print_json(data)
+    else:
+        click.echo(f"breaker: {'TRIPPED: ' + b.why if b.tripped else 'armed'}; {len(b.starts)} starts recorded")
+    sys.exit(EXIT_PROBLEM if b.tripped else EXIT_OK)
+
+
+@breaker.command("reset")
+@click.option("--dry-run", is_flag=True, help="Say what would be reset; change nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def breaker_reset(ctx, dry_run, as_json):
+    """Re-arm a tripped breaker now (old faults are not replayed: only nodes that still ask for a
+    replacement start, within the limits). Exit 0 done, 1 the API write failed."""
+    from autoheal.k8s_sync.kube import KubeError
+
+    obj = (ctx.parent.obj if ctx.parent else None) or ctx.obj or {}
+    cfg = load_cfg(obj.get("config_path"))
+    kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
+    ns, name = cfg.sync.namespace, cfg.sync.breaker_configmap
+    if dry_run:
+        click.echo(f"would reset the breaker in ConfigMap {ns}/{name}")
+        sys.exit(EXIT_OK)
+    try:
+        if kube.get_configmap(ns, name) is None:
+            out = {"reset": False, "message": "no breaker state yet: nothing to reset"}
+        else:
+            kube.patch_configmap(ns, name, breaker_reset_patch())
+            out = {"reset": True, "message": f"breaker re-armed (ConfigMap {ns}/{name})"}
+    except KubeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_PROBLEM)
+    if as_json:
+        print_json(out)
+    else:
+        click.echo(out["message"])
+    sys.exit(EXIT_OK)
 
 
 __all__ = ["sync", "EXIT_USAGE"]

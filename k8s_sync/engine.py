@@ -23,6 +23,8 @@ from autoheal.errors import SlurmError, SlurmUnavailable
 from autoheal.reasons import strip_reason_suffix
 
 from autoheal.k8s_sync import names
+from autoheal.k8s_sync import remediation as R
+from autoheal.k8s_sync import remediate_step
 from autoheal.k8s_sync.kube import Conflict, KubeError
 from autoheal.k8s_sync.plan import (NODE_PATCH, NODE_STATUS, POD_STATUS, SLURM_DRAIN, SLURM_KINDS, SLURM_RESUME,
                                     SLURM_SET_REASON, STEPS, Action, Snapshot, make_context)
@@ -52,20 +54,22 @@ class PassResult:
     seconds: float = 0.0
     nodes: int = 0
     mapped: int = 0
+    breaker: Dict[str, Any] = field(default_factory=dict)
+    remediations: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
     def summary(self) -> Dict[str, Any]:
         return {"ok": self.ok, "read_error": self.read_error, "leader": self.leader,
                 "planned": [a.describe() for a in self.planned], "applied": len(self.applied),
                 "deferred": self.deferred, "conflicts": self.conflicts, "errors": self.errors,
                 "problems": self.problems, "seconds": round(self.seconds, 4), "slurm_nodes": self.nodes,
-                "mapped": self.mapped}
+                "mapped": self.mapped, "breaker": self.breaker, "remediations": self.remediations}
 
 
 class Reconciler:
     """Runs passes for one config against one Slurm adapter and one Kubernetes adapter."""
 
     def __init__(self, slurm, kube, cfg, *, dry_run: bool = False, leader=None, nodes_cache=None,
-                 pods_cache=None, journal=None, metrics=None):
+                 pods_cache=None, journal=None, metrics=None, notifier=None, clock=time.time):
         self.slurm, self.kube, self.cfg = slurm, kube, cfg
         self.dry_run = dry_run
         self.leader = leader  # LeaderElector or None (always leader)
@@ -80,6 +84,10 @@ class Reconciler:
         self.slurm_max_age = 0.0
         self._slurm_cache = None
         self.last: Optional[PassResult] = None
+        self.notifier = notifier
+        self.clock = clock  # epoch seconds (tests pass a fake clock to step through timeouts)
+        #: (namespace, pod) -> (failures, not before): evictions a PodDisruptionBudget refused back off
+        self.evict_backoff: Dict[Any, Any] = {}
 
     # ---- reads -----------------------------------------------------------------------------------
     def read(self) -> Snapshot:
@@ -99,7 +107,34 @@ class Reconciler:
             nodes, _ = self.kube.list_nodes()
             pods = self.kube.list_pods(self.cfg.namespace, self.cfg.pod_selector)[0] \
                 if self.cfg.mapping == "pod" else {}
-        return Snapshot(slurm_nodes, nodes, pods, utc_now())
+        snap = Snapshot(slurm_nodes, nodes, pods, utc_now(), clock=self.clock())
+        if "remediate" in self.cfg.enabled_steps:
+            self._read_remediation(snap)
+        return snap
+
+    def _read_remediation(self, snap: Snapshot) -> None:
+        """What the remediate step needs beyond the mirror: the breaker ConfigMap, and for candidate
+        Nodes only (a handful, not the fleet) their pods, the Slurm jobs and replacement requests.
+        Any failure raises: the pass writes nothing (fail closed)."""
+        cfg = self.cfg
+        cm = self.kube.get_configmap(cfg.namespace, cfg.breaker_configmap)
+        snap.breaker = dict((cm or {}).get("data") or {})
+        snap.breaker_rv = ((cm or {}).get("metadata") or {}).get("resourceVersion", "") if cm else ""
+        self._breaker_exists = cm is not None
+        ctx = make_context(snap, cfg)
+        cands = remediate_step.candidates(snap, cfg, ctx.bindings)
+        snap.jobs = {}
+        if not cands:
+            return
+        for job in self.slurm.list_jobs():
+            if job.state in R.HOLDING_JOB_STATES:
+                for n in job.nodes:
+                    snap.jobs[n] = snap.jobs.get(n, 0) + 1
+        for kname in cands:
+            snap.node_pods[kname] = self.kube.list_node_pods(kname)
+        if cfg.replacement_action == "custom-resource":
+            group, version, plural = R.cr_coordinates(cfg.replacement_template)
+            snap.replacements = self.kube.list_custom(group, version, cfg.namespace, plural)
 
     # ---- the pass --------------------------------------------------------------------------------
     def run_pass(self) -> PassResult:
@@ -131,9 +166,12 @@ class Reconciler:
             res.planned.extend(actions)
             if actions and (res.leader or self.dry_run):
                 self._apply(step, actions, snap, res)
-        if res.ok and not self.dry_run and any(a.kind in SLURM_KINDS for a in res.applied):
+        if res.ok and not self.dry_run and any(a.kind in SLURM_KINDS or a.kind in (R.SLURM_RETIRE, R.SLURM_RESUME_SPARE)
+                                                for a in res.applied):
             self._mirror_own_slurm_writes(snap, res)
-        res.problems = ctx.problems
+        res.problems = ctx.problems + res.problems  # the latter: refusals found while writing
+        if "remediate" in self.cfg.enabled_steps:
+            self._summarise_remediation(snap, res, getattr(ctx, "breaker_state", None))
         res.seconds = time.perf_counter() - started
         self.last = res
         self._observe(res)
@@ -167,9 +205,13 @@ class Reconciler:
     def _apply(self, step: str, actions: List[Action], snap: Snapshot, res: PassResult) -> None:
         kube_stopped = slurm_stopped = False
         failed_slurm_nodes = set()
+        failed_groups = set()
         for action in actions:
             if self.dry_run:
                 log.info("dry-run: would %s", action.describe())
+                continue
+            if action.group and action.group in failed_groups:
+                res.deferred += 1
                 continue
             if not self.is_leader():
                 res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
@@ -180,8 +222,13 @@ class Reconciler:
                 continue
             if action.kind == NODE_PATCH and action.slurm_node in failed_slurm_nodes:
                 continue  # never annotate an origin for a Slurm write that did not happen
+            if action.kind == R.KUBE_EVICT and not self._evict_due(action):
+                res.deferred += 1
+                continue
             bucket = self.slurm_bucket if is_slurm else self.kube_bucket
             if not bucket.try_take():
+                if action.group:
+                    failed_groups.add(action.group)
                 res.deferred += 1
                 if is_slurm:
                     failed_slurm_nodes.add(action.slurm_node)
@@ -190,27 +237,43 @@ class Reconciler:
                 done = self._write(action, snap)
             except Conflict:
                 res.conflicts += 1
+                if action.group:
+                    failed_groups.add(action.group)
                 continue
             except SlurmUnavailable as exc:
+                if action.group:
+                    failed_groups.add(action.group)
                 slurm_stopped = True
                 failed_slurm_nodes.add(action.slurm_node)
                 res.errors.append(f"{action.describe()}: {exc}")
                 continue
             except SlurmError as exc:
+                if action.group:
+                    failed_groups.add(action.group)
                 failed_slurm_nodes.add(action.slurm_node)
                 res.errors.append(f"{action.describe()}: {exc}")
                 continue
-            except KubeError as exc:
+            except (KubeError, OSError) as exc:
+                if action.group:
+                    failed_groups.add(action.group)
+                status = getattr(exc, "status", 0)
+                if action.kind == R.KUBE_EVICT and status == 429:
+                    self._evict_refused(action, res, str(exc))
+                    continue
                 res.errors.append(f"{action.describe()}: {exc}")
-                if exc.status == 429 or exc.status >= 500 or exc.status == 0:
+                if status == 429 or status >= 500 or status == 0:
                     kube_stopped = True  # back off: the next pass retries from fresh data
                 continue
             if not done:
                 failed_slurm_nodes.add(action.slurm_node)
+                if action.group:
+                    failed_groups.add(action.group)
                 continue
             res.applied.append(action)
             if is_slurm:
                 self._slurm_cache = None
+            if action.kind == R.KUBE_EVICT:
+                self.evict_backoff.pop((action.namespace, action.target), None)
             self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
             log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
                                                     "slurm_node": action.slurm_node})
@@ -240,9 +303,23 @@ class Reconciler:
         body["metadata"] = {**body["metadata"], "resourceVersion": (fresh.get("metadata") or {}).get("resourceVersion")}
         return body
 
+    def _evict_due(self, action: Action) -> bool:
+        entry = self.evict_backoff.get((action.namespace, action.target))
+        return entry is None or time.monotonic() >= entry[1]
+
+    def _evict_refused(self, action: Action, res: PassResult, text: str) -> None:
+        """A PodDisruptionBudget refused (429): retry with exponential backoff (1, 2, 4 ... 30 s); the
+        remediation fails with a report once the drain timeout passes."""
+        key = (action.namespace, action.target)
+        failures = self.evict_backoff.get(key, (0, 0.0))[0] + 1
+        self.evict_backoff[key] = (failures, time.monotonic() + min(30.0, 2.0 ** (failures - 1)))
+        res.problems.append(f"eviction of {action.namespace}/{action.target} refused ({failures}x): {text}")
+
     def _write(self, action: Action, snap: Snapshot) -> bool:
         """Do one write; False when a re-read shows it must not happen any more."""
         kind = action.kind
+        if kind in R.KINDS:
+            return self._write_remediation(action, snap)
         if kind == POD_STATUS:
             key = ("pod", action.namespace, action.target)
             obj = self.kube.patch_pod_status(action.namespace, action.target, self._guarded_body(action, snap, key),
@@ -275,7 +352,84 @@ class Reconciler:
                 self.slurm.resume(action.target)
         return True
 
+    def _write_remediation(self, action: Action, snap: Snapshot) -> bool:
+        kind, cfg = action.kind, self.cfg
+        if kind == R.REPORT:
+            return True
+        if kind == R.BREAKER_SAVE:
+            if getattr(self, "_breaker_exists", True):
+                self.kube.patch_configmap(action.namespace, action.target, action.body)
+            else:
+                self.kube.create_configmap(action.namespace, {"apiVersion": "v1", "kind": "ConfigMap",
+                                                              "metadata": {"name": action.target},
+                                                              "data": {k: v for k, v in action.body["data"].items()
+                                                                       if v is not None}})
+                self._breaker_exists = True
+            return True
+        if kind == R.KUBE_EVICT:
+            self.kube.evict_pod(action.namespace, action.target)
+        elif kind == R.KUBE_DELETE_NODE:
+            self.kube.delete_node(action.target)
+        elif kind == R.KUBE_CREATE_CR:
+            group, version, plural = R.cr_coordinates(cfg.replacement_template)
+            self.kube.create_custom(group, version, action.namespace, plural, action.body)
+        elif kind == R.WEBHOOK:
+            self._webhook(action, snap)
+        elif kind in (R.SLURM_RETIRE, R.SLURM_RESUME_SPARE):
+            cur = self.slurm.get_node(action.target)  # re-read: an admin's drain always wins
+            reason = strip_reason_suffix(cur.reason)
+            held = cur.drain or cur.down
+            if kind == R.SLURM_RETIRE:
+                if not (held and names.is_health_reason(reason)):
+                    return False
+                if reason != action.reason:
+                    self.slurm.set_reason(action.target, action.reason)
+            else:
+                if not (held and reason.startswith(cfg.spare_reason_prefix.strip())):
+                    return False
+                self.slurm.resume(action.target)
+        return True
+
+    def _webhook(self, action: Action, snap: Snapshot) -> None:
+        """POST the replacement request; remember it on the Node so a restart does not POST again."""
+        import json as _json
+        import urllib.request
+
+        kname = action.body.get("node", "")
+        data = _json.dumps({**action.body, "idempotency_key": f"{kname}-{snap.nodes.get(kname, {}).get('metadata', {}).get('uid', '')}"}).encode()
+        req = urllib.request.Request(action.target, data=data, method="POST",
+                                     headers={"Content-Type": "application/json", "User-Agent": "autoheal-sync"})
+        with urllib.request.urlopen(req, timeout=self.cfg.request_timeout_seconds) as resp:  # noqa: S310
+            answer = resp.read(65536)
+            status = resp.status
+        if status >= 300:
+            raise KubeError(f"webhook {action.target}: HTTP {status}", status)
+        k = R.keys(self.cfg.annotation_prefix)
+        ann = {k["requested"]: str(int(snap.clock))}
+        try:
+            new = (_json.loads(answer) or {}).get("replacementNode") if answer else None
+        except ValueError:
+            new = None
+        if new:
+            ann[k["replacement"]] = str(new)
+        self.kube.patch_node(kname, {"metadata": {"annotations": ann}}, "merge")
+
+    def _summarise_remediation(self, snap: Snapshot, res: PassResult, breaker=None) -> None:
+        breaker = breaker or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
+        res.breaker = {"tripped": breaker.tripped, "why": breaker.why, "starts_in_window": len(breaker.starts),
+                       "max_concurrent": breaker.max_concurrent, "max_percent": breaker.max_percent}
+        for kname, knode in snap.nodes.items():
+            cur = R.NodeRemediation.from_node(knode, self.cfg.annotation_prefix)
+            if cur.state:
+                res.remediations[kname] = {"state": cur.state, "since": cur.since, "attempts": cur.attempts,
+                                           "reason": cur.reason, "slurm_node": cur.slurm_node}
+        if self.metrics is not None and hasattr(self.metrics, "observe_remediation"):
+            self.metrics.observe_remediation(res)
+
     def _record(self, action: Action, snap: Snapshot) -> None:
+        if action.journal:
+            self._record_remediation(action, snap)
+            return
         if action.event and self.cfg.events:
             kname = action.target if action.kind in (NODE_STATUS, NODE_PATCH) else ""
             if not kname:  # a Slurm write: the Event goes on the Kubernetes Node bound to that Slurm node
@@ -292,7 +446,35 @@ class Reconciler:
                                 outcome="done", message=action.why, severity="action", source="sync",
                                 evidence={"reason": action.reason})
 
+    def _record_remediation(self, action: Action, snap: Snapshot) -> None:
+        """Remediation steps go to the Node's Events, the journal and the notification channel."""
+        kname = action.target if action.kind == NODE_PATCH else ""
+        if not kname and action.slurm_node:
+            kname = self._node_of(action.slurm_node, snap)
+        if action.event and self.cfg.events and self.kube_bucket.try_take():
+            obj = snap.nodes.get(kname) if kname else None
+            if obj is None:  # breaker events: about the breaker ConfigMap
+                obj = {"metadata": {"name": self.cfg.breaker_configmap}}
+            try:
+                self.kube.create_event(self.cfg.namespace, obj, action.event[0], action.event[1], action.event[2],
+                                       snap.now, kind="Node" if kname else "ConfigMap")
+            except KubeError as exc:
+                log.warning("event %s not posted: %s", action.event[0], exc)
+        if self.journal is not None:
+            severity = "error" if action.journal in ("remediation-failed", "breaker-tripped") else "action"
+            rec = self.journal.record(action.journal, node=action.slurm_node or None, action=action.kind,
+                                      outcome="done", message=action.event[1] if action.event else action.why,
+                                      severity=severity, source="sync",
+                                      evidence={"k8s_node": kname, "reason": action.reason})
+            if rec is not None and self.notifier is not None and action.event:
+                try:
+                    self.notifier.send(rec)
+                except Exception as exc:  # a notification is best effort, the flow goes on
+                    log.warning("notification not sent: %s", exc)
+
     def _node_of(self, slurm_node: str, snap: Snapshot) -> str:
+        if slurm_node not in snap.slurm:
+            return ""
         ctx = make_context(Snapshot({slurm_node: snap.slurm[slurm_node]}, snap.nodes, snap.pods), self.cfg)
         b = ctx.bindings.get(slurm_node)
         return (b.node or "") if b else ""

@@ -206,9 +206,69 @@ class KubeApi:
 
     @needs(("", "events", "create"))
     def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str,
-                     etype: str = "Normal", now: str = "") -> Dict[str, Any]:
-        body = event_body(namespace, node, reason, message, etype, now)
+                     etype: str = "Normal", now: str = "", kind: str = "Node") -> Dict[str, Any]:
+        body = event_body(namespace, node, reason, message, etype, now, kind)
         return self._raw("create_event", self.core.create_namespaced_event, namespace, body)
+
+    # ---- remediation -----------------------------------------------------------------------------
+    @needs(("", "pods", "list"))
+    def list_node_pods(self, node: str) -> List[Dict[str, Any]]:
+        """Every pod bound to ``node``, in all namespaces (field selector spec.nodeName)."""
+        data = self._raw("list_node_pods", self.core.list_pod_for_all_namespaces,
+                         field_selector=f"spec.nodeName={node}")
+        return list(data.get("items") or [])
+
+    @needs(("", "pods/eviction", "create"))
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """Evict through the Eviction API (honours PodDisruptionBudgets: 429 when one forbids it).
+        A pod already gone counts as evicted."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._raw("evict_pod", self.core.create_namespaced_pod_eviction, name, namespace, body)
+        except NotFound:
+            return
+
+    @needs(("", "nodes", "delete"))
+    def delete_node(self, name: str) -> None:
+        try:
+            self._raw("delete_node", self.core.delete_node, name)
+        except NotFound:
+            return
+
+    def _custom(self):
+        return self._client_mod.CustomObjectsApi(self.api_client)
+
+    @needs(("autoheal.io", "nodereplacements", "create"))
+    def create_custom(self, group: str, version: str, namespace: str, plural: str,
+                      body: Dict[str, Any]) -> Dict[str, Any]:
+        """Create a custom resource (the replacement request); one that exists already is returned."""
+        try:
+            return self._raw("create_custom", self._custom().create_namespaced_custom_object, group, version,
+                             namespace, plural, body)
+        except Conflict:
+            return body
+
+    @needs(("autoheal.io", "nodereplacements", "list"))
+    def list_custom(self, group: str, version: str, namespace: str, plural: str) -> Dict[str, Dict[str, Any]]:
+        data = self._raw("list_custom", self._custom().list_namespaced_custom_object, group, version,
+                         namespace, plural)
+        return self._by_name(data.get("items") or [])
+
+    @needs(("", "configmaps", "get"))
+    def get_configmap(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
+        try:
+            return self._raw("get_configmap", self.core.read_namespaced_config_map, name, namespace)
+        except NotFound:
+            return None
+
+    @needs(("", "configmaps", "create"))
+    def create_configmap(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        return self._raw("create_configmap", self.core.create_namespaced_config_map, namespace, body)
+
+    @needs(("", "configmaps", "patch"))
+    def patch_configmap(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        return self._patch("patch_configmap", self.core.patch_namespaced_config_map, name, namespace, body=body,
+                           patch_type="merge")
 
     # ---- leases ----------------------------------------------------------------------------------
     @needs(("coordination.k8s.io", "leases", "get"))
@@ -228,8 +288,8 @@ class KubeApi:
 
 
 def event_body(namespace: str, node: Dict[str, Any], reason: str, message: str, etype: str,
-               now: str) -> Dict[str, Any]:
-    """A core/v1 Event about a Node, from autoheal-sync."""
+               now: str, kind: str = "Node") -> Dict[str, Any]:
+    """A core/v1 Event about a Node (or another object of ``kind``), from autoheal-sync."""
     import uuid
 
     from autoheal.reasons import sanitize
@@ -239,7 +299,8 @@ def event_body(namespace: str, node: Dict[str, Any], reason: str, message: str, 
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": name, "uid": meta.get("uid", "")},
+        "involvedObject": {"apiVersion": "v1", "kind": kind, "name": name, "uid": meta.get("uid", ""),
+                           **({"namespace": namespace} if kind != "Node" else {})},
         "reason": reason[:128], "message": sanitize(message, 1024), "type": etype,
         "source": {"component": "autoheal-sync"}, "reportingComponent": "autoheal-sync",
         "reportingInstance": socket.gethostname()[:128],

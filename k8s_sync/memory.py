@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from autoheal.errors import SlurmNotFound, SlurmUnavailable
 from autoheal.slurm.base import SlurmAdapter
-from autoheal.slurm.model import Node, SlurmVersion
+from autoheal.slurm.model import Job, Node, SlurmVersion
 
 from autoheal.k8s_sync.kube import Conflict, KubeError, NotFound
 
@@ -49,6 +49,14 @@ class MemoryKube:
         self.rv = 0
         self.lock = threading.Lock()
         self.fail_reads = False
+        self.configmaps: Dict[Tuple[str, str], Dict[str, Any]] = {}
+        self.customs: Dict[Tuple[str, str, str], Dict[str, Any]] = {}  # (plural, namespace, name)
+        self.other_pods: Dict[Tuple[str, str], Dict[str, Any]] = {}  # workload pods (not slurmd)
+        self.pdb_blocked: set = set()  # (namespace, name) of pods whose eviction answers 429
+        self.evictions: List[Tuple[str, str]] = []
+        self.deleted_nodes: List[str] = []
+        #: method name -> KubeError to raise (fault injection for tests)
+        self.fail: Dict[str, KubeError] = {}
 
     def _bump(self, obj: Dict[str, Any]) -> Dict[str, Any]:
         self.rv += 1
@@ -67,6 +75,77 @@ class MemoryKube:
             obj = {"metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
                    "spec": {"nodeName": node, "hostname": hostname}, "status": {"conditions": []}}
             self.pods[(namespace, name)] = self._bump(obj)
+
+    def add_workload_pod(self, namespace: str, name: str, node: str, labels: Optional[Dict[str, str]] = None,
+                         owner_kind: str = "ReplicaSet") -> None:
+        with self.lock:
+            meta = {"name": name, "namespace": namespace, "labels": dict(labels or {}),
+                    "ownerReferences": [{"kind": owner_kind, "name": "owner"}] if owner_kind else []}
+            self.other_pods[(namespace, name)] = self._bump({"metadata": meta, "spec": {"nodeName": node},
+                                                             "status": {"phase": "Running"}})
+
+    def _check(self, what: str) -> None:
+        exc = self.fail.get(what)
+        if exc is not None:
+            raise exc
+
+    # ---- remediation surface ---------------------------------------------------------------------
+    def list_node_pods(self, node: str):
+        with self.lock:
+            self._check("list_node_pods")
+            if self.fail_reads:
+                raise KubeError("list_node_pods: HTTP 500", 500)
+            return [copy.deepcopy(p) for p in list(self.pods.values()) + list(self.other_pods.values())
+                    if (p.get("spec") or {}).get("nodeName") == node]
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self._check("evict_pod")
+            if (namespace, name) in self.pdb_blocked:
+                raise KubeError(f"evict {namespace}/{name}: HTTP 429: Cannot evict pod as it would violate the "
+                                "pod's disruption budget.", 429)
+            self.evictions.append((namespace, name))
+            self.other_pods.pop((namespace, name), None)
+            self.pods.pop((namespace, name), None)
+            self.writes += 1
+
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            self._check("delete_node")
+            self.nodes.pop(name, None)
+            self.deleted_nodes.append(name)
+            self.writes += 1
+
+    def create_custom(self, group, version, namespace, plural, body):
+        with self.lock:
+            self._check("create_custom")
+            key = (plural, namespace, body["metadata"]["name"])
+            if key not in self.customs:
+                self.customs[key] = self._bump(copy.deepcopy(body))
+                self.writes += 1
+            return copy.deepcopy(self.customs[key])
+
+    def list_custom(self, group, version, namespace, plural):
+        with self.lock:
+            self._check("list_custom")
+            return {k[2]: copy.deepcopy(v) for k, v in self.customs.items() if k[0] == plural and k[1] == namespace}
+
+    def get_configmap(self, namespace, name):
+        with self.lock:
+            self._check("get_configmap")
+            cm = self.configmaps.get((namespace, name))
+            return copy.deepcopy(cm) if cm else None
+
+    def create_configmap(self, namespace, body):
+        with self.lock:
+            key = (namespace, body["metadata"]["name"])
+            if key in self.configmaps:
+                raise Conflict("configmap exists", 409)
+            self.configmaps[key] = self._bump(copy.deepcopy(body))
+            return copy.deepcopy(self.configmaps[key])
+
+    def patch_configmap(self, namespace, name, body):
+        return self._apply(self.configmaps, (namespace, name), body, "merge", "all")
 
     # ---- KubeApi surface -------------------------------------------------------------------------
     def list_nodes(self):
@@ -103,6 +182,8 @@ class MemoryKube:
                 body["metadata"] = {k: v for k, v in body["metadata"].items() if k != "resourceVersion"}
             if part == "status":
                 body = {"status": body.get("status", {})}
+            elif part == "all":
+                pass
             else:
                 body = {k: v for k, v in body.items() if k != "status"}
             new = _merge(obj, body, patch_type == "strategic")
@@ -111,6 +192,7 @@ class MemoryKube:
             return copy.deepcopy(new)
 
     def patch_node(self, name, body, patch_type="strategic"):
+        self._check("patch_node")
         return self._apply(self.nodes, name, body, patch_type, None)
 
     def patch_node_status(self, name, body, patch_type="strategic"):
@@ -119,7 +201,7 @@ class MemoryKube:
     def patch_pod_status(self, namespace, name, body, patch_type="strategic"):
         return self._apply(self.pods, (namespace, name), body, patch_type, "status")
 
-    def create_event(self, namespace, node, reason, message, etype="Normal", now=""):
+    def create_event(self, namespace, node, reason, message, etype="Normal", now="", kind="Node"):
         with self.lock:
             self.events.append({"node": (node.get("metadata") or {}).get("name"), "reason": reason,
                                 "message": message, "type": etype})
@@ -157,6 +239,7 @@ class MemorySlurm(SlurmAdapter):
 
     def __init__(self, nodes: Optional[Dict[str, Node]] = None):
         self.nodes: Dict[str, Node] = dict(nodes or {})
+        self.jobs: List[Job] = []
         self.fail = False
         self.calls: Dict[str, int] = {}
         self.lock = threading.Lock()
@@ -198,7 +281,10 @@ class MemorySlurm(SlurmAdapter):
             self.nodes[node] = replace(self._get(node), reason=reason)
 
     def list_jobs(self, node=None, states=None):
-        return []
+        with self.lock:
+            self._count("list_jobs")
+            return [j for j in self.jobs if (node is None or node in j.nodes)
+                    and (states is None or j.state in states)]
 
     def show_config(self):
         return {}

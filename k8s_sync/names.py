@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import re
 
-from autoheal.reasons import PREFIX, is_ours, make_reason, sanitize, strip_reason_suffix
+from autoheal.reasons import K8S_PREFIX, PREFIX, is_k8s_origin, is_ours, make_reason, sanitize, strip_reason_suffix
 
-K8S_PREFIX = PREFIX + "k8s: "
+__all__ = ["K8S_PREFIX", "ME", "is_k8s_reason", "is_health_reason"]
 ME = "autoheal"
 #: Kubernetes caps annotation values only by total size; keep ours readable like Slinky (256 chars).
 MAX_ANNOTATION_LEN = 256
@@ -39,7 +39,7 @@ def k8s_reason(what: str, detail: str = "") -> str:
 
 def is_k8s_reason(reason: str) -> bool:
     """A Slurm reason autoheal wrote because of a Kubernetes signal."""
-    return strip_reason_suffix(reason).startswith(K8S_PREFIX.rstrip())
+    return is_k8s_origin(strip_reason_suffix(reason))
 
 
 def is_health_reason(reason: str) -> bool:

@@ -51,6 +51,8 @@ class Action:
     reason: str = ""  # Slurm reason for drains
     why: str = ""  # one line for logs and dry runs
     event: Optional[Tuple[str, str, str]] = None  # (reason, message, Normal|Warning) on the Node
+    group: str = ""  # actions of one group run in order; after one fails or is refused, the rest are skipped
+    journal: str = ""  # journal event name to record when done (remediation steps)
 
     def describe(self) -> str:
         where = f"{self.namespace}/{self.target}" if self.namespace else self.target
@@ -65,6 +67,13 @@ class Snapshot:
     nodes: Dict[str, Dict[str, Any]]  # Kubernetes Nodes by name
     pods: Dict[str, Dict[str, Any]]  # slurmd pods by name (mapping = pod)
     now: str = "1970-01-01T00:00:00Z"
+    # Read only when the "remediate" step is enabled (see ``remediate_step``); None: not read.
+    clock: float = 0.0  # epoch seconds of ``now``
+    jobs: Optional[Dict[str, int]] = None  # Slurm node -> jobs still holding it
+    node_pods: Dict[str, List[Dict[str, Any]]] = field(default_factory=dict)  # Node -> its pods (all namespaces)
+    replacements: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # custom resources by name
+    breaker: Optional[Dict[str, str]] = None  # the breaker ConfigMap's data
+    breaker_rv: str = ""
 
 
 @dataclass
@@ -114,7 +123,8 @@ def _health_drains(ctx: Context) -> Dict[str, List[Tuple[str, str]]]:
         node = ctx.snap.slurm[name]
         out.setdefault(b.node, [])
         reason = strip_reason_suffix(node.reason)
-        if (node.drain or node.down) and names.is_health_reason(reason):
+        spare = getattr(ctx.cfg, "spare_reason_prefix", "").strip()
+        if (node.drain or node.down) and names.is_health_reason(reason) and not (spare and reason.startswith(spare)):
             out[b.node].append((name, reason))
     return out
 

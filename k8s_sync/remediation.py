@@ -1,25 +1,56 @@
-"""Issue 7 groundwork (not wired into the daemon yet): the remediation state machine and the circuit
-breaker, as pure functions over plain data.
+"""Node remediation (issue 7): the per-node state machine, the circuit breaker, and the ``remediate``
+reconcile step, all pure functions over plain data (the engine reads and writes).
 
-Per-node state lives in Node annotations (so a restarted or failed-over daemon continues where it
-stopped): ``<prefix>/remediation-state`` (quarantined -> draining -> drained -> replacing -> done |
-failed), ``<prefix>/remediation-since`` (epoch seconds of entering the state), ``<prefix>/remediation-
-attempts`` and ``<prefix>/remediation-reason``. ``next_step`` says what to do for one node now; each
-transition is one annotation patch written *before* the side effect it announces, and every side effect
-is idempotent (cordon, evict, label), so a crash between the two repeats nothing harmful.
+Per-node state lives in Node annotations, so a restarted or failed-over daemon continues where it
+stopped: ``<prefix>/remediation-state`` (quarantined -> draining -> drained -> replacing -> done |
+failed), ``-since`` (epoch seconds of entering the state), ``-attempts``, ``-reason`` and
+``-slurm-node``. ``next_step`` says what to do for one node now. A state change is written *with* the
+Node patch it announces (cordon, label: one atomic patch) or *before* a side effect on another object
+(eviction, custom resource, webhook, Slurm), and every side effect is idempotent and re-checked each pass
+(cordon present? request present?), so a crash between two writes neither repeats nor loses an action.
+
+The step is level-triggered: it looks at what Slurm and Kubernetes say *now*, never at a queue of
+past events, so a breaker that re-arms never replays faults that healed meanwhile.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
+from autoheal.reasons import PREFIX, make_reason, strip_reason_suffix
+
 STATES = ("quarantined", "draining", "drained", "replacing", "done", "failed")
 ACTIVE = ("quarantined", "draining", "drained", "replacing")
+TERMINAL = ("done", "failed")
+
+# Action kinds of this step (the engine knows how to write each).
+KUBE_EVICT = "kube-evict"
+KUBE_DELETE_NODE = "kube-delete-node"
+KUBE_CREATE_CR = "kube-create-cr"
+WEBHOOK = "webhook"
+BREAKER_SAVE = "breaker-save"
+REPORT = "report"  # Event + journal + notification, no write
+SLURM_RETIRE = "slurm-retire"
+SLURM_RESUME_SPARE = "slurm-resume-spare"
+KINDS = (KUBE_EVICT, KUBE_DELETE_NODE, KUBE_CREATE_CR, WEBHOOK, BREAKER_SAVE, REPORT, SLURM_RETIRE,
+         SLURM_RESUME_SPARE)
+
+#: Slurm job states that still hold a node.
+HOLDING_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING",
+                      "STAGE_OUT", "RESIZING")
 
 
 def keys(prefix: str) -> Dict[str, str]:
-    return {k: f"{prefix}/remediation-{k}" for k in ("state", "since", "attempts", "reason")}
+    out = {k: f"{prefix}/remediation-{k}" for k in ("state", "since", "attempts", "reason", "slurm-node")}
+    out["opted-out"] = f"{prefix}/remediation-opted-out"
+    out["requested"] = f"{prefix}/replacement-requested"
+    out["replacement"] = f"{prefix}/replacement-node"
+    out["label"] = f"{prefix}/remediation"  # a label (selectable): the state, for kubectl get -l
+    return out
 
 
 @dataclass(frozen=True)
@@ -30,6 +61,7 @@ class NodeRemediation:
     since: float = 0.0
     attempts: int = 0
     reason: str = ""
+    slurm_node: str = ""
 
     @classmethod
     def from_node(cls, node: Dict[str, Any], prefix: str) -> "NodeRemediation":
@@ -41,14 +73,18 @@ class NodeRemediation:
             attempts = int(ann.get(k["attempts"], 0) or 0)
         except ValueError:  # hand-edited annotations: treat as a fresh start of that state
             since, attempts = 0.0, 0
-        return cls(state if state in STATES else "", since, attempts, ann.get(k["reason"], ""))
+        return cls(state if state in STATES else "", since, attempts, ann.get(k["reason"]) or "",
+                   ann.get(k["slurm-node"]) or "")
 
     def patch(self, prefix: str) -> Dict[str, Any]:
         k = keys(prefix)
+        on = bool(self.state)
         return {"metadata": {"annotations": {k["state"]: self.state or None,
-                                             k["since"]: str(int(self.since)) if self.state else None,
-                                             k["attempts"]: str(self.attempts) if self.state else None,
-                                             k["reason"]: self.reason or None}}}
+                                             k["since"]: str(int(self.since)) if on else None,
+                                             k["attempts"]: str(self.attempts) if on else None,
+                                             k["reason"]: self.reason or None,
+                                             k["slurm-node"]: self.slurm_node or None},
+                             "labels": {k["label"]: self.state or None}}}
 
 
 @dataclass
@@ -59,66 +95,97 @@ class RemediationSettings:
     drain_timeout_seconds: float = 600.0
     replace_timeout_seconds: float = 1800.0
 
+    @classmethod
+    def from_cfg(cls, cfg) -> "RemediationSettings":
+        key, _, value = cfg.opt_out_label.partition("=")
+        return cls(key, value, cfg.remediation_grace_seconds, cfg.remediation_drain_timeout_seconds,
+                   cfg.remediation_replace_timeout_seconds)
+
 
 @dataclass(frozen=True)
 class Step:
-    """One decision: the side effect to perform (``do``) and the state to record first (``then``)."""
+    """One decision: the side effect to perform (``do``) and the state to record with it (``then``)."""
 
     do: str  # none | wait | report-opt-out | cordon | evict | request-replacement | retire | fail
     then: Optional[NodeRemediation] = None
     why: str = ""
 
 
+def opt_out_pod(pods: List[Dict[str, Any]], cfg: RemediationSettings) -> str:
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get(cfg.opt_out_label) == cfg.opt_out_value:
+            return (pod.get("metadata") or {}).get("namespace", "") + "/" + (pod.get("metadata") or {}).get("name", "")
+    return ""
+
+
 def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_on_node: List[Dict[str, Any]],
-              replacement_ready: bool, cfg: RemediationSettings, now: float) -> Step:
-    """The next action for one node. ``wants_replace``: autoheal drained it with a replace-class fault."""
+              replacement_ready: bool, cfg: RemediationSettings, now: float, slurm_node: str = "") -> Step:
+    """The next action for one node. ``wants_replace``: autoheal drained it with a replace-class fault;
+    ``pods_on_node``: the pods eviction would still have to remove (DaemonSet/slurmd pods excluded by the
+    caller, or here for DaemonSets)."""
     st = cur.state
-    if st in ("done", "failed"):
+    if st in TERMINAL:
         return Step("none", why=f"remediation {st}")
     if not st:
         if not wants_replace:
             return Step("none")
-        for pod in pods_on_node:
-            labels = (pod.get("metadata") or {}).get("labels") or {}
-            if labels.get(cfg.opt_out_label) == cfg.opt_out_value:
-                name = (pod.get("metadata") or {}).get("name")
-                return Step("report-opt-out", why=f"pod {name} carries {cfg.opt_out_label}={cfg.opt_out_value}")
-        return Step("wait", NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault"),
+        who = opt_out_pod(pods_on_node, cfg)
+        if who:
+            return Step("report-opt-out", why=f"pod {who} carries {cfg.opt_out_label}={cfg.opt_out_value}")
+        return Step("wait", NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault",
+                                            slurm_node or cur.slurm_node),
                     "quarantined: waiting for its Slurm jobs to leave")
     age = now - cur.since
     if st == "quarantined":
         if slurm_jobs == 0:
-            return Step("cordon", NodeRemediation("draining", now, cur.attempts, cur.reason), "jobs gone: cordon")
+            who = opt_out_pod(pods_on_node, cfg)
+            if who:
+                return Step("report-opt-out", NodeRemediation(), f"pod {who} carries "
+                            f"{cfg.opt_out_label}={cfg.opt_out_value}")
+            return Step("cordon", cur_with(cur, "draining", now), "jobs gone: cordon and evict")
         if age > cfg.grace_seconds:
-            return Step("fail", NodeRemediation("failed", now, cur.attempts, "jobs did not leave Slurm in time"))
+            return Step("fail", cur_with(cur, "failed", now, f"{slurm_jobs} Slurm jobs did not leave in "
+                                         f"{cfg.grace_seconds:.0f}s"))
         return Step("wait", why=f"{slurm_jobs} Slurm jobs still on the node")
-    if st == "draining":
-        evictable = [p for p in pods_on_node if not _is_daemonset_pod(p)]
+    if st in ("draining", "drained"):
+        evictable = [p for p in pods_on_node if not is_daemonset_pod(p)]
         if not evictable:
-            return Step("request-replacement", NodeRemediation("replacing", now, cur.attempts, cur.reason),
-                        "drained: request a replacement")
+            return Step("request-replacement", cur_with(cur, "replacing", now), "drained: request a replacement")
         if age > cfg.drain_timeout_seconds:
-            return Step("fail", NodeRemediation("failed", now, cur.attempts, "eviction blocked (PDB?)"))
+            return Step("fail", cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods blocked for "
+                                         f"{cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
         return Step("evict", why=f"{len(evictable)} pods to evict")
     if st == "replacing":
         if replacement_ready:
-            return Step("retire", NodeRemediation("done", now, cur.attempts, cur.reason), "replacement in service")
+            return Step("retire", cur_with(cur, "done", now), "replacement in service")
         if age > cfg.replace_timeout_seconds:
-            return Step("fail", NodeRemediation("failed", now, cur.attempts, "replacement never arrived"))
+            return Step("fail", cur_with(cur, "failed", now, f"replacement never arrived within "
+                                         f"{cfg.replace_timeout_seconds:.0f}s"))
         return Step("wait", why="waiting for the replacement Node")
     return Step("none")
 
 
-def _is_daemonset_pod(pod: Dict[str, Any]) -> bool:
+def cur_with(cur: NodeRemediation, state: str, now: float, reason: Optional[str] = None) -> NodeRemediation:
+    return NodeRemediation(state, now, cur.attempts, cur.reason if reason is None else reason, cur.slurm_node)
+
+
+def is_daemonset_pod(pod: Dict[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in ((pod.get("metadata") or {}).get("ownerReferences") or []))
 
 
+_is_daemonset_pod = is_daemonset_pod  # the groundwork's name
+
+
+# ---- circuit breaker -----------------------------------------------------------------------------
 @dataclass
 class Breaker:
-    """At most ``max_concurrent`` active remediations and ``max_percent`` of nodes in remediation or
-    drained by autoheal within ``window_seconds``. Tripped: no new remediations until the share falls
+    """At most ``max_concurrent`` active remediations, at most ``max_percent`` of nodes started within
+    ``window_seconds``; it trips when more than ``max_percent`` of nodes are in remediation or drained by
+    autoheal (a fleet-wide glitch, not broken hardware). Tripped: no new remediations until the share is
     below ``rearm_percent`` (hysteresis) *and* ``cooldown_seconds`` passed, or a manual reset. Starts
-    recorded before a trip are not replayed after re-arming: only nodes still wanting it start again."""
+    recorded before a trip are forgotten on re-arm, and nothing is queued while tripped: only nodes that
+    still want a replacement when it re-arms start (level-triggered: no replay of old events)."""
 
     max_concurrent: int = 2
     max_percent: float = 25.0
@@ -127,23 +194,54 @@ class Breaker:
     cooldown_seconds: float = 900.0
     tripped_at: Optional[float] = None
     starts: List[float] = field(default_factory=list)
+    why: str = ""
+
+    @classmethod
+    def from_cfg(cls, cfg, data: Optional[Dict[str, str]] = None) -> "Breaker":
+        b = cls(cfg.breaker_max_concurrent, cfg.breaker_max_percent, cfg.breaker_rearm_percent,
+                cfg.breaker_window_seconds, cfg.breaker_cooldown_seconds)
+        b.load(data or {})
+        return b
+
+    def load(self, data: Dict[str, str]) -> None:
+        try:
+            self.tripped_at = float(data["trippedAt"]) if data.get("trippedAt") else None
+            self.starts = [float(x) for x in json.loads(data.get("starts") or "[]")]
+        except (ValueError, TypeError):  # hand-edited: keep it tripped rather than forget a trip
+            self.tripped_at, self.starts = 0.0, []
+        self.why = data.get("why", "")
+
+    def dump(self) -> Dict[str, Optional[str]]:
+        return {"trippedAt": None if self.tripped_at is None else repr(self.tripped_at),
+                "starts": json.dumps([round(s, 3) for s in self.starts]), "why": self.why or None}
+
+    @property
+    def tripped(self) -> bool:
+        return self.tripped_at is not None
 
     def allowed(self, active: int, affected: int, total: int, now: float) -> Tuple[int, str]:
-        """(how many new remediations may start now, why not more)."""
+        """(how many new remediations may start now, why not more). Call ``check_trip`` after starting."""
         self.starts = [t for t in self.starts if now - t <= self.window_seconds]
         share = 100.0 * affected / total if total else 100.0
         if self.tripped_at is not None:
             if now - self.tripped_at >= self.cooldown_seconds and share < self.rearm_percent:
-                self.tripped_at = None
-                self.starts = []
+                self.tripped_at, self.starts, self.why = None, [], ""
             else:
-                return 0, f"breaker tripped ({share:.0f}% of nodes affected)"
-        if share > self.max_percent:
-            self.tripped_at = now
-            return 0, f"breaker tripped: {share:.0f}% of nodes affected > {self.max_percent:.0f}%"
-        budget_pct = int(self.max_percent * total / 100.0) - len(self.starts)
+                return 0, f"breaker tripped ({self.why or 'by hand'}); now {share:.0f}% of nodes affected"
+        budget_pct = math.floor(self.max_percent * total / 100.0 + 1e-9) - len(self.starts)
         n = max(0, min(self.max_concurrent - active, budget_pct))
-        return n, "" if n else "limit reached"
+        return n, "" if n else (f"{self.max_concurrent} remediations at once" if budget_pct > 0 else
+                               f"{self.max_percent:.0f}% of nodes already started within the window")
+
+    def check_trip(self, affected: int, total: int, now: float) -> bool:
+        """Trip when the affected share exceeds the limit; True when it tripped just now."""
+        share = 100.0 * affected / total if total else 0.0
+        if self.tripped_at is None and share > self.max_percent:
+            self.tripped_at = now
+            self.why = f"{affected} of {total} nodes ({share:.0f}%) in remediation or drained by autoheal " \
+                       f"> {self.max_percent:.0f}%"
+            return True
+        return False
 
     def record_start(self, now: float) -> None:
         self.starts.append(now)
@@ -151,3 +249,47 @@ class Breaker:
     def reset(self) -> None:
         self.tripped_at = None
         self.starts = []
+        self.why = ""
+
+
+# ---- which drains ask for a replacement ------------------------------------------------------------
+_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
+
+
+def wants_replace(reason: str, cfg) -> bool:
+    """An autoheal drain reason asking for a replacement: one of ``remediate_reasons`` (``autoheal:
+    replace: ...``), or a health drain naming an XID in ``remediate_xids``. Retirements never do."""
+    text = strip_reason_suffix(reason)
+    if not text.startswith(PREFIX.strip()) or text.startswith(make_reason("k8s")) \
+            or text.startswith(make_reason("retired")):
+        return False
+    if any(text.startswith(p.strip()) for p in cfg.remediate_reasons if p.strip()):
+        return True
+    m = _XID.search(text)
+    return bool(m) and int(m.group(1)) in set(cfg.remediate_xids)
+
+
+def is_retired(reason: str) -> bool:
+    return strip_reason_suffix(reason).startswith(make_reason("retired"))
+
+
+def retire_reason(replacement: str) -> str:
+    return make_reason("retired", f"replaced by {replacement}" if replacement else "Node deleted for replacement")
+
+
+def render_template(template: str, node: str, slurm_node: str, reason: str) -> Dict[str, Any]:
+    """The custom resource from ``replacement_template`` (JSON text) with placeholders filled in, each
+    JSON-escaped so a reason cannot break out of its string."""
+    def esc(v: str) -> str:
+        return json.dumps(v)[1:-1]
+
+    text = template.replace("{node}", esc(node)).replace("{slurm_node}", esc(slurm_node)) \
+        .replace("{reason}", esc(reason))
+    return json.loads(text)
+
+
+def cr_coordinates(template: str) -> Tuple[str, str, str]:
+    """(group, version, plural) of the template's custom resource (plural: lower-case kind + s)."""
+    tpl = json.loads(template)
+    group, _, version = tpl["apiVersion"].partition("/")
+    return group, version, tpl["kind"].lower() + "s"

@@ -92,6 +92,62 @@ class SyncSection:
                                                              "nodes-to-slurm"),
                                        doc="Reconcile steps to run, in order.")
 
+    # ---- remediation: replacing broken nodes (step "remediate") ----------------------------------
+    remediate_reasons: List[str] = setting(default_factory=_list("autoheal: replace:"), doc="Slurm drain "
+                                           "reasons (prefixes) that ask for a replacement; the node side drains "
+                                           "with 'autoheal: replace: ...' on the last rung of its recovery "
+                                           "ladder (a replace-class XID, or a fault that kept failing after "
+                                           "reset and reboot).")
+    remediate_xids: List[int] = setting(default_factory=lambda: [64, 79, 143], doc="XIDs whose autoheal drain "
+                                        "('autoheal: xid 79 ...') asks for a replacement at once, without "
+                                        "waiting for the node's next healthcheck to climb the ladder.")
+    opt_out_label: str = setting("autoheal.io/auto-replace=false", doc="A pod on the Node with this label "
+                                 "(key=value) vetoes automatic replacement: Event, journal and notification, "
+                                 "no action.")
+    remediation_grace_seconds: float = setting(300.0, doc="How long the node's Slurm jobs may take to leave "
+                                               "(they were signalled and requeued by the hooks) before the "
+                                               "remediation fails.", min=0, max=86400)
+    remediation_drain_timeout_seconds: float = setting(600.0, doc="How long evictions may stay blocked "
+                                                       "(PodDisruptionBudget 429s, retried with backoff) before "
+                                                       "the remediation fails.", min=0, max=86400)
+    remediation_replace_timeout_seconds: float = setting(1800.0, doc="How long a requested replacement may "
+                                                         "take to register before the remediation fails.",
+                                                         min=0, max=86400)
+    replacement_action: str = setting("label", doc="How a replacement is requested: 'label' (label and "
+                                      "annotate the Node for an external provider), 'delete-node' (a node "
+                                      "pool / autoscaler replaces it), 'custom-resource' (create "
+                                      "replacement_template), 'webhook' (POST to replacement_webhook).",
+                                      choices=("label", "delete-node", "custom-resource", "webhook"))
+    replacement_label: str = setting("autoheal.io/replace=requested", doc="Label (key=value) set on the Node "
+                                     "by the 'label' action.")
+    replacement_template: str = setting(
+        '{"apiVersion": "autoheal.io/v1alpha1", "kind": "NodeReplacement", "metadata": {"name": "{node}", '
+        '"labels": {"app.kubernetes.io/managed-by": "autoheal-sync"}}, "spec": {"nodeName": "{node}", '
+        '"slurmNode": "{slurm_node}", "reason": "{reason}"}}',
+        doc="JSON of the custom resource the 'custom-resource' action creates (in sync.namespace); {node}, "
+            "{slurm_node} and {reason} are filled in (JSON-escaped). The provider reports the new Node in "
+            "status.replacementNode (or the <annotation_prefix>/replacement-node annotation on the old Node).")
+    replacement_webhook: str = setting("", doc="URL the 'webhook' action POSTs {node, slurm_node, reason} to; "
+                                       "an answer {\"replacementNode\": ...} or the Node annotation "
+                                       "<annotation_prefix>/replacement-node names the new Node.")
+    spare_reason_prefix: str = setting("autoheal: spare:", doc="A replacement's Slurm node drained with this "
+                                       "reason prefix (a spare held out of service) is resumed when it "
+                                       "takes over; other drains on it are left alone.")
+    breaker_max_concurrent: int = setting(2, doc="Circuit breaker: at most this many remediations at once.",
+                                          min=0, max=100000)
+    breaker_max_percent: float = setting(25.0, doc="Circuit breaker: trips when more than this share of mapped "
+                                         "nodes is in remediation or drained by autoheal, and never lets more "
+                                         "than this share start within breaker_window_seconds.", min=0, max=100)
+    breaker_rearm_percent: float = setting(10.0, doc="Hysteresis: a tripped breaker re-arms after the cooldown "
+                                           "only once the share is below this.", min=0, max=100)
+    breaker_window_seconds: float = setting(3600.0, doc="Sliding window of the breaker's share of starts.",
+                                            min=1, max=604800)
+    breaker_cooldown_seconds: float = setting(900.0, doc="Minimum time a tripped breaker stays tripped "
+                                              "(`autoheal sync breaker reset` re-arms it by hand).",
+                                              min=0, max=604800)
+    breaker_configmap: str = setting("autoheal-sync-breaker", doc="ConfigMap (in sync.namespace) holding the "
+                                     "breaker state, shared by replicas and kept across restarts.")
+
     def validate(self) -> None:
         """Cross-field checks: our own taint/condition must never count as an external signal."""
         for spec in self.drain_on_taints:
@@ -105,6 +161,23 @@ class SyncSection:
             status = spec.split("=", 1)[1] if "=" in spec else "True"
             if status not in ("True", "False", "Unknown"):
                 raise ConfigError(f"sync.drain_on_conditions: {spec!r}: status must be True, False or Unknown")
+        for spec in (self.opt_out_label, self.replacement_label):
+            if "=" not in spec or not spec.split("=", 1)[0]:
+                raise ConfigError(f"sync: label {spec!r} must be key=value")
+        if self.replacement_action == "webhook" and not self.replacement_webhook.startswith(("http://", "https://")):
+            raise ConfigError("sync.replacement_webhook: the 'webhook' action needs an http(s) URL")
+        if self.replacement_action == "custom-resource":
+            import json
+
+            try:
+                tpl = json.loads(self.replacement_template)
+                ok = isinstance(tpl, dict) and "/" in tpl.get("apiVersion", "") and tpl.get("kind")
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ConfigError("sync.replacement_template: must be JSON with apiVersion group/version and kind")
+        if self.breaker_rearm_percent > self.breaker_max_percent:
+            raise ConfigError("sync.breaker_rearm_percent must not exceed sync.breaker_max_percent")
         known = ("slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate")
         for step in self.enabled_steps:
             if step not in known:

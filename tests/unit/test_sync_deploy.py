@@ -62,7 +62,11 @@ def test_manifests_are_complete_and_least_privilege(docs):
             "Deployment"} <= kinds
     assert granted(docs) == REQUIRED_PERMISSIONS  # exactly what the adapter calls, nothing more
     cluster = [d for d in docs if d["kind"] == "ClusterRole"][0]
-    assert {r for rule in cluster["rules"] for r in rule["resources"]} <= {"nodes", "nodes/status"}
+    # cluster-wide only what must be: Nodes, and (remediation) the pods on a Node being replaced + evictions
+    assert {r for rule in cluster["rules"] for r in rule["resources"]} <= {"nodes", "nodes/status", "pods",
+                                                                          "pods/eviction"}
+    pods_verbs = {v for rule in cluster["rules"] if "pods" in rule["resources"] for v in rule["verbs"]}
+    assert pods_verbs == {"list"}
     dep = [d for d in docs if d["kind"] == "Deployment"][0]
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
