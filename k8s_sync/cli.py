@@ -82,10 +82,18 @@ def sync(ctx, kubeconfig, in_cluster, once, dry_run, metrics_port, log_level, co
         journal = Journal.from_config(cfg)
     except Exception:  # a journal is a record, not a requirement for syncing
         journal = None
+    notifier = None
+    if journal is not None and not dry_run:
+        try:
+            from autoheal.notify import Notifier
+
+            notifier = Notifier.from_config(cfg, journal)
+        except Exception:  # notifications are best effort
+            notifier = None
     if once:
         from autoheal.k8s_sync.engine import Reconciler
 
-        res = Reconciler(slurm, kube, cfg.sync, dry_run=dry_run, journal=journal).run_pass()
+        res = Reconciler(slurm, kube, cfg.sync, dry_run=dry_run, journal=journal, notifier=notifier).run_pass()
         summary = res.summary()
         summary["dry_run"] = dry_run
         if as_json:
@@ -110,7 +118,8 @@ def sync(ctx, kubeconfig, in_cluster, once, dry_run, metrics_port, log_level, co
     port = cfg.sync.metrics_port if metrics_port is None else metrics_port
     server = HealthServer(metrics, cfg.sync.metrics_address, port, cfg.sync.slurm_resync_seconds).start() \
         if port else None
-    daemon = SyncDaemon(slurm, kube, cfg.sync, dry_run=dry_run, metrics=metrics, journal=journal)
+    daemon = SyncDaemon(slurm, kube, cfg.sync, dry_run=dry_run, metrics=metrics, journal=journal,
+                        notifier=notifier)
     daemon.install_signal_handlers()
     try:
         daemon.run()

@@ -27,7 +27,7 @@ class SyncDaemon:
     """Wires caches, elector, reconciler and metrics together; ``run()`` blocks until ``stop()``."""
 
     def __init__(self, slurm, kube, cfg, *, dry_run: bool = False, metrics=None, journal=None,
-                 ident: Optional[str] = None, use_watch: bool = True):
+                 ident: Optional[str] = None, use_watch: bool = True, notifier=None):
         self.cfg = cfg
         self.kube = kube
         self._wake = threading.Event()
@@ -49,7 +49,7 @@ class SyncDaemon:
         self.metrics = metrics
         self.reconciler = Reconciler(slurm, kube, cfg, dry_run=dry_run, leader=self.elector,
                                      nodes_cache=self.nodes_cache, pods_cache=self.pods_cache,
-                                     journal=journal, metrics=metrics)
+                                     journal=journal, metrics=metrics, notifier=notifier)
         self.reconciler.slurm_max_age = max(0.0, cfg.slurm_resync_seconds - 0.05)
         self.passes = 0
         #: False simulates a crash in tests: the Lease is left to expire instead of being handed over.

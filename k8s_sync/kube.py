@@ -207,6 +207,10 @@ class KubeApi:
     @needs(("", "events", "create"))
     def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str,
                      etype: str = "Normal", now: str = "", kind: str = "Node") -> Dict[str, Any]:
+        # Events about cluster-scoped objects (Nodes) live in "default", as the kubelet's do: the API
+        # server rejects them elsewhere (involvedObject.namespace must match the Event's namespace).
+        if kind == "Node":
+            namespace = "default"
         body = event_body(namespace, node, reason, message, etype, now, kind)
         return self._raw("create_event", self.core.create_namespaced_event, namespace, body)
 

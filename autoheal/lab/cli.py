@@ -46,12 +46,26 @@ def lab() -> None:
 @click.option("--no-hooks", is_flag=True, help="Do not wire HealthCheckProgram/Prolog/Epilog to autoheal.")
 @click.option("--no-xid-watch", is_flag=True, help="Do not run autoheal xid-watch on the nodes.")
 @click.option("--no-install", is_flag=True, help="Fail instead of apt-installing missing Slurm packages.")
+@click.option("--kube", is_flag=True, help="Also start a fake Kubernetes API (a Node and a slurmd pod per "
+              "node; KUBECONFIG in `autoheal lab env`), `autoheal sync` with node remediation, and the spare "
+              "pool that fulfils replacement requests with the --spares nodes.")
+@click.option("--spare-delay", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
+              help="Seconds the spare pool takes to 'provision' a replacement (with --kube).")
 @json_option
 @handle_errors
-def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, as_json) -> None:
-    """Start the lab (a lab already up is left as it is)."""
+def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube, spare_delay,
+       as_json) -> None:
+    """Start the lab (a lab already up is left as it is).
+
+    \b
+    The full replacement drill:
+      autoheal lab up --kube --spares 1
+      autoheal lab inject --node gpu1 --gpu 3 --xid 79
+      autoheal lab kube-status        # gpu1: quarantined -> draining -> replacing -> done
+    """
     status = _lab(lab_dir).up(nodes=nodes, gpus=gpus, spares=spares, slurm_defaults=slurm_defaults,
-                              hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install)
+                              hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install,
+                              kube=kube, spare_delay=spare_delay)
     _print_status(status, as_json)
 
 
@@ -161,6 +175,65 @@ def demo(lab_dir, keep, as_json) -> None:
     sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
 
 
+@lab.command()
+@dir_option
+@click.option("--slurm-defaults", is_flag=True,
+              help="Run the lab without the recommended slurm.conf fragment, to see what it buys.")
+@click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no fake API, sync or spare pool).")
+@click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
+              "drained and requeued, but restarts from scratch.")
+@click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw the timeline as a PNG.")
+@click.option("--timeout", default=240.0, show_default=True, type=click.FloatRange(10, 3600),
+              help="Seconds to wait for the phases before reporting the missing ones.")
+@json_option
+@handle_errors
+def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_json) -> None:
+    """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
+
+    
+    Brings the lab up if needed (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf, hooks
+    and xid-watch, and unless --no-kube the fake Kubernetes API with `autoheal sync` and the spare pool),
+    submits the example trainer with `autoheal sbatch`, waits for a checkpoint, injects XID 79 on one GPU
+    of one of the job's nodes, and stamps each phase from Slurm, the journal, the trainer's output and
+    Kubernetes. Exit 0 only if every phase was observed. The lab is torn down unless --keep.
+    """
+    from autoheal.lab.drill import Drill, plot_timeline
+
+    the_lab = _lab(lab_dir)
+    st = the_lab.load_state()
+    if st and st.get("procs") and bool(st.get("slurm_defaults")) != slurm_defaults:
+        the_lab.down()  # a lab with the other slurm.conf would measure the wrong thing
+    kwargs = dict(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults)
+    if not no_kube and _lab_supports_kube():
+        kwargs["kube"] = True
+    try:
+        the_lab.up(**kwargs)
+        report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+        if not no_kube and not report.kube:
+            report.notes.append("this lab has no Kubernetes side: Kubernetes phases were skipped")
+    finally:
+        if not keep:
+            the_lab.down()
+    if plot_file:
+        plot_timeline(report, plot_file)
+    if as_json:
+        print_json(report.to_dict())
+    else:
+        from autoheal.lab.drill import render_timeline as _render
+
+        click.echo(_render(report))
+    sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
+
+
+def _lab_supports_kube() -> bool:
+    import inspect
+
+    from autoheal.lab.cluster import Lab
+
+    return "kube" in inspect.signature(Lab.up).parameters
+
+
 @lab.command("gpu-reset", hidden=True)
 @dir_option
 @click.option("--node", required=True)
@@ -172,6 +245,33 @@ def gpu_reset(lab_dir, node, gpu) -> None:
 
     do_inject(_lab(lab_dir), node, gpu, "clear")
     click.echo(f"{node} gpu {gpu}: reset")
+
+
+
+@lab.command("kube-status")
+@dir_option
+@json_option
+@handle_errors
+def kube_status(lab_dir, as_json) -> None:
+    """Kubernetes view of a `lab up --kube` lab: Nodes (cordon, Ready, GPUHealthy, remediation state) and
+    NodeReplacement requests. Exit 1 when the lab has no fake API."""
+    from autoheal.lab import kube as labkube
+
+    lab_ = _lab(lab_dir)
+    if not (lab_.load_state() or {}).get("kubeconfig"):
+        click.echo("this lab has no Kubernetes side: run `autoheal lab up --kube`", err=True)
+        sys.exit(EXIT_PROBLEM)
+    data = labkube.status(lab_)
+    if as_json:
+        print_json(data)
+        return
+    for n in data["nodes"]:
+        click.echo(f"{n['name']:10} ready={n['ready']:7} cordoned={str(n['unschedulable']):5} "
+                   f"GPUHealthy={n['gpu_healthy'] or '-':5} remediation={n['remediation'] or '-'}"
+                   + (f" ({n['remediation_reason']})" if n["remediation_reason"] else ""))
+    for r in data["replacements"]:
+        click.echo(f"NodeReplacement {r['name']}: {r['status'].get('phase', 'requested')}"
+                   + (f" -> {r['status']['replacementNode']}" if r["status"].get("replacementNode") else ""))
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def test_manifests_are_complete_and_least_privilege(docs):
     cluster = [d for d in docs if d["kind"] == "ClusterRole"][0]
     # cluster-wide only what must be: Nodes, and (remediation) the pods on a Node being replaced + evictions
     assert {r for rule in cluster["rules"] for r in rule["resources"]} <= {"nodes", "nodes/status", "pods",
-                                                                          "pods/eviction"}
+                                                                          "pods/eviction", "events"}
     pods_verbs = {v for rule in cluster["rules"] if "pods" in rule["resources"] for v in rule["verbs"]}
     assert pods_verbs == {"list"}
     dep = [d for d in docs if d["kind"] == "Deployment"][0]

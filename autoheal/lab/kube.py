@@ -1,0 +1,140 @@
+"""The lab's Kubernetes side: the fake API server, Nodes and Slinky-style slurmd pods for the lab's Slurm
+nodes, ``autoheal sync`` and the spare pool, all as lab processes recorded by PID in lab.json.
+
+``autoheal lab up --kube`` calls ``start(lab)``; ``Lab.down()`` stops every recorded process. The
+kubeconfig lives at ``<lab>/kube/kubeconfig`` and is recorded in lab.json (``autoheal lab env`` exports
+it as KUBECONFIG). Kubernetes Node names are the Slurm node names; each slurmd pod is
+``slurm/slurmd-<node>`` (label ``app.kubernetes.io/component=slurmd``, ``spec.hostname`` = the Slurm node).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+from autoheal.lab import procs
+
+NAMESPACE = "slurm"
+SLURMD_LABELS = {"app.kubernetes.io/component": "slurmd", "app.kubernetes.io/name": "slurmd"}
+#: Reason the lab holds spares out of service with (sync.spare_reason_prefix resumes it on takeover).
+SPARE_REASON = "autoheal: spare: held in the spare pool"
+API_PROC, SYNC_PROC, POOL_PROC = "kube-api", "sync", "spare-pool"
+
+
+def node_obj(name: str) -> Dict[str, Any]:
+    """A Node as a kubelet registers it (Ready)."""
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, "autoheal.io/lab": "true"}},
+            "spec": {},
+            "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                                       "message": "kubelet is posting ready status"}]}}
+
+
+def slurmd_pod(node: str) -> Dict[str, Any]:
+    """A Slinky-style slurmd pod for ``node`` (owned by a NodeSet, bound to the Node of that name)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"slurmd-{node}", "namespace": NAMESPACE, "labels": dict(SLURMD_LABELS),
+                         "ownerReferences": [{"apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet",
+                                              "name": "gpu", "uid": "uid-nodeset-gpu", "controller": True}]},
+            "spec": {"nodeName": node, "hostname": node, "containers": [{"name": "slurmd", "image": "slurmd:lab"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def kubeconfig_path(lab) -> Path:
+    return lab.root / "kube" / "kubeconfig"
+
+
+def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, wait: float = 20.0) -> str:
+    """Start the fake API server (seeded with the lab's nodes), ``autoheal sync`` and the spare pool.
+    Returns the kubeconfig path."""
+    lay = lab.layout()
+    kdir = lab.root / "kube"
+    kdir.mkdir(parents=True, exist_ok=True)
+    seed = kdir / "seed.json"
+    items: List[Dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+    for n in lay.nodes:
+        items += [node_obj(n), slurmd_pod(n)]
+    seed.write_text(json.dumps({"items": items}))
+    kc = kubeconfig_path(lab)
+    if kc.exists():
+        kc.unlink()
+    argv = [sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig", str(kc),
+            "--seed", str(seed), "--bookmark-interval", "5"]
+    rec = procs.spawn(API_PROC, argv, lay.path("log", f"{API_PROC}.log"), env=dict(os.environ))
+    lab._record(rec)
+    deadline = time.monotonic() + wait
+    while not kc.exists():
+        if not procs.is_alive(rec) or time.monotonic() > deadline:
+            raise RuntimeError(f"fake API server did not start; see {rec.log}")
+        time.sleep(0.05)
+    st = lab.load_state() or {}
+    st["kubeconfig"] = str(kc)
+    lab._save_state(st)
+    hold_spares(lab)
+    if sync:
+        start_sync(lab)
+    if pool:
+        start_pool(lab, spare_delay)
+    return str(kc)
+
+
+def hold_spares(lab) -> None:
+    """Drain every spare with SPARE_REASON: defined in Slurm, out of service until it replaces a node."""
+    from autoheal.lab.cluster import _which
+
+    lay = lab.layout()
+    for spare in lay.spares:
+        subprocess.run([_which("scontrol") or "scontrol", "update", f"nodename={spare}", "state=drain", f"reason={SPARE_REASON}"],
+                       env=lab.slurm_env(), capture_output=True, text=True, timeout=15)
+
+
+def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = ()) -> procs.ProcRecord:
+    """``autoheal sync`` as a lab process (the lab's autoheal.toml enables remediation)."""
+    lay = lab.layout()
+    env = lab.slurm_env()
+    argv = [sys.executable, "-m", "autoheal.cli.main", "sync", "--metrics-port", "0", "--log-level", "info",
+            *extra]
+    old = lab.records().get(name)
+    if old and procs.is_alive(old):
+        procs.stop(old)
+    rec = procs.spawn(name, argv, lay.path("log", f"{name}.log"), env=env)
+    lab._record(rec)
+    return rec
+
+
+def start_pool(lab, delay: float = 1.0) -> procs.ProcRecord:
+    """The spare-pool simulator (``python -m autoheal.lab.sparepool``) as a lab process."""
+    lay = lab.layout()
+    argv = [sys.executable, "-m", "autoheal.lab.sparepool", "--dir", str(lab.root), "--delay", str(delay)]
+    rec = procs.spawn(POOL_PROC, argv, lay.path("log", f"{POOL_PROC}.log"), env=lab.slurm_env())
+    lab._record(rec)
+    return rec
+
+
+def status(lab) -> Dict[str, Any]:
+    """Nodes with cordon, remediation state and GPUHealthy condition; NodeReplacements."""
+    from kubernetes import client, config as kconfig
+
+    cfg = client.Configuration()
+    kconfig.load_kube_config(config_file=str(kubeconfig_path(lab)), client_configuration=cfg)
+    api = client.ApiClient(cfg)
+    core = client.CoreV1Api(api)
+    nodes = []
+    for n in api.sanitize_for_serialization(core.list_node()).get("items", []):
+        meta = n["metadata"]
+        ann = meta.get("annotations") or {}
+        conds = {c["type"]: c for c in (n.get("status") or {}).get("conditions") or []}
+        nodes.append({"name": meta["name"], "unschedulable": bool((n.get("spec") or {}).get("unschedulable")),
+                      "ready": (conds.get("Ready") or {}).get("status"),
+                      "gpu_healthy": (conds.get("GPUHealthy") or {}).get("status", ""),
+                      "remediation": ann.get("autoheal.io/remediation-state", ""),
+                      "remediation_reason": ann.get("autoheal.io/remediation-reason", "")})
+    crs = client.CustomObjectsApi(api).list_namespaced_custom_object("autoheal.io", "v1alpha1", NAMESPACE,
+                                                                      "nodereplacements").get("items", [])
+    return {"kubeconfig": str(kubeconfig_path(lab)), "nodes": nodes,
+            "replacements": [{"name": c["metadata"]["name"], "status": c.get("status") or {}} for c in crs]}
