@@ -112,7 +112,7 @@ def test_mirroring_both_directions(kube_env):
     assert node.drain and strip_reason_suffix(node.reason) == "autoheal: k8s: node cordoned: lent to inference"
     assert knode(env, b)["metadata"]["annotations"]["autoheal.io/slurm-drain-origin"] == strip_reason_suffix(node.reason)
     assert "SlurmNodeStateDrain" in pod_conditions(env, b)  # mirrored in the same pass
-    events = env["api"].list_namespaced_event("slurm").items
+    events = env["api"].list_namespaced_event("default").items  # Node events live in default
     assert any(e.reason == "AutohealSlurmDrain" and e.involved_object.name == k8s_name(b) for e in events)
     idle = rec.run_pass()
     assert idle.planned == [], [a.describe() for a in idle.planned]  # converged: an idle pass writes nothing
