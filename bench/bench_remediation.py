@@ -1,0 +1,117 @@
+"""Benchmark of node remediation (issue 7).
+
+1. ``--fleet N`` (default 500) simulated nodes failing at once (in-memory Slurm and Kubernetes behind
+   the adapter interfaces, the real reconciler passes):
+   - breaker off (limits at 100%, N concurrent): time until every node is cordoned (target <= 10 s;
+     NVSentinel reports 55 s for 500);
+   - breaker on (2 concurrent, 25%): nothing beyond its limits (started == allowed, none cordoned beyond).
+2. ``--lab-runs K`` (default 0: skipped; needs root and Slurm): on a lab with --kube, fault (``lab inject
+   --xid 79``) -> replacement Slurm node in service, median of K runs (a fresh lab each).
+
+Run: python bench/bench_remediation.py [--fleet 500] [--lab-runs 3] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+XID79 = "autoheal: xid 79 on gpu2: GPU has fallen off the bus"
+
+
+def fleet(n, breaker_on):
+    from autoheal.k8s_sync.engine import Reconciler
+    from sync_helpers import k8s_name, memory_world, sync_cfg
+
+    names = [f"n{i:04d}" for i in range(n)]
+    slurm, kube = memory_world(names)
+    limits = dict(breaker_max_concurrent=2, breaker_max_percent=25.0) if breaker_on else \
+        dict(breaker_max_concurrent=100000, breaker_max_percent=100.0, breaker_rearm_percent=100.0)
+    cfg = sync_cfg(enabled_steps=["slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate"],
+                   replacement_action="custom-resource", **limits)
+    rec = Reconciler(slurm, kube, cfg)
+    rec.run_pass()  # converged before the storm
+    for n_ in names:
+        slurm.drain(n_, XID79)
+    t0 = time.perf_counter()
+    passes = 0
+    cordoned = 0
+    while passes < 20:
+        rec.run_pass()
+        passes += 1
+        cordoned = sum(1 for x in names if kube.nodes[k8s_name(x)]["spec"].get("unschedulable"))
+        if cordoned == n or (breaker_on and passes >= 5):
+            break
+    seconds = time.perf_counter() - t0
+    started = sum(1 for x in names if (kube.nodes[k8s_name(x)]["metadata"].get("annotations") or {})
+                  .get("autoheal.io/remediation-state"))
+    return {"nodes": n, "breaker": breaker_on, "passes": passes, "seconds": round(seconds, 3),
+            "cordoned": cordoned, "started": started, "replacement_requests": len(kube.customs)}
+
+
+def lab_run():
+    from autoheal.lab import kube as labkube
+    from autoheal.lab.cluster import Lab
+    from kubernetes import client, config as kconfig
+
+    root = Path(tempfile.mkdtemp(prefix="bench-remed-"))
+    lab = Lab(root)
+    lab.up(nodes=2, spares=1, hooks=True, xid_watch=True, install=False, kube=True, spare_delay=1.0)
+    try:
+        cfg = client.Configuration()
+        kconfig.load_kube_config(config_file=str(labkube.kubeconfig_path(lab)), client_configuration=cfg)
+        from autoheal.slurm.cli_backend import CliSlurm
+
+        slurm = CliSlurm(slurm_conf=str(lab.layout().slurm_conf), env=lab.slurm_env(), timeout=10)
+        time.sleep(1.0)  # let the sync leader settle
+        t0 = time.monotonic()
+        subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(root), "--node", "gpu1",
+                        "--gpu", "3", "--xid", "79"], env=lab.slurm_env(), check=True, capture_output=True,
+                       timeout=30)
+        deadline = t0 + 120
+        while time.monotonic() < deadline:
+            n = slurm.get_node("spare1")
+            if not n.drain and n.state == "IDLE":
+                return time.monotonic() - t0
+            time.sleep(0.1)
+        raise RuntimeError("spare1 never came into service")
+    finally:
+        lab.down()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fleet", type=int, default=500)
+    p.add_argument("--lab-runs", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    out = {"breaker_off": fleet(a.fleet, False), "breaker_on": fleet(a.fleet, True)}
+    if a.lab_runs:
+        runs = [lab_run() for _ in range(a.lab_runs)]
+        out["lab_fault_to_spare_in_service_s"] = {"median": round(statistics.median(runs), 2),
+                                                  "runs": [round(r, 2) for r in runs]}
+    if a.json:
+        print(json.dumps(out, indent=2))
+        return
+    off, on = out["breaker_off"], out["breaker_on"]
+    print(f"{off['nodes']} nodes failing at once, breaker off: all {off['cordoned']} cordoned in "
+          f"{off['seconds']:.2f}s ({off['passes']} passes; target <= 10 s)")
+    print(f"breaker on (2 concurrent, 25%): {on['started']} started, {on['cordoned']} cordoned, "
+          f"{on['replacement_requests']} replacement requests after {on['passes']} passes")
+    if "lab_fault_to_spare_in_service_s" in out:
+        r = out["lab_fault_to_spare_in_service_s"]
+        print(f"lab: xid 79 -> spare in service: median {r['median']}s over {r['runs']}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    main()
