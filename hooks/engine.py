@@ -19,6 +19,7 @@ from autoheal.hooks.ladder import next_rung
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
+RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
 
 
 @dataclass
@@ -207,11 +208,15 @@ def maybe_repair(ctx, results: List[C.CheckResult], now: float, dry_run: bool = 
         return []
     done: List[Dict[str, Any]] = []
     window = ctx.hooks.ladder_window
-    seen = set()
+    # one repair per GPU per pass: an ECC fault fails ecc, remapped-rows, recovery-action and xid at once,
+    # and one reset covers them all (four resets would also read as four recurrences)
+    per_gpu: Dict[Optional[int], C.CheckResult] = {}
     for r in results:
-        if r.status != C.FAIL or (r.check, r.gpu) in seen:
-            continue
-        seen.add((r.check, r.gpu))
+        if r.status == C.FAIL and r.action in RUNG_WEIGHT:
+            cur = per_gpu.get(r.gpu)
+            if cur is None or RUNG_WEIGHT[r.action] > RUNG_WEIGHT[cur.action]:
+                per_gpu[r.gpu] = r
+    for r in sorted(per_gpu.values(), key=lambda x: -RUNG_WEIGHT[x.action]):
         resets = S.ladder_count(st, r.gpu, "reset", now, window)
         reboots = S.ladder_count(st, r.gpu, "reboot", now, window)
         rung = next_rung(r.action, resets, reboots, can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
