@@ -1,0 +1,106 @@
+"""Engine decisions with an in-memory Slurm and a real node-state file: one repair per GPU per pass,
+serialised passes, clearing faults."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from autoheal.config.hooks_section import HooksSection
+from autoheal.hooks import checks as C
+from autoheal.hooks import engine
+from autoheal.hooks import state as S
+from autoheal.slurm.model import Node
+
+
+class FakeSlurm:
+    def __init__(self, reason="autoheal: ecc: gpu 2: 1 uncorrectable ECC errors"):
+        self.node = Node("n1", "IDLE", frozenset({"DRAIN"}), reason)
+        self.reboots = []
+
+    def get_node(self, name):
+        return self.node
+
+    def reboot(self, node, reason, asap=True, nextstate="resume"):
+        self.reboots.append(reason)
+
+
+def make_ctx(tmp_path, **hooks):
+    h = HooksSection(reset_command=[sys.executable, "-c", "pass"], **hooks)
+    records = []
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeSlurm(),
+                          records=records, source="test")
+    ctx.record = lambda event, **kw: records.append((event, kw))
+    with ctx.store.locked() as st:
+        st["drain"] = {"reason": ctx.slurm.node.reason, "time": 0}
+    return ctx
+
+
+def ecc_fault(gpu=2):
+    """What one double-bit ECC error fails at once on one GPU."""
+    return [C.CheckResult("ecc", C.FAIL, "ecc", C.RESET, gpu), C.CheckResult("remapped-rows", C.FAIL, "rr", C.RESET, gpu),
+            C.CheckResult("recovery-action", C.FAIL, "ra", C.RESET, gpu),
+            C.CheckResult("xid", C.FAIL, "xid 48", C.RESET, gpu)]
+
+
+def test_one_reset_per_gpu_per_pass(tmp_path):
+    ctx = make_ctx(tmp_path)
+    done = engine.maybe_repair(ctx, ecc_fault(2) + ecc_fault(4), now=1000.0)
+    assert sorted((a["action"], a["gpu"]) for a in done) == [("reset-gpu", 2), ("reset-gpu", 4)]
+    st = ctx.store.read()
+    assert [len(st["ladder"][k]["reset"]) for k in ("gpu2", "gpu4")] == [1, 1]
+    # the same fault seen again after that reset climbs to a reboot, once for the node
+    done = engine.maybe_repair(ctx, ecc_fault(2), now=1100.0)
+    assert [a["action"] for a in done] == ["reboot-node"] and len(ctx.slurm.reboots) == 1
+
+
+def test_heaviest_rung_first(tmp_path):
+    ctx = make_ctx(tmp_path)
+    results = ecc_fault(1) + [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 3)]
+    done = engine.maybe_repair(ctx, results, now=1000.0)
+    assert [a["action"] for a in done] == ["reboot-node"]  # covers GPU 1 too
+
+
+def test_passes_are_serialised(tmp_path):
+    store = S.NodeState(str(tmp_path / "state"))
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with store.pass_lock(5):
+            inside.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert inside.wait(5)
+    with pytest.raises(TimeoutError):
+        with store.pass_lock(0.2):
+            pass
+    release.set()
+    t.join()
+    with store.pass_lock(0.2):
+        pass
+
+
+def test_clear_faults_all_or_one_gpu(tmp_path):
+    ctx = make_ctx(tmp_path)
+    with ctx.store.locked() as st:
+        S.open_fault(st, {"check": "xid", "gpu": 1, "reason": "xid 79 gpu 1", "since": 1})
+        S.open_fault(st, {"check": "xid", "gpu": 2, "reason": "xid 48 gpu 2", "since": 1})
+        S.record_rung(st, 1, "reset", 1.0)
+        S.record_rung(st, 2, "reboot", 1.0)
+        st["unknown_runs"] = {"1": 2}
+    dry = engine.clear_faults(ctx, gpu=1, dry_run=True)
+    assert dry["faults"] == 1 and dry["ladder"] == ["gpu1"] and not ctx.records
+    assert len(ctx.store.read()["faults"]) == 2  # dry run changed nothing
+    engine.clear_faults(ctx, gpu=1)
+    st = ctx.store.read()
+    assert [f["gpu"] for f in st["faults"]] == [2] and list(st["ladder"]) == ["gpu2"] and st["unknown_runs"] == {}
+    assert ctx.records and ctx.records[-1][0] == "clear-faults"
+    engine.clear_faults(ctx)
+    st = ctx.store.read()
+    assert st["faults"] == [] and st["ladder"] == {} and st["drain"]  # our drain record stays: resume still works
