@@ -299,9 +299,52 @@ class Drill:
         return self._trainer_probe(r"preempted step=(\d+) state=\S+ checkpoint=(\S+)", check=check)
 
     def _kube_probes(self, node: str) -> List[Phase]:
-        from autoheal.lab import kube as labkube  # the lab's Kubernetes side (fake API + sync + spare pool)
+        """Phases read from the Kubernetes API (the lab's fake API through the real client)."""
+        kube = _KubeView(self.lab)
+        order = ("quarantined", "draining", "drained", "replacing", "done")
 
-        return labkube.drill_phases(self.lab, node, self.report, self.journal)
+        def reached(state: str) -> Probe:
+            def probe():
+                cur = kube.remediation_state(node)
+                if cur == "failed":
+                    raise _Contradiction(f"remediation failed: {kube.annotation(node, 'remediation-reason')}")
+                if cur in order and order.index(cur) >= order.index(state):
+                    return time.time(), f"Node {node} remediation-state={cur}"
+                return None
+            return probe
+
+        def unhealthy_and_cordoned():
+            n = kube.node(node)
+            if n is None:
+                return None
+            cond = next((c for c in (n.get("status") or {}).get("conditions") or []
+                         if c.get("type") == "GPUHealthy"), None)
+            if cond and cond.get("status") == "False" and (n.get("spec") or {}).get("unschedulable"):
+                return time.time(), f"GPUHealthy=False ({cond.get('reason')}), Node cordoned"
+            return None
+
+        def replacement_requested():
+            crs = kube.replacements()
+            mine = [c for c in crs if node in str(c.get("spec", {}))]
+            if mine:
+                return time.time(), f"NodeReplacement {mine[0]['metadata']['name']} created"
+            return reached("replacing")()
+
+        def spare_in_service():
+            for spare in self.lay.spares:
+                n = self.slurm.get_node(spare)
+                if not n.drain and n.responding and n.state in ("IDLE", "MIXED", "ALLOCATED") and kube.node(spare):
+                    old = self.slurm.get_node(node)
+                    return time.time(), f"{spare} {n.state_text} in Slurm with a Kubernetes Node; {node}: {old.reason}"
+            return None
+
+        return [
+            Phase("Kubernetes: GPUHealthy=False condition and cordon", "kubernetes", unhealthy_and_cordoned),
+            Phase("opt-out label checked (no pod opted out)", "kubernetes", reached("draining")),
+            Phase("pods evicted (node drained in Kubernetes)", "kubernetes", reached("drained")),
+            Phase("replacement requested", "kubernetes", replacement_requested),
+            Phase("spare node in service", "slurm + kubernetes", spare_in_service),
+        ]
 
     # ---- the run -----------------------------------------------------------------------------------
     def phases_for(self, node: str) -> List[Phase]:
@@ -392,6 +435,43 @@ class Drill:
 
 class _Contradiction(Exception):
     """Evidence that a phase happened *wrongly* (e.g. resumed from the wrong step)."""
+
+
+class _KubeView:
+    """Read-only view of the lab's Kubernetes API for the drill's probes."""
+
+    def __init__(self, lab: Lab):
+        from kubernetes import client, config
+
+        st = lab.load_state() or {}
+        api = config.new_client_from_config(config_file=st["kubeconfig"])
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def node(self, name: str) -> Optional[dict]:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.core.api_client.sanitize_for_serialization(self.core.read_node(name))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def annotation(self, name: str, key: str) -> str:
+        n = self.node(name) or {}
+        return ((n.get("metadata") or {}).get("annotations") or {}).get(f"autoheal.io/{key}", "")
+
+    def remediation_state(self, name: str) -> str:
+        return self.annotation(name, "remediation-state")
+
+    def replacements(self) -> List[dict]:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return self.custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements")["items"]
+        except ApiException:
+            return []
 
 
 def render_timeline(report: DrillReport) -> str:
