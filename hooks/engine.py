@@ -139,12 +139,14 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_ours, make_reason, strip_reason_suffix
+    from autoheal.reasons import is_k8s_origin, is_ours, make_reason, strip_reason_suffix
 
     reason = make_reason(failure.reason)
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
-    if (node.drain or node.down) and current and is_ours(current):
+    # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
+    # or sync would never see the fault and the hooks would later "resume" a cordoned node.
+    if (node.drain or node.down) and current and is_ours(current) and not is_k8s_origin(current):
         out = nodeops.Outcome(ctx.node, nodeops.SKIPPED_SAME, current, current, dry_run)
     else:
         out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)

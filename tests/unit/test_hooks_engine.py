@@ -104,3 +104,39 @@ def test_clear_faults_all_or_one_gpu(tmp_path):
     engine.clear_faults(ctx)
     st = ctx.store.read()
     assert st["faults"] == [] and st["ladder"] == {} and st["drain"]  # our drain record stays: resume still works
+
+
+class RecordingSlurm(FakeSlurm):
+    """Applies drains and reason updates like slurmctld would."""
+
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.calls = []
+
+    def drain(self, node, reason):
+        self.calls.append(("drain", reason))
+        self.node = Node("n1", "IDLE", frozenset({"DRAIN"}), reason)
+
+    def set_reason(self, node, reason):
+        self.calls.append(("set_reason", reason))
+        self.node = Node("n1", "IDLE", frozenset({"DRAIN"}), reason)
+
+
+def test_fault_on_a_node_drained_for_a_k8s_cordon_replaces_the_reason(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm = RecordingSlurm("autoheal: k8s: node cordoned: lent to inference")
+    with ctx.store.locked() as st:
+        st.pop("drain", None)
+    fault = C.CheckResult("xid", C.FAIL, "xid 79 gpu 3 (0000:3b:00.0): fallen off the bus", C.REPLACE, 3)
+    act = engine.drain_for(ctx, fault)
+    assert act["outcome"] == "reason-updated"
+    assert ctx.slurm.calls == [("set_reason", "autoheal: xid 79 gpu 3 (0000:3b:00.0): fallen off the bus")]
+    assert ctx.store.read()["drain"]["reason"].startswith("autoheal: xid 79")
+
+
+def test_fault_on_our_own_health_drain_keeps_the_reason(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
+    fault = C.CheckResult("xid", C.FAIL, "xid 79 gpu 3 (0000:3b:00.0): fallen off the bus", C.REPLACE, 3)
+    assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
+    assert ctx.slurm.calls == []
