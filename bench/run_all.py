@@ -1,0 +1,100 @@
+"""Run every benchmark and print one table of figures (medians, percentiles, ratios). Asserts nothing.
+
+    python bench/run_all.py [--drills 5] [--default-drills 5] [--quick]
+
+--quick: 1 drill per mode and fewer repetitions elsewhere (about 5 minutes instead of about 25).
+The drills with Slurm defaults are the slow part: each waits out the 121 s requeue delay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+HERE = Path(__file__).resolve().parent
+
+
+def _bench_json(script: str, *args: str) -> dict:
+    res = subprocess.run([sys.executable, str(HERE / script), "--json", *args], capture_output=True, text=True,
+                         timeout=3600)
+    if res.returncode != 0:
+        return {"error": (res.stderr or res.stdout).strip().splitlines()[-1:]}
+    return json.loads(res.stdout[res.stdout.index("{"):])
+
+
+def _drills(runs: int, slurm_defaults: bool) -> List[dict]:
+    from autoheal.lab.cluster import Lab
+    from autoheal.lab.drill import Drill
+
+    out = []
+    for _ in range(runs):
+        lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-drill-")))
+        try:
+            lab.up(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults, kube=True, install=False)
+            rep = Drill(lab, phase_timeout=400).run()
+            out.append({"ok": rep.ok, **rep.totals()})
+        finally:
+            lab.down()
+    return out
+
+
+def _median(rows: List[dict], key: str) -> Optional[float]:
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 1) if vals else None
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drills", type=int, default=5, help="drills with the recommended slurm.conf [5]")
+    ap.add_argument("--default-drills", type=int, default=5, help="drills with Slurm defaults [5]")
+    ap.add_argument("--quick", action="store_true", help="1 drill per mode, fewer repetitions")
+    args = ap.parse_args()
+    if args.quick:
+        args.drills = args.default_drills = 1
+    reps = "10" if args.quick else "30"
+
+    rows = []  # (figure, value, target)
+    frag = _drills(args.drills, False)
+    dflt = _drills(args.default_drills, True)
+    for label, data in (("recommended slurm.conf", frag), ("Slurm defaults", dflt)):
+        n_ok = sum(1 for r in data if r["ok"])
+        rows.append((f"drill ({label}): drills passed", f"{n_ok}/{len(data)}", "all"))
+        rows.append((f"drill ({label}): fault -> drain, median s", _median(data, "fault_to_drain_s"), "<= 2"))
+        rows.append((f"drill ({label}): fault -> job running again, median s",
+                     _median(data, "fault_to_job_running_again_s"), "<= 30" if label.startswith("rec") else "-"))
+        rows.append((f"drill ({label}): fault -> replacement in service, median s",
+                     _median(data, "fault_to_replacement_in_service_s"), "-"))
+    hooks = _bench_json("bench_hooks.py", "--runs", reps)
+    for name in ("healthcheck", "prolog", "epilog"):
+        rows.append((f"{name} wall time (process, 8 GPUs), median ms", hooks.get(name, hooks.get("error")), "<= 100"))
+    xid = _bench_json("bench_xid_drain.py", "--runs", "10" if args.quick else "20")
+    rows.append(("XID -> DRAIN with xid-watch, p50 s", xid.get("p50_s", xid.get("error")), "-"))
+    rows.append(("XID -> DRAIN with xid-watch, p95 s", xid.get("p95_s"), "<= 2"))
+    sync = _bench_json("bench_sync.py", "--nodes", "10000", "--samples", "10" if args.quick else "20")
+    rows.append(("sync @10,000 nodes: idle resync CPU, median s", sync.get("idle_resync_cpu_seconds_median",
+                                                                          sync.get("error")), "-"))
+    rows.append(("sync @10,000 nodes: API writes per idle resync", sync.get("api_writes_per_idle_resync"), "0"))
+    lat = {k: v for k, v in sync.items() if "pod_condition" in k}
+    for key, value in lat.items():
+        rows.append((f"sync @10,000 nodes: {key}", value, "p95 <= 2 s"))
+    rows.append(("sync @10,000 nodes: max RSS MB", sync.get("max_rss_mb"), "<= 300"))
+    rem = _bench_json("bench_remediation.py", "--fleet", "500")
+    off = rem.get("breaker_off", {})
+    on = rem.get("breaker_on", {})
+    rows.append(("500 nodes failing, breaker off: s until all cordoned", off.get("seconds", rem.get("error")), "<= 10"))
+    rows.append(("500 nodes failing, breaker on: remediations started", on.get("started"), "<= limits (2)"))
+
+    width = max(len(r[0]) for r in rows)
+    print(f"{'figure':<{width}}  {'value':>12}  target")
+    for name, value, target in rows:
+        print(f"{name:<{width}}  {str(value):>12}  {target}")
+
+
+if __name__ == "__main__":
+    main()
