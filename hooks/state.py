@@ -64,23 +64,10 @@ class NodeState:
 
     @contextlib.contextmanager
     def locked(self, timeout: float = 10.0) -> Iterator[Dict[str, Any]]:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(str(self.dir / "state.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{self.dir}/state.lock held for {timeout:g}s") from None
-                    time.sleep(0.02)
+        with _flock(self.dir, "state.lock", timeout, "held"):
             state = self.read()
             yield state
             self._write(state)
-        finally:
-            os.close(fd)
 
     @contextlib.contextmanager
     def pass_lock(self, timeout: float) -> Iterator[None]:
@@ -89,22 +76,8 @@ class NodeState:
         Slurm's HealthCheckProgram, ``autoheal check`` and a test may run at the same time; without this
         two passes could both see a fault, both reset the GPU, and the second would count the first's
         reset as a recurrence and escalate to a reboot. Raises TimeoutError after ``timeout`` seconds."""
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(str(self.dir / "pass.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{self.dir}/pass.lock: another health pass has run for over "
-                                           f"{timeout:g}s") from None
-                    time.sleep(0.05)
+        with _flock(self.dir, "pass.lock", timeout, "another health pass has run for over"):
             yield
-        finally:
-            os.close(fd)
 
     def _write(self, state: Dict[str, Any]) -> None:
         tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
@@ -174,3 +147,23 @@ def open_fault(state: Dict[str, Any], fault: Dict[str, Any]) -> None:
             f.update({k: v for k, v in fault.items() if k != "since"})
             return
     faults.append(fault)
+
+
+@contextlib.contextmanager
+def _flock(directory: Path, name: str, timeout: float, what: str) -> Iterator[None]:
+    """An exclusive flock on ``directory/name``, polled until ``timeout`` (then TimeoutError)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(str(directory / name), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{directory}/{name}: {what} {timeout:g}s") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)

@@ -81,7 +81,6 @@ def remediate(ctx: Context) -> List[Action]:
     k = R.keys(prefix)
     now = snap.clock
     slurm_of = {b.node: name for name, b in ctx.bindings.items() if b.node}
-    pod_of = {b.node: b.pod for b in ctx.bindings.values() if b.node}
     total = len(slurm_of)
     out: List[Action] = []
     active: List[Tuple[str, R.NodeRemediation]] = []
@@ -193,7 +192,6 @@ def _opt_out(kname: str, sname: str, why: str, prefix: str) -> List[Action]:
 def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: float) -> List[Action]:
     cfg, snap = ctx.cfg, ctx.snap
     prefix = cfg.annotation_prefix
-    k = R.keys(prefix)
     knode = snap.nodes[kname]
     sname = cur.slurm_node or next((n for n, b in ctx.bindings.items() if b.node == kname), "")
     slurmd_pod = next((b.pod for b in ctx.bindings.values() if b.node == kname), None)

@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from autoheal.reasons import MAX_COMMENT_LEN, sanitize
 from autoheal.sbatch_helpers import causes
-from autoheal.sbatch_helpers.wrapper import COMMENT_SEPARATOR, MARKER
+from autoheal.sbatch_helpers.wrapper import COMMENT_SEPARATOR, MARKER, WrapperOptions
 
 EXIT_REQUEUED = 0
 EXIT_USAGE = 90
@@ -262,14 +262,9 @@ class Child:
 
 
 @dataclass
-class RunnerOptions:
-    grace: int = 120
-    signal: str = "USR2"
-    max_restarts: int = 5
-    checkpoint_dir: str = ""
-    exclude_failed: bool = True
-    notify: List[str] = field(default_factory=list)
-    requeue_margin: int = 15
+class RunnerOptions(WrapperOptions):
+    """The wrapper's settings plus what to run: the embedded script or a command."""
+
     script: Optional[str] = None
     command: List[str] = field(default_factory=list)
 

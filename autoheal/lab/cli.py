@@ -148,35 +148,6 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
 
 @lab.command()
 @dir_option
-@click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
-@json_option
-@handle_errors
-def demo(lab_dir, keep, as_json) -> None:
-    """Bring the lab up, break a GPU under a running 2-node job, show the drain and the resume."""
-    from autoheal.lab.demo import run_demo
-
-    the_lab = _lab(lab_dir)
-    the_lab.up()
-    try:
-        report = run_demo(the_lab)
-    finally:
-        if not keep:
-            the_lab.down()
-    data = report.to_dict()
-    if as_json:
-        print_json(data)
-    else:
-        click.echo(f"{'t+ (s)':>8}  {'phase':<70} source")
-        for p in data["phases"]:
-            t = "missing" if p["seconds_after_fault"] is None else f"{p['seconds_after_fault']:.2f}"
-            click.echo(f"{t:>8}  {p['phase']:<70} {p['source']}")
-            if p["detail"]:
-                click.echo(f"{'':>10}{p['detail']}")
-    sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
-
-
-@lab.command()
-@dir_option
 @click.option("--slurm-defaults", is_flag=True,
               help="Run the lab without the recommended slurm.conf fragment, to see what it buys.")
 @click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no fake API, sync or spare pool).")

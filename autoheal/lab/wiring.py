@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import shlex
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional
 
 from autoheal.lab.slurmconf import LabLayout

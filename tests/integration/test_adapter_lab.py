@@ -10,16 +10,7 @@ import pytest
 from autoheal import nodeops
 from autoheal.errors import SlurmError, SlurmNotFound
 from autoheal.reasons import is_ours
-
-
-def _wait(pred, timeout=20.0, step=0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(step)
-    raise AssertionError(f"condition not met within {timeout}s")
+from helpers import wait_for
 
 
 def _sbatch(lab, *args, script="sleep 300"):
@@ -83,7 +74,7 @@ def test_compound_state_of_busy_drained_node(plain_lab):
     slurm = plain_lab.adapter()
     job = _sbatch(plain_lab, "-w", "gpu1", "--requeue")
     try:
-        _wait(lambda: slurm.get_job(job).running)
+        wait_for(lambda: slurm.get_job(job).running)
         nodeops.drain(slurm, "gpu1", "test: busy drain")
         node = next(n for n in slurm.list_nodes() if n.name == "gpu1")
         assert node.state in ("MIXED", "ALLOCATED") and node.drain and not node.drained
@@ -98,11 +89,11 @@ def test_requeue_hold_exclude_release_comment_signal(plain_lab):
     slurm = plain_lab.adapter()
     job = _sbatch(plain_lab, "-N", "1", "--requeue", "--exclude", "spare1", "--comment", "start")
     try:
-        running = _wait(lambda: (lambda j: j if j.running else None)(slurm.get_job(job)))
+        running = wait_for(lambda: (lambda j: j if j.running else None)(slurm.get_job(job)))
         node = running.nodes[0]
         slurm.set_job_comment(job, "autoheal: requeued after test on " + node)
         slurm.requeue(job, hold=True)
-        held = _wait(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)))
+        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)))
         merged = sorted(set(held.excluded_nodes) | {node})
         slurm.update_job(job, ExcNodeList=",".join(merged))
         assert set(slurm.get_job(job).excluded_nodes) == set(merged)
@@ -119,10 +110,10 @@ def test_signal_job_batch_shell(plain_lab, tmp_path):
     script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
     job = _sbatch(plain_lab, "-N", "1", script=script)
     try:
-        _wait(lambda: slurm.get_job(job).running)
+        wait_for(lambda: slurm.get_job(job).running)
         time.sleep(0.5)  # let bash install its trap
         slurm.signal_job(job, "USR2", batch=True)
-        _wait(lambda: marker.exists(), timeout=15)
+        wait_for(lambda: marker.exists(), timeout=15)
     finally:
         _scancel(plain_lab, job)
 

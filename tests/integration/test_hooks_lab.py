@@ -12,16 +12,7 @@ import pytest
 from autoheal.lab import wiring
 from autoheal.lab.fakenvml import state as gstate
 from autoheal.lab.gpus import inject
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from helpers import wait_for
 
 
 def run_hook(handle, node: str, module: str = "autoheal.hooks.healthcheck", extra_env=None, timeout=30):

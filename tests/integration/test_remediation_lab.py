@@ -17,17 +17,7 @@ pytest.importorskip("kubernetes")
 
 from autoheal.lab import kube as labkube  # noqa: E402
 from autoheal.lab import procs  # noqa: E402
-
-
-def wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+from helpers import wait_for
 
 
 def api(handle):

@@ -18,18 +18,9 @@ from sync_helpers import core_api, k8s_name, pod_name, seed_fake_api, sync_cfg
 
 pytest.importorskip("kubernetes")
 from autoheal.lab.fakekube.server import FakeKubeServer  # noqa: E402
+from helpers import wait_for
 
 HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
