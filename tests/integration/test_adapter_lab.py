@@ -74,7 +74,7 @@ def test_compound_state_of_busy_drained_node(plain_lab):
     slurm = plain_lab.adapter()
     job = _sbatch(plain_lab, "-w", "gpu1", "--requeue")
     try:
-        wait_for(lambda: slurm.get_job(job).running)
+        wait_for(lambda: slurm.get_job(job).running, 60, "job running")
         nodeops.drain(slurm, "gpu1", "test: busy drain")
         node = next(n for n in slurm.list_nodes() if n.name == "gpu1")
         assert node.state in ("MIXED", "ALLOCATED") and node.drain and not node.drained
@@ -89,11 +89,15 @@ def test_requeue_hold_exclude_release_comment_signal(plain_lab):
     slurm = plain_lab.adapter()
     job = _sbatch(plain_lab, "-N", "1", "--requeue", "--exclude", "spare1", "--comment", "start")
     try:
-        running = wait_for(lambda: (lambda j: j if j.running else None)(slurm.get_job(job)))
+        running = wait_for(lambda: (lambda j: j if j.running else None)(slurm.get_job(job)), 60, "job running")
         node = running.nodes[0]
         slurm.set_job_comment(job, "autoheal: requeued after test on " + node)
         slurm.requeue(job, hold=True)
-        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)))
+        # requeue goes through COMPLETING until the batch shell is gone; slow under load, so be generous
+        states = []
+        held = wait_for(lambda: (lambda j: states.append(j.state) or (j if j.state == "PENDING" else None))(
+            slurm.get_job(job)), 90, "job held after requeuehold")
+        assert held.state == "PENDING", states[-5:]
         merged = sorted(set(held.excluded_nodes) | {node})
         slurm.update_job(job, ExcNodeList=",".join(merged))
         assert set(slurm.get_job(job).excluded_nodes) == set(merged)
@@ -110,7 +114,7 @@ def test_signal_job_batch_shell(plain_lab, tmp_path):
     script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
     job = _sbatch(plain_lab, "-N", "1", script=script)
     try:
-        wait_for(lambda: slurm.get_job(job).running)
+        wait_for(lambda: slurm.get_job(job).running, 60, "job running")
         time.sleep(0.5)  # let bash install its trap
         slurm.signal_job(job, "USR2", batch=True)
         wait_for(lambda: marker.exists(), timeout=15)
