@@ -300,3 +300,53 @@ def test_k8s_drain_replaced_by_health_drain_then_redrained_after_resume():
     assert slurm.nodes["n1"].drain and slurm.nodes["n1"].reason.startswith("autoheal: k8s: node cordoned")
     r.run_pass()
     assert not any(t["key"] == "autoheal.io/gpu-unhealthy" for t in kube.nodes[k8s_name("n1")]["spec"].get("taints", []))
+
+
+def test_webhook_action_posts_once_survives_restart_and_retries_on_error():
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got, answers = [], [500]
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            code = answers.pop(0) if answers else 200
+            body = json.dumps({"replacementNode": k8s_name("spare1")}).encode() if code == 200 else b"{}"
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/replace"
+        slurm, kube, cfg, clock = world(replacement_action="webhook", replacement_webhook=url)
+        slurm.drain("n1", XID79)
+        r = recon(slurm, kube, cfg, clock)
+        for _ in range(6):
+            r.run_pass()
+        # the first POST got a 500: not recorded as requested, so it was sent again, and accepted
+        assert len(got) == 2 and got[0] == got[1]
+        assert {k: got[1][k] for k in ("node", "slurm_node", "reason")} == {
+            "node": k8s_name("n1"), "slurm_node": "n1", "reason": XID79}
+        assert got[1]["idempotency_key"].startswith(k8s_name("n1"))
+        ann = kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+        assert ann[K["requested"]] and ann[K["replacement"]] == k8s_name("spare1")
+        assert state(kube, "n1") == "replacing"
+        # a restarted daemon does not POST again
+        r2 = recon(slurm, kube, cfg, clock)
+        for _ in range(3):
+            r2.run_pass()
+        assert len(got) == 2
+        provide_spare(slurm, kube, via_cr=False)
+        run_to(r2, kube, "n1", "done")
+        assert not slurm.nodes["spare1"].drain
+    finally:
+        srv.shutdown()
+        srv.server_close()
