@@ -46,9 +46,24 @@ def proc_start_time(pid: int) -> Optional[int]:
         return None
 
 
+def proc_cmdline(pid: int) -> Optional[List[str]]:
+    """The argv of ``pid`` from /proc, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]]
+
+
 def is_alive(rec: ProcRecord) -> bool:
-    """True when the recorded process still runs (same PID *and* same start time)."""
-    return proc_start_time(rec.pid) == rec.start_time
+    """True when the recorded process still runs: same PID and same start time, or same PID and the
+    exact argv we started. The second test matters for processes started inside another time
+    namespace (the lab's "reboot"), whose start time /proc reports shifted by the namespace offset."""
+    start = proc_start_time(rec.pid)
+    if start is None:
+        return False
+    return start == rec.start_time or proc_cmdline(rec.pid) == list(rec.argv)
 
 
 def spawn(name: str, argv: List[str], log: Path, env: Optional[Dict[str, str]] = None,

@@ -97,3 +97,30 @@ def test_inject_rejects_bad_input(plain_lab):
     assert bad_gpu.exit_code == 2
     both = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu1", "--xid", "79", "--lost"])
     assert both.exit_code == 2
+
+
+def test_slurmd_restarted_in_a_time_namespace_is_still_stopped_by_down(lab_factory):
+    """The lab's "reboot" restarts slurmd inside `unshare --time` (fresh boot time); /proc then shows its
+    start time shifted for readers outside the namespace. `down` must still stop it by PID."""
+    import shutil
+
+    unshare = shutil.which("unshare")
+    if not unshare:
+        import pytest
+
+        pytest.skip("unshare (util-linux) not installed")
+    handle = lab_factory(nodes=1, gpus=1, spares=0)
+    lab = handle.lab
+    code = "from autoheal.lab.cluster import Lab; import sys; Lab(sys.argv[1]).start_slurmd(sys.argv[2])"
+    res = subprocess.run([unshare, "--time", "--boottime", "-100", sys.executable, "-c", code, str(lab.root), "gpu1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    rec = lab.records()["slurmd-gpu1"]
+    assert procs.is_alive(rec)
+    lab.down()
+    deadline = time.monotonic() + 10
+    while procs.proc_start_time(rec.pid) is not None and time.monotonic() < deadline:
+        procs._reap(rec.pid)
+        time.sleep(0.05)
+    stat = open(f"/proc/{rec.pid}/stat").read() if procs.proc_start_time(rec.pid) is not None else ""
+    assert stat == "" or ") Z " in stat  # gone (or a zombie awaiting its parent)
