@@ -178,12 +178,19 @@ def nodes_from_oneliners(text: str) -> List[Node]:
 
 # ---- scontrol show config ---------------------------------------------------------------------------
 _CONF_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])?)\s*=\s?(.*)$")
+_INDEXED_KEY = re.compile(r"^(.+)\[(\d+)\]$")
+# slurm.conf keys that take a comma list of programs, printed one per index by 24.11 (``Prolog[0]``).
+# Other indexed keys (``SlurmctldHost[0]``: primary, backups) are not such lists and stay as printed.
+_PROGRAM_LIST_KEYS = ("Prolog", "Epilog", "PrologSlurmctld", "EpilogSlurmctld")
 
 
 def parse_show_config(text: str) -> Dict[str, str]:
     """``scontrol show config`` -> {Key: value} (first section only: slurm.conf values).
 
-    Keeps Slurm's own spelling of keys and values (``KillWait = 30 sec`` -> ``"30 sec"``).
+    Keeps Slurm's own spelling of keys and values (``KillWait = 30 sec`` -> ``"30 sec"``). Slurm 23.02+
+    prints the keys that may hold several programs with an index (24.11: ``Prolog[0] = /a``,
+    ``Prolog[1] = /b``); those are also given under the plain key as slurm.conf spells it
+    (``Prolog`` -> ``"/a,/b"``), as 22.05 prints it.
     """
     out: Dict[str, str] = {}
     lines = text.splitlines()
@@ -201,4 +208,12 @@ def parse_show_config(text: str) -> Dict[str, str]:
             out[m.group(1)] = m.group(2).strip()
     if not out:
         raise SlurmParseError("scontrol show config: no Key = value lines found")
+    indexed: Dict[str, List[tuple]] = {}
+    for key, value in out.items():
+        im = _INDEXED_KEY.match(key)
+        if im and im.group(1) in _PROGRAM_LIST_KEYS:
+            indexed.setdefault(im.group(1), []).append((int(im.group(2)), value))
+    for key, items in indexed.items():
+        if key not in out:
+            out[key] = ",".join(v for _i, v in sorted(items) if v and v != "(null)") or "(null)"
     return out

@@ -88,6 +88,21 @@ def test_absent_keys_mean_slurm_defaults():
     assert f["return_to_service"].status == "warn"  # default 0
 
 
+def test_indexed_prolog_epilog_of_2411_are_judged():
+    # Slurm 24.11 prints "Prolog[0] = /path" (no plain "Prolog" line): recorded on Debian 13's 24.11.5
+    from pathlib import Path
+
+    from autoheal.slurm.parse import parse_show_config
+
+    text = (Path(__file__).resolve().parents[1] / "fixtures" / "slurm-conf" / "show_config-24.11.5.txt").read_text()
+    f = {f.id: f for f in diagnose(parse_show_config(text)).findings}
+    assert f["prolog"].status == "ok" and f["epilog"].status == "ok"
+    unset = text.replace("Prolog[0]               = /var/lib/autoheal-lab/hooks/prolog.sh",
+                         "Prolog[0]               = (null)")
+    assert unset != text
+    assert {f.id: f for f in diagnose(parse_show_config(unset)).findings}["prolog"].status == "fail"
+
+
 def test_version_ranges_pick_the_right_spelling():
     old = {f.id: f for f in diagnose({"SLURM_VERSION": "22.05.8"}).findings}
     new = {f.id: f for f in diagnose({"SLURM_VERSION": "24.11.5"}).findings}

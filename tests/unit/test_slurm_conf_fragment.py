@@ -19,7 +19,7 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures"
 SAMPLES = {
     "22.05-defaults": FIX / "slurm-22.05" / "show_config.txt",
     "22.05-fragment": FIX / "slurm-conf" / "show_config-22.05.8-fragment.txt",
-    "24.11-recommended": FIX / "slurm-conf" / "show_config-24.11.5-recommended.txt",
+    "24.11-lab": FIX / "slurm-conf" / "show_config-24.11.5.txt",
     "25.11-defaults": FIX / "slurm-conf" / "show_config-25.11.4.txt",
 }
 
@@ -91,7 +91,7 @@ def test_samples_judged_as_expected():
     for rid in ("kill_wait", "requeue_delay", "nohold_on_prolog_fail", "prolog_flags_alloc",
                 "unkillable_step_timeout", "preempt_send_user_signal", "return_to_service"):
         assert f22[rid] == "ok", rid
-    r24 = status("24.11-recommended")
+    r24 = status("24.11-lab")
     assert set(r24.values()) == {"ok"}, r24
     d25 = status("25.11-defaults")
     assert d25["prolog"] == "fail" and d25["expedited_requeue"] == "warn" and d25["return_to_service"] == "ok"
@@ -136,6 +136,6 @@ def test_doctor_from_file_exit_codes(tmp_path):
     assert r.exit_code == 1
     data = json.loads(r.output)
     assert data["slurm_version"] == "22.05.8" and not data["ok"]
-    r = CliRunner().invoke(doctor, ["--from-file", str(SAMPLES["24.11-recommended"]), "--config", str(cfg)])
+    r = CliRunner().invoke(doctor, ["--from-file", str(SAMPLES["24.11-lab"]), "--config", str(cfg)])
     assert r.exit_code == 0, r.output
     assert "-> exit 0" in r.output

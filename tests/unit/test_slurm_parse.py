@@ -236,6 +236,85 @@ def test_infinite_number_is_none():
     assert parse.job_from_json(job).end_time is None
 
 
+# ---- 24.11.5 recorded on the lab (Debian 13, data_parser v0.0.42) -------------------------------------------
+
+def test_2411_lab_scontrol_json_show_node():
+    nodes = parse.nodes_from_json(_read(F2411 / "lab_scontrol_show_node.json"), "scontrol --json show node")
+    by = {n.name: n for n in nodes}
+    assert list(by) == ["gpu1", "gpu2", "gpu3", "spare1"]
+    assert by["gpu1"].state == "MIXED" and by["gpu1"].flags == frozenset() and by["gpu1"].reason == ""
+    assert by["gpu2"].state == "IDLE" and not by["gpu2"].drain
+    gpu3 = by["gpu3"]
+    assert gpu3.state == "IDLE" and gpu3.flags == frozenset({"DRAIN"}) and gpu3.drained
+    assert gpu3.reason == "autoheal: xid 79 gpu 3 (0000:5d:00.0): fallen off the bus"
+    assert gpu3.reason_user == "root" and gpu3.reason_time == 1796031116
+    spare = by["spare1"]
+    assert spare.state == "UNKNOWN" and spare.flags == frozenset({"DRAIN", "NOT_RESPONDING"})
+    assert spare.reason.startswith("autoheal: spare pool")
+    assert all(n.gpu_count == 8 and n.gres == "gpu:8" for n in nodes)
+    assert all(n.partitions == ("gpu",) and n.cpus == 2 for n in nodes)
+
+
+def test_2411_lab_squeue_json_running_and_held_job():
+    jobs = parse.jobs_from_json(_read(F2411 / "lab_squeue.json"), "squeue --json")
+    by = {j.job_id: j for j in jobs}
+    assert sorted(by) == ["1", "2"]
+    run = by["1"]
+    assert run.state == "RUNNING" and run.running
+    assert run.nodes == ("gpu1",) and run.batch_host == "gpu1"
+    assert run.user == "root" and run.name == "j.sh" and run.comment == ""
+    assert run.requeue is True and run.restart_count == 0
+    assert run.end_time == 1827567110
+    assert run.array_job_id is None and run.array_task_id is None  # array_job_id 0, array_task_id unset
+    held = by["2"]
+    assert held.state == "PENDING" and held.nodes == () and held.state_reason == "JobHeldUser"
+    assert held.comment == "autoheal-runner restarts=0" and held.name == "held-job"
+    assert held.excluded_nodes == ()
+
+
+def test_2411_lab_show_node_oneliners_match_json():
+    lines = parse.nodes_from_oneliners(_read(F2411 / "lab_show_node_oneliner.txt"))
+    json_nodes = parse.nodes_from_json(_read(F2411 / "lab_scontrol_show_node.json"), "scontrol --json show node")
+    assert [(n.name, n.state, n.flags, n.reason, n.gres, n.partitions, n.cpus) for n in lines] == \
+        [(n.name, n.state, n.flags, n.reason, n.gres, n.partitions, n.cpus) for n in json_nodes]
+    by = {n.name: n for n in lines}
+    assert by["gpu3"].reason_user == "root"  # [root@2026-...] suffix split off
+    assert by["spare1"].reason_user == ""  # reason from slurm.conf: no suffix
+
+
+def test_2411_lab_sinfo_json_is_not_a_node_list():
+    # 23.02+ sinfo --json lists node groups under "sinfo"; the adapter reads `scontrol --json show node`
+    # there, and must never take this layout for "no nodes"
+    with pytest.raises(SlurmParseError, match="no 'nodes' list.*sinfo"):
+        parse.nodes_from_json(_read(F2411 / "lab_sinfo.json"), "sinfo --json")
+
+
+def test_2411_lab_version():
+    v = SlurmVersion.parse(_read(F2411 / "lab_version.txt"))
+    assert (v.major, v.minor, v.patch) == (24, 11, 5)
+    assert v.at_least(23, 2)
+
+
+def test_2411_show_config_indexed_prolog_epilog():
+    conf = parse.parse_show_config(_read(FIX / "slurm-conf" / "show_config-24.11.5.txt"))
+    assert conf["SLURM_VERSION"] == "24.11.5"
+    # 24.11 prints Prolog[0]/Epilog[0]: also readable under the slurm.conf key
+    assert conf["Prolog[0]"] == conf["Prolog"] == "/var/lib/autoheal-lab/hooks/prolog.sh"
+    assert conf["Epilog"] == "/var/lib/autoheal-lab/hooks/epilog.sh"
+    assert conf["AuthInfo"] == "socket=/var/lib/autoheal-lab/munge/munge.socket.2,cred_expire=10"
+    assert conf["KillWait"] == "120 sec" and conf["MaxBatchRequeue"] == "10"
+    assert conf["PreemptParameters"] == "send_user_signal"
+    assert "SlurmctldHost" not in conf and conf["SlurmctldHost[0]"] == "vm(localhost)"
+
+
+def test_show_config_program_lists_joined_in_index_order():
+    text = ("Configuration data as of 2026-01-01T00:00:00\nEpilog[1] = /b\nEpilog[0] = /a\n"
+            "Prolog[0] = (null)\nKillWait = 30 sec\n")
+    conf = parse.parse_show_config(text)
+    assert conf["Epilog"] == "/a,/b"
+    assert conf["Prolog"] == "(null)"
+
+
 # ---- errors -------------------------------------------------------------------------------------------------
 
 def test_garbage_json_names_tool_and_shows_start():
