@@ -92,8 +92,11 @@ class CliSlurm(SlurmAdapter):
         return filter_jobs(jobs, node, states)
 
     def get_job(self, job_id: str) -> Job:
+        # --states=all: 23.02+ squeue applies its default state filter to --json (24.11: `squeue --json -j ID`
+        # of a job that just COMPLETED/FAILED lists no job at all); 22.05 listed every job in memory anyway
         try:
-            jobs = parse.jobs_from_json(self._read("squeue", "--json", "-j", str(job_id)), "squeue --json")
+            jobs = parse.jobs_from_json(self._read("squeue", "--json", "--states=all", "-j", str(job_id)),
+                                        "squeue --json")
         except SlurmError as exc:
             if "invalid job id" in str(exc).lower():
                 raise SlurmNotFound(f"job {job_id} not found") from None

@@ -122,6 +122,17 @@ def test_signal_job_batch_shell(plain_lab, tmp_path):
         _scancel(plain_lab, job)
 
 
+def test_finished_job_is_still_found_with_its_final_state(plain_lab):
+    # 24.11's `squeue --json -j ID` hides a finished job unless asked for every state; the runner and
+    # the tests read a job's final state (COMPLETED, FAILED, CANCELLED) while slurmctld still holds it
+    slurm = plain_lab.adapter()
+    ok = _sbatch(plain_lab, "-N", "1", "--exclude", "spare1", script="true")
+    bad = _sbatch(plain_lab, "-N", "1", "--exclude", "spare1", script="exit 3")
+    assert wait_for(lambda: slurm.get_job(ok).state == "COMPLETED", 60, "job completed")
+    assert wait_for(lambda: slurm.get_job(bad).state == "FAILED", 60, "job failed")
+    assert slurm.get_job(ok).job_id == ok
+
+
 def test_unknown_node_and_job_are_typed_errors(plain_lab):
     slurm = plain_lab.adapter()
     with pytest.raises(SlurmNotFound):
