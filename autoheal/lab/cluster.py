@@ -350,7 +350,12 @@ class Lab:
         return out
 
     def down(self) -> List[str]:
-        """Stop every recorded process (slurmd first, munged last). Returns the names stopped."""
+        """Stop every recorded process (slurmd first, munged last). Returns the names stopped.
+
+        Jobs still running are killed first: a slurmstepd runs in its own session and outlives slurmd,
+        so its job's processes would keep running (seen on 24.11 when a drill's final scancel raced the
+        slurmd shutdown; with KillWait=120 a cancel alone takes two minutes to reach SIGKILL)."""
+        self._kill_job_processes()
         recs = self.records()
         order = sorted(recs, key=lambda n: (0 if n.startswith(("slurmd-", "xid-watch", "sync", "kube",
                                                                    "spare-pool", "slurmrestd")) else
@@ -361,6 +366,13 @@ class Lab:
                 stopped.append(name)
             self._forget(name)
         return stopped
+
+    def _kill_job_processes(self) -> None:
+        """SIGKILL the lab's slurmstepd processes and everything they started, by PID."""
+        for pid in procs.step_daemons(self.root):
+            for child in reversed(procs.descendants(pid)):
+                procs.kill_pid(child)
+            procs.kill_pid(pid)
 
     # ---- status -----------------------------------------------------------------------------------
     def status(self) -> dict:

@@ -113,3 +113,59 @@ def _reap(pid: int) -> None:
         pass
     except OSError:
         pass
+
+
+def step_daemons(root: Path) -> List[int]:
+    """PIDs of the slurmstepd processes of the lab under ``root``: named slurmstepd and holding a file
+    under ``root`` open (their node's slurmd log). They run in their own sessions, so they are not in
+    any recorded process group."""
+    prefix = str(root).rstrip("/") + "/"
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/comm", encoding="utf-8", errors="replace") as fh:
+                if fh.read().strip() != "slurmstepd":
+                    continue
+            fds = os.listdir(f"/proc/{entry}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{entry}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith(prefix):
+                out.append(int(entry))
+                break
+    return out
+
+
+def descendants(pid: int) -> List[int]:
+    """Every process below ``pid`` (children first, then theirs), from /proc's parent PIDs."""
+    children: Dict[int, List[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_pid(pid: int) -> None:
+    """SIGKILL one process, ignoring one that is already gone."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    _reap(pid)

@@ -34,6 +34,34 @@ def test_up_twice_is_idempotent_and_down_stops_every_pid(lab_factory):
     assert lab.down() == []  # down with nothing up is fine
 
 
+def test_down_kills_running_jobs_processes(lab_factory, tmp_path):
+    """slurmstepd and the job's processes are not lab processes: `down` must not leave them running."""
+    handle = lab_factory(nodes=1, gpus=1, spares=0)
+    pidfile = tmp_path / "job.pid"
+    res = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap",
+                          f"trap '' TERM; echo $$ > {pidfile}; while true; do sleep 0.2; done"],
+                         env=handle.env, capture_output=True, text=True, timeout=20, cwd="/tmp")
+    assert res.returncode == 0, res.stderr
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    pid = int(pidfile.read_text())
+    assert procs.proc_start_time(pid) is not None
+    handle.lab.down()
+
+    def running() -> bool:  # a zombie left to init is not running
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return ") Z " not in fh.read()
+        except OSError:
+            return False
+
+    deadline = time.monotonic() + 10
+    while running() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not running(), f"job shell {pid} still running after lab down"
+
+
 def test_down_with_no_lab_at_all(tmp_path):
     result = CliRunner().invoke(lab_cli, ["down", "--dir", str(tmp_path / "never")])
     assert result.exit_code == 0 and "nothing was running" in result.output
