@@ -368,10 +368,17 @@ class Lab:
         return stopped
 
     def _kill_job_processes(self) -> None:
-        """SIGKILL the lab's slurmstepd processes and everything they started, by PID."""
+        """SIGKILL, by PID, the lab's slurmstepd processes, everything they started, and job processes
+        already orphaned from them (an srun whose batch shell died of the cancel's SIGTERM)."""
+        st = self.load_state() or {}
+        if not st.get("layout"):
+            return
+        pids = set(procs.job_processes(str(self.layout().slurm_conf)))
         for pid in procs.step_daemons(self.root):
-            for child in reversed(procs.descendants(pid)):
-                procs.kill_pid(child)
+            pids.add(pid)
+            pids.update(procs.descendants(pid))
+        pids.difference_update(procs.ancestors(os.getpid()))
+        for pid in sorted(pids):
             procs.kill_pid(pid)
 
     # ---- status -----------------------------------------------------------------------------------

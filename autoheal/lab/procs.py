@@ -142,6 +142,37 @@ def step_daemons(root: Path) -> List[int]:
     return out
 
 
+def job_processes(slurm_conf: str) -> List[int]:
+    """PIDs of processes of this lab's jobs: ``SLURM_JOB_ID`` set and ``SLURM_CONF`` = the lab's
+    slurm.conf in their environment (a shell that only sourced ``lab env`` has no SLURM_JOB_ID)."""
+    want = f"SLURM_CONF={slurm_conf}".encode()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if want in env and any(e.startswith(b"SLURM_JOB_ID=") for e in env):
+            out.append(int(entry))
+    return out
+
+
+def ancestors(pid: int) -> List[int]:
+    """``pid`` and its parents up to init (never to be killed by the process itself)."""
+    out = []
+    while pid > 1 and pid not in out:
+        out.append(pid)
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
+                pid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
 def descendants(pid: int) -> List[int]:
     """Every process below ``pid`` (children first, then theirs), from /proc's parent PIDs."""
     children: Dict[int, List[int]] = {}
