@@ -166,3 +166,32 @@ def test_rest_backend_reads_match_cli(plain_lab, auth):
         rest.drain("gpu1", "autoheal: rest drain")
         assert plain_lab.adapter().get_node("gpu1").reason == "autoheal: rest drain"
         rest.resume("gpu1")
+        # (24.11 keeps the old reason on the resumed node and marks it NOT_RESPONDING until the next ping)
+        assert not plain_lab.adapter().get_node("gpu1").drain
+
+
+@pytest.mark.parametrize("auth", ["local", "jwt"])
+def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
+    from autoheal.slurm.rest_backend import RestSlurm
+
+    info = plain_lab.lab.start_slurmrestd(auth)
+    rest = RestSlurm(info["url"], user=info["user"], token=info["token"], timeout=5)
+    if not rest.can_write:
+        pytest.skip(f"slurmrestd {rest.api} has no job update endpoints (Slurm < 23.11): covered by the read test")
+    cli = plain_lab.adapter()
+    marker = tmp_path / "got-usr2"
+    script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
+    job = _sbatch(plain_lab, "-N", "1", "-H", "--exclude", "spare1", script=script)
+    try:
+        rest.update_job(job, ExcNodeList="spare1,gpu3")
+        assert set(cli.get_job(job).excluded_nodes) == {"spare1", "gpu3"}
+        rest.update_job(job, comment="autoheal: rest comment")
+        assert cli.get_job(job).comment == "autoheal: rest comment"
+        rest.release(job)
+        running = wait_for(lambda: (lambda j: j if j.running else None)(cli.get_job(job)), 60, "job running")
+        assert "gpu3" not in running.nodes
+        time.sleep(0.5)  # let bash install its trap
+        rest.signal_job(job, "USR2", batch=True)
+        wait_for(lambda: marker.exists(), timeout=15, what="USR2 delivered to the batch shell")
+    finally:
+        _scancel(plain_lab, job)

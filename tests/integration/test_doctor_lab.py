@@ -66,6 +66,14 @@ def test_doctor_on_fragment_lab_passes_the_fragment_checks(plain_lab):
     assert code == (1 if problems & {"healthcheck_program", "prolog"} else 0)
 
 
+def test_doctor_on_healing_lab_sees_the_wired_hooks(healing_lab):
+    # the hooks are in slurm.conf: 24.11 prints them as Prolog[0]/Epilog[0], which must still count
+    code, data, f = run_doctor(healing_lab, "--settings-only")
+    for rid in ("healthcheck_program", "healthcheck_interval", "prolog", "epilog"):
+        assert f[rid]["status"] == "ok", (rid, f[rid])
+    assert f["prolog"]["current"].endswith("/hooks/prolog.sh")
+
+
 def test_doctor_exit_2_when_slurmctld_unreachable(plain_lab, tmp_path):
     conf = tmp_path / "slurm.conf"
     text = plain_lab.layout.slurm_conf.read_text()
