@@ -245,6 +245,9 @@ class Lab:
         old = self.records().get(name)
         if old and procs.is_alive(old):
             procs.stop(old)
+        if auth != "jwt":
+            # a socket file left by an earlier slurmrestd would pass the wait below before this one listens
+            lay.path("run", "slurmrestd.sock").unlink(missing_ok=True)
         rec = procs.spawn(name, argv, lay.path("log", f"{name}.log"), env=env)
         self._record(rec)
         info = {"url": url, "user": "", "token": ""}
