@@ -102,7 +102,9 @@ def interrupt_action(job_state: str, job_restart_count: Optional[int], own_resta
 
     Observed on 22.05: right after ``scancel`` squeue says COMPLETING then CANCELLED (restart count
     unchanged); right after ``scontrol requeue`` COMPLETING then PENDING, with the restart count already
-    incremented.
+    incremented. Observed on 24.11.5 (``job_state`` lists, base state first): ``scancel`` gives
+    ["CANCELLED", "COMPLETING"] then ["CANCELLED"]; ``scontrol requeue`` ["PENDING", "COMPLETING"] then
+    ["PENDING"], the restart count incremented at once.
     """
     state = (job_state or "").upper()
     if (job_restart_count is not None and job_restart_count > own_restart_count) or state in PENDING_STATES:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from autoheal.sbatch_helpers import causes as c
 from autoheal.slurm.model import Node
 
@@ -76,3 +78,17 @@ def test_sacct_states():
 def test_label():
     assert c.Cause(c.NODE_FAILURE, "gpu2").label() == "node-failure@gpu2"
     assert c.Cause(c.TIME_LIMIT).label() == "time-limit"
+
+
+@pytest.mark.parametrize("states, restarts, action", [
+    (["CANCELLED", "COMPLETING"], 0, "none-ending"),  # right after scancel (24.11.5, observed)
+    (["CANCELLED"], 0, "none-ending"),
+    (["PENDING", "COMPLETING"], 1, "none-requeued"),  # right after scontrol requeue (24.11.5, observed)
+    (["PENDING"], 1, "none-requeued"),
+    (["RUNNING"], 0, "requeue"),
+])
+def test_interrupt_action_on_2411_job_state_lists(states, restarts, action):
+    from autoheal.slurm.parse import job_from_json
+
+    job = job_from_json({"job_id": 7, "job_state": states, "restart_cnt": restarts})
+    assert c.interrupt_action(job.state, job.restart_count, 0) == action
