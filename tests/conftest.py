@@ -18,7 +18,7 @@ from autoheal.lab.cluster import Lab
 
 
 def _require_slurm() -> None:
-    missing = [b for b in ("slurmctld", "slurmd", "munged", "scontrol")
+    missing = [b for b in ("slurmctld", "slurmd", "munged", "scontrol", "sbatch")
                if not (shutil.which(b) or Path("/usr/sbin", b).exists())]
     if missing:
         if os.environ.get("CI"):
@@ -53,6 +53,22 @@ def _start(root: Path, **kwargs) -> LabHandle:
     lab = Lab(root)
     lab.up(install=False, **kwargs)
     return LabHandle(lab)
+
+
+@pytest.fixture(scope="session")
+def lib_dir(tmp_path_factory) -> Path:
+    """The fake libnvidia-ml.so.1, built once per session (skips only where gcc or nvml.h is missing)."""
+    from autoheal.lab import fakenvml
+
+    if shutil.which(os.environ.get("CC", "gcc")) is None and shutil.which("gcc") is None:
+        pytest.skip("gcc not installed: cannot build the fake libnvidia-ml.so.1")
+    try:
+        fakenvml.find_nvml_header()
+    except fakenvml.FakeNvmlBuildError as exc:
+        pytest.skip(str(exc))
+    out = tmp_path_factory.mktemp("fakenvml-lib")
+    fakenvml.build_library(out)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,19 +35,6 @@ PRELUDE = textwrap.dedent(
         return None
     """
 )
-
-
-@pytest.fixture(scope="session")
-def lib_dir(tmp_path_factory) -> Path:
-    if shutil.which(os.environ.get("CC", "gcc")) is None and shutil.which("gcc") is None:
-        pytest.skip("gcc not installed: cannot build the fake libnvidia-ml.so.1")
-    try:
-        fakenvml.find_nvml_header()
-    except fakenvml.FakeNvmlBuildError as exc:
-        pytest.skip(str(exc))
-    out = tmp_path_factory.mktemp("fakenvml-lib")
-    fakenvml.build_library(out)
-    return out
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,24 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from autoheal.lab import fakenvml
 from autoheal.lab.fakenvml import state as gstate
 
 NODE, GPUS, BROKEN = "gpu7", 4, 1
 BUDGET = 1.5
-
-
-@pytest.fixture(scope="module")
-def lib_dir(tmp_path_factory) -> Path:
-    if shutil.which("gcc") is None:
-        pytest.skip("gcc not installed: cannot build the fake libnvidia-ml.so.1")
-    try:
-        fakenvml.find_nvml_header()
-    except fakenvml.FakeNvmlBuildError as exc:
-        pytest.skip(str(exc))
-    out = tmp_path_factory.mktemp("hooks-nvml-lib")
-    fakenvml.build_library(out)
-    return out
 
 
 def run_check(lib_dir: Path, tmp: Path, setup=None, expected_gpus: int = GPUS, healthy_first: bool = False):

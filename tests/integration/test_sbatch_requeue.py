@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -93,23 +91,12 @@ def wait_text(path: Path, pattern: str, timeout: float, count: int = 1) -> list:
 
 @pytest.fixture(scope="module")
 def sblab(tmp_path_factory):
-    missing = [b for b in ("slurmctld", "slurmd", "munged", "scontrol", "sbatch")
-               if not (shutil.which(b) or Path("/usr/sbin", b).exists())]
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must install Slurm: missing {', '.join(missing)}")
-        pytest.skip(f"Slurm not installed ({', '.join(missing)})")
-    if os.geteuid() != 0:
-        pytest.skip("the lab runs Slurm daemons as root")
+    from conftest import _require_slurm
+
+    _require_slurm()
     lab = Lab(tmp_path_factory.mktemp("sbatchlab"))
-    kwargs = dict(nodes=4, gpus=2, spares=0, hooks=False, xid_watch=False, install=False)
     try:
-        lab.up(**kwargs)
-        conf = lab.layout().slurm_conf.read_text()
-        if not re.search(r"^AuthInfo=.*cred_expire", conf, re.M):
-            # Until the lab merges cred_expire into its own AuthInfo, override it (Slurm: latest value used).
-            lab.down()
-            lab.up(extra_conf=[f"AuthInfo=socket={lab.root}/munge/munge.socket.2,cred_expire=10"], **kwargs)
+        lab.up(nodes=4, gpus=2, spares=0, hooks=False, xid_watch=False, install=False)
         yield SbLab(lab)
     finally:
         lab.down()
