@@ -41,3 +41,26 @@ class SlurmParseError(SlurmError):
 
 class JournalError(AutohealError):
     """The journal could not be written or read."""
+
+
+# ---- typed outcomes of job writes: callers decide on these, never on the words of a message -------------
+
+
+class SlurmJobNotPending(SlurmError):
+    """The request needs a PENDING job (ExcNodeList update, release) but the job is running or done."""
+
+
+class SlurmJobAlreadyPending(SlurmError):
+    """A requeue found the job already PENDING: it was requeued meanwhile (same outcome as ours)."""
+
+
+class SlurmJobFinished(SlurmError):
+    """The job is already completing or completed: nothing left to signal, requeue or update."""
+
+
+class SlurmRequeueDisabled(SlurmError):
+    """The job was submitted with --no-requeue (or JobRequeue=0): Slurm refuses to requeue it."""
+
+
+class SlurmNotSupported(SlurmError):
+    """The chosen backend cannot do this call (e.g. a slurmrestd API version without the endpoint)."""
