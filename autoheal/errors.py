@@ -62,5 +62,9 @@ class SlurmRequeueDisabled(SlurmError):
     """The job was submitted with --no-requeue (or JobRequeue=0): Slurm refuses to requeue it."""
 
 
+class SlurmJobBusy(SlurmError):
+    """Slurm refused for now ("Job can not be altered now, try again later"): retry after a pause."""
+
+
 class SlurmNotSupported(SlurmError):
     """The chosen backend cannot do this call (e.g. a slurmrestd API version without the endpoint)."""

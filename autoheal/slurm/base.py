@@ -11,7 +11,8 @@ import time
 from abc import ABC, abstractmethod
 from typing import Callable, Dict, List, Optional, TypeVar
 
-from autoheal.errors import SlurmNotFound, SlurmUnavailable
+from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
+                             SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 T = TypeVar("T")
@@ -19,12 +20,13 @@ T = TypeVar("T")
 
 def with_retries(fn: Callable[[], T], retries: int, base_delay: float = 0.5,
                  sleep: Callable[[float], None] = time.sleep) -> T:
-    """Call ``fn``; on SlurmUnavailable retry ``retries`` times with doubling delay (capped at 5 s)."""
+    """Call ``fn``; on SlurmUnavailable or SlurmJobBusy retry ``retries`` times with doubling delay
+    (capped at 5 s)."""
     attempt = 0
     while True:
         try:
             return fn()
-        except SlurmUnavailable:
+        except (SlurmUnavailable, SlurmJobBusy):
             if attempt >= retries:
                 raise
             sleep(min(5.0, base_delay * (2 ** attempt)))
@@ -41,10 +43,24 @@ def filter_jobs(jobs: List[Job], node: Optional[str] = None, states: Optional[Li
     return jobs
 
 
+#: What a backend may be asked to do; ``SlurmAdapter.capabilities`` says which of them it can.
+OPERATIONS = ("read", "show-config", "drain", "resume", "reboot", "requeue", "release", "update-job",
+              "signal")
+
+
 class SlurmAdapter(ABC):
-    """Everything autoheal asks of Slurm. Node and job names are plain strings."""
+    """Everything autoheal asks of Slurm. Node and job names are plain strings.
+
+    Job writes raise typed outcomes (autoheal.errors) that callers decide on: SlurmJobAlreadyPending
+    (requeue of a job already requeued), SlurmJobNotPending (an update/release that needs a pending job),
+    SlurmJobFinished, SlurmRequeueDisabled, SlurmJobBusy (retry), SlurmNotFound, SlurmUnavailable.
+    """
 
     name = "abstract"
+
+    def capabilities(self) -> Dict[str, str]:
+        """Operation -> how it is done ("cli", "rest", "pyslurm", or "" when it cannot be done)."""
+        return {op: self.name for op in OPERATIONS}
 
     # ---- reads -----------------------------------------------------------------------------------
     @abstractmethod
@@ -111,6 +127,10 @@ class SlurmAdapter(ABC):
     def update_job(self, job_id: str, **fields: str) -> None:
         """``scontrol update jobid=X Key=Value ...`` (e.g. ExcNodeList, Comment)."""
 
+    def set_excluded_nodes(self, job_id: str, nodes: List[str]) -> None:
+        """Replace the job's ExcNodeList (Slurm accepts this only while the job is PENDING)."""
+        self.update_job(job_id, ExcNodeList=",".join(nodes))
+
     @abstractmethod
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         """Send a signal to a job's steps (``batch``: only the batch shell; ``full``: every process)."""
@@ -118,6 +138,36 @@ class SlurmAdapter(ABC):
     def set_job_comment(self, job_id: str, comment: str) -> None:
         """Replace the job's comment (visible in ``squeue -o %k`` and ``sacct``)."""
         self.update_job(job_id, Comment=comment)
+
+
+# Slurm's own error strings (slurm_strerror: the same text on scontrol's stderr and in slurmrestd's
+# "errors"), translated into typed outcomes here and nowhere else.
+_JOB_OUTCOMES = (
+    ("job is no longer pending execution", SlurmJobNotPending),
+    ("job is pending execution", SlurmJobAlreadyPending),
+    ("already completing or completed", SlurmJobFinished),
+    ("job/step already completed", SlurmJobFinished),
+    ("requested operation is presently disabled", SlurmRequeueDisabled),
+    ("requeue of this job is disabled", SlurmRequeueDisabled),
+    ("can not be altered now", SlurmJobBusy),
+    ("invalid job id", SlurmNotFound),
+)
+
+
+def job_outcome(message: str) -> Optional[type]:
+    """The typed outcome a Slurm job-write error message stands for, or None for any other error."""
+    text = message.lower()
+    for needle, kind in _JOB_OUTCOMES:
+        if needle in text:
+            return kind
+    return None
+
+
+def raise_typed(message: str, default: type = SlurmError) -> None:
+    """Raise the typed error for ``message``: unavailable, a job outcome, or ``default``."""
+    if unavailable_if(message):
+        raise SlurmUnavailable(message)
+    raise (job_outcome(message) or default)(message)
 
 
 def unavailable_if(message: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, filter_jobs, unavailable_if, with_retries
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
@@ -54,9 +54,14 @@ class CliSlurm(SlurmAdapter):
             raise SlurmError(f"{tool}: cannot run {argv[0]}: {exc}") from None
         if res.returncode != 0:
             msg = " ".join((res.stderr or res.stdout).split())[:300] or f"exit code {res.returncode}"
+            if res.returncode < 0:  # killed by a signal: no answer, not a refusal
+                raise SlurmUnavailable(f"{tool} {' '.join(args[:2])}: killed by signal {-res.returncode}")
             if unavailable_if(msg):
                 raise SlurmUnavailable(f"{tool}: {msg}")
-            if "not found" in msg.lower() or "invalid job id" in msg.lower() or "invalid node name" in msg.lower():
+            kind = job_outcome(msg)
+            if kind is not None:
+                raise kind(f"{tool} {' '.join(args[:2])}: {msg}")
+            if "not found" in msg.lower() or "invalid node name" in msg.lower():
                 raise SlurmNotFound(f"{tool}: {msg}")
             raise SlurmError(f"{tool} {' '.join(args[:2])}: {msg}")
         return res.stdout
@@ -97,10 +102,8 @@ class CliSlurm(SlurmAdapter):
         try:
             jobs = parse.jobs_from_json(self._read("squeue", "--json", "--states=all", "-j", str(job_id)),
                                         "squeue --json")
-        except SlurmError as exc:
-            if "invalid job id" in str(exc).lower():
-                raise SlurmNotFound(f"job {job_id} not found") from None
-            raise
+        except SlurmNotFound:
+            raise SlurmNotFound(f"job {job_id} not found") from None
         for job in jobs:
             if job.job_id == str(job_id) or job.raw_id == str(job_id):
                 return job
@@ -139,10 +142,13 @@ class CliSlurm(SlurmAdapter):
         self.run("scontrol", *args)
 
     def requeue(self, job_id: str, hold: bool = False) -> None:
+        # Not retried here: a requeue whose answer was lost may have happened; the caller decides
+        # (a second requeue of a requeued job answers SlurmJobAlreadyPending).
         self.run("scontrol", "requeuehold" if hold else "requeue", str(job_id))
 
     def release(self, job_id: str) -> None:
-        self.run("scontrol", "release", str(job_id))
+        # Idempotent: releasing a job that is not held succeeds (observed on 22.05).
+        self._write("scontrol", "release", str(job_id))
 
     def update_job(self, job_id: str, **fields: str) -> None:
         if not fields:

@@ -124,6 +124,8 @@ class Job:
     batch_host: str = ""
     end_time: Optional[int] = None
     state_reason: str = ""
+    state_description: str = ""  # e.g. "job requeued in held state" (set by requeuehold, kept by release)
+    priority: Optional[int] = None  # 0 while held
     array_job_id: Optional[str] = None
     array_task_id: Optional[str] = None
     raw_id: str = ""  # the numeric job id Slurm uses internally
@@ -131,6 +133,27 @@ class Job:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING"
+
+    @property
+    def held(self) -> bool:
+        """PENDING and held (priority 0 with a hold reason), by whoever held it."""
+        return self.state == "PENDING" and (self.priority == 0 or self.state_reason in HOLD_REASONS)
+
+    @property
+    def requeue_held(self) -> bool:
+        """Held by ``scontrol requeuehold`` and not held again since.
+
+        requeuehold sets reason JobHeldUser with the description below (observed on 22.05 and 24.11, as
+        root and as the job's user); an admin's later ``scontrol hold`` turns the reason into JobHeldAdmin
+        while the description stays, and a plain ``scontrol hold`` leaves no such description."""
+        return (self.held and self.state_reason == "JobHeldUser"
+                and self.state_description.strip().lower() == REQUEUE_HELD_DESCRIPTION)
+
+
+#: The reasons Slurm gives a held job.
+HOLD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+#: ``state_description`` of a job held by ``scontrol requeuehold`` (slurmctld job_mgr.c).
+REQUEUE_HELD_DESCRIPTION = "job requeued in held state"
 
 
 @dataclass

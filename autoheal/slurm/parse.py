@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Dict, List, Optional
 
-from autoheal.errors import SlurmParseError
+from autoheal.errors import SlurmParseError, SlurmUnavailable
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, parse_state
 
@@ -28,8 +28,25 @@ def _loads(text: str, what: str) -> dict:
     if errors:
         first = errors[0]
         msg = first.get("error") or first.get("description") if isinstance(first, dict) else str(first)
+        if _controller_unreachable(first):
+            raise SlurmUnavailable(f"{what}: Slurm could not load the data ({msg}): slurmctld down or unreachable?")
         raise SlurmParseError(f"{what}: Slurm reported an error: {msg}")
     return data
+
+
+def _controller_unreachable(error: Any) -> bool:
+    """An ``errors`` entry that means "no answer from slurmctld", not "bad data".
+
+    22.05's ``sinfo --json`` / ``squeue --json`` exit 0 when slurmctld is dead and report only
+    ``{"error": "Unspecified error", "errno": -1}`` (observed): the load call failed before Slurm knew why.
+    Later versions name the communication error."""
+    from autoheal.slurm.base import unavailable_if
+
+    if not isinstance(error, dict):
+        return unavailable_if(str(error))
+    number = error.get("error_number", error.get("errno"))
+    text = " ".join(str(error.get(k) or "") for k in ("error", "description"))
+    return number == -1 or unavailable_if(text)
 
 
 def _num(value: Any) -> Optional[int]:
@@ -100,6 +117,7 @@ def job_from_json(obj: dict) -> Job:
                requeue=bool(obj.get("requeue")), restart_count=_num(obj.get("restart_cnt")) or 0,
                batch_host=_str(obj.get("batch_host")), end_time=_num(obj.get("end_time")),
                state_reason=_str(obj.get("state_reason")),
+               state_description=_str(obj.get("state_description")), priority=_num(obj.get("priority")),
                array_job_id=str(array_job) if array_job else None,
                array_task_id=str(array_task) if array_job and array_task is not None else None)
 

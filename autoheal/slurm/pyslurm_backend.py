@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
-from autoheal.errors import SlurmError, SlurmNotFound
-from autoheal.slurm.base import SlurmAdapter, filter_jobs
+from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmUnavailable
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, unavailable_if
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
@@ -49,6 +49,11 @@ class PyslurmSlurm(SlurmAdapter):
             return fn()
         except self.ps.RPCError as exc:  # pyslurm's error type for failed Slurm calls
             msg = str(exc)
+            if unavailable_if(msg):
+                raise SlurmUnavailable(f"pyslurm {what}: {msg}") from None
+            kind = job_outcome(msg)  # RPCError carries slurm_strerror's text: the same table as the CLI
+            if kind is not None:
+                raise kind(f"pyslurm {what}: {msg}") from None
             if "not found" in msg.lower() or "invalid" in msg.lower():
                 raise SlurmNotFound(f"pyslurm {what}: {msg}") from None
             raise SlurmError(f"pyslurm {what}: {msg}") from None
@@ -116,7 +121,12 @@ class PyslurmSlurm(SlurmAdapter):
         self._modify_node(node, state="DRAIN", reason=reason)
 
     def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
-        raise SlurmError("the pyslurm backend does not reboot nodes; use the CLI backend")
+        raise SlurmNotSupported("the pyslurm backend does not reboot nodes; use the CLI backend")
+
+    def capabilities(self):
+        caps = super().capabilities()
+        caps["reboot"] = ""
+        return caps
 
     def _numeric_id(self, job_id: str) -> int:
         """Slurm's own id of a job; an array task ``123_4`` has its own id, found by looking it up."""

@@ -23,9 +23,9 @@ from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
-from autoheal.errors import SlurmError, SlurmNotFound, SlurmParseError, SlurmUnavailable
+from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, filter_jobs, with_retries
+from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, with_retries
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
@@ -74,8 +74,12 @@ class RestSlurm(SlurmAdapter):
 
     name = "rest"
 
+    #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
+    CLI_ONLY = ("requeue", "reboot", "show-config")
+
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
-                 timeout: float = 10.0, retries: int = 2):
+                 timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):
+        self.fallback = fallback  # the CLI backend, for what slurmrestd cannot do (see CLI_ONLY)
         self.timeout = timeout
         self.retries = retries
         self._session = requests.Session()
@@ -107,8 +111,14 @@ class RestSlurm(SlurmAdapter):
                 raise SlurmError(f"slurm.rest_token_file {section.rest_token_file}: cannot read: {exc.strerror}") from None
         elif section.rest_token_env:
             token = os.environ.get(section.rest_token_env, "")
+        from autoheal.slurm.binaries import maybe_binary
+        from autoheal.slurm.cli_backend import CliSlurm
+
+        # Only where scontrol is installed: a slurmrestd-only host (e.g. a sync pod) has no fallback, and
+        # `autoheal config validate` says which calls it then cannot make.
+        fallback = CliSlurm.from_config(section) if maybe_binary("scontrol", section.bin_dir) else None
         return cls(section.rest_url, section.rest_api_version, section.rest_user, token, section.timeout,
-                   section.retries)
+                   section.retries, fallback=fallback)
 
     # ---- HTTP plumbing ---------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Optional[dict] = None, params: Optional[dict] = None) -> dict:
@@ -139,10 +149,13 @@ class RestSlurm(SlurmAdapter):
             first = errors[0] if isinstance(errors[0], dict) else {"error": str(errors[0])}
             msg = first.get("description") or first.get("error") or "error"
             code = first.get("error_number") or first.get("errno")
-            low = str(msg).lower()
-            if "not found" in low or "invalid job id" in low or "invalid node name" in low or code in (2017, 2008):
+            low = " ".join(str(first.get(k) or "") for k in ("error", "description")).lower() or str(msg).lower()
+            kind = job_outcome(low)
+            if kind is not None:
+                raise kind(f"slurmrestd {method} {path}: {msg}")
+            if "not found" in low or "invalid node name" in low or code in (2017, 2018):
                 raise SlurmNotFound(f"slurmrestd {path}: {msg}")
-            if resp.status_code >= 500 and "unable to contact" in str(msg).lower():
+            if resp.status_code >= 500 and "unable to contact" in low:
                 raise SlurmUnavailable(f"slurmrestd {path}: {msg}")
             raise SlurmError(f"slurmrestd {method} {path}: {msg}")
         if resp.status_code >= 400:
@@ -176,8 +189,35 @@ class RestSlurm(SlurmAdapter):
 
     def _require_write(self, what: str) -> None:
         if not self.can_write:
-            raise SlurmError(f"slurmrestd {self.api} (Slurm 22.05/23.02) has no endpoint to {what}; "
-                             f"use slurm.backend = 'cli' for writes")
+            raise SlurmNotSupported(f"slurmrestd {self.api} (Slurm 22.05/23.02) has no endpoint to {what}; "
+                                    f"install scontrol beside autoheal (it is used for such calls) or use "
+                                    f"slurm.backend = 'cli'")
+
+    def _via_cli(self, op: str) -> SlurmAdapter:
+        """The CLI backend for ``op``, or SlurmNotSupported naming what to install."""
+        if self.fallback is None:
+            raise SlurmNotSupported(f"slurmrestd has no call to {op} and scontrol is not installed here: "
+                                    f"install slurm-client beside autoheal or use slurm.backend = 'cli'")
+        return self.fallback
+
+    def _writes_via_cli(self) -> bool:
+        """Writes go through the CLI fallback when this slurmrestd serves no write endpoint."""
+        try:
+            return not self.can_write and self.fallback is not None
+        except SlurmError:  # slurmrestd unreachable right now: let the REST call report it
+            return False
+
+    def capabilities(self) -> Dict[str, str]:
+        """Which calls go to slurmrestd, which to the CLI fallback, and which cannot be made."""
+        try:
+            writes = "rest" if self.can_write else ("cli" if self.fallback else "")
+        except SlurmError:
+            writes = "rest"  # unknown until slurmrestd answers; validate says so separately
+        caps = {op: writes for op in OPERATIONS}
+        caps["read"] = "rest"
+        for op in self.CLI_ONLY:
+            caps[op] = "cli" if self.fallback else ""
+        return caps
 
     # ---- reads ------------------------------------------------------------------------------------
     def version(self) -> SlurmVersion:
@@ -216,8 +256,7 @@ class RestSlurm(SlurmAdapter):
         raise SlurmNotFound(f"job {raw} not found")
 
     def show_config(self) -> Dict[str, str]:
-        raise SlurmError("slurmrestd does not expose the running slurm.conf; use the CLI backend "
-                         "(`scontrol show config`) for autoheal doctor")
+        return self._via_cli("show the running slurm.conf").show_config()
 
     def ping(self) -> bool:
         try:
@@ -230,6 +269,11 @@ class RestSlurm(SlurmAdapter):
 
     # ---- writes (v0.0.40+) ------------------------------------------------------------------------
     def _node_update(self, node: str, body: dict, what: str) -> None:
+        if self._writes_via_cli():
+            fb = self._via_cli(what)
+            if body.get("state") == ["RESUME"]:
+                return fb.resume(node)
+            return fb.drain(node, str(body.get("reason", "")))
         self._require_write(what)
         with_retries(lambda: self._request("POST", f"/slurm/{self.api}/node/{quote(node)}", body), self.retries)
 
@@ -243,15 +287,20 @@ class RestSlurm(SlurmAdapter):
         self._node_update(node, {"state": ["DRAIN"], "reason": reason}, "set node reasons")
 
     def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
-        raise SlurmError("slurmrestd cannot reboot nodes; use the CLI backend (`scontrol reboot`)")
+        self._via_cli("reboot nodes").reboot(node, reason, asap=asap, nextstate=nextstate)
 
     def requeue(self, job_id: str, hold: bool = False) -> None:
-        raise SlurmError("slurmrestd cannot requeue jobs; use the CLI backend (`scontrol requeue`)")
+        # No slurmrestd version (v0.0.38 to v0.0.42) has a requeue call: `scontrol requeue[hold]`.
+        self._via_cli("requeue jobs").requeue(job_id, hold=hold)
 
     def release(self, job_id: str) -> None:
+        if self._writes_via_cli():
+            return self._via_cli("release jobs").release(job_id)
         self.update_job(job_id, hold="false")
 
     def update_job(self, job_id: str, **fields: str) -> None:
+        if self._writes_via_cli():
+            return self._via_cli("update jobs").update_job(job_id, **fields)
         self._require_write("update jobs")
         body: dict = {}
         for key, value in fields.items():
@@ -266,6 +315,8 @@ class RestSlurm(SlurmAdapter):
                      self.retries)
 
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
+        if self._writes_via_cli():
+            return self._via_cli("signal jobs").signal_job(job_id, signal, batch=batch, full=full)
         self._require_write("signal jobs")
         flags = "BATCH_JOB" if batch else ("FULL_JOB" if full else "")
         params = {"signal": signal}

@@ -108,6 +108,37 @@ def test_requeue_hold_exclude_release_comment_signal(plain_lab):
         _scancel(plain_lab, job)
 
 
+def test_job_write_outcomes_are_typed(plain_lab):
+    # What the runner and the guard decide on, from real scontrol answers (never from message words)
+    from autoheal.errors import SlurmJobAlreadyPending, SlurmJobNotPending, SlurmRequeueDisabled
+
+    slurm = plain_lab.adapter(retries=0)
+    job = _sbatch(plain_lab, "-N", "1", "--requeue", "--exclude", "spare1")
+    fixed = _sbatch(plain_lab, "-N", "1", "--no-requeue", "--exclude", "spare1")
+    try:
+        wait_for(lambda: slurm.get_job(job).running and slurm.get_job(fixed).running, 60, "jobs running")
+        with pytest.raises(SlurmJobNotPending):
+            slurm.set_excluded_nodes(job, ["gpu3"])  # only while pending
+        with pytest.raises(SlurmRequeueDisabled):
+            slurm.requeue(fixed)
+        slurm.requeue(job, hold=True)
+        with pytest.raises(SlurmJobAlreadyPending):
+            slurm.requeue(job)  # a second requeue: already done by someone
+        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)), 90,
+                        "job pending after requeuehold")
+        assert held.held and held.requeue_held and held.priority == 0
+        slurm.release(job)
+        slurm.release(job)  # idempotent
+        released = slurm.get_job(job)
+        assert not released.held and not released.requeue_held
+        subprocess.run(["scontrol", "hold", job], env=plain_lab.env, check=True, timeout=20)
+        by_admin = slurm.get_job(job)
+        assert by_admin.held and not by_admin.requeue_held  # someone else's hold is not ours to release
+    finally:
+        _scancel(plain_lab, job)
+        _scancel(plain_lab, fixed)
+
+
 def test_signal_job_batch_shell(plain_lab, tmp_path):
     slurm = plain_lab.adapter()
     marker = tmp_path / "got-usr2"

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from autoheal.errors import SlurmError, SlurmNotFound, SlurmParseError, SlurmUnavailable
+from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import base, rest_backend
 from autoheal.slurm.rest_backend import RestSlurm
 
@@ -222,11 +222,69 @@ def test_v0038_writes_refused_naming_cli_backend(tcp_stub):
     assert all(r["method"] == "GET" for r in stub.requests)
 
 
-def test_unsupported_operations_name_cli_backend():
+def test_cli_only_calls_without_scontrol_are_not_supported():
     slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40")
     for call in (lambda: slurm.reboot("gpu1", "x"), lambda: slurm.requeue("1"), slurm.show_config):
-        with pytest.raises(SlurmError, match="CLI backend"):
+        with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
             call()
+    caps = slurm.capabilities()
+    assert caps["requeue"] == caps["reboot"] == caps["show-config"] == ""
+    assert caps["drain"] == caps["release"] == "rest"
+
+
+class RecordingCli:
+    """Stands in for the CLI fallback: records what the REST backend hands over to it."""
+
+    name = "cli"
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, op):
+        return lambda *a, **kw: self.calls.append((op, a, kw))
+
+
+def test_requeue_and_reboot_go_through_the_cli_fallback():
+    cli = RecordingCli()
+    slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40", fallback=cli)
+    slurm.requeue("7", hold=True)
+    slurm.reboot("gpu1", "r", asap=True, nextstate="resume")
+    assert [c[0] for c in cli.calls] == ["requeue", "reboot"]
+    assert cli.calls[0] == ("requeue", ("7",), {"hold": True})
+    caps = slurm.capabilities()
+    assert caps["requeue"] == "cli" and caps["drain"] == "rest" and caps["read"] == "rest"
+
+
+def test_v0038_writes_go_through_the_cli_fallback(tcp_stub):
+    stub = Stub(versions=("v0.0.38",))
+    cli = RecordingCli()
+    slurm = RestSlurm(tcp_stub(stub), retries=0, fallback=cli)
+    slurm.drain("gpu1", "autoheal: x")
+    slurm.resume("gpu1")
+    slurm.update_job("3", ExcNodeList="gpu2")
+    slurm.release("3")
+    slurm.signal_job("3", "USR2", batch=True)
+    assert [c[0] for c in cli.calls] == ["drain", "resume", "update_job", "release", "signal_job"]
+    assert all(r["method"] == "GET" for r in stub.requests)  # nothing written through v0.0.38
+    assert slurm.capabilities()["drain"] == "cli"
+
+
+@pytest.mark.parametrize("text,kind", [
+    ("Job is no longer pending execution", "SlurmJobNotPending"),
+    ("Job is pending execution", "SlurmJobAlreadyPending"),
+    ("Job/step already completing or completed", "SlurmJobFinished"),
+    ("Requested operation is presently disabled", "SlurmRequeueDisabled"),
+    ("Job can not be altered now, try again later", "SlurmJobBusy"),
+])
+def test_job_write_refusals_are_typed(tcp_stub, text, kind):
+    import autoheal.errors as E
+
+    stub = Stub(versions=("v0.0.40",))
+    stub.routes[("POST", "/slurm/v0.0.40/job/5")] = (
+        500, {"errors": [{"description": "Job update failed", "error_number": 2000, "error": text}]})
+    slurm = RestSlurm(tcp_stub(stub), api_version="v0.0.40", retries=0)
+    with pytest.raises(getattr(E, kind)):
+        slurm.update_job("5", ExcNodeList="gpu2")
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------

@@ -453,3 +453,30 @@ def test_version_garbage():
     with pytest.raises(SlurmParseError, match="cannot read a Slurm version"):
         SlurmVersion.parse("command not found")
     assert SlurmVersion.parse("slurm 24.11.5").at_least(24, 11)
+
+
+def test_dead_controller_json_is_unavailable_not_parse_error():
+    # 22.05 `sinfo --json` / `squeue --json` with slurmctld dead: exit 0, errno -1, empty lists (observed)
+    from autoheal.errors import SlurmUnavailable
+
+    dead_sinfo = json.dumps({"meta": {}, "errors": [{"error": "Unspecified error", "errno": -1}], "nodes": []})
+    dead_squeue = json.dumps({"meta": {}, "errors": [{"description": "Failed while looking for jobs",
+                                                      "error_number": -1, "error": "Unspecified error"}],
+                              "jobs": []})
+    with pytest.raises(SlurmUnavailable):
+        parse.nodes_from_json(dead_sinfo, "sinfo --json")
+    with pytest.raises(SlurmUnavailable):
+        parse.jobs_from_json(dead_squeue, "squeue --json")
+    refused = json.dumps({"errors": [{"error": "Invalid node name specified", "error_number": 2018}], "nodes": []})
+    with pytest.raises(SlurmParseError):
+        parse.nodes_from_json(refused, "sinfo --json")
+
+
+def test_held_job_fields_from_both_layouts():
+    old = json.dumps({"jobs": [{"job_id": 4, "job_state": "PENDING", "priority": 0, "state_reason": "JobHeldUser",
+                                "state_description": "job requeued in held state"}]})
+    new = json.dumps({"jobs": [{"job_id": 4, "job_state": ["PENDING"], "priority": {"set": True, "number": 0},
+                                "state_reason": "JobHeldAdmin", "state_description": "job requeued in held state"}]})
+    a, b = parse.jobs_from_json(old)[0], parse.jobs_from_json(new)[0]
+    assert a.held and a.requeue_held
+    assert b.held and not b.requeue_held  # an admin held it again: not ours any more
