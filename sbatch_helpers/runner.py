@@ -18,6 +18,12 @@ For every run of the job it:
    cause from Slurm's data, records it (job comment + journal + webhook) and requeues the job — checkpoint
    first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release.
 
+The requeue must survive the kill it triggers: requeuehold makes Slurm SIGTERM every process of the job,
+our own ``scontrol`` children included. So the intent (``state=requeueing excl=...``) goes into the job
+comment before the hold, the Slurm calls run with the termination signals ignored (a disposition children
+inherit), each step is idempotent and retried, and whatever a SIGKILL still cuts short is finished by
+``autoheal guard`` outside the job (it releases only jobs held by requeuehold whose comment says so).
+
 Exit codes: the user command's own code when it ends by itself; 0 after a requeue; 91 when the restart
 budget is spent; 92 when no progress is made; 90 on a runner usage error.
 """
@@ -36,9 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
-from autoheal.reasons import MAX_COMMENT_LEN, sanitize
+from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
+                             SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
 from autoheal.sbatch_helpers import causes
-from autoheal.sbatch_helpers.wrapper import COMMENT_SEPARATOR, MARKER, WrapperOptions
+from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
+from autoheal.sbatch_helpers.wrapper import WrapperOptions
 
 EXIT_REQUEUED = 0
 EXIT_USAGE = 90
@@ -46,6 +54,11 @@ EXIT_MAX_RESTARTS = 91
 EXIT_NO_PROGRESS = 92
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL once the grace window is over
 POLL = 0.2
+#: Seconds the runner keeps retrying one requeue step while slurmctld does not answer. Below the
+#: recommended KillWait (120 s) so the runner ends by itself; past it the guard finishes the requeue.
+REQUEUE_STEP_BUDGET = 60.0
+#: Signals Slurm's kill sequence (and impatient users) send; ignored while the requeue is in flight.
+SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def say(text: str) -> None:
@@ -94,67 +107,54 @@ def expand_checkpoint_dir(template: str, ident: JobIdentity) -> str:
     return out
 
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
-_WORD = re.compile(r"[\s|]+")
-
-
-@dataclass
-class CommentState:
-    """What the runner keeps in the job comment, after the ``autoheal-runner`` marker.
-
-    ``restarts``/``last``/``step``: the latest restart (its number, cause label and the checkpoint step it
-    resumes from); ``resumed``: the step the current run started from (``none``); ``nodes``: the current
-    run's nodes; ``state``: running, requeued, completed, failed, cancelled, max-restarts, no-progress.
-    """
-
-    restarts: int = 0
-    last: str = ""
-    step: str = ""
-    resumed: str = ""
-    nodes: str = ""
-    state: str = ""
-    user_comment: str = ""
-
-    @classmethod
-    def parse(cls, comment: str) -> "CommentState":
-        text = comment or ""
-        head, sep, user = text.partition(COMMENT_SEPARATOR.strip())
-        st = cls(user_comment=user.strip() if sep else "")
-        if not head.strip().startswith(MARKER):
-            return cls(user_comment=text.strip())
-        for key, value in _FIELD.findall(head):
-            if key == "restarts":
-                st.restarts = int(value) if value.isdigit() else 0
-            elif key in ("last", "step", "resumed", "nodes", "state"):
-                setattr(st, key, value)
-        return st
-
-    def render(self) -> str:
-        parts = [MARKER]
-        if self.restarts:
-            parts.append(f"restarts={self.restarts}")
-        for key in ("last", "step", "resumed", "nodes", "state"):
-            value = getattr(self, key)
-            if value not in ("", None):
-                parts.append(f"{key}={_WORD.sub('_', str(value))}")
-        text = " ".join(parts)
-        if self.user_comment:
-            text += COMMENT_SEPARATOR + self.user_comment
-        return sanitize(text, MAX_COMMENT_LEN)
-
-
 def no_progress(restart_count: int, previous_resumed: str, resumed_now: str) -> bool:
     """Two consecutive restarts (this one and the previous one) resume from the same checkpoint step."""
     return restart_count >= 2 and previous_resumed != "" and previous_resumed == resumed_now
 
 
-def merged_exclusions(user_excluded: Sequence[str], failed: Sequence[str]) -> List[str]:
-    """The user's own exclusions first, then the failed nodes; no duplicates."""
-    out: List[str] = []
-    for name in list(user_excluded) + list(failed):
-        if name and name not in out:
-            out.append(name)
-    return out
+def retry_step(fn: Callable[[], None], budget: float, what: str, clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> None:
+    """Run one idempotent Slurm step; retry while slurmctld does not answer or the job is changing
+    state, with doubling pauses, for up to ``budget`` seconds. Other outcomes go to the caller."""
+    deadline = clock() + budget
+    pause = 0.5
+    while True:
+        try:
+            fn()
+            return
+        except (SlurmUnavailable, SlurmJobBusy) as exc:
+            if clock() + pause > deadline:
+                raise
+            say(f"{what}: {exc}; retrying in {pause:g}s")
+            sleep(pause)
+            pause = min(pause * 2, 8.0)
+
+
+class Shield:
+    """Ignore the termination signals while Slurm calls are in flight.
+
+    ``SIG_IGN`` (unlike a Python handler) is inherited by the ``scontrol`` children we start, so the
+    SIGTERM that Slurm's requeue sends to every process of the job cannot cut a call short. SIGKILL
+    still can: that case is finished by ``autoheal guard``."""
+
+    def __init__(self, extra: Sequence[int] = ()):
+        self.signals = tuple(dict.fromkeys(tuple(SHIELDED) + tuple(extra)))
+        self.saved: Dict[int, object] = {}
+
+    def __enter__(self) -> "Shield":
+        for sig in self.signals:
+            try:
+                self.saved[sig] = signal.signal(sig, signal.SIG_IGN)
+            except (OSError, ValueError):  # not the main thread, or an uncatchable signal
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self.saved.items():
+            try:
+                signal.signal(sig, old)
+            except (OSError, ValueError, TypeError):
+                pass
 
 
 def build_env(base: Mapping[str, str], *, checkpoint_dir: str, restart_count: int, resume_from: Optional[str],
@@ -488,59 +488,102 @@ class Runner:
                         f"({cause.label()}); checkpoint step {step}", "action", **evidence)
             return EXIT_REQUEUED
         if self.ident.restart_count >= self.opts.max_restarts:
+            self.comment.last, self.comment.step = cause.label(), step  # the final comment names this fault
             return self.finish("max-restarts", EXIT_MAX_RESTARTS,
                                f"job {self.ident.job_id}: {cause.kind} after {self.ident.restart_count} restarts "
                                f"(--max-restarts {self.opts.max_restarts}); not requeued, checkpoint step {step}")
         self.requeueing = True
-        self._note_restart(next_restart, cause, step, "requeued")
-        try:
-            excluded = self.requeue(cause, nodes, job)
-        except Exception as exc:
-            if "pending" in str(exc).lower():  # requeued meanwhile by Slurm or someone else: same outcome
-                self.record("job-requeue", f"job {self.ident.job_id} was already requeued ({cause.label()}); "
-                            f"checkpoint step {step}", "action", **evidence)
-                return EXIT_REQUEUED
-            self.comment.state = "requeue-failed"
-            self.write_comment()
-            self.record("job-requeue-failed", f"job {self.ident.job_id}: requeue failed: {exc}", "error",
-                        **evidence)
-            return 1
-        evidence["excluded"] = ",".join(excluded)
-        self.record("job-requeue", f"job {self.ident.job_id} requeued after {cause.label()} at checkpoint step "
-                    f"{step} (restart {next_restart} of at most {self.opts.max_restarts})"
-                    f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
-        return EXIT_REQUEUED
+        return self.requeue_and_record(next_restart, cause, step, nodes, job, evidence)
 
     def _note_restart(self, restart: int, cause: causes.Cause, step: str, state: str) -> None:
         self.comment.restarts, self.comment.last, self.comment.step = restart, cause.label(), step
         self.comment.state = state
         self.write_comment()
 
-    def requeue(self, cause: causes.Cause, nodes, job) -> List[str]:
-        """Requeue (checkpoint already done); after a node problem exclude the bad nodes while pending."""
+    def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes, job,
+                           evidence: Dict[str, object]) -> int:
+        """Requeue (the checkpoint is already written) and say what happened; the exit code."""
+        try:
+            outcome, excluded = self.requeue(cause, nodes, job, next_restart, step)
+        except SlurmRequeueDisabled as exc:
+            return self._requeue_failed(f"job {self.ident.job_id} was submitted without requeue "
+                                        f"(--no-requeue or JobRequeue=0): {exc}", evidence)
+        except SlurmJobFinished:
+            self.comment.state = "cancelled"
+            self.write_comment()
+            self.record("job-cancelled", f"job {self.ident.job_id} ended before it could be requeued "
+                        f"(cancelled meanwhile); checkpoint step {step}", "info", **evidence)
+            return EXIT_REQUEUED
+        except SlurmError as exc:
+            return self._requeue_failed(f"job {self.ident.job_id}: requeue failed: {exc}", evidence)
+        evidence["excluded"] = ",".join(excluded)
+        who = "was already requeued" if outcome == "already-requeued" else "requeued"
+        self.record("job-requeue", f"job {self.ident.job_id} {who} after {cause.label()} at checkpoint step "
+                    f"{step} (restart {next_restart} of at most {self.opts.max_restarts})"
+                    f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
+        return EXIT_REQUEUED
+
+    def _requeue_failed(self, message: str, evidence: Dict[str, object]) -> int:
+        self.comment.state = "requeue-failed"
+        self.write_comment()
+        self.record("job-requeue-failed", message, "error", **evidence)
+        return 1
+
+    def requeue(self, cause: causes.Cause, nodes, job, next_restart: int = 0, step: str = "none"):
+        """Requeue; after a node problem keep the job off the bad nodes while it is pending.
+
+        Returns ("requeued" | "already-requeued", nodes autoheal excludes). Every Slurm call is
+        shielded from the kill it triggers and retried while slurmctld does not answer."""
         if self.slurm is None:
-            raise RuntimeError("no Slurm access")
-        bad = [n.name for n in nodes if n.drain or n.down or not n.responding]
+            raise SlurmError("no Slurm access")
+        bad = [n.name for n in nodes if node_unhealthy(n)]
         if cause.node and cause.node not in bad:
             bad.append(cause.node)
-        if not (cause.node_problem and self.opts.exclude_failed and bad):
-            self.slurm.requeue(self.ident.job_id)
-            return []
-        self.slurm.requeue(self.ident.job_id, hold=True)
-        try:
-            current = self.slurm.get_job(self.ident.job_id)
-            user_excluded = list(current.excluded_nodes)
-        except Exception:
-            user_excluded = list(job.excluded_nodes) if job else []
-        merged = merged_exclusions(user_excluded, bad)
-        try:
-            self.slurm.update_job(self.ident.job_id, ExcNodeList=",".join(merged))
-        except Exception as exc:
-            say(f"warning: cannot exclude {','.join(bad)}: {exc}")
-            merged = []
-        finally:
-            self.slurm.release(self.ident.job_id)
-        return merged
+        job_id = self.ident.job_id
+        budget = self.opts_budget()
+        with Shield(extra=[int(self.grace_sig)]):
+            if not (cause.node_problem and self.opts.exclude_failed and bad):
+                # One call is the whole requeue: nothing to finish if we are killed after it.
+                self._note_restart(next_restart, cause, step, "requeued")
+                try:
+                    retry_step(lambda: self.slurm.requeue(job_id), budget, f"scontrol requeue {job_id}")
+                except SlurmJobAlreadyPending:
+                    return "already-requeued", []
+                return "requeued", []
+            states = {n.name: n for n in self._nodes(sorted(set(bad) | set(split_nodes(self.comment.excl))))}
+            ours_before = split_nodes(self.comment.excl)
+            planned = plan_exclusions(list(job.excluded_nodes) if job is not None else [], ours_before, bad,
+                                      states)
+            # The intent first: if we die after the hold, `autoheal guard` reads it here and finishes.
+            self.comment.restarts, self.comment.last, self.comment.step = next_restart, cause.label(), step
+            self.comment.state, self.comment.excl = "requeueing", ",".join(planned.ours)
+            retry_step(lambda: self.slurm.set_job_comment(job_id, self.comment.render()), budget,
+                       f"record the requeue intent of job {job_id}")
+            outcome = "requeued"
+            try:
+                retry_step(lambda: self.slurm.requeue(job_id, hold=True), budget, f"scontrol requeuehold {job_id}")
+            except SlurmJobAlreadyPending:
+                outcome = "already-requeued"  # Slurm, xid-watch or the user requeued first: still exclude
+            excl = planned
+            try:
+                # Read the list again now that it is pending: never overwrite a user's exclusion we did
+                # not see (the job record may have been unreadable before the hold).
+                fresh: List = []
+                retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+                excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
+                retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
+                           f"exclude {','.join(excl.ours)} from job {job_id}")
+            except SlurmJobNotPending:
+                say(f"warning: job {job_id} is no longer pending; not excluding {','.join(excl.ours)}")
+            except (SlurmNotFound, SlurmJobFinished):
+                raise SlurmJobFinished(f"job {job_id} is gone") from None
+            retry_step(lambda: self.slurm.release(job_id), budget, f"scontrol release {job_id}")
+            self.comment.state = "requeued"
+            self.write_comment()
+        return outcome, excl.ours
+
+    def opts_budget(self) -> float:
+        return float(getattr(self.opts, "requeue_budget", 0) or REQUEUE_STEP_BUDGET)
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:

@@ -18,6 +18,7 @@ LAZY_COMMANDS = {
     "slurm-conf": "autoheal.slurm_conf.cli:slurm_conf",
     "doctor": "autoheal.slurm_conf.cli:doctor",
     "sbatch": "autoheal.sbatch_helpers.cli:sbatch",
+    "guard": "autoheal.sbatch_helpers.guard_cli:guard",
     "sync": "autoheal.k8s_sync.cli:sync",
 }
 

@@ -13,6 +13,7 @@ import pytest
 
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers import runner as r
+from autoheal.sbatch_helpers.comment import merged_exclusions
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.slurm.model import Job, Node
 
@@ -46,6 +47,9 @@ class FakeSlurm:
     def set_job_comment(self, job_id, comment):
         self.calls.append(("comment", job_id, comment))
         self.job = replace(self.job, comment=comment)
+
+    def set_excluded_nodes(self, job_id, nodes):
+        self.update_job(job_id, ExcNodeList=",".join(nodes))
 
 
 @pytest.fixture(autouse=True)
@@ -222,7 +226,7 @@ def test_comment_roundtrip_and_helpers(tmp_path):
     assert r.CommentState.parse(st.render()) == st
     assert r.CommentState.parse("someone else's").user_comment == "someone else's"
     assert r.no_progress(2, "5", "5") and not r.no_progress(1, "5", "5") and not r.no_progress(2, "5", "6")
-    assert r.merged_exclusions(["a", "b"], ["b", "c"]) == ["a", "b", "c"]
+    assert merged_exclusions(["a", "b"], ["b", "c"]) == ["a", "b", "c"]
     ident = r.JobIdentity.from_env({"SLURM_JOB_ID": "12", "SLURM_ARRAY_JOB_ID": "10", "SLURM_ARRAY_TASK_ID": "2",
                                     "SLURM_SUBMIT_DIR": "/home/u", "SLURM_JOB_NAME": "t"})
     assert (ident.job_id, ident.restart_count) == ("10_2", 0)

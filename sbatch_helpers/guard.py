@@ -1,0 +1,208 @@
+"""``autoheal guard``: finishes, from outside the job, what the runner's requeue could not.
+
+The runner requeues its job after a node fault with requeuehold -> ExcNodeList -> release. Slurm answers
+the hold by killing every process of the job (SIGTERM, then SIGKILL after KillWait); the runner shields
+its Slurm calls from SIGTERM, but a SIGKILL, a crash, or a controller that stays away longer than the
+runner's retry budget can still leave the job held for good. Nothing inside the job can fix that, so
+this small controller-side loop does, every ``interval`` seconds:
+
+* **release**: a PENDING job whose comment carries the runner marker with ``state=requeueing`` and that is
+  held by requeuehold (reason JobHeldUser, description "job requeued in held state"), seen so for at least
+  ``release_after`` seconds (the runner's own release usually lands within a second): apply the
+  exclusions the runner recorded (``excl=``, pruned to nodes still unhealthy, the user's own list kept),
+  release it, and record ``guard=released`` in the comment and a journal record. A job held by anyone
+  else (``scontrol hold`` by a user or an admin, Slurm's own launch-failure hold) is never touched.
+* **prune**: a PENDING, not held runner job whose autoheal exclusions name nodes that are healthy again
+  gets them removed, so exclusions never grow without bound or keep a job pending for good.
+
+Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
+writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
+Run one on the slurmctld host (systemd unit in docs/admin-hooks.md); the lab starts one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
+from autoheal.sbatch_helpers.comment import CommentState, is_runner_comment, plan_exclusions, split_nodes
+
+RELEASE = "release"
+PRUNE = "prune"
+
+
+@dataclass(frozen=True)
+class GuardAction:
+    """One thing the guard will do to one job (pure data: planned, printed with --dry-run, executed)."""
+
+    kind: str  # RELEASE or PRUNE
+    job_id: str
+    exclusions: Tuple[str, ...]  # the whole ExcNodeList to set (the user's own first)
+    ours: Tuple[str, ...]  # autoheal's part of it, recorded in the comment
+    removed: Tuple[str, ...]  # autoheal exclusions dropped because the node is healthy again
+    comment: str  # the job comment after the action
+    why: str
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"action": self.kind, "job": self.job_id, "exclusions": list(self.exclusions),
+                "autoheal_exclusions": list(self.ours), "removed": list(self.removed), "why": self.why}
+
+
+@dataclass
+class Sightings:
+    """When the guard first saw each job waiting for a release (in memory: a restarted guard only waits
+    ``release_after`` once more)."""
+
+    first_seen: Dict[Tuple[str, int], float] = field(default_factory=dict)
+
+    def since(self, job_id: str, restart: int, now: float) -> float:
+        return self.first_seen.setdefault((job_id, restart), now)
+
+    def forget_except(self, keys: Sequence[Tuple[str, int]]) -> None:
+        keep = set(keys)
+        for key in list(self.first_seen):
+            if key not in keep:
+                del self.first_seen[key]
+
+
+def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now: float,
+         release_after: float) -> List[GuardAction]:
+    """What to do this pass (pure). ``nodes``: name -> Node for every node Slurm knows."""
+    actions: List[GuardAction] = []
+    waiting: List[Tuple[str, int]] = []
+    for job in jobs:
+        if job.state != "PENDING" or not is_runner_comment(job.comment):
+            continue
+        st = CommentState.parse(job.comment)
+        ours_before = split_nodes(st.excl)
+        excl = plan_exclusions(list(job.excluded_nodes), ours_before, [], nodes)
+        if job.requeue_held and st.state == "requeueing":
+            key = (job.job_id, job.restart_count)
+            waiting.append(key)
+            held_for = now - sightings.since(job.job_id, job.restart_count, now)
+            if held_for < release_after:
+                continue  # the runner is probably finishing this itself
+            st.state, st.guard, st.excl = "requeued", "released", ",".join(excl.ours)
+            actions.append(GuardAction(RELEASE, job.job_id, tuple(excl.full), tuple(excl.ours),
+                                       tuple(n for n in ours_before if n not in excl.ours), st.render(),
+                                       f"held by the runner's requeue for {held_for:.0f}s; the runner did "
+                                       f"not release it (killed or cut off from slurmctld)"))
+        elif not job.held and excl.ours != ours_before:
+            removed = tuple(n for n in ours_before if n not in excl.ours)
+            st.guard, st.excl = "pruned", ",".join(excl.ours)
+            actions.append(GuardAction(PRUNE, job.job_id, tuple(excl.full), tuple(excl.ours), removed,
+                                       st.render(), f"{','.join(removed)} healthy again"))
+    sightings.forget_except(waiting)
+    return actions
+
+
+@dataclass
+class GuardResult:
+    action: GuardAction
+    done: bool
+    detail: str = ""
+
+    def to_dict(self) -> Dict[str, object]:
+        return dict(self.action.to_dict(), done=self.done, detail=self.detail)
+
+
+class Guard:
+    """One guard loop: ``pass_once()`` reads Slurm, plans and (unless ``dry_run``) acts."""
+
+    def __init__(self, slurm, journal=None, notifier=None, release_after: float = 5.0, dry_run: bool = False,
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = print):
+        self.slurm = slurm
+        self.journal = journal
+        self.notifier = notifier
+        self.release_after = release_after
+        self.dry_run = dry_run
+        self.clock = clock
+        self.say = say
+        self.sightings = Sightings()
+
+    def pass_once(self) -> List[GuardResult]:
+        """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
+        jobs = self.slurm.list_jobs(states=["PENDING"])
+        if not any(is_runner_comment(j.comment) for j in jobs):
+            self.sightings.forget_except([])
+            return []
+        nodes = {n.name: n for n in self.slurm.list_nodes()}
+        actions = plan(jobs, nodes, self.sightings, self.clock(), self.release_after)
+        if self.dry_run:
+            return [GuardResult(a, False, "dry run") for a in actions]
+        return [self.execute(a) for a in actions]
+
+    def execute(self, action: GuardAction) -> GuardResult:
+        job_id = action.job_id
+        try:
+            try:
+                self.slurm.set_excluded_nodes(job_id, list(action.exclusions))
+            except SlurmJobNotPending:
+                # started meanwhile (the runner's own release won the race): nothing left to do
+                return GuardResult(action, False, "job is no longer pending")
+            if action.kind == RELEASE:
+                self.slurm.release(job_id)
+            self.slurm.set_job_comment(job_id, action.comment)
+        except (SlurmNotFound, SlurmJobFinished):
+            return GuardResult(action, False, "job is gone")
+        except SlurmError as exc:
+            self.say(f"autoheal guard: job {job_id}: {action.kind} failed: {exc}")
+            return GuardResult(action, False, str(exc))
+        self._record(action)
+        return GuardResult(action, True)
+
+    def _record(self, action: GuardAction) -> None:
+        if action.kind == RELEASE:
+            message = (f"job {action.job_id}: released after an interrupted requeue ({action.why})"
+                       f"{'; excluded ' + ','.join(action.ours) if action.ours else ''}")
+            event, severity = "guard-release", "action"
+        else:
+            message = f"job {action.job_id}: no longer excluded from {','.join(action.removed)} ({action.why})"
+            event, severity = "guard-prune", "info"
+        self.say(f"autoheal guard: {message}")
+        if self.journal is None:
+            return
+        node = (action.ours or action.removed or ("",))[0]
+        rec = self.journal.record(event, job_ids=[action.job_id], node=node, message=message, severity=severity,
+                                  action=action.kind, source="guard", evidence=action.to_dict())
+        if rec is not None and self.notifier is not None and severity != "info":
+            try:
+                self.notifier.send(rec)
+            except Exception as exc:  # a notification never stops the guard
+                self.say(f"autoheal guard: notification failed: {exc}")
+
+
+def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
+                sleep: Callable[[float], None] = time.sleep) -> None:
+    """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff."""
+    from autoheal.errors import SlurmUnavailable
+
+    pause = interval
+    while not stop():
+        try:
+            guard.pass_once()
+            pause = interval
+        except SlurmUnavailable as exc:
+            guard.say(f"autoheal guard: slurmctld not answering ({exc}); next try in {pause:g}s")
+            pause = min(max(interval, pause * 2), 60.0)
+        except SlurmError as exc:
+            guard.say(f"autoheal guard: {exc}")
+        sleep(pause)
+
+
+def describe(results: Sequence[GuardResult]) -> List[str]:
+    """Human lines for ``autoheal guard --once``."""
+    if not results:
+        return ["nothing to do: no autoheal job is left held or over-excluded"]
+    return [f"{r.action.kind:8} job {r.action.job_id}: {r.action.why}"
+            f"{' -> ExcNodeList=' + ','.join(r.action.exclusions) if r.action.exclusions else ''}"
+            f"{'' if r.done else ' [' + (r.detail or 'not done') + ']'}" for r in results]
+
+
+def pending_ids(results: Sequence[GuardResult]) -> Optional[List[str]]:
+    """Job ids whose action did not complete (None when all did)."""
+    left = [r.action.job_id for r in results if not r.done and r.detail not in ("dry run", "job is gone",
+                                                                               "job is no longer pending")]
+    return left or None

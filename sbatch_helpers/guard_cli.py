@@ -1,0 +1,81 @@
+"""``autoheal guard``: the controller-side loop that finishes interrupted requeues (see guard.py)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import click
+
+from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
+from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
+
+
+@click.command("guard")
+@click.option("--interval", type=click.FloatRange(0.5, 3600), default=2.0, show_default=True,
+              help="Seconds between passes (one squeue, plus one node list when an autoheal job is pending).")
+@click.option("--release-after", type=click.FloatRange(0, 3600), default=5.0, show_default=True,
+              help="Seconds a job must stay held by the runner's requeue before the guard releases it (the "
+                   "runner normally releases it itself within a second).")
+@click.option("--once", is_flag=True, help="Make one pass, print what was done, and exit (0 nothing left to do, "
+              "1 a job could not be fixed, 2 slurmctld did not answer or config error). With --once, "
+              "--release-after still applies from the first sighting, so a held job is released only "
+              "if --release-after is 0.")
+@click.option("--dry-run", is_flag=True, help="Plan and print; change nothing in Slurm.")
+@click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
+@config_option
+@handle_errors
+def guard(interval, release_after, once, dry_run, as_json, config_path) -> None:
+    """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
+
+    \b
+    A job run by `autoheal sbatch` requeues itself after a node fault with requeuehold ->
+    ExcNodeList -> release. Slurm kills the job's processes as soon as it is held; if the runner
+    dies before its release (SIGKILL, slurmctld away too long), the job would stay held forever.
+    The guard, running outside every job, finds such jobs by their comment (state=requeueing) and
+    by Slurm's own "job requeued in held state", applies the recorded exclusions and releases them.
+    Holds placed by users or admins are never touched. It also removes autoheal's exclusions of
+    nodes that are healthy again, so a pending job never waits on a list that only grows.
+
+    \b
+    Run one on the slurmctld host:   autoheal guard            (a daemon; stop with SIGTERM)
+    See what it would do:            autoheal guard --once --dry-run
+    """
+    from autoheal.sbatch_helpers.guard import Guard, describe, pending_ids, run_forever
+    from autoheal.slurm import get_adapter
+
+    cfg = load_cfg(config_path)
+    slurm = get_adapter(cfg)
+    journal = notifier = None
+    if not dry_run:
+        from autoheal.journal import Journal
+        from autoheal.notify import Notifier
+
+        journal = Journal.from_config(cfg)
+        notifier = Notifier.from_config(cfg, journal)
+    g = Guard(slurm, journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
+              say=lambda text: click.echo(text, err=once))  # --once: stdout is the report
+    if once:
+        try:
+            results = g.pass_once()
+        except SlurmUnavailable as exc:
+            click.echo(f"autoheal guard: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        if as_json:
+            print_json({"ok": pending_ids(results) is None, "actions": [r.to_dict() for r in results]})
+        else:
+            for line in describe(results):
+                click.echo(line)
+        if notifier is not None:
+            notifier.flush(5.0)
+        sys.exit(EXIT_PROBLEM if pending_ids(results) else EXIT_OK)
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    click.echo(f"autoheal guard: watching for held autoheal jobs every {interval:g}s "
+               f"(release after {release_after:g}s){' [dry run]' if dry_run else ''}")
+    sys.stdout.flush()
+    run_forever(g, interval, stopping.is_set, sleep=stopping.wait)
+    if notifier is not None:
+        notifier.flush(5.0)

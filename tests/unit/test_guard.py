@@ -1,0 +1,124 @@
+"""``autoheal guard``: what it plans (pure) and what it does to the in-memory Slurm."""
+
+from __future__ import annotations
+
+import json
+
+from click.testing import CliRunner
+
+from autoheal.journal import Journal
+from autoheal.sbatch_helpers.comment import CommentState
+from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, Guard, Sightings, plan
+from autoheal.slurm.model import Job, Node
+from slurm_double import MemorySlurm
+
+NODES = {"gpu1": Node("gpu1", "IDLE"), "gpu2": Node("gpu2", "IDLE", frozenset({"DRAIN"}), reason="autoheal: x"),
+         "gpu3": Node("gpu3", "IDLE")}
+INTENT = "autoheal-runner restarts=1 last=autoheal-drain@gpu2 step=14 state=requeueing excl=gpu2 | note"
+
+
+def held_by_requeue(comment=INTENT, excluded=("spare1",), job_id="9"):
+    slurm = MemorySlurm(NODES.values(), [Job(job_id=job_id, raw_id=job_id, state="RUNNING", nodes=("gpu2",),
+                                             comment=comment, excluded_nodes=excluded, requeue=True)])
+    slurm.requeue(job_id, hold=True)  # the runner's hold; the runner died right after it
+    slurm.calls.clear()
+    return slurm
+
+
+def test_waits_for_the_runner_then_releases_with_the_recorded_exclusions(tmp_path):
+    slurm = held_by_requeue()
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    clock = [100.0]
+    guard = Guard(slurm, journal=journal, release_after=5, clock=lambda: clock[0], say=lambda s: None)
+    assert guard.pass_once() == [] and slurm.writes() == []  # first sighting: give the runner its chance
+    clock[0] = 103.0
+    assert guard.pass_once() == []
+    clock[0] = 105.5
+    [res] = guard.pass_once()
+    assert res.done and res.action.kind == RELEASE
+    job = slurm.jobs["9"]
+    assert not job.held and job.excluded_nodes == ("spare1", "gpu2")
+    st = CommentState.parse(job.comment)
+    assert (st.state, st.guard, st.user_comment, st.restarts) == ("requeued", "released", "note", 1)
+    [rec] = list(journal.read(events=["guard-release"]))
+    assert rec.job_ids == ["9"] and rec.node == "gpu2" and "released" in rec.message
+    assert guard.pass_once() == []  # done: nothing more to do
+
+
+def test_holds_by_users_admins_or_slurm_are_never_touched():
+    # the user's own hold of an autoheal job
+    slurm = MemorySlurm(NODES.values(), [Job(job_id="3", raw_id="3", state="PENDING", comment=INTENT)])
+    slurm.hold("3", admin=False)
+    # an admin held it again after our requeuehold: JobHeldAdmin, description kept
+    slurm2 = held_by_requeue()
+    slurm2.hold("9", admin=True)
+    # a plain job held by requeuehold (not ours: no runner marker)
+    slurm3 = held_by_requeue(comment="my own comment state=requeueing")
+    for s in (slurm, slurm2, slurm3):
+        guard = Guard(s, release_after=0, say=lambda t: None)
+        assert guard.pass_once() == [] and s.writes() == []
+        assert all(j.held for j in s.jobs.values())
+
+
+def test_runner_marker_without_requeueing_intent_is_left_held():
+    slurm = held_by_requeue(comment="autoheal-runner restarts=1 state=requeued")
+    assert Guard(slurm, release_after=0, say=lambda t: None).pass_once() == []
+    assert slurm.jobs["9"].held
+
+
+def test_prunes_exclusions_of_nodes_healthy_again_but_keeps_the_users():
+    job = Job(job_id="4", raw_id="4", state="PENDING", excluded_nodes=("spare1", "gpu1", "gpu2", "gpu3"),
+              comment="autoheal-runner restarts=3 state=requeued excl=gpu1,gpu2,gpu3", priority=1)
+    actions = plan([job], NODES, Sightings(), 0.0, 5.0)
+    assert [(a.kind, a.exclusions, a.removed) for a in actions] == [(PRUNE, ("spare1", "gpu2"), ("gpu1", "gpu3"))]
+    slurm = MemorySlurm(NODES.values(), [job])
+    [res] = Guard(slurm, say=lambda t: None).pass_once()
+    assert res.done and slurm.jobs["4"].excluded_nodes == ("spare1", "gpu2")
+    assert CommentState.parse(slurm.jobs["4"].comment).excl == "gpu2"
+    assert Guard(slurm, say=lambda t: None).pass_once() == []  # stable: nothing more to prune
+
+
+def test_runner_wins_the_race_guard_backs_off():
+    slurm = held_by_requeue()
+    [action] = plan(slurm.list_jobs(), NODES, Sightings(), 0.0, 0.0)
+    slurm.release("9")
+    slurm.start("9", ["gpu1"])  # the runner's release landed and the job started
+    res = Guard(slurm, say=lambda t: None).execute(action)
+    assert not res.done and res.detail == "job is no longer pending"
+    assert slurm.jobs["9"].state == "RUNNING"
+
+
+def test_dry_run_changes_nothing():
+    slurm = held_by_requeue()
+    [res] = Guard(slurm, release_after=0, dry_run=True, say=lambda t: None).pass_once()
+    assert not res.done and slurm.writes() == [] and slurm.jobs["9"].held
+
+
+def test_cli_once_reports_unreachable_slurm_with_exit_2(tmp_path, monkeypatch):
+    from autoheal.sbatch_helpers.guard_cli import guard
+
+    conf = tmp_path / "autoheal.toml"
+    conf.write_text('[slurm]\nbin_dir = "%s"\ntimeout = 1\nretries = 0\n[journal]\npath = "%s"\n'
+                    % (tmp_path / "bin", tmp_path / "j.jsonl"))
+    (tmp_path / "bin").mkdir()
+    for tool in ("squeue", "sinfo", "scontrol"):
+        p = tmp_path / "bin" / tool
+        p.write_text("#!/bin/sh\necho 'slurm_load_jobs error: Unable to contact slurm controller' >&2\nexit 1\n")
+        p.chmod(0o755)
+    res = CliRunner().invoke(guard, ["--once", "--json", "--config", str(conf)])
+    assert res.exit_code == 2, res.output
+    assert "Unable to contact" in res.output
+
+
+def test_cli_once_json_lists_actions(tmp_path, monkeypatch):
+    from autoheal.sbatch_helpers import guard_cli
+
+    slurm = held_by_requeue()
+    monkeypatch.setattr("autoheal.slurm.get_adapter", lambda cfg: slurm)
+    conf = tmp_path / "autoheal.toml"
+    conf.write_text('[journal]\npath = "%s"\n' % (tmp_path / "j.jsonl"))
+    res = CliRunner().invoke(guard_cli.guard, ["--once", "--json", "--release-after", "0", "--config", str(conf)])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["ok"] and out["actions"][0]["action"] == "release" and out["actions"][0]["done"]
+    assert not slurm.jobs["9"].held
