@@ -6,7 +6,8 @@ its Slurm calls from SIGTERM, but a SIGKILL, a crash, or a controller that stays
 runner's retry budget can still leave the job held for good. Nothing inside the job can fix that, so
 this small controller-side loop does, every ``interval`` seconds:
 
-* **release**: a PENDING job whose comment carries the runner marker with ``state=requeueing`` and that is
+* **release**: a PENDING job whose comment carries the runner marker with ``state=requeueing`` (or
+  ``requeue-failed``: the runner gave up, e.g. slurmctld stayed away past its retry budget) and that is
   held by requeuehold (reason JobHeldUser, description "job requeued in held state"), seen so for at least
   ``release_after`` seconds (the runner's own release usually lands within a second): apply the
   exclusions the runner recorded (``excl=``, pruned to nodes still unhealthy, the user's own list kept),
@@ -31,6 +32,9 @@ from autoheal.sbatch_helpers.comment import CommentState, is_runner_comment, pla
 
 RELEASE = "release"
 PRUNE = "prune"
+#: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
+#: intent is all it left) and requeue-failed (it gave up after its retry budget, e.g. slurmctld away).
+UNFINISHED = ("requeueing", "requeue-failed")
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now:
         st = CommentState.parse(job.comment)
         ours_before = split_nodes(st.excl)
         excl = plan_exclusions(list(job.excluded_nodes), ours_before, [], nodes)
-        if job.requeue_held and st.state == "requeueing":
+        if job.requeue_held and st.state in UNFINISHED:
             key = (job.job_id, job.restart_count)
             waiting.append(key)
             held_for = now - sightings.since(job.job_id, job.restart_count, now)

@@ -557,30 +557,52 @@ class Runner:
             # The intent first: if we die after the hold, `autoheal guard` reads it here and finishes.
             self.comment.restarts, self.comment.last, self.comment.step = next_restart, cause.label(), step
             self.comment.state, self.comment.excl = "requeueing", ",".join(planned.ours)
+            self.comment.guard = ""  # a fresh requeue: what the guard did for an earlier one is history
             retry_step(lambda: self.slurm.set_job_comment(job_id, self.comment.render()), budget,
                        f"record the requeue intent of job {job_id}")
-            outcome = "requeued"
-            try:
-                retry_step(lambda: self.slurm.requeue(job_id, hold=True), budget, f"scontrol requeuehold {job_id}")
-            except SlurmJobAlreadyPending:
-                outcome = "already-requeued"  # Slurm, xid-watch or the user requeued first: still exclude
-            excl = planned
-            try:
-                # Read the list again now that it is pending: never overwrite a user's exclusion we did
-                # not see (the job record may have been unreadable before the hold).
-                fresh: List = []
-                retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
-                excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
-                retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
-                           f"exclude {','.join(excl.ours)} from job {job_id}")
-            except SlurmJobNotPending:
-                say(f"warning: job {job_id} is no longer pending; not excluding {','.join(excl.ours)}")
-            except (SlurmNotFound, SlurmJobFinished):
-                raise SlurmJobFinished(f"job {job_id} is gone") from None
-            retry_step(lambda: self.slurm.release(job_id), budget, f"scontrol release {job_id}")
+            outcome, excl = "requeued", planned
+            for attempt in range(1, 4):
+                outcome, excl = self._hold_exclude_release(job_id, budget, ours_before, bad, states, planned)
+                if self._requeue_took(job_id, budget):
+                    break
+                # slurmctld restarted from a state saved before our hold: the job runs on as if never
+                # requeued. Do it again (a finished batch shell would otherwise end the job COMPLETED).
+                say(f"job {job_id}: the requeue did not take (slurmctld restarted?); again ({attempt}/3)")
+            else:
+                raise SlurmError(f"job {job_id}: requeued three times, still running")
             self.comment.state = "requeued"
             self.write_comment()
         return outcome, excl.ours
+
+    def _hold_exclude_release(self, job_id: str, budget: float, ours_before, bad, states, planned):
+        """requeuehold -> ExcNodeList -> release, each step retried; (outcome, exclusions)."""
+        outcome = "requeued"
+        try:
+            retry_step(lambda: self.slurm.requeue(job_id, hold=True), budget, f"scontrol requeuehold {job_id}")
+        except SlurmJobAlreadyPending:
+            outcome = "already-requeued"  # Slurm, xid-watch or the user requeued first: still exclude
+        excl = planned
+        try:
+            # Read the list again now that it is pending: never overwrite a user's exclusion we did not
+            # see (the job record may have been unreadable before the hold).
+            fresh: List = []
+            retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+            excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
+            retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
+                       f"exclude {','.join(excl.ours)} from job {job_id}")
+        except SlurmJobNotPending:
+            say(f"warning: job {job_id} is no longer pending; not excluding {','.join(excl.ours)}")
+        except (SlurmNotFound, SlurmJobFinished):
+            raise SlurmJobFinished(f"job {job_id} is gone") from None
+        retry_step(lambda: self.slurm.release(job_id), budget, f"scontrol release {job_id}")
+        return outcome, excl
+
+    def _requeue_took(self, job_id: str, budget: float) -> bool:
+        """The job is pending again, or already on its next run (a higher restart count)."""
+        seen: List = []
+        retry_step(lambda: seen.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+        job = seen[0]
+        return job.state != "RUNNING" or job.restart_count > self.ident.restart_count
 
     def opts_budget(self) -> float:
         return float(getattr(self.opts, "requeue_budget", 0) or REQUEUE_STEP_BUDGET)

@@ -7,7 +7,7 @@ import sys
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, print_json
-from autoheal.errors import EXIT_OK
+from autoheal.errors import EXIT_OK, EXIT_USAGE
 
 
 @click.group()
@@ -64,12 +64,21 @@ def _toml(value) -> str:
 @json_option
 @handle_errors
 def validate(file: str, as_json: bool) -> None:
-    """Check FILE: exit 0 when valid, 2 with a one-line reason when not."""
-    from autoheal.config import load_config
+    """Check FILE: exit 0 when valid, 2 with a one-line reason when not.
 
-    load_config(file)
+    Also says what the chosen Slurm backend cannot do by itself (e.g. slurmrestd has no requeue call:
+    autoheal then uses scontrol for it); a part that could not work at all is an error (exit 2)."""
+    from autoheal.config import load_config
+    from autoheal.slurm import backend_notes
+
+    cfg = load_config(file)
+    notes = backend_notes(cfg.slurm)
+    ok = not any(level == "error" for level, _ in notes)
     if as_json:
-        print_json({"ok": True, "file": file})
+        print_json({"ok": ok, "file": file, "notes": [{"level": lv, "text": t} for lv, t in notes]})
     else:
-        click.echo(f"{file}: ok")
-    sys.exit(EXIT_OK)
+        for level, text in notes:
+            click.echo(f"{file}: {level}: {text}", err=level == "error")
+        if ok:
+            click.echo(f"{file}: ok")
+    sys.exit(EXIT_OK if ok else EXIT_USAGE)

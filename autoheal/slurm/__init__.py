@@ -5,7 +5,32 @@ from __future__ import annotations
 from autoheal.slurm.base import SlurmAdapter
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
-__all__ = ["SlurmAdapter", "Job", "Node", "SlurmVersion", "parse_state", "get_adapter"]
+__all__ = ["SlurmAdapter", "Job", "Node", "SlurmVersion", "parse_state", "get_adapter", "backend_notes"]
+
+
+def backend_notes(section, scontrol_found=None) -> list:
+    """What the configured backend cannot do by itself, as (level, text) lines for `config validate`.
+
+    Static (no call to Slurm): level "note" when another route covers it, "error" when a part that
+    needs the call would fail. ``scontrol_found``: whether scontrol is installed (looked up if None)."""
+    if scontrol_found is None:
+        from autoheal.slurm.binaries import maybe_binary
+
+        scontrol_found = bool(maybe_binary("scontrol", section.bin_dir))
+    notes = []
+    if section.backend == "rest":
+        if scontrol_found:
+            notes.append(("note", "slurm.backend = 'rest': requeue, reboot and `scontrol show config` go through "
+                                  "scontrol (slurmrestd has no call for them); on Slurm 22.05/23.02 (API "
+                                  "v0.0.38/39) every write does"))
+        else:
+            notes.append(("error", "slurm.backend = 'rest' and scontrol is not installed here: job requeues "
+                                   "(the runner, xid-watch), the reboot rung and `autoheal doctor` cannot work; "
+                                   "install slurm-client or set slurm.bin_dir"))
+    elif section.backend == "pyslurm":
+        notes.append(("note", "slurm.backend = 'pyslurm': the reboot rung is not available (pyslurm has no "
+                              "reboot call); the ladder goes from reset to replace"))
+    return notes
 
 
 def get_adapter(config=None) -> SlurmAdapter:

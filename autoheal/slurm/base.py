@@ -147,6 +147,7 @@ _JOB_OUTCOMES = (
     ("job is pending execution", SlurmJobAlreadyPending),
     ("already completing or completed", SlurmJobFinished),
     ("job/step already completed", SlurmJobFinished),
+    ("job has already finished", SlurmJobFinished),
     ("requested operation is presently disabled", SlurmRequeueDisabled),
     ("requeue of this job is disabled", SlurmRequeueDisabled),
     ("can not be altered now", SlurmJobBusy),

@@ -122,3 +122,10 @@ def test_cli_once_json_lists_actions(tmp_path, monkeypatch):
     out = json.loads(res.stdout)
     assert out["ok"] and out["actions"][0]["action"] == "release" and out["actions"][0]["done"]
     assert not slurm.jobs["9"].held
+
+
+def test_releases_a_job_whose_runner_gave_up():
+    # the runner retried for its whole budget (slurmctld away), then wrote requeue-failed and exited
+    slurm = held_by_requeue(comment=INTENT.replace("state=requeueing", "state=requeue-failed"))
+    [res] = Guard(slurm, release_after=0, say=lambda t: None).pass_once()
+    assert res.done and not slurm.jobs["9"].held and "gpu2" in slurm.jobs["9"].excluded_nodes

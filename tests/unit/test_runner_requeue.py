@@ -162,3 +162,23 @@ def test_final_comment_names_the_last_fault_when_restarts_run_out(tmp_path):
     assert runner.run([sys.executable, "-c", "import time; time.sleep(0.3)"]) == r.EXIT_MAX_RESTARTS
     st = CommentState.parse(slurm.jobs["7"].comment)
     assert st.state == "max-restarts" and st.last == "autoheal-drain@gpu1"
+
+
+def test_a_requeue_lost_by_a_controller_restart_is_done_again():
+    # slurmctld killed right after our hold restarts from a state saved before it: the job is RUNNING
+    # again with its old restart count. Ending the batch shell then would end the job COMPLETED.
+    runner, slurm, cause = setup()
+    lost = {"done": False}
+
+    def before(op, args):
+        if op == "release" and not lost["done"]:
+            lost["done"] = True
+            job = slurm.jobs["7"]
+            slurm.jobs["7"] = job.__class__(**{**job.__dict__, "state": "RUNNING", "restart_count": 0,
+                                                "priority": 1, "state_reason": "None", "nodes": ("gpu2",)})
+
+    slurm.before = before
+    assert runner.requeue(cause, list(slurm.nodes.values()), slurm.jobs["7"], 1, "14")[0] == "requeued"
+    assert [c[0] for c in slurm.writes("7")].count("requeuehold") == 2
+    job = slurm.jobs["7"]
+    assert job.state == "PENDING" and job.restart_count == 1 and not job.held and "gpu2" in job.excluded_nodes
