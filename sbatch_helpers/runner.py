@@ -295,19 +295,26 @@ class Runner:
     def record(self, event: str, message: str, severity: str = "info", **evidence) -> None:
         say(message)
         rec = None
+        # Filed under the node concerned (the faulty one), else the node running this batch shell, so
+        # `autoheal events --node` finds every record of a job's run (not under the submit host).
+        node = str(evidence.get("node") or self.batch_node())
         if self.journal is not None:
-            rec = self.journal.record(event, job_ids=[self.ident.job_id], node=str(evidence.get("node", "")),
+            rec = self.journal.record(event, job_ids=[self.ident.job_id], node=node,
                                       evidence=evidence, message=message, severity=severity,
                                       action=event, source="sbatch-runner")
         if self.notifier is not None and severity != "info":
             from autoheal.journal import Record
 
-            rec = rec or Record(event=event, job_ids=[self.ident.job_id], message=message, severity=severity,
+            rec = rec or Record(event=event, job_ids=[self.ident.job_id], node=node, message=message, severity=severity,
                                 evidence=evidence, source="sbatch-runner", time=time.time())
             try:
                 self.notifier.send(rec, extra_urls=self.opts.notify)
             except Exception as exc:  # a notification must never stop the job
                 say(f"warning: notification failed: {exc}")
+
+    def batch_node(self) -> str:
+        """The Slurm node this batch shell runs on (the lab runs every node on one host: not hostname)."""
+        return self.env.get("SLURMD_NODENAME") or (self.job_nodes[0] if self.job_nodes else "")
 
     def write_comment(self) -> None:
         if self.slurm is None or not self.ident.job_id:

@@ -182,3 +182,16 @@ def test_a_requeue_lost_by_a_controller_restart_is_done_again():
     assert [c[0] for c in slurm.writes("7")].count("requeuehold") == 2
     job = slurm.jobs["7"]
     assert job.state == "PENDING" and job.restart_count == 1 and not job.held and "gpu2" in job.excluded_nodes
+
+
+def test_final_records_are_filed_under_the_batch_node(tmp_path):
+    # issue 17 item 7 / issue 15: job-completed, max-restarts and no-progress were filed under no node
+    job = Job(job_id="7", raw_id="7", state="RUNNING", nodes=("gpu3", "gpu4"), comment="autoheal-runner")
+    slurm = MemorySlurm([Node("gpu3", "MIXED"), Node("gpu4", "MIXED")], [job])
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    runner = r.Runner(r.RunnerOptions(checkpoint_dir=str(tmp_path / "ck")), r.JobIdentity("7", "7", 0),
+                      slurm=slurm, journal=journal, env={"SLURMD_NODENAME": "gpu3"}, sacct=lambda j: None,
+                      adopt_orphans=False)
+    assert runner.run([sys.executable, "-c", "pass"]) == 0
+    [rec] = list(journal.read(events=["job-completed"]))
+    assert rec.node == "gpu3" and list(journal.read(node="gpu3"))
