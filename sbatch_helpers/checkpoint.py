@@ -20,7 +20,10 @@ Load: the newest checkpoint by step whose marker is present and whose manifest v
 or sizes and sha256) wins; each newer candidate that was rejected is logged with its reason.
 
 The high-level functions never raise on corrupt or hostile directory contents: they reject the
-candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-line summary.
+candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-line summary. Reading opens
+regular files only (``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``): a FIFO, socket, device or folder named
+``latest``, ``COMPLETE``, ``MANIFEST.json`` or like a payload file makes its candidate invalid (logged)
+instead of blocking the job runner forever in ``open()`` or ``read()``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -151,12 +155,66 @@ def env_world_size(environ: Optional[Mapping[str, str]] = None) -> int:
     return 1
 
 
+# ---------------------------------------------------------------- opening files that may be hostile
+
+# O_NONBLOCK: opening a FIFO for reading with no writer returns at once instead of blocking, and a
+# read from it would return at once too (we never get that far: fstat says it is no regular file).
+_O_READ = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+           | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+
+
+class NotRegularFile(OSError):
+    """A name we would read is a FIFO, socket, device, folder or symlink, not a regular file."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Union[str, os.PathLike]) -> int:
+    """A read-only fd of the regular file ``path``; NotRegularFile for anything else (never opened when
+    lstat already tells, so no device open() side effects), FileNotFoundError when missing."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(errno.EINVAL, f"is {_kind(st.st_mode)}, not a regular file", str(path))
+    fd = os.open(path, _O_READ)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise NotRegularFile(errno.EINVAL, "was replaced while being opened", str(path))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) -> bytes:
+    """Up to ``limit`` bytes (all without one) of the regular file ``path``; see :func:`_open_regular`."""
+    fd = _open_regular(path)
+    with open(fd, "rb", closefd=True) as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def _problem(exc: OSError) -> str:
+    """Why a file could not be read, for a rejection reason."""
+    if isinstance(exc, NotRegularFile):
+        return exc.strerror
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    return f"unreadable ({exc.strerror or exc})"
+
+
 # ---------------------------------------------------------------- durable file operations
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:  # O_DIRECTORY: a FIFO in the folder's place fails with ENOTDIR instead of blocking
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return
     try:
@@ -164,14 +222,6 @@ def _fsync_dir(path: Path) -> None:
     except OSError as exc:  # some network filesystems refuse fsync on directories
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
             raise
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -203,7 +253,7 @@ def _write_payload(path: Path, payload: Payload) -> None:
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(_open_regular(path), "rb", closefd=True) as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -279,7 +329,9 @@ class Checkpoint:
         return self.path / name
 
     def read_bytes(self, name: str = PAYLOAD) -> bytes:
-        return self.file(name).read_bytes()
+        """Contents of a listed file (regular files only: a FIFO put there since verification raises
+        NotRegularFile instead of blocking)."""
+        return _read_regular(self.file(name))
 
     def shard_names(self) -> list:
         return sorted(n for n in self.manifest["files"] if _SHARD_RE.match(n))
@@ -303,7 +355,7 @@ def verify_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> 
         return _verify(path, verify)
     except _Reject as r:
         return Rejection(name, str(r))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
         return Rejection(name, f"unreadable: {type(exc).__name__}: {exc}")
 
 
@@ -315,22 +367,29 @@ def _verify(path: Path, verify: str) -> Checkpoint:
     step = parse_name(path.name)
     if step is None:
         raise _Reject(f"not a checkpoint name ({PREFIX}<{STEP_DIGITS} digits>)")
-    if path.is_symlink():
-        raise _Reject("is a symlink, not a checkpoint directory")
-    if not path.is_dir():
-        raise _Reject("missing" if not path.exists() else "not a directory")
-    marker = path / MARKER
-    if not marker.is_file() or marker.is_symlink():
-        raise _Reject(f"marker {MARKER} missing (torn or unfinished save)")
-    mpath = path / MANIFEST
-    if not mpath.is_file() or mpath.is_symlink():
-        raise _Reject(f"{MANIFEST} missing")
-    if mpath.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise _Reject(f"{MANIFEST} too large")
-    raw = mpath.read_bytes()
     try:
-        with open(marker, "rb") as f:
-            marker_doc = json.loads(f.read(4096).decode("utf-8"))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise _Reject("missing") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _Reject("is a symlink, not a checkpoint directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Reject("not a directory" if stat.S_ISREG(st.st_mode) else f"is {_kind(st.st_mode)}, not a directory")
+    try:
+        marker_raw = _read_regular(path / MARKER, 4096)
+    except OSError as exc:
+        what = _problem(exc)
+        raise _Reject(f"marker {MARKER} {what}{' (torn or unfinished save)' if what == 'missing' else ''}") from None
+    try:
+        fd = _open_regular(path / MANIFEST)
+    except OSError as exc:
+        raise _Reject(f"{MANIFEST} {_problem(exc)}") from None
+    with open(fd, "rb", closefd=True) as f:
+        if os.fstat(fd).st_size > _MAX_MANIFEST_BYTES:
+            raise _Reject(f"{MANIFEST} too large")
+        raw = f.read(_MAX_MANIFEST_BYTES + 1)
+    try:
+        marker_doc = json.loads(marker_raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise _Reject(f"marker {MARKER} is not valid JSON") from None
     if not isinstance(marker_doc, dict) or marker_doc.get("manifest_sha256") != hashlib.sha256(raw).hexdigest():
@@ -346,7 +405,6 @@ def _verify(path: Path, verify: str) -> Checkpoint:
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise _Reject(f"{MANIFEST} has no file list")
-    root = path.resolve()
     for fname, info in sorted(files.items()):
         if not _safe_relpath(fname) or fname in RESERVED:
             raise _Reject(f"{MANIFEST} lists an unsafe file name {fname!r}")
@@ -355,24 +413,42 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         size, digest = info.get("size"), info.get("sha256")
         if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
             raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
-        fpath = path / fname
-        if fpath.is_symlink() or root not in fpath.resolve().parents:
-            raise _Reject(f"{fname} points outside the checkpoint")
-        if not fpath.is_file():
-            raise _Reject(f"{fname} missing")
-        actual = fpath.stat().st_size
-        if actual != size:
-            raise _Reject(f"{fname} size {actual} != {size} in manifest (truncated or overwritten)")
+        fpath = _inside(path, fname)
+        try:
+            fst = os.lstat(fpath)
+        except FileNotFoundError:
+            raise _Reject(f"{fname} missing") from None
+        if stat.S_ISLNK(fst.st_mode):
+            raise _Reject(f"{fname} is a symlink (points outside the checkpoint)")
+        if not stat.S_ISREG(fst.st_mode):
+            raise _Reject(f"{fname} is {_kind(fst.st_mode)}, not a regular file")
+        if fst.st_size != size:
+            raise _Reject(f"{fname} size {fst.st_size} != {size} in manifest (truncated or overwritten)")
         if verify == "sha256" and _sha256(fpath) != digest:
             raise _Reject(f"{fname} sha256 mismatch (corrupt)")
     return Checkpoint(path, manifest)
 
 
+def _inside(root: Path, relpath: str) -> Path:
+    """``root/relpath`` after checking that every folder on the way is a real folder (no symlink out)."""
+    cur = root
+    for part in relpath.split("/")[:-1]:
+        cur = cur / part
+        try:
+            mode = os.lstat(cur).st_mode
+        except FileNotFoundError:
+            raise _Reject(f"{relpath} missing") from None
+        if stat.S_ISLNK(mode):
+            raise _Reject(f"{relpath} points outside the checkpoint (through the symlink {part})")
+        if not stat.S_ISDIR(mode):
+            raise _Reject(f"{relpath} missing ({part} is {_kind(mode)})")
+    return root / relpath
+
+
 def read_latest_pointer(directory: Union[str, os.PathLike]) -> Optional[str]:
-    """The checkpoint name in ``latest``, or None when absent or not one of our names."""
+    """The checkpoint name in ``latest``, or None when absent, not a regular file or not one of our names."""
     try:
-        with open(Path(directory) / LATEST, "rb") as f:
-            text = f.read(256).decode("utf-8", "replace").strip()
+        text = _read_regular(Path(directory) / LATEST, 256).decode("utf-8", "replace").strip()
     except OSError:
         return None
     return text if parse_name(text) is not None else None
@@ -568,8 +644,17 @@ class CheckpointManager:
                 rel = fpath.relative_to(tmp).as_posix()
                 if rel in RESERVED:
                     raise CheckpointError(f"{rel} is a reserved name in a checkpoint")
-                _fsync_file(fpath)
-                files[rel] = {"size": fpath.stat().st_size, "sha256": _sha256(fpath)}
+                try:  # regular files only: opening a FIFO someone made in the folder would block forever
+                    fd = _open_regular(fpath)
+                except NotRegularFile as exc:
+                    raise CheckpointError(f"{rel} in the checkpoint {exc.strerror}; a checkpoint holds "
+                                          f"regular files and folders only") from None
+                try:
+                    os.fsync(fd)
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                files[rel] = {"size": size, "sha256": _sha256(fpath)}
             _fsync_dir(rootp)
         if not files:
             raise CheckpointError(f"nothing was written into the checkpoint for step {step}")
@@ -702,13 +787,14 @@ class CheckpointManager:
 
     def _pointer_problem(self) -> Optional[Rejection]:
         path = self.directory / LATEST
-        if not os.path.lexists(path):
-            return None
         try:
-            with open(path, "rb") as f:
-                text = f.read(256).decode("utf-8", "replace").strip()
+            text = _read_regular(path, 256).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:  # the checkpoint folder itself is not a folder
+            return None
         except OSError as exc:
-            return Rejection(LATEST, f"unreadable ({exc.strerror}); ignored")
+            return Rejection(LATEST, f"{_problem(exc)}; ignored")
         if parse_name(text) is None:
             return Rejection(LATEST, f"names {text[:60]!r}, not a checkpoint in this directory; ignored")
         if not (self.directory / text).is_dir():
