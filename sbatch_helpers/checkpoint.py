@@ -8,13 +8,23 @@ Layout of a checkpoint directory::
             payload.bin             # or any files a writer put there (sub-folders allowed)
             MANIFEST.json           # step, time, files with size and sha256, metadata
             COMPLETE                # written LAST; names the manifest's sha256
-        .tmp-ckpt-00000043-1234/    # a save in progress (or a leftover of a killed one)
+        .tmp-ckpt-00000043-1234-9f3a1c/   # a save in progress (or a leftover of a killed one)
 
-Save protocol: write into ``.tmp-ckpt-<step>-<pid>``, fsync every file and folder, write the manifest,
-fsync, rename to ``ckpt-<step>``, fsync the parent, write ``COMPLETE`` (temp file, fsync, rename,
-fsync), then point ``latest`` at it (temp file, fsync, rename, fsync). A writer killed at any point
-leaves either the previous checkpoints untouched plus a leftover that loading ignores, or a new
-checkpoint without its marker, which loading skips.
+Save protocol: write into ``.tmp-ckpt-<step>-<pid>-<random>``, fsync every file and folder, write the
+manifest, then ``COMPLETE`` (each: unique temp file, fsync, rename, fsync), then publish the folder with
+one rename to ``ckpt-<step>`` and fsync the parent; finally point ``latest`` at it. A writer killed at
+any point leaves either the previous checkpoints untouched plus a leftover that loading ignores, or
+the new checkpoint complete. Re-saving a step that exists swaps the two folders atomically
+(``renameat2(RENAME_EXCHANGE)``; where the filesystem lacks it, the old copy is moved aside and put back
+if publishing fails), so the newest valid checkpoint is never removed before its successor is in place.
+
+Errors: a save that fails on the filesystem (ENOSPC, read-only, RLIMIT_FSIZE, a folder removed by
+someone else...) raises :class:`CheckpointIOError` -- a :class:`CheckpointError` and an ``OSError`` with
+its ``errno`` -- whose message is one line naming the path and the cause; the temporary folder is
+removed and nothing older is touched. Once the rename published the checkpoint, the save succeeds:
+failing to update ``latest`` (only a hint for pruning and humans) is logged, not raised. Temporary
+names are unique per process, thread and call, so concurrent savers into one folder (threads,
+processes, hosts sharing a file system) never rename each other's files.
 
 Load: the newest checkpoint by step whose marker is present and whose manifest verifies (sizes only,
 or sizes and sha256) wins; each newer candidate that was rejected is logged with its reason.
@@ -29,12 +39,14 @@ instead of blocking the job runner forever in ``open()`` or ``read()``.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
 import stat
@@ -71,6 +83,21 @@ Payload = Union[bytes, bytearray, memoryview, Writer]
 
 class CheckpointError(Exception):
     """A save could not complete, or an argument is invalid."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """A save failed on the filesystem. ``str()`` is one line naming the path and the cause; ``errno``
+    and ``filename`` are the underlying OSError's (so ``except OSError`` code keeps working)."""
+
+    def __init__(self, message: str, errno_: Optional[int] = None, filename: Optional[str] = None):
+        if errno_ is None:
+            OSError.__init__(self, message)
+        else:
+            OSError.__init__(self, errno_, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class NoValidCheckpoint(CheckpointError):
@@ -208,7 +235,60 @@ def _problem(exc: OSError) -> str:
     return f"unreadable ({exc.strerror or exc})"
 
 
+# ---------------------------------------------------------------- turning OSError into one-line CheckpointIOError
+
+
+def _show(path: Union[str, os.PathLike, None]) -> str:
+    """A path for a one-line message (repr when it holds control characters)."""
+    text = os.fsdecode(path) if path is not None else "?"
+    return repr(text) if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text) else text
+
+
+def _cause(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``."""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    code = errno.errorcode.get(exc.errno) if isinstance(exc.errno, int) else None
+    return f"{text} ({code})" if code else text
+
+
+@contextlib.contextmanager
+def _io(what: str, path: Union[str, os.PathLike]) -> Iterator[None]:
+    """Run a filesystem operation; its OSError becomes CheckpointIOError("<what> <path>: <cause>")."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        raise CheckpointIOError(f"{what} {_show(path)}: {_cause(exc)}", exc.errno, os.fsdecode(path)) from exc
+
+
+@contextlib.contextmanager
+def _not_saved(step: int, directory: Path, writing_into: Optional[Path] = None) -> Iterator[None]:
+    """Prefix any filesystem failure of a save with what was not saved where."""
+    head = f"checkpoint step {step} not saved in {_show(directory)}"
+    try:
+        yield
+    except CheckpointIOError as exc:
+        raise CheckpointIOError(f"{head}: {exc.message}", exc.errno, exc.filename) from (exc.__cause__ or exc)
+    except CheckpointError:
+        raise
+    except OSError as exc:  # e.g. from the caller's own writes into the temporary folder
+        if exc.filename:
+            where = f"{_show(exc.filename)}: "
+        else:  # e.g. write() of the caller's open file: name the folder it was writing into
+            where = f"writing into {_show(writing_into)}: " if writing_into else ""
+        raise CheckpointIOError(f"{head}: {where}{_cause(exc)}", exc.errno,
+                                os.fsdecode(exc.filename) if exc.filename else None) from exc
+
+
+def _unique() -> str:
+    """A suffix no other process, thread or call uses (pids repeat across hosts sharing a folder)."""
+    return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+
 # ---------------------------------------------------------------- durable file operations
+
+_O_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
 
 
 def _fsync_dir(path: Path) -> None:
@@ -227,28 +307,69 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _write_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync, rename, fsync the folder."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Write ``data`` to ``path`` via a temp file of our own (O_EXCL, unique name), fsync, rename, fsync
+    the folder. The temp file is removed when anything fails."""
+    tmp = path.parent / f".{path.name}.tmp-{_unique()}"
+    with _io("writing", tmp):
+        fd = os.open(tmp, _O_CREATE, 0o644)
+    try:
+        with _io("writing", tmp):
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        with _io("renaming to", path):
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with _io("syncing the folder", path.parent):
+        _fsync_dir(path.parent)
 
 
 def _write_payload(path: Path, payload: Payload) -> None:
-    with open(path, "wb") as f:
-        if isinstance(payload, (bytes, bytearray, memoryview)):
-            f.write(payload)
-        elif callable(payload):
-            payload(f)
-        else:
-            raise CheckpointError(
-                f"payload must be bytes or a callable taking a binary file, got {type(payload).__name__}"
-            )
-        f.flush()
-        os.fsync(f.fileno())
+    if not isinstance(payload, (bytes, bytearray, memoryview)) and not callable(payload):
+        raise CheckpointError(
+            f"payload must be bytes or a callable taking a binary file, got {type(payload).__name__}"
+        )
+    with _io("creating", path):
+        fd = os.open(path, _O_CREATE, 0o644)
+    with _io("writing", path):  # also the OSError of a callable (e.g. torch.save hitting ENOSPC)
+        with open(fd, "wb", closefd=True) as f:
+            if callable(payload):
+                payload(f)
+            else:
+                f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2_fn: Any = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE). False where the C library or the
+    filesystem cannot (the caller then falls back); OSError for a real failure."""
+    global _renameat2_fn
+    if _renameat2_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _renameat2_fn = fn
+        except (OSError, AttributeError, TypeError):
+            _renameat2_fn = False
+    if not _renameat2_fn:
+        return False
+    if _renameat2_fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fsdecode(b))
 
 
 def _sha256(path: Path) -> str:
@@ -281,17 +402,23 @@ def _newest_mtime(path: Path) -> float:
     return newest
 
 
+def _remove_tree(path: Path) -> None:
+    """shutil.rmtree that never raises (its ignore_errors does not cover every call, e.g. fstat)."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _rmtree(path: Path) -> None:
     """Rename out of the way first, so a half-deleted checkpoint never keeps a valid-looking name."""
     target = path
     if not path.name.startswith((TMP_PREFIX, DEL_PREFIX)):
-        target = path.parent / f"{DEL_PREFIX}{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+        target = path.parent / f"{DEL_PREFIX}{path.name}-{_unique()}"
         try:
             os.rename(path, target)
         except OSError:
             target = path
     if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target, ignore_errors=True)
+        _remove_tree(target)
     else:
         with contextlib.suppress(OSError):
             target.unlink()
@@ -522,7 +649,8 @@ class CheckpointManager:
         with self.saving(step, metadata) as tmp:
             for name, data in items.items():
                 target = tmp / name
-                target.parent.mkdir(parents=True, exist_ok=True)
+                with _io("creating", target.parent):
+                    target.parent.mkdir(parents=True, exist_ok=True)
                 _write_payload(target, data)
                 _fault("payload-written")
         return self.directory / checkpoint_name(step)
@@ -531,23 +659,33 @@ class CheckpointManager:
     def saving(self, step: int, metadata: Optional[dict] = None) -> Iterator[Path]:
         """Yield a temporary folder to write files into; on success publish it as checkpoint ``step``.
 
-        On an exception the temporary folder is deleted and nothing is published.
+        On an exception the temporary folder is deleted and nothing is published; an OSError (also one
+        raised by the caller's own writes into the folder) becomes :class:`CheckpointIOError`.
         """
         self._require_primary("saving()")
         _check_step(step)
         meta_json = _metadata_json(metadata)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._make_tmp(step)
+        with _not_saved(step, self.directory):
+            self._ensure_directory()
+            tmp = self._make_tmp(step)
         self._writing.add(tmp.name)
         try:
-            _fault("tmp-created")
-            yield tmp
-            self._publish(step, tmp, meta_json)
+            with _not_saved(step, self.directory, writing_into=tmp):
+                _fault("tmp-created")
+                yield tmp
+                self._publish(step, tmp, meta_json)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)  # never masks the error being raised
             raise
         finally:
             self._writing.discard(tmp.name)
+
+    def _ensure_directory(self) -> None:
+        with _io("creating the checkpoint folder", self.directory):
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:  # exists, but is no folder (a file, a FIFO, a dangling symlink)
+                raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory") from None
 
     def save_shard(
         self,
@@ -574,25 +712,36 @@ class CheckpointManager:
         if not 0 <= rank < world:
             raise CheckpointError(f"rank {rank} is outside world_size {world}")
         meta_json = _metadata_json(metadata) if rank == 0 else None
-        self.directory.mkdir(parents=True, exist_ok=True)
         staging = self.directory / f"{TMP_PREFIX}{checkpoint_name(step)}-shards-{self.session}"
-        staging.mkdir(exist_ok=True)
         shard = staging / _shard_name(rank, world)
-        part = staging / f".{shard.name}.part-{os.getpid()}"
-        _write_payload(part, data)
-        os.replace(part, shard)
-        _fsync_dir(staging)
-        _fault("shard-written")
+        with _not_saved(step, self.directory):
+            self._ensure_directory()
+            with _io("creating", staging):
+                staging.mkdir(exist_ok=True)
+            part = staging / f".{shard.name}.part-{_unique()}"
+            try:
+                _write_payload(part, data)
+                with _io("renaming to", shard):
+                    os.replace(part, shard)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+            with _io("syncing the folder", staging):
+                _fsync_dir(staging)
+            _fault("shard-written")
         if rank != 0:
             return shard
         self._writing.add(staging.name)
         try:
-            self._wait_for_shards(staging, world, self.shard_timeout if timeout is None else timeout)
-            wanted = {_shard_name(r, world) for r in range(world)}
-            for n in os.listdir(staging):  # part-files of a rank that died, shards of another world size
-                if n not in wanted:
+            with _not_saved(step, self.directory):
+                self._wait_for_shards(staging, world, self.shard_timeout if timeout is None else timeout)
+                wanted = {_shard_name(r, world) for r in range(world)}
+                with _io("listing", staging):
+                    leftovers = [n for n in os.listdir(staging) if n not in wanted]
+                for n in leftovers:  # part-files of a rank that died, shards of another world size
                     _rmtree(staging / n)
-            self._publish(step, staging, meta_json, extra={"world_size": world})
+                self._publish(step, staging, meta_json, extra={"world_size": world})
         finally:
             self._writing.discard(staging.name)
         return self.directory / checkpoint_name(step)
@@ -602,7 +751,8 @@ class CheckpointManager:
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
-            missing = wanted - set(os.listdir(staging))
+            with _io("listing", staging):
+                missing = wanted - set(os.listdir(staging))
             if not missing:
                 return
             if time.monotonic() >= deadline:
@@ -622,19 +772,24 @@ class CheckpointManager:
             )
 
     def _make_tmp(self, step: int) -> Path:
-        base = f"{TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
-        for n in range(1000):
-            tmp = self.directory / (base if n == 0 else f"{base}.{n}")
+        base = f"{TMP_PREFIX}{checkpoint_name(step)}"
+        for _ in range(100):
+            tmp = self.directory / f"{base}-{_unique()}"
             try:
-                tmp.mkdir()
+                with _io("creating", tmp):
+                    tmp.mkdir()
                 return tmp
-            except FileExistsError:
-                continue
-        raise CheckpointError(f"cannot create a temporary folder {base}.* in {self.directory}")
+            except CheckpointIOError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
+        raise CheckpointError(f"cannot create a temporary folder {base}-* in {_show(self.directory)}")
 
     def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[dict] = None) -> None:
         files = {}
-        for root, dirs, names in os.walk(tmp):
+        def walk_error(exc: OSError) -> None:
+            raise exc
+
+        for root, dirs, names in os.walk(tmp, onerror=walk_error):
             rootp = Path(root)
             for n in dirs + names:
                 if (rootp / n).is_symlink():
@@ -649,13 +804,15 @@ class CheckpointManager:
                 except NotRegularFile as exc:
                     raise CheckpointError(f"{rel} in the checkpoint {exc.strerror}; a checkpoint holds "
                                           f"regular files and folders only") from None
-                try:
-                    os.fsync(fd)
-                    size = os.fstat(fd).st_size
-                finally:
-                    os.close(fd)
-                files[rel] = {"size": size, "sha256": _sha256(fpath)}
-            _fsync_dir(rootp)
+                with _io("syncing", fpath):
+                    try:
+                        os.fsync(fd)
+                        size = os.fstat(fd).st_size
+                    finally:
+                        os.close(fd)
+                    files[rel] = {"size": size, "sha256": _sha256(fpath)}
+            with _io("syncing the folder", rootp):
+                _fsync_dir(rootp)
         if not files:
             raise CheckpointError(f"nothing was written into the checkpoint for step {step}")
         now = time.time()
@@ -673,26 +830,58 @@ class CheckpointManager:
         raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         _write_durable(tmp / MANIFEST, raw)
         _fault("manifest-written")
+        marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+        _write_durable(tmp / MARKER, json.dumps(marker).encode() + b"\n")
+        _fault("marker-written")
 
         name = checkpoint_name(step)
         final = self.directory / name
-        if os.path.lexists(final):  # an older save of the same step (e.g. a torn one): replace it
-            _rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(self.directory)
-        _fault("renamed")
+        self._install(tmp, final)  # the one step that publishes: before it nothing, after it all
 
-        marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
-        _write_durable(final / MARKER, json.dumps(marker).encode() + b"\n")
-        _fault("marker-written")
-
-        _write_durable(self.directory / LATEST, (name + "\n").encode())
-        _fault("pointer-written")
+        # Published. What follows makes it durable and findable faster; a failure is logged, not raised
+        # (the caller must not think the checkpoint is lost when it is there and valid).
+        try:
+            _fsync_dir(self.directory)
+            _fault("renamed")
+        except OSError as exc:
+            log.warning("checkpoint %s saved, but syncing %s failed: %s", final, self.directory, _cause(exc))
+        try:
+            _write_durable(self.directory / LATEST, (name + "\n").encode())
+            _fault("pointer-written")
+        except OSError as exc:
+            log.warning("checkpoint %s saved, but the pointer %s was not updated (loading does not need it): %s",
+                        final, _show(self.directory / LATEST), exc)
         log.info("checkpoint saved: %s", final)
         try:
             self.prune()
         except OSError as exc:  # pruning is housekeeping: never fail a save over it
             log.warning("checkpoint pruning in %s failed: %s", self.directory, exc)
+
+    def _install(self, tmp: Path, final: Path) -> None:
+        """Rename the complete ``tmp`` to ``final``. An existing ``final`` (a re-save of the step, or a
+        concurrent saver of the same step) is replaced without a moment where the step is missing."""
+        with _io("publishing", final):
+            try:
+                os.rename(tmp, final)  # final absent (or an empty folder): atomic
+                return
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                    raise
+            st = os.lstat(final)
+            if stat.S_ISDIR(st.st_mode) and _exchange(tmp, final):
+                _remove_tree(tmp)  # tmp now holds the old copy
+                return
+            # Not a folder (never a valid checkpoint), or no atomic exchange on this filesystem: move
+            # the old one aside, publish, and put it back if publishing fails.
+            aside = self.directory / f"{DEL_PREFIX}{final.name}-{_unique()}"
+            os.rename(final, aside)
+            try:
+                os.rename(tmp, final)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.rename(aside, final)
+                raise
+            _rmtree(aside)
 
     # ---- pruning
 
