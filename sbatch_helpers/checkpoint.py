@@ -34,6 +34,15 @@ candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-lin
 regular files only (``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``): a FIFO, socket, device or folder named
 ``latest``, ``COMPLETE``, ``MANIFEST.json`` or like a payload file makes its candidate invalid (logged)
 instead of blocking the job runner forever in ``open()`` or ``read()``.
+
+Owner: under ``autoheal sbatch`` every submission has a random token (``AUTOHEAL_SUBMIT_TOKEN``, the same
+for every requeue of the job). A save records it with the job id as the manifest's ``owner``. Loading
+refuses a checkpoint whose owner has this job's id but another token -- an earlier job that got the same
+id, e.g. after the cluster's job ids were reset -- unless ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1`` (or
+``allow_foreign=True``). Checkpoints without an owner (older ones, code run outside autoheal sbatch) and
+checkpoints of other job ids (a folder shared on purpose, e.g. one ``--checkpoint-dir`` for a chain of
+jobs) load as before. Pruning never deletes such a foreign checkpoint, and a save never overwrites one:
+it is kept under ``ckpt-<step>.foreign-<token>`` (a name loading ignores).
 """
 
 from __future__ import annotations
@@ -73,6 +82,11 @@ VERIFY_MODES = ("sha256", "size")
 DEFAULT_STALE_AGE = 6 * 3600.0
 DEFAULT_SHARD_TIMEOUT = 600.0
 _MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: Environment (set by the script ``autoheal sbatch`` generates; see ``wrapper.py``).
+TOKEN_ENV = "AUTOHEAL_SUBMIT_TOKEN"
+ALLOW_FOREIGN_ENV = "AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT"
+TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TRUE = frozenset({"1", "true", "yes", "on"})
 _NAME_RE = re.compile(r"^ckpt-(\d{%d,})$" % STEP_DIGITS)
 _SHARD_RE = re.compile(r"^shard-(\d{5,})-of-(\d{5,})\.bin$")
 _CHUNK = 1024 * 1024
@@ -180,6 +194,76 @@ def env_world_size(environ: Optional[Mapping[str, str]] = None) -> int:
         if value.isdigit() and int(value) > 0:
             return int(value)
     return 1
+
+
+# ---------------------------------------------------------------- owner: which job wrote a checkpoint
+
+
+def env_job_id(environ: Optional[Mapping[str, str]] = None) -> str:
+    """``123``, or ``123_4`` for an array task (as the job runner names the job); "" outside Slurm."""
+    env = os.environ if environ is None else environ
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    if array and task:
+        return f"{array}_{task}"
+    return (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who wrote a checkpoint: the Slurm job id and the token of the ``autoheal sbatch`` submission."""
+
+    job_id: str
+    token: str
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["Owner"]:
+        """This process's owner: ``AUTOHEAL_SUBMIT_TOKEN`` plus the job id; None without a token."""
+        env = os.environ if environ is None else environ
+        token = env.get(TOKEN_ENV, "").strip()
+        if not token:
+            return None
+        if not TOKEN_PATTERN.match(token):
+            log.warning("ignoring %s=%r: not a submission token; checkpoint owners are not recorded or checked",
+                        TOKEN_ENV, token[:80])
+            return None
+        return cls(job_id=env_job_id(env), token=token)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Optional["Owner"]:
+        if isinstance(doc, dict) and isinstance(doc.get("token"), str) and isinstance(doc.get("job_id"), str):
+            return cls(job_id=doc["job_id"], token=doc["token"])
+        return None
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "token": self.token}
+
+    def __str__(self) -> str:
+        return f"job {self.job_id or '?'} (submission {self.token})"
+
+
+def foreign_reason(recorded: Optional[Owner], expected: Optional[Owner]) -> Optional[str]:
+    """Why a checkpoint written by ``recorded`` is another job's, for ``expected``; None when it may be
+    resumed.
+
+    Foreign: the same job id with another submission token -- an earlier job that got this id. Not
+    foreign: an unknown owner on either side (older checkpoints, code run outside autoheal sbatch), the
+    same token (any run of this job), or another job id (a folder several jobs share on purpose, e.g. a
+    fixed --checkpoint-dir for a chain of jobs: the ids never collide there by accident).
+    """
+    if recorded is None or expected is None or recorded.token == expected.token:
+        return None
+    if recorded.job_id and recorded.job_id == expected.job_id:
+        return (f"written by an earlier {recorded}, not by this {expected}: another job's state; "
+                f"resume it only with --allow-foreign-checkpoint ({ALLOW_FOREIGN_ENV}=1)")
+    return None
+
+
+def env_allow_foreign(environ: Optional[Mapping[str, str]] = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ALLOW_FOREIGN_ENV, "").strip().lower() in _TRUE
+
+
+_FROM_ENV: Any = object()  # default of the owner arguments: Owner.from_env(environ)
 
 
 # ---------------------------------------------------------------- opening files that may be hostile
@@ -436,6 +520,8 @@ class Checkpoint:
         self.step: int = manifest["step"]
         md = manifest.get("metadata")
         self.metadata: dict = md if isinstance(md, dict) else {}
+        #: who saved it (None for checkpoints saved outside autoheal sbatch or by older versions)
+        self.owner: Optional[Owner] = Owner.from_json(manifest.get("owner"))
 
     def __repr__(self) -> str:
         return f"Checkpoint(step={self.step}, path={str(self.path)!r})"
@@ -593,6 +679,10 @@ class CheckpointManager:
     ``keep``: how many valid checkpoints to keep (None or 0: keep all).
     ``verify``: default check for loading, ``"sha256"`` (full) or ``"size"`` (fast).
     ``stale_age``: seconds after which an unfinished save's leftovers may be deleted.
+    ``owner``: recorded in every save and checked on loading (see the module docstring); default
+    :meth:`Owner.from_env` of ``environ``; None records and checks nothing.
+    ``allow_foreign``: also load checkpoints of an earlier job with the same id; default from
+    ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT``.
     """
 
     def __init__(
@@ -606,17 +696,24 @@ class CheckpointManager:
         stale_age: float = DEFAULT_STALE_AGE,
         shard_timeout: float = DEFAULT_SHARD_TIMEOUT,
         session: Optional[str] = None,
+        owner: Optional[Owner] = _FROM_ENV,
+        allow_foreign: Optional[bool] = None,
+        environ: Optional[Mapping[str, str]] = None,
     ):
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
             raise ValueError(f"keep must be a non-negative int or None, got {keep!r}")
         self.directory = Path(directory)
         self.keep = keep or None
-        self.rank = env_rank() if rank is None else int(rank)
-        self.world_size = env_world_size() if world_size is None else int(world_size)
+        self.rank = env_rank(environ) if rank is None else int(rank)
+        self.world_size = env_world_size(environ) if world_size is None else int(world_size)
         self.verify = _check_verify(verify)
         self.stale_age = float(stale_age)
         self.shard_timeout = float(shard_timeout)
-        self.session = _session_token() if session is None else _sanitize(session)
+        self.session = _session_token(environ) if session is None else _sanitize(session)
+        self.owner: Optional[Owner] = Owner.from_env(environ) if owner is _FROM_ENV else owner
+        if self.owner is not None and not isinstance(self.owner, Owner):
+            raise TypeError(f"owner must be an Owner or None, got {type(owner).__name__}")
+        self.allow_foreign = env_allow_foreign(environ) if allow_foreign is None else bool(allow_foreign)
         self.rejections: list = []
         self._writing: set = set()
 
@@ -826,6 +923,8 @@ class CheckpointManager:
             "files": files,
             "metadata": json.loads(meta_json),
         }
+        if self.owner is not None:
+            manifest["owner"] = self.owner.to_json()
         manifest.update(extra or {})
         raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         _write_durable(tmp / MANIFEST, raw)
@@ -859,29 +958,56 @@ class CheckpointManager:
 
     def _install(self, tmp: Path, final: Path) -> None:
         """Rename the complete ``tmp`` to ``final``. An existing ``final`` (a re-save of the step, or a
-        concurrent saver of the same step) is replaced without a moment where the step is missing."""
+        concurrent saver of the same step) is replaced without a moment where the step is missing.
+
+        Other savers and pruners work in the same folder at the same time: whatever vanished or
+        appeared between two calls sends us round again (bounded).
+        """
+        busy = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)
         with _io("publishing", final):
-            try:
-                os.rename(tmp, final)  # final absent (or an empty folder): atomic
-                return
-            except OSError as exc:
-                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
-                    raise
-            st = os.lstat(final)
-            if stat.S_ISDIR(st.st_mode) and _exchange(tmp, final):
-                _remove_tree(tmp)  # tmp now holds the old copy
-                return
-            # Not a folder (never a valid checkpoint), or no atomic exchange on this filesystem: move
-            # the old one aside, publish, and put it back if publishing fails.
-            aside = self.directory / f"{DEL_PREFIX}{final.name}-{_unique()}"
-            os.rename(final, aside)
-            try:
-                os.rename(tmp, final)
-            except OSError:
-                with contextlib.suppress(OSError):
-                    os.rename(aside, final)
-                raise
-            _rmtree(aside)
+            for _ in range(20):
+                try:
+                    os.rename(tmp, final)  # final absent (or an empty folder): atomic
+                    return
+                except OSError as exc:
+                    if exc.errno not in busy:
+                        raise
+                try:
+                    if self._replace(tmp, final):
+                        return
+                except FileNotFoundError:  # final went away meanwhile (pruned, moved): plain rename again
+                    continue
+            raise OSError(errno.EBUSY, "other savers keep changing it", os.fsdecode(final))
+
+    def _replace(self, tmp: Path, final: Path) -> bool:
+        """One attempt to put ``tmp`` in the place of an existing ``final``; False: try again."""
+        st = os.lstat(final)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        other = verify_checkpoint(final, "size") if is_dir else None
+        reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
+        if reason:  # another job's checkpoint: never overwritten; kept under a name loading ignores
+            keep_as = self.directory / f"{final.name}.foreign-{_sanitize(other.owner.token)}-{secrets.token_hex(2)}"
+            os.rename(final, keep_as)
+            log.warning("checkpoint %s was %s; kept as %s", final, reason.split(":")[0], keep_as.name)
+            return False  # final is free now: the plain rename publishes ours
+        if is_dir and _exchange(tmp, final):
+            _remove_tree(tmp)  # tmp now holds the old copy
+            return True
+        # Not a folder (never a valid checkpoint), or no atomic exchange on this filesystem: move the old
+        # one aside, publish, and put it back if publishing fails.
+        aside = self.directory / f"{DEL_PREFIX}{final.name}-{_unique()}"
+        os.rename(final, aside)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rename(aside, final)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another saver published meanwhile
+                _rmtree(aside)
+                return False
+            raise
+        _rmtree(aside)
+        return True
 
     # ---- pruning
 
@@ -904,7 +1030,10 @@ class CheckpointManager:
             path = self.directory / name
             if path.is_symlink():  # not something we made: leave it alone
                 continue
-            ok = isinstance(verify_checkpoint(path, "size"), Checkpoint)
+            found = verify_checkpoint(path, "size")
+            ok = isinstance(found, Checkpoint)
+            if ok and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
+                continue
             if name == pointer:
                 valid_seen += ok
                 continue
@@ -953,11 +1082,23 @@ class CheckpointManager:
         if pointer_problem:
             self._reject(pointer_problem)
         for step in reversed(self.checkpoints()):
-            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             if isinstance(result, Checkpoint):
                 return result
             self._reject(result)
         return None
+
+    def foreign_reason(self, ckpt: Checkpoint) -> Optional[str]:
+        """Why ``ckpt`` must not be resumed by this job (see :func:`foreign_reason`); None if it may
+        (also always with ``allow_foreign``)."""
+        return None if self.allow_foreign else foreign_reason(ckpt.owner, self.owner)
+
+    def _checked(self, result: Union[Checkpoint, Rejection]) -> Union[Checkpoint, Rejection]:
+        if isinstance(result, Checkpoint):
+            reason = self.foreign_reason(result)
+            if reason:
+                return Rejection(result.name, reason)
+        return result
 
     def load(self, step: Optional[int] = None, verify: Optional[str] = None) -> Checkpoint:
         """The checkpoint for ``step`` (default: :meth:`latest_valid`); raise NoValidCheckpoint."""
@@ -966,7 +1107,7 @@ class CheckpointManager:
             found = self.latest_valid(verify)
         else:
             self.rejections = []
-            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             found = result if isinstance(result, Checkpoint) else None
             if found is None:
                 self._reject(result)
@@ -1013,7 +1154,8 @@ def _sanitize(text: str) -> str:
 
 def _session_token(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
-    parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "AUTOHEAL_RESTART_COUNT")]
+    # the submission token too: a job that got an earlier job's id must not pick up its leftover shards
+    parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "AUTOHEAL_RESTART_COUNT", TOKEN_ENV)]
     return _sanitize(".".join(p for p in parts if p)) if any(parts) else "local"
 
 
@@ -1031,24 +1173,44 @@ def _metadata_json(metadata: Optional[dict]) -> str:
 # ---------------------------------------------------------------- runner-facing helpers
 
 
-def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size") -> Optional[Path]:
-    """Path of the newest valid checkpoint in ``directory`` (size check by default), or None.
+def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size", *,
+                      owner: Optional[Owner] = _FROM_ENV, allow_foreign: Optional[bool] = None,
+                      environ: Optional[Mapping[str, str]] = None,
+                      rejections: Optional[list] = None) -> Optional[Path]:
+    """Path of the newest valid checkpoint in ``directory`` (size check by default) that this job may
+    resume, or None.
 
+    ``owner``/``allow_foreign``/``environ``: as for :class:`CheckpointManager` (default: from the
+    environment, i.e. ``AUTOHEAL_SUBMIT_TOKEN``, the job id and ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT``).
+    ``rejections``: a list that gets a :class:`Rejection` (``str()``: one line) for every newer candidate
+    skipped -- torn, corrupt, not a regular file, or another job's.
     Never raises: used by the job runner to set ``AUTOHEAL_RESUME_FROM``.
     """
     if not directory:
         return None
     try:
-        found = CheckpointManager(directory, keep=None, rank=0, verify=verify).latest_valid()
+        mgr = CheckpointManager(directory, keep=None, rank=0, verify=verify, owner=owner,
+                                allow_foreign=allow_foreign, environ=environ)
+        found = mgr.latest_valid()
+        if rejections is not None:
+            rejections.extend(mgr.rejections)
     except Exception as exc:  # the runner must start the job whatever the folder holds
         log.warning("find_resume_point(%s) failed: %s", directory, exc)
         return None
     return found.path if found else None
 
 
-def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Checkpoint:
-    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad."""
+def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
+                    allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None) -> Checkpoint:
+    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad
+    or another job's (owner checks as for :class:`CheckpointManager`)."""
     result = verify_checkpoint(path, verify)
+    if isinstance(result, Checkpoint):
+        expected = Owner.from_env(environ) if owner is _FROM_ENV else owner
+        allowed = env_allow_foreign(environ) if allow_foreign is None else allow_foreign
+        reason = None if allowed else foreign_reason(result.owner, expected)
+        if reason:
+            result = Rejection(result.name, reason)
     if isinstance(result, Rejection):
         raise NoValidCheckpoint(f"checkpoint {path} rejected: {result.reason}")
     return result
@@ -1067,6 +1229,8 @@ def main(argv: Optional[list] = None) -> int:
     rp = sub.add_parser("resume-point", help="print the newest valid checkpoint path")
     rp.add_argument("directory")
     rp.add_argument("--verify", choices=VERIFY_MODES, default="size")
+    rp.add_argument("--allow-foreign", action="store_true", default=None,
+                    help=f"also an earlier job's checkpoint with this job id (default: ${ALLOW_FOREIGN_ENV})")
     sp = sub.add_parser("step", help="print the step of a checkpoint path")
     sp.add_argument("path")
     args = p.parse_args(argv)
@@ -1077,7 +1241,10 @@ def main(argv: Optional[list] = None) -> int:
             print(f"autoheal-checkpoint: {exc}", file=sys.stderr)
             return 2
         return 0
-    found = find_resume_point(args.directory, args.verify)
+    rejections: list = []
+    found = find_resume_point(args.directory, args.verify, allow_foreign=args.allow_foreign, rejections=rejections)
+    for r in rejections:
+        print(f"autoheal-checkpoint: skipped {r}", file=sys.stderr)
     if found is None:
         return 1
     print(found)

@@ -14,12 +14,17 @@ config path) is written as one shell word on one line (:func:`shell_word`): a ne
 control character can neither start a new command nor a new ``#SBATCH`` line. Paths and option values
 that would carry control characters into file names, job names or the runner's environment are refused
 (:class:`WrapperError`, exit 2) instead.
+
+Each submission gets a random token (``AUTOHEAL_SUBMIT_TOKEN`` in the generated script, the same for every
+requeue of the job, different for a new job that reuses the job id). The default checkpoint folder
+contains it, and the checkpoint API records it as the checkpoint's owner (see ``checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shlex
 import unicodedata
 from dataclasses import dataclass, field, replace
@@ -28,10 +33,14 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
 from autoheal.reasons import MAX_COMMENT_LEN, sanitize
+from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
 
 MARKER = "autoheal-runner"
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
 COMMENT_SEPARATOR = " | "
+# The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;
+# the runner and the user's processes inherit them and checkpoint.py reads them.
+DEFAULT_CHECKPOINT_DIR = "autoheal-checkpoints/%j-{token}"
 
 # sbatch options that take a value (long names without "--", short letters). Anything else that starts
 # with "-" is a flag. Options with an *optional* value must be written --opt=value (sbatch's own rule).
@@ -229,6 +238,7 @@ class WrapperOptions:
     notify: List[str] = field(default_factory=list)
     requeue_margin: int = 15
     python: str = ""
+    allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
 
 
 # name -> (field, kind); kinds: int, str, bool-true, bool-false, list
@@ -240,6 +250,7 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--exclude-failed": ("exclude_failed", "true"),
     "--no-exclude-failed": ("exclude_failed", "false"),
     "--notify": ("notify", "list"),
+    "--allow-foreign-checkpoint": ("allow_foreign_checkpoint", "true"),
 }
 
 
@@ -369,6 +380,13 @@ class SubmitRequest:
     python: str = "python3"
     sbatch: str = "sbatch"
     config_path: Optional[str] = None
+    token: Optional[str] = None  # the submission's token; None: a new random one
+
+
+def new_token() -> str:
+    """A fresh submission token: 10 hex digits (the job id tells jobs apart; this tells apart two jobs
+    that got the same id, e.g. after the cluster's job counter was reset)."""
+    return secrets.token_hex(5)
 
 
 @dataclass
@@ -380,12 +398,13 @@ class SubmitPlan:
     options: WrapperOptions
     warnings: List[str] = field(default_factory=list)
     parsable: bool = False
+    token: str = ""
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
         return {"argv": self.argv, "script": self.script, "options": asdict(self.options),
-                "warnings": self.warnings, "stdin": "script"}
+                "warnings": self.warnings, "stdin": "script", "submit_token": self.token}
 
     def render(self) -> str:
         """Human dry-run output: the command and the script, ready to review or copy."""
@@ -419,6 +438,9 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     """Merge settings, check conflicts, and produce the sbatch argv and the generated script."""
     if req.script_path is not None:
         _refuse_control(req.script_path, "script path")
+    token = req.token if req.token is not None else new_token()
+    if not TOKEN_PATTERN.match(token):
+        raise WrapperError(f"submission token {show(token)}: use 1-64 letters, digits, '.', '_' or '-'")
     where = req.script_path or "--wrap"
     parsed = parse_script(req.script_text, where)
     cli_opts, rest = parse_sbatch_options(req.sbatch_args, stop_at_positional=True)
@@ -454,6 +476,8 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
                            "autoheal sbatch --signal USR2 --grace 90 ... (or #AUTOHEAL --signal ...)")
     autoheal_layer = parse_wrapper_args(parsed.autoheal_args, f"{where}: #AUTOHEAL")
     opts = check_options(merge_options(req.defaults, script_layer, autoheal_layer, req.cli_overrides))
+    if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
+        opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
 
     comment_opt = _has(all_opts, "comment")
     comment = MARKER
@@ -472,8 +496,8 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
         if o.name in ("comment", "wrap"):
             continue
         argv.extend(o.tokens)
-    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts), options=opts,
-                      warnings=warnings, parsable=bool(_has(cli_opts, "parsable")))
+    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token), options=opts,
+                      warnings=warnings, parsable=bool(_has(cli_opts, "parsable")), token=token)
     return plan
 
 
@@ -489,7 +513,7 @@ def runner_argv(opts: WrapperOptions) -> List[str]:
     return argv
 
 
-def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions) -> str:
+def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions, token: str = "") -> str:
     """The batch script sbatch stores: the user's #SBATCH header, the embedded script, exec of the runner.
 
     Outside the here-document every line is ours, and every string in it is one :func:`shell_word`.
@@ -504,6 +528,13 @@ def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptio
              "# the grace signal to it, and requeues the job to resume from its newest valid checkpoint."]
     if req.config_path:
         lines.append(f"export AUTOHEAL_CONFIG={shell_word(req.config_path)}")
+    if token:
+        if not TOKEN_PATTERN.match(token):
+            raise WrapperError(f"submission token {show(token)}: use 1-64 letters, digits, '.', '_' or '-'")
+        lines.append(f"export {TOKEN_ENV}={token}  # this submission: names its checkpoint folder and owns "
+                     f"its checkpoints")
+    if opts.allow_foreign_checkpoint:
+        lines.append(f"export {ALLOW_FOREIGN_ENV}=1  # may resume checkpoints of an earlier job with this id")
     lines += [
         'autoheal_script="$(mktemp "${TMPDIR:-/tmp}/autoheal-job-${SLURM_JOB_ID:-0}.XXXXXX")" || exit 1',
         f"cat > \"$autoheal_script\" <<'{delim}'",

@@ -27,6 +27,10 @@ def _run(*args, env=None):
 
 
 def _normalise(text: str) -> str:
+    """The fixtures path and the random submission token vary from run to run."""
+    import re
+
+    text = re.sub(r"(AUTOHEAL_SUBMIT_TOKEN=)[0-9a-f]{10}\b", r"\1{token}", text)
     return text.replace(str(FIXTURES), "{fixtures}")
 
 
@@ -163,3 +167,30 @@ def test_arguments_with_newlines_reach_the_runner_intact(tmp_path, monkeypatch):
 def test_option_values_with_newlines_exit_2(opt):
     res = _run(*opt, str(FIXTURES / "train.sh"))
     assert res.exit_code == 2 and "control character" in res.output, res.output
+
+
+def test_allow_foreign_checkpoint_flag_and_default_folder():
+    import json
+
+    res = _run("--dry-run", "--json", "--allow-foreign-checkpoint", str(FIXTURES / "train.sh"))
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["options"]["allow_foreign_checkpoint"] is True
+    assert f"export AUTOHEAL_SUBMIT_TOKEN={data['submit_token']} " in data["script"]
+    assert "export AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1 " in data["script"]
+    assert data["options"]["checkpoint_dir"] == "/shared/ckpt/%x/%j"  # the fixture config sets one
+
+
+def test_default_checkpoint_folder_is_unique_per_submission(tmp_path):
+    import json
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[sbatch]\npython = "/py"\n')
+    dirs = set()
+    for _ in range(2):
+        res = _run("--dry-run", "--json", str(FIXTURES / "train.sh"), env={"AUTOHEAL_CONFIG": str(cfg)})
+        data = json.loads(res.output)
+        assert data["options"]["checkpoint_dir"] == f"autoheal-checkpoints/%j-{data['submit_token']}"
+        assert f"--checkpoint-dir autoheal-checkpoints/%j-{data['submit_token']} " in data["script"]
+        dirs.add(data["options"]["checkpoint_dir"])
+    assert len(dirs) == 2

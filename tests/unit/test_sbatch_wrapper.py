@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -164,7 +165,7 @@ def test_generated_script_runs_no_injected_command_whatever_the_strings(tmp_path
                           config_path=f"/etc/{EVIL}/autoheal.toml")
     parsed = w.parse_script(req.script_text)
     opts = w.WrapperOptions(checkpoint_dir=f"/ck/{EVIL}", notify=[f"https://h/{EVIL}"])
-    script = w.generate_script(req, parsed, opts)
+    script = w.generate_script(req, parsed, opts, token="t0k")
     out = _run_generated(tmp_path, script)
     assert not (tmp_path / "PWNED").exists()
     assert out.split(b"\0")[:-1] == [a.encode("utf-8", "surrogateescape") for a in args]
@@ -214,3 +215,68 @@ def test_shell_word_is_one_line_and_bash_reads_back_the_same_bytes(text):
     res = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, timeout=10,
                          env={"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"})
     assert res.returncode == 0 and res.stdout == text.encode("utf-8", "surrogateescape")
+
+
+# ---- issue 17 item 4: a submission token, a unique default checkpoint folder ---------------------------
+
+ENV_PY = '#!/bin/bash\nprintf "token=%s allow=%s\\n" "$AUTOHEAL_SUBMIT_TOKEN" "${AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT-unset}"\n' \
+         'while [ "$1" != "--checkpoint-dir" ]; do shift; done\nprintf "dir=%s\\n" "$2"\n'
+
+
+def _env_of_generated(tmp_path, p) -> str:
+    fake = tmp_path / "envpy"
+    fake.write_text(ENV_PY)
+    fake.chmod(0o755)
+    gen = tmp_path / "gen.sh"
+    gen.write_text(p.script.replace("exec /py ", f"exec {fake} ", 1))
+    res = subprocess.run(["bash", str(gen)], capture_output=True, text=True, timeout=10, cwd=tmp_path,
+                         env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def test_each_submission_gets_a_token_and_a_checkpoint_folder_of_its_own(tmp_path):
+    a, b = plan(), plan()
+    assert re.fullmatch(r"[0-9a-f]{10}", a.token) and a.token != b.token
+    assert a.options.checkpoint_dir == f"autoheal-checkpoints/%j-{a.token}"
+    # every run of the job (each requeue re-runs this same stored script) gets the same token and folder
+    assert _env_of_generated(tmp_path, a) == f"token={a.token} allow=unset\ndir=autoheal-checkpoints/%j-{a.token}\n"
+    assert a.to_dict()["submit_token"] == a.token
+
+
+def test_an_explicit_checkpoint_dir_is_kept_and_the_token_still_exported(tmp_path):
+    p = plan(overrides={"checkpoint_dir": "/shared/ck/%x/%j"})
+    assert p.options.checkpoint_dir == "/shared/ck/%x/%j"
+    assert _env_of_generated(tmp_path, p) == f"token={p.token} allow=unset\ndir=/shared/ck/%x/%j\n"
+
+
+@pytest.mark.parametrize("how", ["cli", "autoheal-line"])
+def test_allow_foreign_checkpoint_is_exported(tmp_path, how):
+    if how == "cli":
+        p = plan(overrides={"allow_foreign_checkpoint": True})
+    else:
+        p = plan(text="#!/bin/bash\n#AUTOHEAL --allow-foreign-checkpoint\necho\n")
+    assert p.options.allow_foreign_checkpoint
+    assert "allow=1\n" in _env_of_generated(tmp_path, p)
+
+
+def test_a_given_token_is_used_and_checked():
+    assert plan_with_token("abc123").token == "abc123"
+    for bad in ("", "a b", "x\ny", "-lead", "a" * 65):
+        with pytest.raises(w.WrapperError, match="submission token"):
+            plan_with_token(bad)
+
+
+def plan_with_token(token):
+    return w.build_plan(w.SubmitRequest(script_path="/x/job.sh", script_text=SCRIPT, script_args=[],
+                                        sbatch_args=[], python="/py", token=token))
+
+
+def test_the_runner_of_today_accepts_the_generated_arguments():
+    """The token travels in the environment, not as a runner option: the runner needs no change to use
+    the unique default folder (it gets it as --checkpoint-dir)."""
+    from autoheal.sbatch_helpers import runner
+
+    p = plan(overrides={"allow_foreign_checkpoint": True})
+    opts = runner.parse_args([*w.runner_argv(p.options), "--script", "/tmp/x", "--", "a"])
+    assert opts.checkpoint_dir == f"autoheal-checkpoints/%j-{p.token}" and opts.command == ["a"]
