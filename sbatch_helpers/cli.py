@@ -77,10 +77,12 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
 
     Each submission gets a random token (AUTOHEAL_SUBMIT_TOKEN). The default checkpoint folder contains it,
     and checkpoints saved with autoheal.sbatch_helpers.checkpoint record it: a job never resumes a
-    checkpoint of an earlier job that had the same job id unless --allow-foreign-checkpoint is given.
+    checkpoint of an earlier job that had the same job id (say, before the cluster's job ids were reset)
+    unless you ask for it with --allow-foreign-checkpoint.
 
     Exit codes: 0 submitted (sbatch's output is passed through; --parsable honoured), 1 sbatch refused the
-    job (its message is shown), 2 bad script, option or config.
+    job (its message is shown), 2 bad script, option or config (also a script path or option value holding
+    a newline or another control character).
     """
     cfg = load_cfg(config_path)
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
