@@ -141,19 +141,21 @@ def _submit(plan: wrapper.SubmitPlan, cfg) -> str:
     if cfg.slurm.slurm_conf:
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
     argv = [binary, *plan.argv[1:]]
-    try:
-        res = subprocess.run(argv, input=plan.script, capture_output=True, text=True, env=env,
-                             timeout=cfg.sbatch.submit_timeout)
+    try:  # bytes: a --wrap command or argument with invalid UTF-8 (kept as surrogate escapes) goes as it was
+        res = subprocess.run(argv, input=plan.script.encode("utf-8", "surrogateescape"), capture_output=True,
+                             env=env, timeout=cfg.sbatch.submit_timeout)
     except subprocess.TimeoutExpired:
         raise _Refused(f"sbatch did not answer within {cfg.sbatch.submit_timeout:g}s") from None
     except OSError as exc:
         raise _Refused(f"cannot run {binary}: {exc.strerror}") from None
+    stdout = res.stdout.decode("utf-8", "replace")
+    stderr = res.stderr.decode("utf-8", "replace")
     if res.returncode != 0:
-        msg = " ".join((res.stderr or res.stdout).split())[:500] or f"exit code {res.returncode}"
+        msg = " ".join((stderr or stdout).split())[:500] or f"exit code {res.returncode}"
         raise _Refused(f"sbatch refused the job: {msg}")
-    if res.stderr:  # sbatch's warnings
-        sys.stderr.write(res.stderr)
-    return res.stdout
+    if stderr:  # sbatch's warnings
+        sys.stderr.write(stderr)
+    return stdout
 
 
 def _job_id(out: str) -> Optional[str]:

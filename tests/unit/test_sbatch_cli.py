@@ -194,3 +194,11 @@ def test_default_checkpoint_folder_is_unique_per_submission(tmp_path):
         assert f"--checkpoint-dir autoheal-checkpoints/%j-{data['submit_token']} " in data["script"]
         dirs.add(data["options"]["checkpoint_dir"])
     assert len(dirs) == 2
+
+
+def test_invalid_utf8_in_a_wrap_command_is_submitted_byte_for_byte(tmp_path):
+    cfg, captured = _capturing_sbatch(tmp_path)
+    # argv bytes that are not UTF-8 reach Python as surrogate escapes (b"\xff" -> "\udcff")
+    res = CliRunner().invoke(sbatch, ["--wrap", "echo \udcff"], env={"AUTOHEAL_CONFIG": str(cfg)})
+    assert res.exit_code == 0, res.output
+    assert b"\necho \xff\n" in captured.read_bytes()
