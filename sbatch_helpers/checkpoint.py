@@ -8,32 +8,57 @@ Layout of a checkpoint directory::
             payload.bin             # or any files a writer put there (sub-folders allowed)
             MANIFEST.json           # step, time, files with size and sha256, metadata
             COMPLETE                # written LAST; names the manifest's sha256
-        .tmp-ckpt-00000043-1234/    # a save in progress (or a leftover of a killed one)
+        .tmp-ckpt-00000043-1234-9f3a1c/   # a save in progress (or a leftover of a killed one)
 
-Save protocol: write into ``.tmp-ckpt-<step>-<pid>``, fsync every file and folder, write the manifest,
-fsync, rename to ``ckpt-<step>``, fsync the parent, write ``COMPLETE`` (temp file, fsync, rename,
-fsync), then point ``latest`` at it (temp file, fsync, rename, fsync). A writer killed at any point
-leaves either the previous checkpoints untouched plus a leftover that loading ignores, or a new
-checkpoint without its marker, which loading skips.
+Save protocol: write into ``.tmp-ckpt-<step>-<pid>-<random>``, fsync every file and folder, write the
+manifest, then ``COMPLETE`` (each: unique temp file, fsync, rename, fsync), then publish the folder with
+one rename to ``ckpt-<step>`` and fsync the parent; finally point ``latest`` at it. A writer killed at
+any point leaves either the previous checkpoints untouched plus a leftover that loading ignores, or
+the new checkpoint complete. Re-saving a step that exists swaps the two folders atomically
+(``renameat2(RENAME_EXCHANGE)``; where the filesystem lacks it, the old copy is moved aside and put back
+if publishing fails), so the newest valid checkpoint is never removed before its successor is in place.
+
+Errors: a save that fails on the filesystem (ENOSPC, read-only, RLIMIT_FSIZE, a folder removed by
+someone else...) raises :class:`CheckpointIOError` -- a :class:`CheckpointError` and an ``OSError`` with
+its ``errno`` -- whose message is one line naming the path and the cause; the temporary folder is
+removed and nothing older is touched. Once the rename published the checkpoint, the save succeeds:
+failing to update ``latest`` (only a hint for pruning and humans) is logged, not raised. Temporary
+names are unique per process, thread and call, so concurrent savers into one folder (threads,
+processes, hosts sharing a file system) never rename each other's files.
 
 Load: the newest checkpoint by step whose marker is present and whose manifest verifies (sizes only,
 or sizes and sha256) wins; each newer candidate that was rejected is logged with its reason.
 
 The high-level functions never raise on corrupt or hostile directory contents: they reject the
-candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-line summary.
+candidate and move on. ``load`` raises :class:`NoValidCheckpoint` with a one-line summary. Reading opens
+regular files only (``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``): a FIFO, socket, device or folder named
+``latest``, ``COMPLETE``, ``MANIFEST.json`` or like a payload file makes its candidate invalid (logged)
+instead of blocking the job runner forever in ``open()`` or ``read()``.
+
+Owner: under ``autoheal sbatch`` every submission has a random token (``AUTOHEAL_SUBMIT_TOKEN``, the same
+for every requeue of the job). A save records it with the job id as the manifest's ``owner``. Loading
+refuses a checkpoint whose owner has this job's id but another token -- an earlier job that got the same
+id, e.g. after the cluster's job ids were reset -- unless ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1`` (or
+``allow_foreign=True``). Checkpoints without an owner (older ones, code run outside autoheal sbatch) and
+checkpoints of other job ids (a folder shared on purpose, e.g. one ``--checkpoint-dir`` for a chain of
+jobs) load as before. Pruning never deletes such a foreign checkpoint, and a save never overwrites one:
+it is kept under ``ckpt-<step>.foreign-<token>`` (a name loading ignores).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -57,6 +82,11 @@ VERIFY_MODES = ("sha256", "size")
 DEFAULT_STALE_AGE = 6 * 3600.0
 DEFAULT_SHARD_TIMEOUT = 600.0
 _MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: Environment (set by the script ``autoheal sbatch`` generates; see ``wrapper.py``).
+TOKEN_ENV = "AUTOHEAL_SUBMIT_TOKEN"
+ALLOW_FOREIGN_ENV = "AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT"
+TOKEN_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_TRUE = frozenset({"1", "true", "yes", "on"})
 _NAME_RE = re.compile(r"^ckpt-(\d{%d,})$" % STEP_DIGITS)
 _SHARD_RE = re.compile(r"^shard-(\d{5,})-of-(\d{5,})\.bin$")
 _CHUNK = 1024 * 1024
@@ -67,6 +97,21 @@ Payload = Union[bytes, bytearray, memoryview, Writer]
 
 class CheckpointError(Exception):
     """A save could not complete, or an argument is invalid."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """A save failed on the filesystem. ``str()`` is one line naming the path and the cause; ``errno``
+    and ``filename`` are the underlying OSError's (so ``except OSError`` code keeps working)."""
+
+    def __init__(self, message: str, errno_: Optional[int] = None, filename: Optional[str] = None):
+        if errno_ is None:
+            OSError.__init__(self, message)
+        else:
+            OSError.__init__(self, errno_, message, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class NoValidCheckpoint(CheckpointError):
@@ -151,12 +196,189 @@ def env_world_size(environ: Optional[Mapping[str, str]] = None) -> int:
     return 1
 
 
+# ---------------------------------------------------------------- owner: which job wrote a checkpoint
+
+
+def env_job_id(environ: Optional[Mapping[str, str]] = None) -> str:
+    """``123``, or ``123_4`` for an array task (as the job runner names the job); "" outside Slurm."""
+    env = os.environ if environ is None else environ
+    array, task = env.get("SLURM_ARRAY_JOB_ID", "").strip(), env.get("SLURM_ARRAY_TASK_ID", "").strip()
+    if array and task:
+        return f"{array}_{task}"
+    return (env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "").strip()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who wrote a checkpoint: the Slurm job id and the token of the ``autoheal sbatch`` submission."""
+
+    job_id: str
+    token: str
+
+    @classmethod
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["Owner"]:
+        """This process's owner: ``AUTOHEAL_SUBMIT_TOKEN`` plus the job id; None without a token."""
+        env = os.environ if environ is None else environ
+        token = env.get(TOKEN_ENV, "").strip()
+        if not token:
+            return None
+        if not TOKEN_PATTERN.match(token):
+            log.warning("ignoring %s=%r: not a submission token; checkpoint owners are not recorded or checked",
+                        TOKEN_ENV, token[:80])
+            return None
+        return cls(job_id=env_job_id(env), token=token)
+
+    @classmethod
+    def from_json(cls, doc: Any) -> Optional["Owner"]:
+        if isinstance(doc, dict) and isinstance(doc.get("token"), str) and isinstance(doc.get("job_id"), str):
+            return cls(job_id=doc["job_id"], token=doc["token"])
+        return None
+
+    def to_json(self) -> dict:
+        return {"job_id": self.job_id, "token": self.token}
+
+    def __str__(self) -> str:
+        return f"job {self.job_id or '?'} (submission {self.token})"
+
+
+def foreign_reason(recorded: Optional[Owner], expected: Optional[Owner]) -> Optional[str]:
+    """Why a checkpoint written by ``recorded`` is another job's, for ``expected``; None when it may be
+    resumed.
+
+    Foreign: the same job id with another submission token -- an earlier job that got this id. Not
+    foreign: an unknown owner on either side (older checkpoints, code run outside autoheal sbatch), the
+    same token (any run of this job), or another job id (a folder several jobs share on purpose, e.g. a
+    fixed --checkpoint-dir for a chain of jobs: the ids never collide there by accident).
+    """
+    if recorded is None or expected is None or recorded.token == expected.token:
+        return None
+    if recorded.job_id and recorded.job_id == expected.job_id:
+        return (f"written by an earlier {recorded}, not by this {expected}: another job's state; "
+                f"resume it only with --allow-foreign-checkpoint ({ALLOW_FOREIGN_ENV}=1)")
+    return None
+
+
+def env_allow_foreign(environ: Optional[Mapping[str, str]] = None) -> bool:
+    env = os.environ if environ is None else environ
+    return env.get(ALLOW_FOREIGN_ENV, "").strip().lower() in _TRUE
+
+
+_FROM_ENV: Any = object()  # default of the owner arguments: Owner.from_env(environ)
+
+
+# ---------------------------------------------------------------- opening files that may be hostile
+
+# O_NONBLOCK: opening a FIFO for reading with no writer returns at once instead of blocking, and a
+# read from it would return at once too (we never get that far: fstat says it is no regular file).
+_O_READ = (os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+           | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+
+
+class NotRegularFile(OSError):
+    """A name we would read is a FIFO, socket, device, folder or symlink, not a regular file."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _open_regular(path: Union[str, os.PathLike]) -> int:
+    """A read-only fd of the regular file ``path``; NotRegularFile for anything else (never opened when
+    lstat already tells, so no device open() side effects), FileNotFoundError when missing."""
+    st = os.lstat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(errno.EINVAL, f"is {_kind(st.st_mode)}, not a regular file", str(path))
+    fd = os.open(path, _O_READ)
+    try:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            raise NotRegularFile(errno.EINVAL, "was replaced while being opened", str(path))
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) -> bytes:
+    """Up to ``limit`` bytes (all without one) of the regular file ``path``; see :func:`_open_regular`."""
+    fd = _open_regular(path)
+    with open(fd, "rb", closefd=True) as f:
+        return f.read() if limit is None else f.read(limit)
+
+
+def _problem(exc: OSError) -> str:
+    """Why a file could not be read, for a rejection reason."""
+    if isinstance(exc, NotRegularFile):
+        return exc.strerror
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    return f"unreadable ({exc.strerror or exc})"
+
+
+# ---------------------------------------------------------------- turning OSError into one-line CheckpointIOError
+
+
+def _show(path: Union[str, os.PathLike, None]) -> str:
+    """A path for a one-line message (repr when it holds control characters)."""
+    text = os.fsdecode(path) if path is not None else "?"
+    return repr(text) if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text) else text
+
+
+def _cause(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``."""
+    text = exc.strerror or str(exc) or type(exc).__name__
+    code = errno.errorcode.get(exc.errno) if isinstance(exc.errno, int) else None
+    return f"{text} ({code})" if code else text
+
+
+@contextlib.contextmanager
+def _io(what: str, path: Union[str, os.PathLike]) -> Iterator[None]:
+    """Run a filesystem operation; its OSError becomes CheckpointIOError("<what> <path>: <cause>")."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except OSError as exc:
+        raise CheckpointIOError(f"{what} {_show(path)}: {_cause(exc)}", exc.errno, os.fsdecode(path)) from exc
+
+
+@contextlib.contextmanager
+def _not_saved(step: int, directory: Path, writing_into: Optional[Path] = None) -> Iterator[None]:
+    """Prefix any filesystem failure of a save with what was not saved where."""
+    head = f"checkpoint step {step} not saved in {_show(directory)}"
+    try:
+        yield
+    except CheckpointIOError as exc:
+        raise CheckpointIOError(f"{head}: {exc.message}", exc.errno, exc.filename) from (exc.__cause__ or exc)
+    except CheckpointError:
+        raise
+    except OSError as exc:  # e.g. from the caller's own writes into the temporary folder
+        if exc.filename:
+            where = f"{_show(exc.filename)}: "
+        else:  # e.g. write() of the caller's open file: name the folder it was writing into
+            where = f"writing into {_show(writing_into)}: " if writing_into else ""
+        raise CheckpointIOError(f"{head}: {where}{_cause(exc)}", exc.errno,
+                                os.fsdecode(exc.filename) if exc.filename else None) from exc
+
+
+def _unique() -> str:
+    """A suffix no other process, thread or call uses (pids repeat across hosts sharing a folder)."""
+    return f"{os.getpid()}-{secrets.token_hex(3)}"
+
+
 # ---------------------------------------------------------------- durable file operations
+
+_O_CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
 
 
 def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:  # O_DIRECTORY: a FIFO in the folder's place fails with ENOTDIR instead of blocking
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
     except OSError:
         return
     try:
@@ -168,42 +390,75 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _fsync_file(path: Path) -> None:
-    fd = os.open(str(path), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_durable(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync, rename, fsync the folder."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Write ``data`` to ``path`` via a temp file of our own (O_EXCL, unique name), fsync, rename, fsync
+    the folder. The temp file is removed when anything fails."""
+    tmp = path.parent / f".{path.name}.tmp-{_unique()}"
+    with _io("writing", tmp):
+        fd = os.open(tmp, _O_CREATE, 0o644)
+    try:
+        with _io("writing", tmp):
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        with _io("renaming to", path):
+            os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with _io("syncing the folder", path.parent):
+        _fsync_dir(path.parent)
 
 
 def _write_payload(path: Path, payload: Payload) -> None:
-    with open(path, "wb") as f:
-        if isinstance(payload, (bytes, bytearray, memoryview)):
-            f.write(payload)
-        elif callable(payload):
-            payload(f)
-        else:
-            raise CheckpointError(
-                f"payload must be bytes or a callable taking a binary file, got {type(payload).__name__}"
-            )
-        f.flush()
-        os.fsync(f.fileno())
+    if not isinstance(payload, (bytes, bytearray, memoryview)) and not callable(payload):
+        raise CheckpointError(
+            f"payload must be bytes or a callable taking a binary file, got {type(payload).__name__}"
+        )
+    with _io("creating", path):
+        fd = os.open(path, _O_CREATE, 0o644)
+    with _io("writing", path):  # also the OSError of a callable (e.g. torch.save hitting ENOSPC)
+        with open(fd, "wb", closefd=True) as f:
+            if callable(payload):
+                payload(f)
+            else:
+                f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+_renameat2_fn: Any = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE). False where the C library or the
+    filesystem cannot (the caller then falls back); OSError for a real failure."""
+    global _renameat2_fn
+    if _renameat2_fn is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _renameat2_fn = fn
+        except (OSError, AttributeError, TypeError):
+            _renameat2_fn = False
+    if not _renameat2_fn:
+        return False
+    if _renameat2_fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), os.fsdecode(b))
 
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open(_open_regular(path), "rb", closefd=True) as f:
         for chunk in iter(lambda: f.read(_CHUNK), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -231,17 +486,23 @@ def _newest_mtime(path: Path) -> float:
     return newest
 
 
+def _remove_tree(path: Path) -> None:
+    """shutil.rmtree that never raises (its ignore_errors does not cover every call, e.g. fstat)."""
+    with contextlib.suppress(OSError):
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _rmtree(path: Path) -> None:
     """Rename out of the way first, so a half-deleted checkpoint never keeps a valid-looking name."""
     target = path
     if not path.name.startswith((TMP_PREFIX, DEL_PREFIX)):
-        target = path.parent / f"{DEL_PREFIX}{path.name}-{os.getpid()}-{time.monotonic_ns()}"
+        target = path.parent / f"{DEL_PREFIX}{path.name}-{_unique()}"
         try:
             os.rename(path, target)
         except OSError:
             target = path
     if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target, ignore_errors=True)
+        _remove_tree(target)
     else:
         with contextlib.suppress(OSError):
             target.unlink()
@@ -259,6 +520,8 @@ class Checkpoint:
         self.step: int = manifest["step"]
         md = manifest.get("metadata")
         self.metadata: dict = md if isinstance(md, dict) else {}
+        #: who saved it (None for checkpoints saved outside autoheal sbatch or by older versions)
+        self.owner: Optional[Owner] = Owner.from_json(manifest.get("owner"))
 
     def __repr__(self) -> str:
         return f"Checkpoint(step={self.step}, path={str(self.path)!r})"
@@ -279,7 +542,9 @@ class Checkpoint:
         return self.path / name
 
     def read_bytes(self, name: str = PAYLOAD) -> bytes:
-        return self.file(name).read_bytes()
+        """Contents of a listed file (regular files only: a FIFO put there since verification raises
+        NotRegularFile instead of blocking)."""
+        return _read_regular(self.file(name))
 
     def shard_names(self) -> list:
         return sorted(n for n in self.manifest["files"] if _SHARD_RE.match(n))
@@ -303,7 +568,7 @@ def verify_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> 
         return _verify(path, verify)
     except _Reject as r:
         return Rejection(name, str(r))
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
         return Rejection(name, f"unreadable: {type(exc).__name__}: {exc}")
 
 
@@ -315,22 +580,29 @@ def _verify(path: Path, verify: str) -> Checkpoint:
     step = parse_name(path.name)
     if step is None:
         raise _Reject(f"not a checkpoint name ({PREFIX}<{STEP_DIGITS} digits>)")
-    if path.is_symlink():
-        raise _Reject("is a symlink, not a checkpoint directory")
-    if not path.is_dir():
-        raise _Reject("missing" if not path.exists() else "not a directory")
-    marker = path / MARKER
-    if not marker.is_file() or marker.is_symlink():
-        raise _Reject(f"marker {MARKER} missing (torn or unfinished save)")
-    mpath = path / MANIFEST
-    if not mpath.is_file() or mpath.is_symlink():
-        raise _Reject(f"{MANIFEST} missing")
-    if mpath.stat().st_size > _MAX_MANIFEST_BYTES:
-        raise _Reject(f"{MANIFEST} too large")
-    raw = mpath.read_bytes()
     try:
-        with open(marker, "rb") as f:
-            marker_doc = json.loads(f.read(4096).decode("utf-8"))
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise _Reject("missing") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _Reject("is a symlink, not a checkpoint directory")
+    if not stat.S_ISDIR(st.st_mode):
+        raise _Reject("not a directory" if stat.S_ISREG(st.st_mode) else f"is {_kind(st.st_mode)}, not a directory")
+    try:
+        marker_raw = _read_regular(path / MARKER, 4096)
+    except OSError as exc:
+        what = _problem(exc)
+        raise _Reject(f"marker {MARKER} {what}{' (torn or unfinished save)' if what == 'missing' else ''}") from None
+    try:
+        fd = _open_regular(path / MANIFEST)
+    except OSError as exc:
+        raise _Reject(f"{MANIFEST} {_problem(exc)}") from None
+    with open(fd, "rb", closefd=True) as f:
+        if os.fstat(fd).st_size > _MAX_MANIFEST_BYTES:
+            raise _Reject(f"{MANIFEST} too large")
+        raw = f.read(_MAX_MANIFEST_BYTES + 1)
+    try:
+        marker_doc = json.loads(marker_raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError):
         raise _Reject(f"marker {MARKER} is not valid JSON") from None
     if not isinstance(marker_doc, dict) or marker_doc.get("manifest_sha256") != hashlib.sha256(raw).hexdigest():
@@ -346,7 +618,6 @@ def _verify(path: Path, verify: str) -> Checkpoint:
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise _Reject(f"{MANIFEST} has no file list")
-    root = path.resolve()
     for fname, info in sorted(files.items()):
         if not _safe_relpath(fname) or fname in RESERVED:
             raise _Reject(f"{MANIFEST} lists an unsafe file name {fname!r}")
@@ -355,24 +626,42 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         size, digest = info.get("size"), info.get("sha256")
         if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
             raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
-        fpath = path / fname
-        if fpath.is_symlink() or root not in fpath.resolve().parents:
-            raise _Reject(f"{fname} points outside the checkpoint")
-        if not fpath.is_file():
-            raise _Reject(f"{fname} missing")
-        actual = fpath.stat().st_size
-        if actual != size:
-            raise _Reject(f"{fname} size {actual} != {size} in manifest (truncated or overwritten)")
+        fpath = _inside(path, fname)
+        try:
+            fst = os.lstat(fpath)
+        except FileNotFoundError:
+            raise _Reject(f"{fname} missing") from None
+        if stat.S_ISLNK(fst.st_mode):
+            raise _Reject(f"{fname} is a symlink (points outside the checkpoint)")
+        if not stat.S_ISREG(fst.st_mode):
+            raise _Reject(f"{fname} is {_kind(fst.st_mode)}, not a regular file")
+        if fst.st_size != size:
+            raise _Reject(f"{fname} size {fst.st_size} != {size} in manifest (truncated or overwritten)")
         if verify == "sha256" and _sha256(fpath) != digest:
             raise _Reject(f"{fname} sha256 mismatch (corrupt)")
     return Checkpoint(path, manifest)
 
 
+def _inside(root: Path, relpath: str) -> Path:
+    """``root/relpath`` after checking that every folder on the way is a real folder (no symlink out)."""
+    cur = root
+    for part in relpath.split("/")[:-1]:
+        cur = cur / part
+        try:
+            mode = os.lstat(cur).st_mode
+        except FileNotFoundError:
+            raise _Reject(f"{relpath} missing") from None
+        if stat.S_ISLNK(mode):
+            raise _Reject(f"{relpath} points outside the checkpoint (through the symlink {part})")
+        if not stat.S_ISDIR(mode):
+            raise _Reject(f"{relpath} missing ({part} is {_kind(mode)})")
+    return root / relpath
+
+
 def read_latest_pointer(directory: Union[str, os.PathLike]) -> Optional[str]:
-    """The checkpoint name in ``latest``, or None when absent or not one of our names."""
+    """The checkpoint name in ``latest``, or None when absent, not a regular file or not one of our names."""
     try:
-        with open(Path(directory) / LATEST, "rb") as f:
-            text = f.read(256).decode("utf-8", "replace").strip()
+        text = _read_regular(Path(directory) / LATEST, 256).decode("utf-8", "replace").strip()
     except OSError:
         return None
     return text if parse_name(text) is not None else None
@@ -390,6 +679,10 @@ class CheckpointManager:
     ``keep``: how many valid checkpoints to keep (None or 0: keep all).
     ``verify``: default check for loading, ``"sha256"`` (full) or ``"size"`` (fast).
     ``stale_age``: seconds after which an unfinished save's leftovers may be deleted.
+    ``owner``: recorded in every save and checked on loading (see the module docstring); default
+    :meth:`Owner.from_env` of ``environ``; None records and checks nothing.
+    ``allow_foreign``: also load checkpoints of an earlier job with the same id; default from
+    ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT``.
     """
 
     def __init__(
@@ -403,17 +696,24 @@ class CheckpointManager:
         stale_age: float = DEFAULT_STALE_AGE,
         shard_timeout: float = DEFAULT_SHARD_TIMEOUT,
         session: Optional[str] = None,
+        owner: Optional[Owner] = _FROM_ENV,
+        allow_foreign: Optional[bool] = None,
+        environ: Optional[Mapping[str, str]] = None,
     ):
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
             raise ValueError(f"keep must be a non-negative int or None, got {keep!r}")
         self.directory = Path(directory)
         self.keep = keep or None
-        self.rank = env_rank() if rank is None else int(rank)
-        self.world_size = env_world_size() if world_size is None else int(world_size)
+        self.rank = env_rank(environ) if rank is None else int(rank)
+        self.world_size = env_world_size(environ) if world_size is None else int(world_size)
         self.verify = _check_verify(verify)
         self.stale_age = float(stale_age)
         self.shard_timeout = float(shard_timeout)
-        self.session = _session_token() if session is None else _sanitize(session)
+        self.session = _session_token(environ) if session is None else _sanitize(session)
+        self.owner: Optional[Owner] = Owner.from_env(environ) if owner is _FROM_ENV else owner
+        if self.owner is not None and not isinstance(self.owner, Owner):
+            raise TypeError(f"owner must be an Owner or None, got {type(owner).__name__}")
+        self.allow_foreign = env_allow_foreign(environ) if allow_foreign is None else bool(allow_foreign)
         self.rejections: list = []
         self._writing: set = set()
 
@@ -446,7 +746,8 @@ class CheckpointManager:
         with self.saving(step, metadata) as tmp:
             for name, data in items.items():
                 target = tmp / name
-                target.parent.mkdir(parents=True, exist_ok=True)
+                with _io("creating", target.parent):
+                    target.parent.mkdir(parents=True, exist_ok=True)
                 _write_payload(target, data)
                 _fault("payload-written")
         return self.directory / checkpoint_name(step)
@@ -455,23 +756,33 @@ class CheckpointManager:
     def saving(self, step: int, metadata: Optional[dict] = None) -> Iterator[Path]:
         """Yield a temporary folder to write files into; on success publish it as checkpoint ``step``.
 
-        On an exception the temporary folder is deleted and nothing is published.
+        On an exception the temporary folder is deleted and nothing is published; an OSError (also one
+        raised by the caller's own writes into the folder) becomes :class:`CheckpointIOError`.
         """
         self._require_primary("saving()")
         _check_step(step)
         meta_json = _metadata_json(metadata)
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self._make_tmp(step)
+        with _not_saved(step, self.directory):
+            self._ensure_directory()
+            tmp = self._make_tmp(step)
         self._writing.add(tmp.name)
         try:
-            _fault("tmp-created")
-            yield tmp
-            self._publish(step, tmp, meta_json)
+            with _not_saved(step, self.directory, writing_into=tmp):
+                _fault("tmp-created")
+                yield tmp
+                self._publish(step, tmp, meta_json)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_tree(tmp)  # never masks the error being raised
             raise
         finally:
             self._writing.discard(tmp.name)
+
+    def _ensure_directory(self) -> None:
+        with _io("creating the checkpoint folder", self.directory):
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:  # exists, but is no folder (a file, a FIFO, a dangling symlink)
+                raise NotADirectoryError(errno.ENOTDIR, "exists and is not a directory") from None
 
     def save_shard(
         self,
@@ -498,25 +809,36 @@ class CheckpointManager:
         if not 0 <= rank < world:
             raise CheckpointError(f"rank {rank} is outside world_size {world}")
         meta_json = _metadata_json(metadata) if rank == 0 else None
-        self.directory.mkdir(parents=True, exist_ok=True)
         staging = self.directory / f"{TMP_PREFIX}{checkpoint_name(step)}-shards-{self.session}"
-        staging.mkdir(exist_ok=True)
         shard = staging / _shard_name(rank, world)
-        part = staging / f".{shard.name}.part-{os.getpid()}"
-        _write_payload(part, data)
-        os.replace(part, shard)
-        _fsync_dir(staging)
-        _fault("shard-written")
+        with _not_saved(step, self.directory):
+            self._ensure_directory()
+            with _io("creating", staging):
+                staging.mkdir(exist_ok=True)
+            part = staging / f".{shard.name}.part-{_unique()}"
+            try:
+                _write_payload(part, data)
+                with _io("renaming to", shard):
+                    os.replace(part, shard)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+            with _io("syncing the folder", staging):
+                _fsync_dir(staging)
+            _fault("shard-written")
         if rank != 0:
             return shard
         self._writing.add(staging.name)
         try:
-            self._wait_for_shards(staging, world, self.shard_timeout if timeout is None else timeout)
-            wanted = {_shard_name(r, world) for r in range(world)}
-            for n in os.listdir(staging):  # part-files of a rank that died, shards of another world size
-                if n not in wanted:
+            with _not_saved(step, self.directory):
+                self._wait_for_shards(staging, world, self.shard_timeout if timeout is None else timeout)
+                wanted = {_shard_name(r, world) for r in range(world)}
+                with _io("listing", staging):
+                    leftovers = [n for n in os.listdir(staging) if n not in wanted]
+                for n in leftovers:  # part-files of a rank that died, shards of another world size
                     _rmtree(staging / n)
-            self._publish(step, staging, meta_json, extra={"world_size": world})
+                self._publish(step, staging, meta_json, extra={"world_size": world})
         finally:
             self._writing.discard(staging.name)
         return self.directory / checkpoint_name(step)
@@ -526,7 +848,8 @@ class CheckpointManager:
         deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
-            missing = wanted - set(os.listdir(staging))
+            with _io("listing", staging):
+                missing = wanted - set(os.listdir(staging))
             if not missing:
                 return
             if time.monotonic() >= deadline:
@@ -546,19 +869,24 @@ class CheckpointManager:
             )
 
     def _make_tmp(self, step: int) -> Path:
-        base = f"{TMP_PREFIX}{checkpoint_name(step)}-{os.getpid()}"
-        for n in range(1000):
-            tmp = self.directory / (base if n == 0 else f"{base}.{n}")
+        base = f"{TMP_PREFIX}{checkpoint_name(step)}"
+        for _ in range(100):
+            tmp = self.directory / f"{base}-{_unique()}"
             try:
-                tmp.mkdir()
+                with _io("creating", tmp):
+                    tmp.mkdir()
                 return tmp
-            except FileExistsError:
-                continue
-        raise CheckpointError(f"cannot create a temporary folder {base}.* in {self.directory}")
+            except CheckpointIOError as exc:
+                if exc.errno != errno.EEXIST:
+                    raise
+        raise CheckpointError(f"cannot create a temporary folder {base}-* in {_show(self.directory)}")
 
     def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[dict] = None) -> None:
         files = {}
-        for root, dirs, names in os.walk(tmp):
+        def walk_error(exc: OSError) -> None:
+            raise exc
+
+        for root, dirs, names in os.walk(tmp, onerror=walk_error):
             rootp = Path(root)
             for n in dirs + names:
                 if (rootp / n).is_symlink():
@@ -568,9 +896,20 @@ class CheckpointManager:
                 rel = fpath.relative_to(tmp).as_posix()
                 if rel in RESERVED:
                     raise CheckpointError(f"{rel} is a reserved name in a checkpoint")
-                _fsync_file(fpath)
-                files[rel] = {"size": fpath.stat().st_size, "sha256": _sha256(fpath)}
-            _fsync_dir(rootp)
+                try:  # regular files only: opening a FIFO someone made in the folder would block forever
+                    fd = _open_regular(fpath)
+                except NotRegularFile as exc:
+                    raise CheckpointError(f"{rel} in the checkpoint {exc.strerror}; a checkpoint holds "
+                                          f"regular files and folders only") from None
+                with _io("syncing", fpath):
+                    try:
+                        os.fsync(fd)
+                        size = os.fstat(fd).st_size
+                    finally:
+                        os.close(fd)
+                    files[rel] = {"size": size, "sha256": _sha256(fpath)}
+            with _io("syncing the folder", rootp):
+                _fsync_dir(rootp)
         if not files:
             raise CheckpointError(f"nothing was written into the checkpoint for step {step}")
         now = time.time()
@@ -584,30 +923,91 @@ class CheckpointManager:
             "files": files,
             "metadata": json.loads(meta_json),
         }
+        if self.owner is not None:
+            manifest["owner"] = self.owner.to_json()
         manifest.update(extra or {})
         raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         _write_durable(tmp / MANIFEST, raw)
         _fault("manifest-written")
+        marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+        _write_durable(tmp / MARKER, json.dumps(marker).encode() + b"\n")
+        _fault("marker-written")
 
         name = checkpoint_name(step)
         final = self.directory / name
-        if os.path.lexists(final):  # an older save of the same step (e.g. a torn one): replace it
-            _rmtree(final)
-        os.rename(tmp, final)
-        _fsync_dir(self.directory)
-        _fault("renamed")
+        self._install(tmp, final)  # the one step that publishes: before it nothing, after it all
 
-        marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
-        _write_durable(final / MARKER, json.dumps(marker).encode() + b"\n")
-        _fault("marker-written")
-
-        _write_durable(self.directory / LATEST, (name + "\n").encode())
-        _fault("pointer-written")
+        # Published. What follows makes it durable and findable faster; a failure is logged, not raised
+        # (the caller must not think the checkpoint is lost when it is there and valid).
+        try:
+            _fsync_dir(self.directory)
+            _fault("renamed")
+        except OSError as exc:
+            log.warning("checkpoint %s saved, but syncing %s failed: %s", final, self.directory, _cause(exc))
+        try:
+            _write_durable(self.directory / LATEST, (name + "\n").encode())
+            _fault("pointer-written")
+        except OSError as exc:
+            log.warning("checkpoint %s saved, but the pointer %s was not updated (loading does not need it): %s",
+                        final, _show(self.directory / LATEST), exc)
         log.info("checkpoint saved: %s", final)
         try:
             self.prune()
         except OSError as exc:  # pruning is housekeeping: never fail a save over it
             log.warning("checkpoint pruning in %s failed: %s", self.directory, exc)
+
+    def _install(self, tmp: Path, final: Path) -> None:
+        """Rename the complete ``tmp`` to ``final``. An existing ``final`` (a re-save of the step, or a
+        concurrent saver of the same step) is replaced without a moment where the step is missing.
+
+        Other savers and pruners work in the same folder at the same time: whatever vanished or
+        appeared between two calls sends us round again (bounded).
+        """
+        busy = (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR)
+        with _io("publishing", final):
+            for _ in range(20):
+                try:
+                    os.rename(tmp, final)  # final absent (or an empty folder): atomic
+                    return
+                except OSError as exc:
+                    if exc.errno not in busy:
+                        raise
+                try:
+                    if self._replace(tmp, final):
+                        return
+                except FileNotFoundError:  # final went away meanwhile (pruned, moved): plain rename again
+                    continue
+            raise OSError(errno.EBUSY, "other savers keep changing it", os.fsdecode(final))
+
+    def _replace(self, tmp: Path, final: Path) -> bool:
+        """One attempt to put ``tmp`` in the place of an existing ``final``; False: try again."""
+        st = os.lstat(final)
+        is_dir = stat.S_ISDIR(st.st_mode)
+        other = verify_checkpoint(final, "size") if is_dir else None
+        reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
+        if reason:  # another job's checkpoint: never overwritten; kept under a name loading ignores
+            keep_as = self.directory / f"{final.name}.foreign-{_sanitize(other.owner.token)}-{secrets.token_hex(2)}"
+            os.rename(final, keep_as)
+            log.warning("checkpoint %s was %s; kept as %s", final, reason.split(":")[0], keep_as.name)
+            return False  # final is free now: the plain rename publishes ours
+        if is_dir and _exchange(tmp, final):
+            _remove_tree(tmp)  # tmp now holds the old copy
+            return True
+        # Not a folder (never a valid checkpoint), or no atomic exchange on this filesystem: move the old
+        # one aside, publish, and put it back if publishing fails.
+        aside = self.directory / f"{DEL_PREFIX}{final.name}-{_unique()}"
+        os.rename(final, aside)
+        try:
+            os.rename(tmp, final)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rename(aside, final)
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY):  # another saver published meanwhile
+                _rmtree(aside)
+                return False
+            raise
+        _rmtree(aside)
+        return True
 
     # ---- pruning
 
@@ -630,7 +1030,10 @@ class CheckpointManager:
             path = self.directory / name
             if path.is_symlink():  # not something we made: leave it alone
                 continue
-            ok = isinstance(verify_checkpoint(path, "size"), Checkpoint)
+            found = verify_checkpoint(path, "size")
+            ok = isinstance(found, Checkpoint)
+            if ok and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
+                continue
             if name == pointer:
                 valid_seen += ok
                 continue
@@ -679,11 +1082,23 @@ class CheckpointManager:
         if pointer_problem:
             self._reject(pointer_problem)
         for step in reversed(self.checkpoints()):
-            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             if isinstance(result, Checkpoint):
                 return result
             self._reject(result)
         return None
+
+    def foreign_reason(self, ckpt: Checkpoint) -> Optional[str]:
+        """Why ``ckpt`` must not be resumed by this job (see :func:`foreign_reason`); None if it may
+        (also always with ``allow_foreign``)."""
+        return None if self.allow_foreign else foreign_reason(ckpt.owner, self.owner)
+
+    def _checked(self, result: Union[Checkpoint, Rejection]) -> Union[Checkpoint, Rejection]:
+        if isinstance(result, Checkpoint):
+            reason = self.foreign_reason(result)
+            if reason:
+                return Rejection(result.name, reason)
+        return result
 
     def load(self, step: Optional[int] = None, verify: Optional[str] = None) -> Checkpoint:
         """The checkpoint for ``step`` (default: :meth:`latest_valid`); raise NoValidCheckpoint."""
@@ -692,7 +1107,7 @@ class CheckpointManager:
             found = self.latest_valid(verify)
         else:
             self.rejections = []
-            result = verify_checkpoint(self.directory / checkpoint_name(step), verify)
+            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             found = result if isinstance(result, Checkpoint) else None
             if found is None:
                 self._reject(result)
@@ -702,13 +1117,14 @@ class CheckpointManager:
 
     def _pointer_problem(self) -> Optional[Rejection]:
         path = self.directory / LATEST
-        if not os.path.lexists(path):
-            return None
         try:
-            with open(path, "rb") as f:
-                text = f.read(256).decode("utf-8", "replace").strip()
+            text = _read_regular(path, 256).decode("utf-8", "replace").strip()
+        except FileNotFoundError:
+            return None
+        except NotADirectoryError:  # the checkpoint folder itself is not a folder
+            return None
         except OSError as exc:
-            return Rejection(LATEST, f"unreadable ({exc.strerror}); ignored")
+            return Rejection(LATEST, f"{_problem(exc)}; ignored")
         if parse_name(text) is None:
             return Rejection(LATEST, f"names {text[:60]!r}, not a checkpoint in this directory; ignored")
         if not (self.directory / text).is_dir():
@@ -738,7 +1154,8 @@ def _sanitize(text: str) -> str:
 
 def _session_token(environ: Optional[Mapping[str, str]] = None) -> str:
     env = os.environ if environ is None else environ
-    parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "AUTOHEAL_RESTART_COUNT")]
+    # the submission token too: a job that got an earlier job's id must not pick up its leftover shards
+    parts = [env.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_RESTART_COUNT", "AUTOHEAL_RESTART_COUNT", TOKEN_ENV)]
     return _sanitize(".".join(p for p in parts if p)) if any(parts) else "local"
 
 
@@ -756,24 +1173,44 @@ def _metadata_json(metadata: Optional[dict]) -> str:
 # ---------------------------------------------------------------- runner-facing helpers
 
 
-def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size") -> Optional[Path]:
-    """Path of the newest valid checkpoint in ``directory`` (size check by default), or None.
+def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size", *,
+                      owner: Optional[Owner] = _FROM_ENV, allow_foreign: Optional[bool] = None,
+                      environ: Optional[Mapping[str, str]] = None,
+                      rejections: Optional[list] = None) -> Optional[Path]:
+    """Path of the newest valid checkpoint in ``directory`` (size check by default) that this job may
+    resume, or None.
 
+    ``owner``/``allow_foreign``/``environ``: as for :class:`CheckpointManager` (default: from the
+    environment, i.e. ``AUTOHEAL_SUBMIT_TOKEN``, the job id and ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT``).
+    ``rejections``: a list that gets a :class:`Rejection` (``str()``: one line) for every newer candidate
+    skipped -- torn, corrupt, not a regular file, or another job's.
     Never raises: used by the job runner to set ``AUTOHEAL_RESUME_FROM``.
     """
     if not directory:
         return None
     try:
-        found = CheckpointManager(directory, keep=None, rank=0, verify=verify).latest_valid()
+        mgr = CheckpointManager(directory, keep=None, rank=0, verify=verify, owner=owner,
+                                allow_foreign=allow_foreign, environ=environ)
+        found = mgr.latest_valid()
+        if rejections is not None:
+            rejections.extend(mgr.rejections)
     except Exception as exc:  # the runner must start the job whatever the folder holds
         log.warning("find_resume_point(%s) failed: %s", directory, exc)
         return None
     return found.path if found else None
 
 
-def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Checkpoint:
-    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad."""
+def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
+                    allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None) -> Checkpoint:
+    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad
+    or another job's (owner checks as for :class:`CheckpointManager`)."""
     result = verify_checkpoint(path, verify)
+    if isinstance(result, Checkpoint):
+        expected = Owner.from_env(environ) if owner is _FROM_ENV else owner
+        allowed = env_allow_foreign(environ) if allow_foreign is None else allow_foreign
+        reason = None if allowed else foreign_reason(result.owner, expected)
+        if reason:
+            result = Rejection(result.name, reason)
     if isinstance(result, Rejection):
         raise NoValidCheckpoint(f"checkpoint {path} rejected: {result.reason}")
     return result
@@ -792,6 +1229,8 @@ def main(argv: Optional[list] = None) -> int:
     rp = sub.add_parser("resume-point", help="print the newest valid checkpoint path")
     rp.add_argument("directory")
     rp.add_argument("--verify", choices=VERIFY_MODES, default="size")
+    rp.add_argument("--allow-foreign", action="store_true", default=None,
+                    help=f"also an earlier job's checkpoint with this job id (default: ${ALLOW_FOREIGN_ENV})")
     sp = sub.add_parser("step", help="print the step of a checkpoint path")
     sp.add_argument("path")
     args = p.parse_args(argv)
@@ -802,7 +1241,10 @@ def main(argv: Optional[list] = None) -> int:
             print(f"autoheal-checkpoint: {exc}", file=sys.stderr)
             return 2
         return 0
-    found = find_resume_point(args.directory, args.verify)
+    rejections: list = []
+    found = find_resume_point(args.directory, args.verify, allow_foreign=args.allow_foreign, rejections=rejections)
+    for r in rejections:
+        print(f"autoheal-checkpoint: skipped {r}", file=sys.stderr)
     if found is None:
         return 1
     print(found)

@@ -23,7 +23,8 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
                    "The job also stops when two consecutive restarts resume from the same checkpoint step.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j %A %a %x %u expand like sbatch's "
-                   "[default <submit dir>/autoheal-checkpoints/%j].")
+                   "[default <submit dir>/autoheal-checkpoints/%j-TOKEN, TOKEN being random per submission, "
+                   "so a new job that gets an old job id never shares its folder].")
 @click.option("--grace", type=click.IntRange(5, 3600), default=None, metavar="SECONDS",
               help="Time to checkpoint between the grace signal and the requeue [default 120].")
 @click.option("--signal", "signal_name", default=None, metavar="SIG",
@@ -33,13 +34,17 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
               help="After a node problem, add the node to the job's excluded nodes before it restarts "
                    "[default: on]. Your own --exclude is kept.")
 @click.option("--notify", multiple=True, metavar="URL", help="Webhook told about each restart (repeatable).")
+@click.option("--allow-foreign-checkpoint", is_flag=True, default=None,
+              help="Resume also from checkpoints written by an earlier job that had the same job id (e.g. "
+                   "before the cluster's job ids were reset). Refused by default: that is another job's "
+                   "model state.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the generated script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the plan with --dry-run, else the job id).")
 @config_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
-def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, dry_run, as_json,
-           config_path, args) -> None:
+def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, allow_foreign_checkpoint,
+           dry_run, as_json, config_path, args) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -70,14 +75,20 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
       autoheal sbatch --grace 300 --max-restarts 10 --notify https://hooks.example/x train.sh
       autoheal sbatch --dry-run train.sh        # review the command and generated script
 
+    Each submission gets a random token (AUTOHEAL_SUBMIT_TOKEN). The default checkpoint folder contains it,
+    and checkpoints saved with autoheal.sbatch_helpers.checkpoint record it: a job never resumes a
+    checkpoint of an earlier job that had the same job id (say, before the cluster's job ids were reset)
+    unless you ask for it with --allow-foreign-checkpoint.
+
     Exit codes: 0 submitted (sbatch's output is passed through; --parsable honoured), 1 sbatch refused the
-    job (its message is shown), 2 bad script, option or config.
+    job (its message is shown), 2 bad script, option or config (also a script path or option value holding
+    a newline or another control character).
     """
     cfg = load_cfg(config_path)
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
     overrides: Dict[str, object] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
                                     "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
-                                    "notify": list(notify)}
+                                    "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None}
     overrides = {k: v for k, v in overrides.items() if v not in (None, [])}
     for key, value in late.items():
         if key == "notify":
@@ -130,19 +141,21 @@ def _submit(plan: wrapper.SubmitPlan, cfg) -> str:
     if cfg.slurm.slurm_conf:
         env["SLURM_CONF"] = cfg.slurm.slurm_conf
     argv = [binary, *plan.argv[1:]]
-    try:
-        res = subprocess.run(argv, input=plan.script, capture_output=True, text=True, env=env,
-                             timeout=cfg.sbatch.submit_timeout)
+    try:  # bytes: a --wrap command or argument with invalid UTF-8 (kept as surrogate escapes) goes as it was
+        res = subprocess.run(argv, input=plan.script.encode("utf-8", "surrogateescape"), capture_output=True,
+                             env=env, timeout=cfg.sbatch.submit_timeout)
     except subprocess.TimeoutExpired:
         raise _Refused(f"sbatch did not answer within {cfg.sbatch.submit_timeout:g}s") from None
     except OSError as exc:
         raise _Refused(f"cannot run {binary}: {exc.strerror}") from None
+    stdout = res.stdout.decode("utf-8", "replace")
+    stderr = res.stderr.decode("utf-8", "replace")
     if res.returncode != 0:
-        msg = " ".join((res.stderr or res.stdout).split())[:500] or f"exit code {res.returncode}"
+        msg = " ".join((stderr or stdout).split())[:500] or f"exit code {res.returncode}"
         raise _Refused(f"sbatch refused the job: {msg}")
-    if res.stderr:  # sbatch's warnings
-        sys.stderr.write(res.stderr)
-    return res.stdout
+    if stderr:  # sbatch's warnings
+        sys.stderr.write(stderr)
+    return stdout
 
 
 def _job_id(out: str) -> Optional[str]:

@@ -8,22 +8,39 @@ The generated batch script keeps the user's ``#SBATCH`` header verbatim (so sbat
 options), embeds the user's script byte for byte in a quoted here-document (sbatch semantics: the job
 runs the script as it was at submission, also after a requeue), and ``exec``\\ s the job runner, which
 thereby *is* the batch shell and receives the ``B:`` grace signal.
+
+Every other string that lands in the generated script (paths, the user's arguments, option values, the
+config path) is written as one shell word on one line (:func:`shell_word`): a newline or any other
+control character can neither start a new command nor a new ``#SBATCH`` line. Paths and option values
+that would carry control characters into file names, job names or the runner's environment are refused
+(:class:`WrapperError`, exit 2) instead.
+
+Each submission gets a random token (``AUTOHEAL_SUBMIT_TOKEN`` in the generated script, the same for every
+requeue of the job, different for a new job that reuses the job id). The default checkpoint folder
+contains it, and the checkpoint API records it as the checkpoint's owner (see ``checkpoint.py``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shlex
+import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
+from autoheal.reasons import MAX_COMMENT_LEN, sanitize
+from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
 
 MARKER = "autoheal-runner"
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
 COMMENT_SEPARATOR = " | "
+# The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;
+# the runner and the user's processes inherit them and checkpoint.py reads them.
+DEFAULT_CHECKPOINT_DIR = "autoheal-checkpoints/%j-{token}"
 
 # sbatch options that take a value (long names without "--", short letters). Anything else that starts
 # with "-" is a flag. Options with an *optional* value must be written --opt=value (sbatch's own rule).
@@ -51,6 +68,54 @@ _SHORT_ALIASES = {"A": "account", "a": "array", "b": "begin", "B": "extra-node-i
 
 class WrapperError(AutohealError):
     """Bad input to ``autoheal sbatch``: missing script, conflicting or malformed options (exit 2)."""
+
+
+# ---- strings that reach the generated script ------------------------------------------------------
+
+# Characters a shell word must never carry literally: C0/C1 controls (newline, CR, ESC...), invalid UTF-8
+# (surrogate escapes), line/paragraph separators and invisible format characters (bidi overrides would
+# make the dry-run output lie about what runs).
+_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def has_control(text: str) -> bool:
+    """True when ``text`` holds a control character (newline, tab, CR, ESC, NUL, DEL, C1...)."""
+    return any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text)
+
+
+def show(text: str) -> str:
+    """``text`` for a one-line message: as is when printable, else its Python repr (``'a\\nb'``)."""
+    return repr(text) if any(unicodedata.category(ch) in _ESCAPED_CATEGORIES for ch in text) else text
+
+
+def shell_word(text: str, display: bool = False) -> str:
+    """``text`` as exactly one bash word on one line.
+
+    Plain text gets ``shlex.quote``; text with control or invisible characters gets ANSI-C quoting
+    (``$'a\\x0ab'``) with those characters written as ``\\xHH`` escapes of their UTF-8 bytes (the exact
+    original bytes, also for invalid UTF-8 kept as surrogate escapes). A NUL cannot be passed to a
+    program at all: WrapperError, unless ``display`` (dry-run output only).
+    """
+    text = str(text)
+    if "\x00" in text and not display:
+        raise WrapperError(f"{show(text)}: contains a NUL character, which no program argument can hold")
+    if not any(unicodedata.category(ch) in _ESCAPED_CATEGORIES for ch in text):
+        return shlex.quote(text)
+    out = []
+    for ch in text:
+        if ch in "\\'":
+            out.append("\\" + ch)
+        elif unicodedata.category(ch) in _ESCAPED_CATEGORIES:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogateescape"))
+        else:
+            out.append(ch)
+    return "$'" + "".join(out) + "'"
+
+
+def _refuse_control(value: str, what: str) -> None:
+    if has_control(value):
+        raise WrapperError(f"{what} {show(value)}: contains a control character (newline, tab, escape...); "
+                           f"refused so that it cannot reach the batch script, file names or job names")
 
 
 @dataclass(frozen=True)
@@ -135,9 +200,16 @@ def parse_script(text: str, where: str = "script") -> ParsedScript:
     if not text.startswith("#!"):
         raise WrapperError(f"{where}: the first line must start with #! followed by the path to an "
                            f"interpreter (sbatch requires it; e.g. #!/bin/bash)")
+    if "\x00" in text:
+        raise WrapperError(f"{where}: contains a NUL byte (binary, not a batch script)")
+    if "\r\n" in text:
+        raise WrapperError(f"{where}: has DOS line breaks (\\r\\n), which sbatch refuses; convert it first "
+                           f"(e.g. dos2unix)")
     parsed = ParsedScript(text=text)
-    for line in text.splitlines()[1:]:
-        stripped = line.strip()
+    # Lines as bash and sbatch see them: split on \n only (str.splitlines would also split on \r, \v,
+    # \f, \x1c-\x1e, \x85, U+2028/9 and so disagree with them about where a line starts).
+    for line in text.split("\n")[1:]:
+        stripped = line.strip(" \t\n\v\f\r")  # C isspace(), as sbatch skips it
         if stripped and not stripped.startswith("#"):
             break
         if line.startswith("#SBATCH"):
@@ -166,6 +238,7 @@ class WrapperOptions:
     notify: List[str] = field(default_factory=list)
     requeue_margin: int = 15
     python: str = ""
+    allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
 
 
 # name -> (field, kind); kinds: int, str, bool-true, bool-false, list
@@ -177,6 +250,7 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--exclude-failed": ("exclude_failed", "true"),
     "--no-exclude-failed": ("exclude_failed", "false"),
     "--notify": ("notify", "list"),
+    "--allow-foreign-checkpoint": ("allow_foreign_checkpoint", "true"),
 }
 
 
@@ -256,6 +330,9 @@ def check_options(opts: WrapperOptions) -> WrapperOptions:
     for url in opts.notify:
         if not url.startswith(("http://", "https://")):
             raise WrapperError(f"--notify {url!r}: must be an http:// or https:// URL")
+        _refuse_control(url, "--notify")
+    _refuse_control(opts.checkpoint_dir, "--checkpoint-dir")
+    _refuse_control(opts.python, "sbatch.python")
     return opts
 
 
@@ -303,6 +380,13 @@ class SubmitRequest:
     python: str = "python3"
     sbatch: str = "sbatch"
     config_path: Optional[str] = None
+    token: Optional[str] = None  # the submission's token; None: a new random one
+
+
+def new_token() -> str:
+    """A fresh submission token: 10 hex digits (the job id tells jobs apart; this tells apart two jobs
+    that got the same id, e.g. after the cluster's job counter was reset)."""
+    return secrets.token_hex(5)
 
 
 @dataclass
@@ -314,20 +398,21 @@ class SubmitPlan:
     options: WrapperOptions
     warnings: List[str] = field(default_factory=list)
     parsable: bool = False
+    token: str = ""
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
 
         return {"argv": self.argv, "script": self.script, "options": asdict(self.options),
-                "warnings": self.warnings, "stdin": "script"}
+                "warnings": self.warnings, "stdin": "script", "submit_token": self.token}
 
     def render(self) -> str:
         """Human dry-run output: the command and the script, ready to review or copy."""
         lines = ["# sbatch command (the generated batch script below is passed on stdin):",
-                 " ".join(shlex.quote(a) for a in self.argv), "", "# generated batch script:"]
+                 " ".join(shell_word(a, display=True) for a in self.argv), "", "# generated batch script:"]
         out = "\n".join(lines) + "\n" + self.script
         for w in self.warnings:
-            out += f"# warning: {w}\n"
+            out += f"# warning: {sanitize(w, 500)}\n"
         return out
 
 
@@ -340,9 +425,9 @@ def _has(opts: Sequence[SbatchOption], *names: str) -> Optional[SbatchOption]:
 
 
 def _delimiter(text: str) -> str:
-    base = "AUTOHEAL_USER_SCRIPT_" + hashlib.sha256(text.encode()).hexdigest()[:8].upper()
+    base = "AUTOHEAL_USER_SCRIPT_" + hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:8].upper()
     delim, n = base, 0
-    lines = set(text.splitlines())
+    lines = set(text.split("\n"))  # bash ends the here-document at a line equal to delim, lines split on \n
     while delim in lines:
         n += 1
         delim = f"{base}_{n}"
@@ -351,6 +436,11 @@ def _delimiter(text: str) -> str:
 
 def build_plan(req: SubmitRequest) -> SubmitPlan:
     """Merge settings, check conflicts, and produce the sbatch argv and the generated script."""
+    if req.script_path is not None:
+        _refuse_control(req.script_path, "script path")
+    token = req.token if req.token is not None else new_token()
+    if not TOKEN_PATTERN.match(token):
+        raise WrapperError(f"submission token {show(token)}: use 1-64 letters, digits, '.', '_' or '-'")
     where = req.script_path or "--wrap"
     parsed = parse_script(req.script_text, where)
     cli_opts, rest = parse_sbatch_options(req.sbatch_args, stop_at_positional=True)
@@ -386,11 +476,14 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
                            "autoheal sbatch --signal USR2 --grace 90 ... (or #AUTOHEAL --signal ...)")
     autoheal_layer = parse_wrapper_args(parsed.autoheal_args, f"{where}: #AUTOHEAL")
     opts = check_options(merge_options(req.defaults, script_layer, autoheal_layer, req.cli_overrides))
+    if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
+        opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
 
     comment_opt = _has(all_opts, "comment")
     comment = MARKER
     if comment_opt and comment_opt.value:
-        comment = f"{MARKER}{COMMENT_SEPARATOR}{comment_opt.value}"
+        # the runner rewrites the comment as one line: keep the user's part one line from the start
+        comment = sanitize(f"{MARKER}{COMMENT_SEPARATOR}{comment_opt.value}", MAX_COMMENT_LEN)
 
     argv = [req.sbatch]
     if not rq or not rq.value:
@@ -403,8 +496,8 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
         if o.name in ("comment", "wrap"):
             continue
         argv.extend(o.tokens)
-    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts), options=opts, warnings=warnings,
-                      parsable=bool(_has(cli_opts, "parsable")))
+    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token), options=opts,
+                      warnings=warnings, parsable=bool(_has(cli_opts, "parsable")), token=token)
     return plan
 
 
@@ -420,18 +513,28 @@ def runner_argv(opts: WrapperOptions) -> List[str]:
     return argv
 
 
-def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions) -> str:
-    """The batch script sbatch stores: the user's #SBATCH header, the embedded script, exec of the runner."""
+def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions, token: str = "") -> str:
+    """The batch script sbatch stores: the user's #SBATCH header, the embedded script, exec of the runner.
+
+    Outside the here-document every line is ours, and every string in it is one :func:`shell_word`.
+    """
     text = parsed.text if parsed.text.endswith("\n") else parsed.text + "\n"
     delim = _delimiter(text)
     python = opts.python or req.python
-    src = req.script_path or "sbatch --wrap"
+    src = shell_word(req.script_path, display=True) if req.script_path else "sbatch --wrap"
     lines = ["#!/bin/bash", *parsed.sbatch_lines,
              f"# Generated by `autoheal sbatch` from {src}. The #SBATCH lines above are the script's own;",
              "# the job runner runs the script (embedded below as it was at submission) as a child, forwards",
              "# the grace signal to it, and requeues the job to resume from its newest valid checkpoint."]
     if req.config_path:
-        lines.append(f"export AUTOHEAL_CONFIG={shlex.quote(req.config_path)}")
+        lines.append(f"export AUTOHEAL_CONFIG={shell_word(req.config_path)}")
+    if token:
+        if not TOKEN_PATTERN.match(token):
+            raise WrapperError(f"submission token {show(token)}: use 1-64 letters, digits, '.', '_' or '-'")
+        lines.append(f"export {TOKEN_ENV}={token}  # this submission: names its checkpoint folder and owns "
+                     f"its checkpoints")
+    if opts.allow_foreign_checkpoint:
+        lines.append(f"export {ALLOW_FOREIGN_ENV}=1  # may resume checkpoints of an earlier job with this id")
     lines += [
         'autoheal_script="$(mktemp "${TMPDIR:-/tmp}/autoheal-job-${SLURM_JOB_ID:-0}.XXXXXX")" || exit 1',
         f"cat > \"$autoheal_script\" <<'{delim}'",
@@ -439,8 +542,8 @@ def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptio
     body = text + delim + "\n"
     tail = [
         'chmod 700 "$autoheal_script"',
-        "exec " + " ".join(shlex.quote(a) for a in [python, "-m", RUNNER_MODULE, *runner_argv(opts)])
-        + ' --script "$autoheal_script" --' + "".join(" " + shlex.quote(a) for a in req.script_args),
+        "exec " + " ".join(shell_word(a) for a in [python, "-m", RUNNER_MODULE, *runner_argv(opts)])
+        + ' --script "$autoheal_script" --' + "".join(" " + shell_word(a) for a in req.script_args),
     ]
     return "\n".join(lines) + "\n" + body + "\n".join(tail) + "\n"
 
@@ -453,22 +556,25 @@ def wrap_script(command: str) -> str:
 def read_script(path: str) -> str:
     """The user's script text; WrapperError (one line) when missing, unreadable or not text."""
     p = Path(path)
+    name = show(str(path))
     if not p.exists():
-        raise WrapperError(f"script {path}: not found")
+        raise WrapperError(f"script {name}: not found")
     if p.is_dir():
-        raise WrapperError(f"script {path}: is a directory")
+        raise WrapperError(f"script {name}: is a directory")
+    if not p.is_file():  # a FIFO would block the read forever, a device would never end
+        raise WrapperError(f"script {name}: is not a regular file")
     if not os.access(p, os.R_OK):
-        raise WrapperError(f"script {path}: not readable (permission denied)")
+        raise WrapperError(f"script {name}: not readable (permission denied)")
     try:
         data = p.read_bytes()
     except OSError as exc:
-        raise WrapperError(f"script {path}: cannot read: {exc.strerror}") from None
+        raise WrapperError(f"script {name}: cannot read: {exc.strerror}") from None
     if b"\x00" in data:
-        raise WrapperError(f"script {path}: is binary, not a batch script")
+        raise WrapperError(f"script {name}: is binary, not a batch script")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
-        raise WrapperError(f"script {path}: is not UTF-8 text") from None
+        raise WrapperError(f"script {name}: is not UTF-8 text") from None
 
 
 def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, object], Optional[str], List[str]]:

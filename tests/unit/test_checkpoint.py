@@ -515,7 +515,7 @@ WRITER = textwrap.dedent(
     """
 )
 
-FAULT_POINTS = ["tmp-created", "payload-written", "manifest-written", "renamed", "marker-written", "pointer-written"]
+FAULT_POINTS = ["tmp-created", "payload-written", "manifest-written", "marker-written", "renamed", "pointer-written"]
 
 
 def _run_writer(tmp_path: Path, directory: Path, mode: str, arg: str, kill_after=None):
@@ -547,8 +547,8 @@ def test_sigkill_at_each_protocol_step_loses_nothing_valid(tmp_path, point):
     mgr = CheckpointManager(d, keep=3, rank=0)
     got = mgr.latest_valid()
     steps = _check_content(d)
-    if point in ("marker-written", "pointer-written"):
-        assert got.step == 4  # the marker made it: the new one is complete
+    if point in ("renamed", "pointer-written"):
+        assert got.step == 4  # the rename published it complete (marker inside)
         assert steps == [1, 2, 3, 4]  # killed before pruning ran
     else:
         assert got.step == 3 and got.read_bytes() == payload_for(3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,10 @@ def _run(*args, env=None):
 
 
 def _normalise(text: str) -> str:
+    """The fixtures path and the random submission token vary from run to run."""
+    import re
+
+    text = re.sub(r"(AUTOHEAL_SUBMIT_TOKEN=)[0-9a-f]{10}\b", r"\1{token}", text)
     return text.replace(str(FIXTURES), "{fixtures}")
 
 
@@ -112,3 +117,88 @@ def test_wrap_builds_a_script():
     res = _run("--dry-run", "--wrap", "echo hello")
     assert res.exit_code == 0, res.output
     assert "echo hello" in res.output and "--job-name=wrap" in res.output
+
+
+def _capturing_sbatch(tmp_path):
+    fake = tmp_path / "sbatch"
+    capture = tmp_path / "captured"
+    fake.write_text(f"#!/bin/sh\ncat > {capture}.script\necho 'Submitted batch job 42'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[sbatch]\nsbatch = "{fake}"\npython = "/py"\n')
+    return cfg, tmp_path / "captured.script"
+
+
+def test_script_path_with_a_newline_never_runs_a_command(tmp_path, monkeypatch):
+    """Finding 5: `autoheal sbatch $'evil\\ntouch PWNED\\n#/job.sh'` ran `touch` in the batch shell."""
+    cfg, captured = _capturing_sbatch(tmp_path)
+    evil_dir = tmp_path / "evil\ntouch PWNED\n#"
+    evil_dir.mkdir()
+    (evil_dir / "job.sh").write_text("#!/bin/bash\necho hi\n")
+    monkeypatch.chdir(tmp_path)
+    for extra in ([], ["--dry-run"]):
+        res = CliRunner().invoke(sbatch, [*extra, "evil\ntouch PWNED\n#/job.sh"], env={"AUTOHEAL_CONFIG": str(cfg)})
+        assert res.exit_code == 2, res.output
+        assert res.output.count("\n") == 1 and "control character" in res.output, res.output
+        assert "/evil\\ntouch PWNED\\n#/job.sh'" in res.output  # shown escaped, as Python repr
+    assert not captured.exists()  # sbatch was never called
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_arguments_with_newlines_reach_the_runner_intact(tmp_path, monkeypatch):
+    cfg, captured = _capturing_sbatch(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    args = ["x\ntouch PWNED", "$(touch PWNED)", "it's"]
+    res = CliRunner().invoke(sbatch, [str(FIXTURES / "train.sh"), *args], env={"AUTOHEAL_CONFIG": str(cfg)})
+    assert res.exit_code == 0, res.output
+    script = captured.read_text()
+    fake = tmp_path / "fakepy"
+    fake.write_text('#!/bin/bash\nwhile [ "$1" != "--" ]; do shift; done\nshift\nprintf "%s\\0" "$@"\n')
+    fake.chmod(0o755)
+    gen = tmp_path / "gen.sh"
+    gen.write_text(script.replace("exec /py ", f"exec {fake} ", 1))
+    out = subprocess.run(["bash", str(gen)], capture_output=True, timeout=10, cwd=tmp_path,
+                         env={"TMPDIR": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    assert out.split(b"\0")[:-1] == [a.encode() for a in args]
+    assert not (tmp_path / "PWNED").exists()
+
+
+@pytest.mark.parametrize("opt", [["--checkpoint-dir", "/ck\n#SBATCH --uid=0"], ["--notify", "https://h/\nx"]])
+def test_option_values_with_newlines_exit_2(opt):
+    res = _run(*opt, str(FIXTURES / "train.sh"))
+    assert res.exit_code == 2 and "control character" in res.output, res.output
+
+
+def test_allow_foreign_checkpoint_flag_and_default_folder():
+    import json
+
+    res = _run("--dry-run", "--json", "--allow-foreign-checkpoint", str(FIXTURES / "train.sh"))
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.output)
+    assert data["options"]["allow_foreign_checkpoint"] is True
+    assert f"export AUTOHEAL_SUBMIT_TOKEN={data['submit_token']} " in data["script"]
+    assert "export AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1 " in data["script"]
+    assert data["options"]["checkpoint_dir"] == "/shared/ckpt/%x/%j"  # the fixture config sets one
+
+
+def test_default_checkpoint_folder_is_unique_per_submission(tmp_path):
+    import json
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[sbatch]\npython = "/py"\n')
+    dirs = set()
+    for _ in range(2):
+        res = _run("--dry-run", "--json", str(FIXTURES / "train.sh"), env={"AUTOHEAL_CONFIG": str(cfg)})
+        data = json.loads(res.output)
+        assert data["options"]["checkpoint_dir"] == f"autoheal-checkpoints/%j-{data['submit_token']}"
+        assert f"--checkpoint-dir autoheal-checkpoints/%j-{data['submit_token']} " in data["script"]
+        dirs.add(data["options"]["checkpoint_dir"])
+    assert len(dirs) == 2
+
+
+def test_invalid_utf8_in_a_wrap_command_is_submitted_byte_for_byte(tmp_path):
+    cfg, captured = _capturing_sbatch(tmp_path)
+    # argv bytes that are not UTF-8 reach Python as surrogate escapes (b"\xff" -> "\udcff")
+    res = CliRunner().invoke(sbatch, ["--wrap", "echo \udcff"], env={"AUTOHEAL_CONFIG": str(cfg)})
+    assert res.exit_code == 0, res.output
+    assert b"\necho \xff\n" in captured.read_bytes()

@@ -235,3 +235,28 @@ def test_ddp_trainer_preempt_and_resume(tmp_path):
     fresh = subprocess.run([sys.executable, str(DDP), "--steps", "20", "--checkpoint-dir", str(tmp_path / "b")],
                            env=clean_env(MASTER_ADDR="127.0.0.1"), capture_output=True, text=True, timeout=60)
     assert field(resumed, r"final_state=(\w+)") == field(fresh.stdout, r"final_state=(\w+)")
+
+
+def test_a_new_job_with_an_old_job_id_starts_fresh_instead_of_resuming_the_old_jobs_state(tmp_path):
+    """Issue 17 item 4, as the trainer sees it: old job 1's step-600 checkpoint sits in the folder (and
+    even in AUTOHEAL_RESUME_FROM, as an older job runner would export it); the new job 1 starts at 0."""
+    old = ck.CheckpointManager(tmp_path, rank=0, environ={"SLURM_JOB_ID": "1", "AUTOHEAL_SUBMIT_TOKEN": "old0000000"})
+    old.save(600, b'{"trainer": "tiny", "step": 600, "state": 1}')
+    env = clean_env(SLURM_JOB_ID="1", AUTOHEAL_SUBMIT_TOKEN="new0000000",
+                    AUTOHEAL_RESUME_FROM=tmp_path / "ckpt-00000600")
+    r = run(["--steps", 20, "--step-seconds", 0, "--checkpoint-every", 10, "--checkpoint-dir", tmp_path], env=env)
+    assert r.returncode == 0, r.stderr
+    assert "start step=0 resumed_from=none" in r.stdout
+    assert "warning AUTOHEAL_RESUME_FROM ignored" in r.stdout and "earlier job 1" in r.stdout
+    assert "warning skipped ckpt-00000600: written by an earlier job 1 (submission old0000000)" in r.stdout
+    assert f"done step=20 final_state={tiny.expected_final_state(20)}" in r.stdout
+    # its own checkpoints carry its owner; a restart of it resumes them; the old one is still there
+    again = run(["--steps", 30, "--step-seconds", 0, "--checkpoint-dir", tmp_path],
+                env=clean_env(SLURM_JOB_ID="1", AUTOHEAL_SUBMIT_TOKEN="new0000000"))
+    assert "start step=20 " in again.stdout, again.stdout
+    assert (tmp_path / "ckpt-00000600").is_dir()
+    # asked to, it resumes the old job's state
+    allowed = run(["--steps", 601, "--step-seconds", 0, "--checkpoint-dir", tmp_path],
+                  env=clean_env(SLURM_JOB_ID="1", AUTOHEAL_SUBMIT_TOKEN="new0000000",
+                                AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT="1"))
+    assert "start step=600 " in allowed.stdout, allowed.stdout
