@@ -96,9 +96,14 @@ class JobIdentity:
                    nodes=env.get("SLURM_JOB_NODELIST", ""))
 
 
-def expand_checkpoint_dir(template: str, ident: JobIdentity) -> str:
-    """Expand %j %A %a %x %u and make relative paths relative to the submit directory."""
-    template = template or "autoheal-checkpoints/%j"
+def expand_checkpoint_dir(template: str, ident: JobIdentity, token: str = "") -> str:
+    """Expand %j %A %a %x %u and make relative paths relative to the submit directory.
+
+    Without a template: the wrapper's default, unique per submission when the script carries its token
+    (a job id that comes back in a fresh cluster must not share a folder with the earlier job)."""
+    from autoheal.sbatch_helpers.wrapper import DEFAULT_CHECKPOINT_DIR
+
+    template = template or (DEFAULT_CHECKPOINT_DIR.format(token=token) if token else "autoheal-checkpoints/%j")
     array, _, task = ident.job_id.partition("_")
     values = {"j": ident.job_id, "A": array, "a": task or "", "x": ident.job_name or "job", "u": ident.user, "%": "%"}
     out = re.sub(r"%([jAaxu%])", lambda m: values[m.group(1)], template)
@@ -381,14 +386,16 @@ class Runner:
         return code
 
     def prepare(self) -> Dict[str, str]:
-        from autoheal.sbatch_helpers.checkpoint import checkpoint_step, find_resume_point
+        from autoheal.sbatch_helpers.checkpoint import checkpoint_step
 
-        ckdir = expand_checkpoint_dir(self.opts.checkpoint_dir, self.ident)
+        from autoheal.sbatch_helpers.checkpoint import TOKEN_ENV
+
+        ckdir = expand_checkpoint_dir(self.opts.checkpoint_dir, self.ident, self.env.get(TOKEN_ENV, ""))
         try:
             Path(ckdir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             say(f"warning: cannot create checkpoint dir {ckdir}: {exc.strerror}")
-        resume = find_resume_point(ckdir)
+        resume = self._resume_point(ckdir)
         self.resume_step = "none"
         if resume is not None:
             try:
@@ -399,6 +406,17 @@ class Runner:
         return build_env(self.env, checkpoint_dir=ckdir, restart_count=self.ident.restart_count,
                          resume_from=str(resume) if resume else None,
                          reason=self.cause.kind if self.cause else None, grace_signal=self.opts.signal)
+
+    def _resume_point(self, ckdir: str):
+        """The newest valid checkpoint this job may resume (another job's with the same id is refused,
+        and each checkpoint passed over is named in the job's output)."""
+        from autoheal.sbatch_helpers.checkpoint import find_resume_point
+
+        rejected: List = []
+        found = find_resume_point(ckdir, environ=self.env, rejections=rejected)
+        for item in rejected:
+            say(f"skipped checkpoint {item}")
+        return found
 
     def _on_signal(self, signum, frame) -> None:
         if self.requeueing:
@@ -475,9 +493,9 @@ class Runner:
                                           end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
                                           job_state=state, deadline_hit=deadline_hit,
                                           requeued_elsewhere=action == "none-requeued")
-        from autoheal.sbatch_helpers.checkpoint import checkpoint_step, find_resume_point
+        from autoheal.sbatch_helpers.checkpoint import checkpoint_step
 
-        latest = find_resume_point(self.checkpoint_dir)
+        latest = self._resume_point(self.checkpoint_dir)
         step = str(checkpoint_step(latest)) if latest else "none"
         evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
                         child_exit=child.status, waited=round(waited, 1), job_state=state)

@@ -195,3 +195,9 @@ def test_final_records_are_filed_under_the_batch_node(tmp_path):
     assert runner.run([sys.executable, "-c", "pass"]) == 0
     [rec] = list(journal.read(events=["job-completed"]))
     assert rec.node == "gpu3" and list(journal.read(node="gpu3"))
+
+
+def test_default_checkpoint_dir_is_unique_per_submission(tmp_path):
+    ident = r.JobIdentity("7", "7", 0, submit_dir=str(tmp_path))
+    assert r.expand_checkpoint_dir("", ident, "0a1b2c3d4e") == str(tmp_path / "autoheal-checkpoints/7-0a1b2c3d4e")
+    assert r.expand_checkpoint_dir("", ident) == str(tmp_path / "autoheal-checkpoints/7")  # old scripts
