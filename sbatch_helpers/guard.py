@@ -13,8 +13,9 @@ this small controller-side loop does, every ``interval`` seconds:
   exclusions the runner recorded (``excl=``, pruned to nodes still unhealthy, the user's own list kept),
   release it, and record ``guard=released`` in the comment and a journal record. A job held by anyone
   else (``scontrol hold`` by a user or an admin, Slurm's own launch-failure hold) is never touched.
-* **prune**: a PENDING, not held runner job whose autoheal exclusions name nodes that are healthy again
-  gets them removed, so exclusions never grow without bound or keep a job pending for good.
+* **prune**: a PENDING, not held runner job whose autoheal exclusions name nodes that have been healthy
+  again for ``prune_after`` seconds gets them removed, so exclusions never grow without bound or keep a
+  job pending for good.
 
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
@@ -28,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
-from autoheal.sbatch_helpers.comment import CommentState, is_runner_comment, plan_exclusions, split_nodes
+from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, node_unhealthy, plan_exclusions,
+                                             split_nodes)
 
 RELEASE = "release"
 PRUNE = "prune"
@@ -56,10 +58,28 @@ class GuardAction:
 
 @dataclass
 class Sightings:
-    """When the guard first saw each job waiting for a release (in memory: a restarted guard only waits
-    ``release_after`` once more)."""
+    """When the guard first saw each job waiting for a release, and since when each node looks healthy
+    (in memory: a restarted guard only waits once more)."""
 
     first_seen: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    healthy_since: Dict[str, float] = field(default_factory=dict)
+
+    def stable_view(self, nodes: Mapping[str, object], now: float, prune_after: float) -> Dict[str, object]:
+        """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
+        as unhealthy: right after a slurmctld restart a drained node can look healthy for a moment (seen
+        on the lab), and an exclusion dropped on that glimpse puts a job back on a faulty node."""
+        from autoheal.slurm.model import Node
+
+        view: Dict[str, object] = {}
+        for name, node in nodes.items():
+            if node_unhealthy(node):
+                self.healthy_since.pop(name, None)
+                view[name] = node
+            elif now - self.healthy_since.setdefault(name, now) >= prune_after:
+                view[name] = node
+            else:
+                view[name] = Node(name, "DOWN", frozenset({"NOT_RESPONDING"}), reason="not yet stable")
+        return view
 
     def since(self, job_id: str, restart: int, now: float) -> float:
         return self.first_seen.setdefault((job_id, restart), now)
@@ -72,8 +92,10 @@ class Sightings:
 
 
 def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now: float,
-         release_after: float) -> List[GuardAction]:
-    """What to do this pass (pure). ``nodes``: name -> Node for every node Slurm knows."""
+         release_after: float, prune_after: float = 0.0) -> List[GuardAction]:
+    """What to do this pass (pure but for ``sightings``). ``nodes``: name -> Node for every node Slurm
+    knows; a node counts as healthy again only after ``prune_after`` seconds of looking healthy."""
+    nodes = sightings.stable_view(nodes, now, prune_after)
     actions: List[GuardAction] = []
     waiting: List[Tuple[str, int]] = []
     for job in jobs:
@@ -116,8 +138,10 @@ class Guard:
     """One guard loop: ``pass_once()`` reads Slurm, plans and (unless ``dry_run``) acts."""
 
     def __init__(self, slurm, journal=None, notifier=None, release_after: float = 5.0, dry_run: bool = False,
-                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = print):
+                 clock: Callable[[], float] = time.time, say: Callable[[str], None] = print,
+                 prune_after: float = 30.0):
         self.slurm = slurm
+        self.prune_after = prune_after
         self.journal = journal
         self.notifier = notifier
         self.release_after = release_after
@@ -133,7 +157,7 @@ class Guard:
             self.sightings.forget_except([])
             return []
         nodes = {n.name: n for n in self.slurm.list_nodes()}
-        actions = plan(jobs, nodes, self.sightings, self.clock(), self.release_after)
+        actions = plan(jobs, nodes, self.sightings, self.clock(), self.release_after, self.prune_after)
         if self.dry_run:
             return [GuardResult(a, False, "dry run") for a in actions]
         return [self.execute(a) for a in actions]

@@ -18,15 +18,18 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
 @click.option("--release-after", type=click.FloatRange(0, 3600), default=5.0, show_default=True,
               help="Seconds a job must stay held by the runner's requeue before the guard releases it (the "
                    "runner normally releases it itself within a second).")
+@click.option("--prune-after", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
+              help="Seconds a node must look healthy before autoheal's exclusion of it is dropped from pending "
+                   "jobs (a node can look healthy for a moment while slurmctld restarts).")
 @click.option("--once", is_flag=True, help="Make one pass, print what was done, and exit (0 nothing left to do, "
               "1 a job could not be fixed, 2 slurmctld did not answer or config error). With --once, "
-              "--release-after still applies from the first sighting, so a held job is released only "
-              "if --release-after is 0.")
+              "--release-after and --prune-after still count from the first sighting, so they act only "
+              "when set to 0.")
 @click.option("--dry-run", is_flag=True, help="Plan and print; change nothing in Slurm.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
 @config_option
 @handle_errors
-def guard(interval, release_after, once, dry_run, as_json, config_path) -> None:
+def guard(interval, release_after, prune_after, once, dry_run, as_json, config_path) -> None:
     """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
 
     \b
@@ -55,6 +58,7 @@ def guard(interval, release_after, once, dry_run, as_json, config_path) -> None:
         journal = Journal.from_config(cfg)
         notifier = Notifier.from_config(cfg, journal)
     g = Guard(slurm, journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
+              prune_after=prune_after,
               say=lambda text: click.echo(text, err=once))  # --once: stdout is the report
     if once:
         try:

@@ -72,10 +72,25 @@ def test_prunes_exclusions_of_nodes_healthy_again_but_keeps_the_users():
     actions = plan([job], NODES, Sightings(), 0.0, 5.0)
     assert [(a.kind, a.exclusions, a.removed) for a in actions] == [(PRUNE, ("spare1", "gpu2"), ("gpu1", "gpu3"))]
     slurm = MemorySlurm(NODES.values(), [job])
-    [res] = Guard(slurm, say=lambda t: None).pass_once()
+    [res] = Guard(slurm, say=lambda t: None, prune_after=0).pass_once()
     assert res.done and slurm.jobs["4"].excluded_nodes == ("spare1", "gpu2")
     assert CommentState.parse(slurm.jobs["4"].comment).excl == "gpu2"
-    assert Guard(slurm, say=lambda t: None).pass_once() == []  # stable: nothing more to prune
+    assert Guard(slurm, say=lambda t: None, prune_after=0).pass_once() == []  # stable: nothing more to prune
+
+
+def test_a_node_must_stay_healthy_before_its_exclusion_is_dropped():
+    # seen on the lab: right after a slurmctld restart a drained node looked healthy for a moment, the
+    # exclusion was dropped, and the job could have gone back to the faulty node
+    job = Job(job_id="4", raw_id="4", state="PENDING", excluded_nodes=("gpu1",),
+              comment="autoheal-runner restarts=1 state=requeued excl=gpu1", priority=1)
+    sightings = Sightings()
+    drained = dict(NODES, gpu1=Node("gpu1", "IDLE", frozenset({"DRAIN"}), reason="autoheal: x"))
+    assert plan([job], NODES, sightings, 100.0, 5.0, prune_after=30) == []  # the glimpse
+    assert plan([job], drained, sightings, 101.0, 5.0, prune_after=30) == []  # drained again
+    assert plan([job], NODES, sightings, 120.0, 5.0, prune_after=30) == []  # healthy 0 s (reset)
+    assert plan([job], NODES, sightings, 149.0, 5.0, prune_after=30) == []
+    [action] = plan([job], NODES, sightings, 150.0, 5.0, prune_after=30)
+    assert action.kind == PRUNE and action.removed == ("gpu1",)
 
 
 def test_runner_wins_the_race_guard_backs_off():
