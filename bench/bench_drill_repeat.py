@@ -5,7 +5,8 @@
 Each run is the real command (`autoheal lab drill --dir DIR --json`, a process of its own), so every
 drill brings the lab up in the directory the previous one used and tore down: what a user re-running
 `./dev drill` gets. Figures come from each drill's own JSON (phases stamped from the evidence).
-Target: every run passes, fault -> job running again p95 <= 20 s. Prints figures only.
+Target: every run passes, fault -> job running again p95 <= 20 s. Prints figures only; each drill's
+JSON is kept in DIR.runs/ (a failed drill's phases say what they last saw, with log tails).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def percentile(values: List[float], q: float) -> Optional[float]:
     return ordered[max(0, math.ceil(q / 100.0 * len(ordered)) - 1)]
 
 
-def one_drill(lab_dir: Path, plain: bool, no_kube: bool, timeout: float) -> dict:
+def one_drill(lab_dir: Path, plain: bool, no_kube: bool, timeout: float, save: Optional[Path] = None) -> dict:
+    """One `autoheal lab drill` process; its JSON (phases, and the log tails of a failed drill) is kept in
+    ``save`` because the next drill's clean start empties the lab's drill folder."""
     argv = [sys.executable, "-m", "autoheal.cli.main", "lab", "drill", "--dir", str(lab_dir), "--json",
             "--timeout", str(timeout), *(["--plain"] if plain else []), *(["--no-kube"] if no_kube else [])]
     t0 = time.monotonic()
@@ -39,12 +42,15 @@ def one_drill(lab_dir: Path, plain: bool, no_kube: bool, timeout: float) -> dict
     except subprocess.TimeoutExpired:
         return {"ok": False, "exit_code": None, "wall_s": round(time.monotonic() - t0, 1), "why": "drill hung"}
     out = {"exit_code": res.returncode, "wall_s": round(time.monotonic() - t0, 1)}
+    if save is not None:
+        save.write_text(res.stdout + ("\n--- stderr ---\n" + res.stderr if res.stderr else ""))
     try:
         data = json.loads(res.stdout[res.stdout.index("{"):])
     except ValueError:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
         return {**out, "ok": False, "why": tail[0]}
-    bad = [f"{p['phase']}: {p['status']}" for p in data.get("phases", []) if p["status"] not in ("observed", "skipped")]
+    bad = [f"{p['phase']}: {p['status']} ({p.get('why') or p.get('detail') or '-'})" for p in data.get("phases", [])
+           if p["status"] not in ("observed", "skipped")]
     return {**out, "ok": bool(data.get("ok")) and res.returncode == 0, **data.get("totals", {}),
             "why": "; ".join(bad) or data.get("error", "")}
 
@@ -52,8 +58,10 @@ def one_drill(lab_dir: Path, plain: bool, no_kube: bool, timeout: float) -> dict
 def measure(runs: int, lab_dir: Path, plain: bool = False, no_kube: bool = False, timeout: float = 240.0,
             progress=None) -> dict:
     rows = []
+    saved = Path(f"{lab_dir}.runs")  # beside the lab directory: a clean start never empties it
+    saved.mkdir(parents=True, exist_ok=True)
     for i in range(runs):
-        row = one_drill(lab_dir, plain, no_kube, timeout)
+        row = one_drill(lab_dir, plain, no_kube, timeout, saved / f"drill-{i + 1}.json")
         rows.append(row)
         if progress:
             progress(i + 1, row)
@@ -64,7 +72,7 @@ def measure(runs: int, lab_dir: Path, plain: bool = False, no_kube: bool = False
     def r3(v):
         return None if v is None else round(v, 2)
 
-    return {"dir": str(lab_dir), "runs": runs, "passed": sum(1 for r in rows if r.get("ok")), "plain": plain,
+    return {"dir": str(lab_dir), "saved": str(saved), "runs": runs, "passed": sum(1 for r in rows if r.get("ok")), "plain": plain,
             "kube": not no_kube,
             "fault_to_job_running_again_s": {"p50": r3(statistics.median(again)) if again else None,
                                              "p95": r3(percentile(again, 95)), "max": r3(max(again, default=None))},

@@ -95,7 +95,8 @@ def down(lab_dir, as_json) -> None:
 @json_option
 @handle_errors
 def status(lab_dir, as_json) -> None:
-    """Every lab process (pid, alive) and node (state, GPU state file, kernel log). Exit 1 if not up."""
+    """Every lab process (pid, alive, log), the sync's /metrics URL (with --kube) and every node (state,
+    GPU state file, kernel log). Exit 1 if not up."""
     st = _lab(lab_dir).status()
     _print_status(st, as_json)
     sys.exit(EXIT_OK if st["up"] else EXIT_PROBLEM)
