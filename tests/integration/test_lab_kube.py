@@ -1,6 +1,7 @@
 """The lab's Kubernetes side across slurmctld restarts: the spare's reason is the sync's, a spare in
 service stays in service and out of the breaker's count (issue 16 finding 10), a spare that takes over
-runs xid-watch like every node (finding 2c), and the sync's metrics can be scraped (issue 17 item 6)."""
+runs xid-watch and the hooks like every node (finding 2c), and the sync's metrics can be scraped (issue
+17 item 6)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,14 @@ def test_spare_survives_slurmctld_restarts_runs_xid_watch_and_sync_metrics_scrap
     recs = lab.records()
     assert procs.is_alive(recs["xid-watch-spare1"]) and procs.is_alive(recs["slurmd-spare1"])
     assert "xid-watch-gpu1" not in recs and "slurmd-gpu1" not in recs  # the retired machine is gone
+
+    def health_passes():  # the hooks (slurm.conf's HealthCheckProgram) run on the spare too
+        try:
+            return json.loads(handle.layout.path("nodestate", "spare1", "state.json").read_text()).get("passes", 0)
+        except (OSError, ValueError):
+            return 0
+
+    wait_for(lambda: health_passes() >= 1, 45, "a health check pass on spare1")
 
     # a breaker that counting the spare would trip: 1 of the 2 mapped nodes is 50% > 40%
     conf = handle.layout.autoheal_conf
