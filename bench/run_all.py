@@ -1,9 +1,9 @@
 """Run every benchmark and print one table of figures (medians, percentiles, ratios). Asserts nothing.
 
-    python bench/run_all.py [--drills 5] [--default-drills 5] [--quick]
+    python bench/run_all.py [--drills 5] [--default-drills 5] [--repeat 20] [--quick]
 
---quick: 1 drill per mode and fewer repetitions elsewhere (about 5 minutes instead of about 25).
-The drills with Slurm defaults are the slow part: each waits out the 121 s requeue delay.
+--quick: 1 drill per mode, 2 repeated drills and fewer repetitions elsewhere (about 6 minutes instead
+of about 35). The drills with Slurm defaults are the slow part: each waits out the 121 s requeue delay.
 """
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drills", type=int, default=5, help="drills with the recommended slurm.conf [5]")
     ap.add_argument("--default-drills", type=int, default=5, help="drills with Slurm defaults [5]")
-    ap.add_argument("--quick", action="store_true", help="1 drill per mode, fewer repetitions")
+    ap.add_argument("--repeat", type=int, default=20, help="drills in a row in one lab directory [20]")
+    ap.add_argument("--quick", action="store_true", help="1 drill per mode, 2 repeated, fewer repetitions")
     args = ap.parse_args()
     if args.quick:
         args.drills = args.default_drills = 1
+        args.repeat = 2
     reps = "10" if args.quick else "30"
 
     rows = []  # (figure, value, target)
@@ -70,6 +72,12 @@ def main() -> None:
                      _median(data, "fault_to_job_running_again_s"), "<= 30" if label.startswith("rec") else "-"))
         rows.append((f"drill ({label}): fault -> replacement in service, median s",
                      _median(data, "fault_to_replacement_in_service_s"), "-"))
+    rep = _bench_json("bench_drill_repeat.py", "--runs", str(args.repeat))
+    again = rep.get("fault_to_job_running_again_s") or {}
+    rows.append(("drill repeated in one directory: drills passed",
+                 f"{rep['passed']}/{rep['runs']}" if "passed" in rep else rep.get("error"), "all"))
+    rows.append(("drill repeated in one directory: fault -> running again p50 / p95 / max s",
+                 f"{again.get('p50')} / {again.get('p95')} / {again.get('max')}", "p95 <= 20"))
     hooks = _bench_json("bench_hooks.py", "--runs", reps)
     for name in ("healthcheck", "prolog", "epilog"):
         rows.append((f"{name} wall time (process, 8 GPUs), median ms", hooks.get(name, hooks.get("error")), "<= 100"))

@@ -51,11 +51,19 @@ def lab() -> None:
               "pool that fulfils replacement requests with the --spares nodes.")
 @click.option("--spare-delay", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds the spare pool takes to 'provision' a replacement (with --kube).")
+@click.option("--keep-state", is_flag=True, help="Keep the cluster state an earlier lab left in --dir (Slurm's "
+              "jobs and node states, journal, node and GPU state, kernel logs, Kubernetes objects, spares used).")
 @json_option
 @handle_errors
 def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube, spare_delay,
-       as_json) -> None:
+       keep_state, as_json) -> None:
     """Start the lab (a lab already up is left as it is).
+
+    A lab started in a directory that held an earlier one starts from a clean cluster state: Slurm's
+    saved jobs and node states, the slurmd spools, the journal, node and fake GPU state, kernel logs,
+    Kubernetes objects, the spare pool's bookkeeping and old drills are emptied (only those folders of
+    the lab directory; a symlink leading out of it is refused). --keep-state keeps them. Configuration
+    (etc/autoheal.toml, edits included), munge's key and the logs are always kept.
 
     \b
     The full replacement drill:
@@ -65,7 +73,7 @@ def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_
     """
     status = _lab(lab_dir).up(nodes=nodes, gpus=gpus, spares=spares, slurm_defaults=slurm_defaults,
                               hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install,
-                              kube=kube, spare_delay=spare_delay)
+                              kube=kube, spare_delay=spare_delay, keep_state=keep_state)
     _print_status(status, as_json)
 
 
@@ -87,7 +95,8 @@ def down(lab_dir, as_json) -> None:
 @json_option
 @handle_errors
 def status(lab_dir, as_json) -> None:
-    """Every lab process (pid, alive) and node (state, GPU state file, kernel log). Exit 1 if not up."""
+    """Every lab process (pid, alive, log), the sync's /metrics URL (with --kube) and every node (state,
+    GPU state file, kernel log). Exit 1 if not up."""
     st = _lab(lab_dir).status()
     _print_status(st, as_json)
     sys.exit(EXIT_OK if st["up"] else EXIT_PROBLEM)
@@ -100,6 +109,8 @@ def _print_status(st: dict, as_json: bool) -> None:
     click.echo(f"lab {st['dir']}: {'up' if st['up'] else 'not up'}")
     for p in st["processes"]:
         click.echo(f"  {p['name']:<22} pid {p['pid']:<8} {'running' if p['alive'] else 'DEAD'}  {p['log']}")
+    for name, url in sorted(st.get("metrics", {}).items()):
+        click.echo(f"  metrics of {name}: {url}")
     for n in st["nodes"]:
         click.echo(f"  node {n['name']:<10} {n['state']:<22} gpus {n['gpu_state_file']}  kmsg {n['kernel_log']}")
 
@@ -108,7 +119,14 @@ def _print_status(st: dict, as_json: bool) -> None:
 @dir_option
 @handle_errors
 def env(lab_dir) -> None:
-    """Print exports for a shell: eval "$(autoheal lab env)"."""
+    """Print exports for a shell: eval "$(autoheal lab env)".
+
+    \b
+    Then Slurm's commands (sinfo, squeue, sbatch), kubectl (with --kube) and autoheal use the lab:
+      autoheal check --node gpu1 --no-drain    # gpu1's fake GPUs, its kernel log, the lab's config
+    LD_LIBRARY_PATH gains the lab's fake libnvidia-ml.so.1, and AUTOHEAL_FAKE_NVML_STATE names the
+    per-node GPU state with {node}: the fake library reads the GPUs of the node a process names with
+    --node, else of $SLURMD_NODENAME or $AUTOHEAL_NODE (a job step on gpu2 sees gpu2's GPUs)."""
     for key, value in _lab(lab_dir).env().items():
         click.echo(f"export {key}={shlex.quote(value)}")
 
@@ -116,7 +134,8 @@ def env(lab_dir) -> None:
 @lab.command()
 @dir_option
 @click.option("--node", required=True, help="Lab node, e.g. gpu1.")
-@click.option("--gpu", default=0, show_default=True, type=int, help="GPU index on that node.")
+@click.option("--gpu", type=int, help="GPU index on that node [default: GPU 0 for a fault; every GPU of the "
+              "node for --clear].")
 @click.option("--xid", type=int, help="Raise this XID (NVML event + kernel-log line), e.g. 79.")
 @click.option("--ecc-dbe", "kind", flag_value="ecc-dbe", help="Uncorrectable (double-bit) ECC error.")
 @click.option("--remap-failure", "kind", flag_value="remap-failure", help="Row-remap failure.")
@@ -126,24 +145,34 @@ def env(lab_dir) -> None:
 @click.option("--pcie-degraded", "kind", flag_value="pcie-degraded", help="PCIe link below max gen/width.")
 @click.option("--nvlink-down", "kind", flag_value="nvlink-down", help="An NVLink link down.")
 @click.option("--hang", "kind", flag_value="hang", help="NVML calls on this GPU hang.")
-@click.option("--clear", "kind", flag_value="clear", help="Heal the GPU (what a GPU reset does in the lab).")
+@click.option("--clear", "kind", flag_value="clear", help="Heal the GPU (what a GPU reset does in the lab); "
+              "without --gpu, every GPU of the node.")
 @json_option
 @handle_errors
 def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
-    """Break one fake GPU on one node (or --clear it)."""
+    """Break one fake GPU on one node (or --clear it: one GPU with --gpu, else all of the node's)."""
+    from autoheal.lab.gpus import clear_all
     from autoheal.lab.gpus import inject as do_inject
 
     if xid is not None and kind:
         raise click.UsageError("give either --xid or one fault flag, not both")
     if xid is None and not kind:
         raise click.UsageError("give --xid N or a fault flag (--ecc-dbe, --lost, --clear, ...)")
+    if kind == "clear" and gpu is None:
+        result = clear_all(_lab(lab_dir), node)
+        if as_json:
+            print_json(result)
+        else:
+            click.echo(f"{node}: cleared GPUs {', '.join(str(g) for g in result['gpus'])} (every GPU of the node)")
+        return
+    gpu = 0 if gpu is None else gpu
     result = do_inject(_lab(lab_dir), node, gpu, "xid" if xid is not None else kind, xid=xid)
     if as_json:
         print_json(result)
     else:
         what = f"xid {xid}" if xid is not None else kind
-        click.echo(f"{node} gpu {gpu}: injected {what}" + (f"\n  kernel log: {result['kernel_log']}"
-                                                           if result["kernel_log"] else ""))
+        click.echo(f"GPU {gpu} of {node}: {'cleared' if kind == 'clear' else 'injected ' + what}"
+                   + (f"\n  kernel log: {result['kernel_log']}" if result["kernel_log"] else ""))
 
 
 @lab.command()
@@ -162,25 +191,33 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
 def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
-    
-    Brings the lab up if needed (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf, hooks
-    and xid-watch, and unless --no-kube the fake Kubernetes API with `autoheal sync` and the spare pool),
+    Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
+    hooks and xid-watch, and unless --no-kube the fake Kubernetes API with `autoheal sync` and the spare
+    pool; a lab already up in --dir is restarted, since an earlier fault would change the story),
     submits the example trainer with `autoheal sbatch`, waits for a checkpoint, injects XID 79 on one GPU
     of one of the job's nodes, and stamps each phase from Slurm, the journal, the trainer's output and
-    Kubernetes. Exit 0 only if every phase was observed. The lab is torn down unless --keep.
+    Kubernetes, each tied to this fault's node and job. The lab is torn down unless --keep, so drills
+    can run again and again in one directory.
+
+    \b
+    Exit 0 every phase observed; 1 a phase missing or contradicted (e.g. resumed from the wrong step);
+    2 bad usage or the lab could not start; 3 drill error: a probe raised, so the drill could not tell.
     """
     from autoheal.lab.drill import Drill, plot_timeline
 
     the_lab = _lab(lab_dir)
     st = the_lab.load_state()
-    if st and st.get("procs") and bool(st.get("slurm_defaults")) != slurm_defaults:
-        the_lab.down()  # a lab with the other slurm.conf would measure the wrong thing
+    restarted = bool(st and st.get("procs"))
+    if restarted:
+        the_lab.down()  # a lab that already ran (or has the other slurm.conf) would tell another story
     kwargs = dict(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults)
     if not no_kube and _lab_supports_kube():
         kwargs["kube"] = True
     try:
         the_lab.up(**kwargs)
         report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+        if restarted:
+            report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
         if not no_kube and not report.kube:
             report.notes.append("this lab has no Kubernetes side: Kubernetes phases were skipped")
     finally:
@@ -194,7 +231,7 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_
         from autoheal.lab.drill import render_timeline as _render
 
         click.echo(_render(report))
-    sys.exit(EXIT_OK if report.ok else EXIT_PROBLEM)
+    sys.exit(report.exit_code)
 
 
 def _lab_supports_kube() -> bool:

@@ -7,6 +7,8 @@ several labs can coexist. ``lab.json`` in that directory records each process by
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -16,13 +18,16 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 from autoheal.errors import AutohealError
 from autoheal.lab import procs
 from autoheal.lab.slurmconf import LabLayout, render_gres_conf, render_slurm_conf
 
 STATE_FILE = "lab.json"
+#: Directories every lab has (besides the state ones in ``autoheal.lab.cleanup.STATE_DIRS``).
+LAB_DIRS = ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal")
+STATE_ONLY_DIRS = ("nodestate", "metrics", "dcgm", "kube", "drill", "lib")
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
 
 
@@ -92,9 +97,20 @@ class Lab:
             raise LabError(f"{self.state_path}: unreadable lab state: {exc}") from None
 
     def _save_state(self, state: dict) -> None:
-        tmp = self.state_path.with_suffix(".tmp")
+        tmp = self.state_path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
         os.replace(tmp, self.state_path)
+
+    @contextlib.contextmanager
+    def edit_state(self) -> Iterator[dict]:
+        """Read, change and write lab.json under a lock: the spare pool and the lab's reboot program
+        record processes from their own processes while ``lab up`` or a test records its own."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lab.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            st = self.load_state() or {}
+            yield st
+            self._save_state(st)
 
     def layout(self) -> LabLayout:
         st = self.load_state()
@@ -110,14 +126,17 @@ class Lab:
         return {name: procs.ProcRecord(**rec) for name, rec in st.get("procs", {}).items()}
 
     def _record(self, rec: procs.ProcRecord) -> None:
-        st = self.load_state() or {}
-        st.setdefault("procs", {})[rec.name] = rec.to_dict()
-        self._save_state(st)
+        with self.edit_state() as st:
+            st.setdefault("procs", {})[rec.name] = rec.to_dict()
+
+    def record_url(self, name: str, url: str) -> None:
+        """Remember where a lab process serves HTTP (the sync's /metrics), for ``status``."""
+        with self.edit_state() as st:
+            st.setdefault("urls", {})[name] = url
 
     def _forget(self, name: str) -> None:
-        st = self.load_state() or {}
-        st.get("procs", {}).pop(name, None)
-        self._save_state(st)
+        with self.edit_state() as st:
+            st.get("procs", {}).pop(name, None)
 
     def env(self) -> Dict[str, str]:
         """Environment a shell (or a test) needs to use this lab's Slurm and autoheal."""
@@ -126,7 +145,14 @@ class Lab:
                "AUTOHEAL_LAB_DIR": str(self.root)}
         st = self.load_state() or {}
         if st.get("nvml_lib_dir"):
-            env["AUTOHEAL_LAB_NVML_LIB_DIR"] = st["nvml_lib_dir"]
+            lib = st["nvml_lib_dir"]
+            env["AUTOHEAL_LAB_NVML_LIB_DIR"] = lib
+            # what `autoheal check --node gpu1` needs from a shell: the fake libnvidia-ml.so.1 (prepended
+            # to the caller's path; that folder holds nothing else) and the per-node GPU state, whose
+            # {node} the fake library fills in from --node / $SLURMD_NODENAME / $AUTOHEAL_NODE
+            old = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d and d != lib]
+            env["LD_LIBRARY_PATH"] = ":".join([lib, *old])
+            env["AUTOHEAL_FAKE_NVML_STATE"] = str(lay.path("gpus", "{node}.state"))
         if st.get("kubeconfig"):
             env["KUBECONFIG"] = st["kubeconfig"]
         return env
@@ -137,7 +163,8 @@ class Lab:
     # ---- up / down --------------------------------------------------------------------------------
     def up(self, nodes: int = 3, gpus: int = 8, spares: int = 1, slurm_defaults: bool = False,
            hooks: bool = True, xid_watch: bool = True, extra_conf: Optional[List[str]] = None,
-           install: bool = True, wait: float = 60.0, kube: bool = False, spare_delay: float = 1.0) -> dict:
+           install: bool = True, wait: float = 60.0, kube: bool = False, spare_delay: float = 1.0,
+           keep_state: bool = False) -> dict:
         """Bring the lab up (idempotent: a lab already up with every process alive is left alone).
 
         ``slurm_defaults`` leaves out the recommended slurm.conf fragment (to compare with Slurm's
@@ -145,7 +172,13 @@ class Lab:
         ``xid_watch`` runs one ``autoheal xid-watch`` per node, each when that part is installed.
         ``kube`` adds the fake Kubernetes API (Nodes + slurmd pods), ``autoheal sync`` with remediation
         and the spare pool (``autoheal.lab.kube``), which fulfils replacements after ``spare_delay`` s.
+
+        A lab that is started (not already up) starts from a clean cluster state: Slurm's saved jobs and
+        node states, the journal, node state, fake GPU faults, kernel logs, Kubernetes objects, the
+        spare pool's bookkeeping and old drills are forgotten (``autoheal.lab.cleanup``), unless
+        ``keep_state``.
         """
+        from autoheal.lab import cleanup
         from autoheal.lab import gpus as labgpus
         from autoheal.lab import wiring
 
@@ -156,6 +189,9 @@ class Lab:
                 return self.status()
             # Partly dead (a process killed from outside, a reboot): start over cleanly.
             self.down()
+        self._check_lab_dir()
+        if not keep_state:
+            cleanup.clean(self.root)
         ensure_slurm_installed(install)
         names = [f"gpu{i}" for i in range(1, nodes + 1)]
         spare_names = [f"spare{i}" for i in range(1, spares + 1)]
@@ -163,15 +199,20 @@ class Lab:
         lay = LabLayout(root=self.root, nodes=names, spares=spare_names, gpus=gpus, ctld_port=ports[0],
                         rest_port=ports[1], node_ports=dict(zip(names + spare_names, ports[2:])),
                         extra_conf=list(extra_conf or []))
-        for sub in ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal"):
+        for sub in LAB_DIRS:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for i in range(gpus):
             (self.root / "dev" / f"nvidia{i}").touch()
         for name in lay.all_nodes:
             lay.kernel_log(name).touch()
         state = {"layout": {**asdict(lay), "root": str(lay.root)}, "procs": {}, "started": time.time(),
-                 "slurm_defaults": slurm_defaults}
-        self._save_state(state)
+                 "slurm_defaults": slurm_defaults,
+                 # what start_node() needs to bring a spare up like every other node
+                 "options": {"hooks": hooks, "xid_watch": xid_watch, "kube": kube, "spare_delay": spare_delay,
+                             "keep_state": keep_state}}
+        with self.edit_state() as st:
+            st.clear()
+            st.update(state)
         lib_dir = labgpus.setup_gpus(self) or ""
         hook_lines = wiring.write_hook_wrappers(lay, lib_dir) if hooks else {}
         version = "%d.%02d" % _slurm_version()
@@ -181,18 +222,110 @@ class Lab:
         self._write_jwt_key(lay)
         self._start_munge(lay)
         self._start_slurmctld(lay)
-        for name in lay.all_nodes:
-            if name not in lay.spares:
-                self.start_slurmd(name)
+        in_service = self._spares_in_service(lay)
+        self.hold_spares([s for s in lay.spares if s not in in_service])
+        for name in lay.nodes + in_service:
+            self.start_slurmd(name)
         self.wait_nodes_up(lay.nodes, timeout=wait)
-        if xid_watch and wiring.xid_watch_available():
-            for name in lay.nodes:
-                self.start_node_daemon(f"xid-watch-{name}", name, wiring.xid_watch_argv(name))
+        for name in lay.nodes + in_service:
+            self.start_node_daemons(name)
+        for daemon in wiring.controller_daemons(state["options"]):
+            self.start_controller_daemon(daemon.name, daemon.argv(""))
         if kube:
             from autoheal.lab import kube as labkube
 
-            labkube.start(self, spare_delay=spare_delay)
+            labkube.start(self, spare_delay=spare_delay, keep_state=keep_state)
         return self.status()
+
+    def _check_lab_dir(self) -> None:
+        """Refuse a directory that holds no lab but has folders with the lab's names: the lab would
+        adopt them, and a later clean start would empty them."""
+        if self.root.exists() and not self.root.is_dir():
+            raise LabError(f"{self.root} is not a directory")
+        if not self.root.is_dir() or self.state_path.is_file():
+            return
+        clash = sorted(sub for sub in LAB_DIRS + STATE_ONLY_DIRS if (self.root / sub).exists())
+        if clash:
+            raise LabError(f"{self.root} holds no lab ({STATE_FILE}) but has {', '.join(clash)}: pick an empty "
+                           f"or new directory for the lab")
+
+    def _spares_in_service(self, lay: LabLayout) -> List[str]:
+        """Spares an earlier run put into service (only with keep_state: a clean start forgets them)."""
+        from autoheal.lab.sparepool import USED_FILE
+
+        try:
+            used = json.loads((self.root / "kube" / USED_FILE).read_text())
+        except (OSError, ValueError):
+            return []
+        return [s for s in lay.spares if s in set(used.values())]
+
+    def spare_reason(self) -> str:
+        """The drain reason holding a spare out of service: it starts with the sync's
+        ``spare_reason_prefix`` from this lab's config, the one test the sync uses to recognise a spare
+        (resume it when it takes over, keep it out of the breaker's count)."""
+        from autoheal.config import load_config
+        from autoheal.lab.slurmconf import spare_reason
+
+        return spare_reason(load_config(self.layout().autoheal_conf).sync.spare_reason_prefix)
+
+    def hold_spares(self, spares: List[str]) -> None:
+        """Drain each spare with ``spare_reason()``: defined in Slurm, out of service until it replaces a
+        node. Done with scontrol, not ``State=DRAIN`` in slurm.conf: slurmctld re-applies a configured
+        state and reason on every restart, which would drain a spare already in service again."""
+        reason = self.spare_reason()
+        for spare in spares:
+            res = subprocess.run([_which("scontrol") or "scontrol", "update", f"nodename={spare}", "state=drain",
+                                  f"reason={reason}"], env=self.slurm_env(), capture_output=True, text=True,
+                                 timeout=15)
+            if res.returncode != 0:
+                raise LabError(f"could not hold spare {spare} out of service: {res.stderr.strip()}")
+
+    def restart_slurmctld(self) -> procs.ProcRecord:
+        """Stop slurmctld (SIGTERM, it saves its state) and start it again; returns once it answers."""
+        rec = self.records().get("slurmctld")
+        if rec:
+            procs.stop(rec)
+        self._start_slurmctld(self.layout())
+        return self.records()["slurmctld"]
+
+    def start_node(self, node: str) -> None:
+        """Bring a node into service like ``up`` does: its slurmd and its node daemons (xid-watch). The
+        spare pool uses this for a spare taking over a failed node."""
+        self.start_slurmd(node)
+        self.start_node_daemons(node)
+
+    def stop_node(self, node: str) -> List[str]:
+        """The machine goes away: stop its slurmd and node daemons. Returns the names stopped."""
+        from autoheal.lab import wiring
+
+        stopped = [f"slurmd-{node}"] if self.stop_slurmd(node) else []
+        recs = self.records()
+        for daemon in wiring.node_daemons(self._options()):
+            name = daemon.proc_name(node)
+            if name in recs:
+                if procs.stop(recs[name]):
+                    stopped.append(name)
+                self._forget(name)
+        return stopped
+
+    def _options(self) -> dict:
+        return (self.load_state() or {}).get("options") or {"xid_watch": True}
+
+    def start_node_daemons(self, node: str) -> None:
+        """The per-node daemons this lab runs (``wiring.node_daemons``), each with the node's environment."""
+        from autoheal.lab import wiring
+
+        for daemon in wiring.node_daemons(self._options()):
+            self.start_node_daemon(daemon.proc_name(node), node, daemon.argv(node))
+
+    def start_controller_daemon(self, proc_name: str, argv: List[str]) -> procs.ProcRecord:
+        """Run a controller-side daemon with the lab's Slurm and autoheal environment."""
+        old = self.records().get(proc_name)
+        if old and procs.is_alive(old):
+            procs.stop(old)
+        rec = procs.spawn(proc_name, argv, self.root / "log" / f"{proc_name}.log", env=self.slurm_env())
+        self._record(rec)
+        return rec
 
     def start_node_daemon(self, proc_name: str, node: str, argv: List[str]) -> procs.ProcRecord:
         """Run a per-node daemon with that node's environment (fake GPUs, kernel log, config)."""
@@ -353,16 +486,16 @@ class Lab:
         return out
 
     def down(self) -> List[str]:
-        """Stop every recorded process (slurmd first, munged last). Returns the names stopped.
+        """Stop every recorded process (daemons first, munged last). Returns the names stopped.
 
         Jobs still running are killed first: a slurmstepd runs in its own session and outlives slurmd,
         so its job's processes would keep running (seen on 24.11 when a drill's final scancel raced the
         slurmd shutdown; with KillWait=120 a cancel alone takes two minutes to reach SIGKILL)."""
         self._kill_job_processes()
         recs = self.records()
-        order = sorted(recs, key=lambda n: (0 if n.startswith(("slurmd-", "xid-watch", "sync", "kube",
-                                                                   "spare-pool", "slurmrestd")) else
-                                            1 if n == "slurmctld" else 2, n))
+        # clients first (slurmd, node and controller daemons, sync, spare pool), then the fake API server,
+        # slurmctld and munged last: each still reaches what it talks to while it shuts down
+        order = sorted(recs, key=lambda n: ({"kube-api": 1, "slurmctld": 2, "munged": 3}.get(n, 0), n))
         stopped = []
         for name in order:
             if procs.stop(recs[name]):
@@ -398,8 +531,13 @@ class Lab:
                   "gpu_state_file": str(lay.gpu_state(n)), "kernel_log": str(lay.kernel_log(n)),
                   "slurmd_port": lay.node_ports[n]} for n in lay.all_nodes]
         up = bool(plist) and all(p["alive"] for p in plist)
+        urls = st.get("urls") or {}
+        for p in plist:
+            if p["name"] in urls:
+                p["url"] = urls[p["name"]]
         return {"dir": str(self.root), "up": up, "slurm_conf": str(lay.slurm_conf),
-                "autoheal_conf": str(lay.autoheal_conf), "processes": plist, "nodes": nodes}
+                "autoheal_conf": str(lay.autoheal_conf), "processes": plist, "nodes": nodes,
+                "metrics": {p["name"]: p["url"] for p in plist if p.get("url") and p["alive"]}}
 
 
 def _slurm_version() -> tuple:
@@ -452,7 +590,9 @@ def render_autoheal_toml(lay: LabLayout) -> str:
                   "resume_cooldown": 5.0, "textfile_dir": f"{lay.root}/metrics/{{node}}",
                   # a short grace window and NVML budget keep lab drills and tests quick
                   "grace_seconds": 10.0, "nvml_timeout": 3.0},
+        # metrics: `lab up` gives each sync a free port (`lab status` shows it), on loopback only
         "sync": {"slurm_resync_seconds": 2.0, "lease_duration_seconds": 5.0, "metrics_port": 0,
+                 "metrics_address": "127.0.0.1",
                  # the lab's sync replaces nodes: NodeReplacement CRs fulfilled by the spare pool
                  "enabled_steps": ["slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate"],
                  "replacement_action": "custom-resource", "remediation_grace_seconds": 60.0,

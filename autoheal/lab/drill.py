@@ -4,10 +4,17 @@ A 2-node trainer runs under ``autoheal sbatch``; XID 79 is injected on one GPU o
 the drill then watches Slurm, the journal, the trainer's own output and (with ``kube``) the Kubernetes
 API, and stamps each phase when its evidence appears — never from what it expects. A phase that never
 comes is reported missing after a bounded wait, with the log lines that explain why.
+
+Every phase is tied to this fault's node and job: the job counts as requeued and running again only
+with a restart count above the one it had before the fault (and never on the bad node); the spare in
+service is the one named by *this* node's replacement request, looked at only once that request has
+been seen. A probe that raises is a drill error (the drill could not tell), reported apart from a
+missing phase: ``DrillReport.exit_code`` is 3 then, 1 for a missing or contradicted phase.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -15,8 +22,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
+from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab, LabError
 from autoheal.lab.gpus import inject
@@ -24,7 +32,25 @@ from autoheal.reasons import is_ours
 
 POLL = 0.1
 TRAINER = "autoheal-trainer: "
-Probe = Callable[[], Optional[Tuple[float, str]]]
+#: Exit code of a drill whose probe raised: it could not tell whether the loop worked.
+EXIT_DRILL_ERROR = 3
+#: Job states a requeued drill job must never reach (the trainer runs far longer than any drill).
+#: (NODE_FAIL is left out: Slurm may show it for a moment on a job it requeues after a node failure.)
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")
+
+
+class Waiting:
+    """What a probe returns when its evidence is not there yet, with what it saw instead (shown for a
+    phase that ends up missing)."""
+
+    def __init__(self, note: str):
+        self.note = note
+
+    def __bool__(self) -> bool:
+        return False
+
+
+Probe = Callable[[], Union[None, Tuple[float, str], Waiting]]
 
 
 @dataclass
@@ -38,10 +64,22 @@ class Phase:
     detail: str = ""
     skipped: str = ""  # why this phase does not apply to this drill
     failed: str = ""  # observed, but the evidence contradicts the mission (e.g. resumed from the wrong step)
+    error: str = ""  # the probe raised: the drill could not tell (not the same as a missing phase)
+    last_error: str = ""  # a transient read failure in the last probe (an error if the phase never comes)
 
     @property
     def ok(self) -> bool:
-        return bool(self.skipped) or (self.at is not None and not self.failed)
+        return bool(self.skipped) or (self.at is not None and not self.failed and not self.error)
+
+    @property
+    def status(self) -> str:
+        if self.skipped:
+            return "skipped"
+        if self.error:
+            return "error"
+        if self.failed:
+            return "failed"
+        return "observed" if self.at is not None else "missing"
 
 
 @dataclass
@@ -62,6 +100,18 @@ class DrillReport:
     def ok(self) -> bool:
         return bool(self.phases) and all(p.ok for p in self.phases)
 
+    @property
+    def errors(self) -> List[Phase]:
+        return [p for p in self.phases if p.error]
+
+    @property
+    def exit_code(self) -> int:
+        """0 every phase observed; 3 a probe raised (the drill could not tell); 1 a phase missing or
+        contradicted."""
+        if self.ok:
+            return EXIT_OK
+        return EXIT_DRILL_ERROR if self.errors else EXIT_PROBLEM
+
     def since_fault(self, name_prefix: str) -> Optional[float]:
         for p in self.phases:
             if p.name.startswith(name_prefix) and p.at is not None:
@@ -75,14 +125,14 @@ class DrillReport:
 
     def to_dict(self) -> dict:
         return {
-            "ok": self.ok, "node": self.node, "job_id": self.job_id, "opt_in": self.opt_in, "kube": self.kube,
-            "slurm_defaults": self.slurm_defaults, "fault_time": self.fault_time, "totals": self.totals(),
-            "notes": self.notes, "logs": self.logs,
+            "ok": self.ok, "exit_code": self.exit_code, "node": self.node, "job_id": self.job_id,
+            "opt_in": self.opt_in, "kube": self.kube, "slurm_defaults": self.slurm_defaults,
+            "fault_time": self.fault_time, "totals": self.totals(), "notes": self.notes, "logs": self.logs,
+            "errors": [f"{p.name}: {p.error}" for p in self.errors],
             "phases": [{"phase": p.name, "source": p.source, "detail": p.detail,
                         "seconds_after_fault": None if p.at is None else round(p.at - self.fault_time, 3),
-                        "status": ("skipped" if p.skipped else "failed" if p.failed else
-                                   "observed" if p.at is not None else "missing"),
-                        **({"why": p.skipped or p.failed} if (p.skipped or p.failed) else {})}
+                        "status": p.status,
+                        **({"why": p.skipped or p.error or p.failed} if (p.skipped or p.error or p.failed) else {})}
                        for p in self.phases],
         }
 
@@ -108,6 +158,9 @@ class OutputTail:
         data = self._partial + data
         *complete, self._partial = data.split("\n")
         self.lines.extend((now, ln) for ln in complete if ln.strip())
+
+    def index_of(self, t: float, line: str) -> int:
+        return next(i for i, (tt, ln) in enumerate(self.lines) if ln == line and tt == t)
 
     def find(self, pattern: str, after: float = 0.0, start: int = 0) -> Optional[Tuple[float, str, re.Match]]:
         rx = re.compile(pattern)
@@ -137,13 +190,16 @@ class Drill:
         self.gpu = gpu
         self.phase_timeout = phase_timeout
         self.step_seconds = step_seconds
-        self.workdir = self.lay.path("drill", time.strftime("%Y%m%d-%H%M%S"))
+        self.workdir = self.lay.path("drill", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
         self.report = DrillReport(opt_in=opt_in, kube=self.kube,
                                   slurm_defaults=bool((lab.load_state() or {}).get("slurm_defaults")))
         self.tail: Optional[OutputTail] = None
         self.saved_step: Optional[int] = None
         self.resumed_step: Optional[int] = None
         self.first_restart_line = 0
+        self.baseline_restarts = 0  # the job's restart count when the fault was injected
+        self.request: Optional[Dict[str, str]] = None  # this node's replacement request, once seen
+        self.kube_view: Optional["_KubeView"] = None
 
     # ---- submission --------------------------------------------------------------------------------
     def _script(self) -> Path:
@@ -190,6 +246,7 @@ class Drill:
             job = self.slurm.get_job(self.report.job_id)
             ready = self.tail.find(r"checkpoint saved step=(\d+)") if self.opt_in else self.tail.find(r"step=5\b")
             if job.running and ready and len(job.nodes) == 2:
+                self.baseline_restarts = job.restart_count
                 # break a node other than the batch host: the batch shell (and the runner) survive, so the
                 # hand-off between xid-watch and the runner is exercised, not just a dead job
                 others = [n for n in job.nodes if n != job.batch_host]
@@ -213,7 +270,7 @@ class Drill:
             n = self.slurm.get_node(node)
             if n.drain and is_ours(n.reason):
                 return time.time(), f"{node} {n.state_text}: {n.reason}"
-            return None
+            return Waiting(f"{node} {n.state_text}" + (f": {n.reason}" if n.reason else ""))
         return probe
 
     def _trainer_probe(self, pattern: str, after_restart: bool = False, check=None) -> Probe:
@@ -232,39 +289,38 @@ class Drill:
 
     def _requeued_probe(self) -> Probe:
         def probe():
-            job = self.slurm.get_job(self.report.job_id)
-            if job.restart_count >= 1:
-                return time.time(), f"job {job.job_id} {job.state}, restart {job.restart_count}"
-            return None
+            return _stamp(judge_requeued(self.slurm.get_job(self.report.job_id), self.baseline_restarts))
         return probe
 
     def _running_again_probe(self, bad: str) -> Probe:
         def probe():
             job = self.slurm.get_job(self.report.job_id)
-            if job.running and job.restart_count >= 1:
-                if bad in job.nodes:
-                    raise _Contradiction(f"job runs again on the drained node {bad}")
-                return time.time(), f"job {job.job_id} RUNNING on {','.join(job.nodes)} (restart {job.restart_count})"
-            return None
+            return _stamp(judge_running_again(job, self.baseline_restarts, bad))
         return probe
 
     def _restart_start_probe(self) -> Probe:
         def probe():
-            hit = self.tail.find(r"start step=(\d+) resumed_from=(\S+) restart=([1-9]\d*) .*rank=0",
-                                 after=self.report.fault_time)
+            hit = None
+            start = 0
+            while True:  # the first start line of a restart after this fault (restart count above the baseline)
+                hit = self.tail.find(r"start step=(\d+) resumed_from=(\S+) restart=(\d+) .*rank=0",
+                                     after=self.report.fault_time, start=start)
+                if hit is None or int(hit[2].group(3)) > self.baseline_restarts:
+                    break
+                start = self.tail.index_of(hit[0], hit[1]) + 1
             if not hit:
                 return None
             t, line, m = hit
-            self.first_restart_line = next(i for i, (tt, ln) in enumerate(self.tail.lines) if ln == line and tt == t)
+            self.first_restart_line = self.tail.index_of(t, line)
             self.resumed_step = int(m.group(1))
             if self.opt_in:
                 if self.saved_step is not None and self.resumed_step != self.saved_step:
-                    raise _Contradiction(f"resumed from step {self.resumed_step}, but the last checkpoint saved "
+                    raise Contradiction(f"resumed from step {self.resumed_step}, but the last checkpoint saved "
                                          f"before the fault was step {self.saved_step}")
                 detail = f"resumed from step {self.resumed_step} ({m.group(2)})"
             else:
                 if self.resumed_step != 0:
-                    raise _Contradiction(f"a job that did not opt in resumed from step {self.resumed_step}")
+                    raise Contradiction(f"a job that did not opt in resumed from step {self.resumed_step}")
                 detail = "restarted from step 0: the job did not opt in, so no checkpoint-resume"
             return t, detail
         return probe
@@ -285,58 +341,76 @@ class Drill:
         def probe():
             job = self.slurm.get_job(self.report.job_id)
             recs = [r for r in self.journal.read(job=self.report.job_id) if r.time >= self.report.fault_time - 0.5]
-            marker = "restarts=" if self.opt_in else "autoheal: requeued"
-            if marker in job.comment and recs:
+            if self.opt_in:
+                m = re.search(r"\brestarts=(\d+)", job.comment)
+                seen = bool(m) and int(m.group(1)) > self.baseline_restarts
+            else:
+                seen = "autoheal: requeued" in job.comment
+            if seen and recs:
                 return time.time(), f"job comment: {job.comment!r}; {len(recs)} journal records for the job"
-            return None
+            return Waiting(f"job comment {job.comment!r}; {len(recs)} journal records for the job since the fault")
         return probe
 
     def _saved_probe(self) -> Probe:
         def check(m):
             self.saved_step = int(m.group(1))
             if m.group(2) == "none":
-                raise _Contradiction("the trainer stopped without saving a checkpoint")
+                raise Contradiction("the trainer stopped without saving a checkpoint")
         return self._trainer_probe(r"preempted step=(\d+) state=\S+ checkpoint=(\S+)", check=check)
 
     def _kube_probes(self, node: str) -> List[Phase]:
         """Phases read from the Kubernetes API (the lab's fake API through the real client)."""
-        kube = _KubeView(self.lab)
+        kube = self.kube_view or _KubeView(self.lab)
+        self.kube_view = kube
         order = ("quarantined", "draining", "drained", "replacing", "done")
 
         def reached(state: str) -> Probe:
             def probe():
                 cur = kube.remediation_state(node)
                 if cur == "failed":
-                    raise _Contradiction(f"remediation failed: {kube.annotation(node, 'remediation-reason')}")
+                    raise Contradiction(f"remediation failed: {kube.annotation(node, 'remediation-reason')}")
                 if cur in order and order.index(cur) >= order.index(state):
                     return time.time(), f"Node {node} remediation-state={cur}"
-                return None
+                return Waiting(f"Node {node} remediation-state={cur or '(none)'}")
             return probe
 
         def unhealthy_and_cordoned():
             n = kube.node(node)
             if n is None:
-                return None
+                return Waiting(f"no Node {node}")
             cond = next((c for c in (n.get("status") or {}).get("conditions") or []
                          if c.get("type") == "GPUHealthy"), None)
             if cond and cond.get("status") == "False" and (n.get("spec") or {}).get("unschedulable"):
                 return time.time(), f"GPUHealthy=False ({cond.get('reason')}), Node cordoned"
-            return None
+            return Waiting(f"Node {node}: GPUHealthy={(cond or {}).get('status', '-')}, "
+                           f"unschedulable={bool((n.get('spec') or {}).get('unschedulable'))}")
 
         def replacement_requested():
-            crs = kube.replacements()
-            mine = [c for c in crs if node in str(c.get("spec", {}))]
-            if mine:
-                return time.time(), f"NodeReplacement {mine[0]['metadata']['name']} created"
-            return reached("replacing")()
+            req = find_request(kube.replacements(), kube.node(node), node, self.report.fault_time,
+                               kube.prefix)
+            if req is None:
+                return Waiting(f"no replacement request for {node} since the fault")
+            self.request = req
+            return time.time(), f"{req['kind']} {req['name']} for {node}" + (
+                f" (names {req['spare']})" if req["spare"] else "")
 
         def spare_in_service():
-            for spare in self.lay.spares:
-                n = self.slurm.get_node(spare)
-                if not n.drain and n.responding and n.state in ("IDLE", "MIXED", "ALLOCATED") and kube.node(spare):
-                    old = self.slurm.get_node(node)
-                    return time.time(), f"{spare} {n.state_text} in Slurm with a Kubernetes Node; {node}: {old.reason}"
-            return None
+            if self.request is None:
+                return Waiting(f"waiting for {node}'s replacement request first")
+            req = find_request(kube.replacements(), kube.node(node), node, self.report.fault_time, kube.prefix) \
+                or self.request  # the old Node (and its annotation) may be gone once the remediation is done
+            if req["spare"]:
+                self.request = req
+            spare = self.request["spare"]
+            if not spare:
+                return Waiting(f"{self.request['kind']} {self.request['name']} names no replacement yet")
+            if spare not in self.lay.all_nodes:
+                raise Contradiction(f"{self.request['kind']} {self.request['name']} names {spare}, not a lab node")
+            verdict = judge_spare(spare, self.slurm.get_node(spare), kube.node(spare) is not None)
+            if not verdict:
+                return verdict
+            old = self.slurm.get_node(node)
+            return time.time(), f"{verdict}; named by {self.request['kind']} {self.request['name']}; {node}: {old.reason}"
 
         return [
             Phase("Kubernetes: GPUHealthy=False condition and cordon", "kubernetes", unhealthy_and_cordoned),
@@ -388,7 +462,7 @@ class Drill:
                 self.report.notes.append(f"last checkpoint before the fault: step {before[2].group(1)}")
             fault = inject(self.lab, node, self.gpu, "xid", xid=79)
             self.report.fault_time = fault["time"]
-            self.report.phases.append(Phase(f"XID 79 injected on {node} gpu {self.gpu}", "lab inject",
+            self.report.phases.append(Phase(f"XID 79 injected on GPU {self.gpu} of {node}", "lab inject",
                                             at=fault["time"], detail=fault["kernel_log"] or ""))
             pending = self.phases_for(node)
             self.report.phases.extend(pending)
@@ -399,24 +473,7 @@ class Drill:
         return self.report
 
     def _watch(self, phases: List[Phase]) -> None:
-        deadline = time.monotonic() + self.phase_timeout
-        open_phases = [p for p in phases if not p.skipped and p.at is None]
-        while open_phases and time.monotonic() < deadline:
-            self.tail.poll()
-            for p in list(open_phases):
-                try:
-                    hit = p.probe() if p.probe else None
-                except _Contradiction as exc:
-                    p.at, p.failed = time.time(), str(exc)
-                    open_phases.remove(p)
-                    continue
-                except Exception as exc:  # a transient read failure: try again next tick
-                    p.detail = f"last probe error: {exc}"
-                    continue
-                if hit:
-                    p.at, p.detail = hit
-                    open_phases.remove(p)
-            time.sleep(POLL)
+        watch(phases, self.phase_timeout, before_tick=self.tail.poll)
 
     def _collect_logs(self) -> None:
         """Tails of the logs that explain a missing phase."""
@@ -433,8 +490,139 @@ class Drill:
             self.report.logs["job.out"] = out.read_text(errors="replace").splitlines()[-20:]
 
 
-class _Contradiction(Exception):
+class Contradiction(Exception):
     """Evidence that a phase happened *wrongly* (e.g. resumed from the wrong step)."""
+
+
+
+def _stamp(verdict: Union[str, Waiting]) -> Union[Tuple[float, str], Waiting]:
+    """A judge's verdict as a probe result: a detail string is evidence seen now."""
+    return (time.time(), verdict) if isinstance(verdict, str) else verdict
+
+
+# ---- judges: pure decisions on recorded evidence (unit-tested without a lab) ---------------------------
+def judge_requeued(job, baseline: int) -> Union[str, Waiting]:
+    """This job was requeued after the fault: its restart count went above ``baseline`` (the count when
+    the fault was injected; an older requeue does not count)."""
+    if job.restart_count > baseline:
+        return f"job {job.job_id} {job.state}, restart {job.restart_count}"
+    return Waiting(f"job {job.job_id} {job.state}, restart {job.restart_count} (was {baseline} at the fault)")
+
+
+def judge_running_again(job, baseline: int, bad: str) -> Union[str, Waiting]:
+    """This job runs again after this requeue (restart count above ``baseline``), away from ``bad``.
+    Raises Contradiction when it runs on ``bad`` or has ended (a drill job never finishes by itself)."""
+    again = job.restart_count > baseline
+    if again and job.running:
+        if bad in job.nodes:
+            raise Contradiction(f"job runs again on the drained node {bad}")
+        return f"job {job.job_id} RUNNING on {','.join(job.nodes)} (restart {job.restart_count})"
+    if job.state in ENDED:
+        raise Contradiction(f"job {job.job_id} ended {job.state} (restart {job.restart_count}) instead of "
+                            f"running again")
+    why = f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
+    return Waiting(f"job {job.job_id} {job.state}{why}, restart {job.restart_count} (was {baseline} at the fault)"
+                   + (f" on {','.join(job.nodes)}" if job.nodes else ""))
+
+
+def _created(obj: Optional[dict]) -> Optional[float]:
+    from datetime import datetime
+
+    ts = ((obj or {}).get("metadata") or {}).get("creationTimestamp")
+    if not ts:
+        return None
+    try:
+        return datetime.fromisoformat(str(ts).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def find_request(crs: List[dict], old_node: Optional[dict], node: str, since: float,
+                 prefix: str = "autoheal.io") -> Optional[Dict[str, str]]:
+    """This node's replacement request made for this fault: a NodeReplacement whose spec.nodeName is
+    ``node`` created at or after ``since`` (1 s of slack: creationTimestamp has whole seconds), or else
+    (label and webhook actions) the ``<prefix>/replacement-node`` annotation on the old Node. Returns
+    {kind, name, spare} (spare "" until the provider names one), or None."""
+    for cr in crs:
+        spec = cr.get("spec") or {}
+        if (spec.get("nodeName") or cr["metadata"].get("name")) != node:
+            continue
+        created = _created(cr)
+        if created is not None and created < since - 1.0:
+            continue  # an older request (a lab kept with --keep-state): not this fault's
+        status = cr.get("status") or {}
+        return {"kind": "NodeReplacement", "name": cr["metadata"]["name"],
+                "spare": status.get("replacementSlurmNode") or status.get("replacementNode") or ""}
+    ann = ((old_node or {}).get("metadata") or {}).get("annotations") or {}
+    spare = ann.get(f"{prefix}/replacement-node", "")
+    if spare:
+        return {"kind": "Node annotation", "name": f"{node} {prefix}/replacement-node", "spare": spare}
+    return None
+
+
+def judge_spare(spare: str, snode, has_kube_node: bool) -> Union[str, Waiting]:
+    """The named spare is in service: not drained, responding, idle or running jobs in Slurm, with a
+    Kubernetes Node."""
+    if snode.drain or not snode.responding or snode.state not in ("IDLE", "MIXED", "ALLOCATED"):
+        return Waiting(f"{spare} {snode.state_text}" + (f": {snode.reason}" if snode.reason else ""))
+    if not has_kube_node:
+        return Waiting(f"{spare} {snode.state_text} in Slurm but no Kubernetes Node yet")
+    return f"{spare} {snode.state_text} in Slurm with a Kubernetes Node"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A read failure worth another try next tick: slurmctld not answering, the API server restarting or
+    refusing for a moment, a dropped connection. Anything else is a bug in the drill or the lab."""
+    from autoheal.errors import SlurmUnavailable
+
+    if isinstance(exc, (SlurmUnavailable, ConnectionError, TimeoutError)):
+        return True
+    try:
+        from kubernetes.client.rest import ApiException
+        from urllib3.exceptions import HTTPError as Urllib3Error
+    except ImportError:
+        return False
+    if isinstance(exc, ApiException):
+        return exc.status in (0, 429) or (exc.status or 0) >= 500
+    return isinstance(exc, Urllib3Error)
+
+
+def watch(phases: List[Phase], timeout: float, before_tick: Callable[[], None] = lambda: None,
+          poll: float = POLL, clock: Callable[[], float] = time.monotonic,
+          sleep: Callable[[float], None] = time.sleep) -> None:
+    """Poll every open phase's probe until each is observed, contradicted or errored, or ``timeout``.
+
+    A probe returning evidence stamps its phase; ``Waiting`` keeps it open with a note; Contradiction
+    fails it; a transient read failure (``is_transient``) is retried, and is the phase's error if it is
+    still failing at the deadline; any other exception is a drill error at once (never "missing")."""
+    deadline = clock() + timeout
+    open_phases = [p for p in phases if not p.skipped and p.at is None and not p.error]
+    while open_phases and clock() < deadline:
+        before_tick()
+        for p in list(open_phases):
+            try:
+                hit = p.probe() if p.probe else None
+            except Contradiction as exc:
+                p.at, p.failed = time.time(), str(exc)
+                open_phases.remove(p)
+                continue
+            except Exception as exc:
+                if is_transient(exc):
+                    p.last_error = f"{type(exc).__name__}: {exc}"
+                    continue
+                p.error = f"probe raised {type(exc).__name__}: {exc}"
+                open_phases.remove(p)
+                continue
+            p.last_error = ""
+            if isinstance(hit, Waiting):
+                p.detail = f"last seen: {hit.note}"
+            elif hit:
+                p.at, p.detail = hit
+                open_phases.remove(p)
+        sleep(poll)
+    for p in open_phases:
+        if p.last_error:
+            p.error = f"probe kept failing until the deadline: {p.last_error}"
 
 
 class _KubeView:
@@ -443,10 +631,13 @@ class _KubeView:
     def __init__(self, lab: Lab):
         from kubernetes import client, config
 
+        from autoheal.config import load_config
+
         st = lab.load_state() or {}
         api = config.new_client_from_config(config_file=st["kubeconfig"])
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
+        self.prefix = load_config(lab.layout().autoheal_conf).sync.annotation_prefix
 
     def node(self, name: str) -> Optional[dict]:
         from kubernetes.client.rest import ApiException
@@ -460,18 +651,14 @@ class _KubeView:
 
     def annotation(self, name: str, key: str) -> str:
         n = self.node(name) or {}
-        return ((n.get("metadata") or {}).get("annotations") or {}).get(f"autoheal.io/{key}", "")
+        return ((n.get("metadata") or {}).get("annotations") or {}).get(f"{self.prefix}/{key}", "")
 
     def remediation_state(self, name: str) -> str:
         return self.annotation(name, "remediation-state")
 
     def replacements(self) -> List[dict]:
-        from kubernetes.client.rest import ApiException
-
-        try:
-            return self.custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements")["items"]
-        except ApiException:
-            return []
+        """NodeReplacements in every namespace (a read failure raises: the probe decides what it means)."""
+        return self.custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements")["items"]
 
 
 def render_timeline(report: DrillReport) -> str:
@@ -479,14 +666,14 @@ def render_timeline(report: DrillReport) -> str:
     data = report.to_dict()
     lines = [f"{'t+ (s)':>9}  {'phase':<55} {'source':<16} detail"]
     for p in data["phases"]:
-        if p["status"] == "skipped":
-            t = "skipped"
+        if p["status"] in ("skipped", "error"):
+            t = p["status"].upper() if p["status"] == "error" else "skipped"
         elif p["seconds_after_fault"] is None:
             t = "MISSING"
         else:
             t = f"{p['seconds_after_fault']:.2f}"
-        detail = p.get("why") if p["status"] in ("skipped", "failed") else p["detail"]
-        flag = "FAILED: " if p["status"] == "failed" else ""
+        detail = p.get("why") if p["status"] in ("skipped", "failed", "error") else p["detail"]
+        flag = {"failed": "FAILED: ", "error": "DRILL ERROR: "}.get(p["status"], "")
         lines.append(f"{t:>9}  {p['phase']:<55} {p['source']:<16} {flag}{detail}")
     tot = data["totals"]
 
@@ -499,7 +686,13 @@ def render_timeline(report: DrillReport) -> str:
                  f"{fmt(tot['fault_to_replacement_in_service_s'])}")
     for note in data["notes"]:
         lines.append(f"note: {note}")
-    lines.append("drill " + ("PASSED: every phase observed" if data["ok"] else "FAILED: see the phases above"))
+    if data["ok"]:
+        lines.append("drill PASSED: every phase observed")
+    elif data["errors"]:
+        lines.append(f"drill ERROR: {len(data['errors'])} probe(s) raised, so the drill could not tell whether "
+                     f"those phases happened (exit {EXIT_DRILL_ERROR}): " + "; ".join(data["errors"]))
+    else:
+        lines.append("drill FAILED: see the phases above")
     for name, tail in data["logs"].items():
         lines.append(f"--- {name} (last lines) ---")
         lines.extend(tail)

@@ -28,9 +28,8 @@ def setup_gpus(lab: Lab) -> Optional[str]:
         path = lay.gpu_state(node)
         if not path.exists():
             gstate.write_state(path, gstate.default_state(node, lay.gpus))
-    st = lab.load_state() or {}
-    st["nvml_lib_dir"] = str(lib_dir)
-    lab._save_state(st)
+    with lab.edit_state() as st:
+        st["nvml_lib_dir"] = str(lib_dir)
     return str(lib_dir)
 
 
@@ -67,3 +66,14 @@ def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None) 
             os.fsync(fh.fileno())
         result["kernel_log"] = record.rstrip("\n")
     return result
+
+
+def clear_all(lab: Lab, node: str) -> dict:
+    """Heal every fake GPU of ``node`` (``lab inject --clear`` without ``--gpu``)."""
+    lay = lab.layout()
+    if node not in lay.all_nodes:
+        raise LabError(f"no node {node!r} in this lab (nodes: {', '.join(lay.all_nodes)})")
+    gpus = list(range(lay.gpus))
+    for gpu in gpus:
+        inject(lab, node, gpu, "clear")
+    return {"node": node, "gpus": gpus, "kind": "clear", "time": time.time(), "kernel_log": None}

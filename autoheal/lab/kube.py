@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,8 +20,8 @@ from autoheal.lab import procs
 
 NAMESPACE = "slurm"
 SLURMD_LABELS = {"app.kubernetes.io/component": "slurmd", "app.kubernetes.io/name": "slurmd"}
-#: Reason the lab holds spares out of service with (sync.spare_reason_prefix resumes it on takeover).
-SPARE_REASON = "autoheal: spare: held in the spare pool"
+#: Where the fake API server saves its objects when it stops (loaded again by a --keep-state start).
+OBJECTS_FILE = "objects.json"
 API_PROC, SYNC_PROC, POOL_PROC = "kube-api", "sync", "spare-pool"
 
 
@@ -49,22 +48,31 @@ def kubeconfig_path(lab) -> Path:
     return lab.root / "kube" / "kubeconfig"
 
 
-def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, wait: float = 20.0) -> str:
+def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, wait: float = 20.0,
+          keep_state: bool = False) -> str:
     """Start the fake API server (seeded with the lab's nodes), ``autoheal sync`` and the spare pool.
-    Returns the kubeconfig path."""
+    Returns the kubeconfig path.
+
+    The API server saves its objects to ``<lab>/kube/objects.json`` when it stops; a lab started with
+    ``keep_state`` loads them again instead of seeding fresh Nodes and pods (a clean start has emptied
+    ``kube/``, so it always seeds)."""
     lay = lab.layout()
     kdir = lab.root / "kube"
     kdir.mkdir(parents=True, exist_ok=True)
-    seed = kdir / "seed.json"
-    items: List[Dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-    for n in lay.nodes:
-        items += [node_obj(n), slurmd_pod(n)]
-    seed.write_text(json.dumps({"items": items}))
+    objects = kdir / OBJECTS_FILE
+    argv = [sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig", str(kubeconfig_path(lab)),
+            "--state-file", str(objects), "--bookmark-interval", "5"]
+    if not (keep_state and objects.exists()):
+        objects.unlink(missing_ok=True)
+        seed = kdir / "seed.json"
+        items: List[Dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
+        for n in lay.nodes:
+            items += [node_obj(n), slurmd_pod(n)]
+        seed.write_text(json.dumps({"items": items}))
+        argv += ["--seed", str(seed)]
     kc = kubeconfig_path(lab)
     if kc.exists():
         kc.unlink()
-    argv = [sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig", str(kc),
-            "--seed", str(seed), "--bookmark-interval", "5"]
     rec = procs.spawn(API_PROC, argv, lay.path("log", f"{API_PROC}.log"), env=dict(os.environ))
     lab._record(rec)
     deadline = time.monotonic() + wait
@@ -72,10 +80,8 @@ def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, w
         if not procs.is_alive(rec) or time.monotonic() > deadline:
             raise RuntimeError(f"fake API server did not start; see {rec.log}")
         time.sleep(0.05)
-    st = lab.load_state() or {}
-    st["kubeconfig"] = str(kc)
-    lab._save_state(st)
-    hold_spares(lab)
+    with lab.edit_state() as st:
+        st["kubeconfig"] = str(kc)
     if sync:
         start_sync(lab)
     if pool:
@@ -83,28 +89,50 @@ def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, w
     return str(kc)
 
 
-def hold_spares(lab) -> None:
-    """Drain every spare with SPARE_REASON: defined in Slurm, out of service until it replaces a node."""
-    from autoheal.lab.cluster import _which
+def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = (), wait: float = 30.0) -> procs.ProcRecord:
+    """``autoheal sync`` as a lab process (the lab's autoheal.toml enables remediation), serving
+    /metrics on a free loopback port recorded in lab.json (``autoheal lab status`` shows the URL)."""
+    from autoheal.lab.cluster import LabError, _free_ports, _tail
 
-    lay = lab.layout()
-    for spare in lay.spares:
-        subprocess.run([_which("scontrol") or "scontrol", "update", f"nodename={spare}", "state=drain", f"reason={SPARE_REASON}"],
-                       env=lab.slurm_env(), capture_output=True, text=True, timeout=15)
-
-
-def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = ()) -> procs.ProcRecord:
-    """``autoheal sync`` as a lab process (the lab's autoheal.toml enables remediation)."""
     lay = lab.layout()
     env = lab.slurm_env()
-    argv = [sys.executable, "-m", "autoheal.cli.main", "sync", "--metrics-port", "0", "--log-level", "info",
-            *extra]
     old = lab.records().get(name)
     if old and procs.is_alive(old):
         procs.stop(old)
-    rec = procs.spawn(name, argv, lay.path("log", f"{name}.log"), env=env)
-    lab._record(rec)
-    return rec
+    for _attempt in range(3):
+        port = _free_ports(1)[0]
+        argv = [sys.executable, "-m", "autoheal.cli.main", "sync", "--metrics-port", str(port), "--log-level",
+                "info", *extra]
+        rec = procs.spawn(name, argv, lay.path("log", f"{name}.log"), env=env)
+        lab._record(rec)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + wait
+        while procs.is_alive(rec) and time.monotonic() < deadline:
+            if _healthz(url):
+                lab.record_url(name, f"{url}/metrics")
+                return rec
+            time.sleep(0.1)
+        if procs.is_alive(rec):
+            procs.stop(rec)
+            raise LabError(f"{name} did not serve {url}/healthz within {wait:.0f}s; see {rec.log}: {_tail(rec.log)}")
+        if "Address already in use" not in _tail(rec.log, 20):
+            raise LabError(f"{name} exited at start; see {rec.log}: {_tail(rec.log)}")
+        # another process took the port between our probe and the sync's bind: pick another one
+    raise LabError(f"{name}: no free port for its metrics after 3 tries; see {lay.path('log', name + '.log')}")
+
+
+def _healthz(url: str) -> bool:
+    """True once the sync's HTTP server answers (200 or 503: it is listening; the loop may still warm up)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=1) as resp:
+            return resp.status in (200, 503)
+    except urllib.error.HTTPError as exc:
+        return exc.code in (200, 503)
+    except OSError:
+        return False
 
 
 def start_pool(lab, delay: float = 1.0) -> procs.ProcRecord:

@@ -47,7 +47,13 @@ class LabLayout:
         return self.path("kmsg", f"{node}.log")
 
 
-SPARE_REASON = "autoheal: spare pool: held out of service until a replacement is requested"
+def spare_reason(prefix: str) -> str:
+    """The drain reason of a spare held out of service. ``prefix`` is the sync's ``spare_reason_prefix``
+    (the lab passes its own config's): the sync resumes a replacement and leaves it out of the
+    breaker's count only when its reason starts with that prefix, so the two can never disagree."""
+    from autoheal.reasons import sanitize
+
+    return sanitize(f"{prefix.strip()} held in the spare pool until a replacement is requested")
 
 
 def render_slurm_conf(lay: LabLayout, hooks: Dict[str, str], fragment: List[str]) -> str:
@@ -95,11 +101,12 @@ def render_slurm_conf(lay: LabLayout, hooks: Dict[str, str], fragment: List[str]
     lines.append("# --- settings from `autoheal slurm-conf` (absent when the lab runs with Slurm defaults) ---")
     lines.extend(fragment)
     lines.extend(lay.extra_conf)
+    # Spares are held out of service by a drain set with scontrol once slurmctld is up (Lab.hold_spares),
+    # not by State=DRAIN here: slurmctld re-applies a configured state on every restart, which would
+    # drain a spare that has since come into service, with a reason set in two places.
     for name in lay.all_nodes:
-        spare = name in lay.spares
-        state = f'State=DRAIN Reason="{SPARE_REASON}"' if spare else "State=UNKNOWN"
         lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={lay.node_ports[name]} "
-                     f"CPUs=2 RealMemory=1000 Gres=gpu:{lay.gpus} {state}")
+                     f"CPUs=2 RealMemory=1000 Gres=gpu:{lay.gpus} State=UNKNOWN")
     lines.append(f"PartitionName=gpu Nodes={','.join(lay.all_nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"
 

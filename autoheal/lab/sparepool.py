@@ -5,10 +5,11 @@ for replacement requests, by whichever action the lab's ``sync.replacement_actio
 ``custom-resource`` (``autoheal.io/v1alpha1 NodeReplacement`` in namespace ``slurm``) or ``label`` (Node
 label ``sync.replacement_label``). After ``--delay`` seconds (provisioning) it takes a free spare and:
 
-1. starts the spare's slurmd (``Lab.start_slurmd``) and registers its Kubernetes Node and slurmd pod;
+1. brings the spare up like every lab node (``Lab.start_node``: its slurmd and xid-watch; the hooks are
+   wired in slurm.conf for every node) and registers its Kubernetes Node and slurmd pod;
 2. reports the new Node: ``status.replacementNode`` on the NodeReplacement, or the annotation
    ``autoheal.io/replacement-node`` on the old Node (label mode);
-3. retires the failed machine: stops its slurmd (``Lab.stop_slurmd``), marks its Node NotReady, deletes
+3. retires the failed machine: stops its slurmd and xid-watch (``Lab.stop_node``), marks its Node NotReady, deletes
    its slurmd pod, and deletes the Node once ``autoheal sync`` has marked the remediation ``done``.
 
 The Slurm side of the retirement is ``autoheal sync``'s: the old Slurm node stays DRAIN with reason
@@ -106,7 +107,7 @@ class SparePool:
     def fulfil(self, old: str, spare: str, req: Dict[str, Any]) -> None:
         print(f"spare-pool: replacing {old} with {spare}", flush=True)
         self._mark_used(old, spare)
-        self.lab.start_slurmd(spare)
+        self.lab.start_node(spare)  # slurmd and the node daemons (xid-watch), like every lab node
         for body, create in ((node_obj(spare), self.core.create_node),
                              (slurmd_pod(spare), lambda b: self.core.create_namespaced_pod(NAMESPACE, b))):
             try:
@@ -114,8 +115,8 @@ class SparePool:
             except self.client.ApiException as exc:
                 if exc.status != 409:
                     raise
-        # the failed machine goes away: slurmd stopped, kubelet gone (NotReady), its slurmd pod deleted
-        self.lab.stop_slurmd(old)
+        # the failed machine goes away: slurmd and xid-watch stopped, kubelet gone (NotReady), pod deleted
+        self.lab.stop_node(old)
         self.core.patch_node_status(old, {"status": {"conditions": [
             {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
              "message": "Kubelet stopped posting node status (retired by the spare pool)."}]}})

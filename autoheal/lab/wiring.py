@@ -6,7 +6,8 @@ from __future__ import annotations
 import importlib.util
 import shlex
 import sys
-from typing import Dict, List, Optional
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
 
 from autoheal.lab.slurmconf import LabLayout
 
@@ -138,3 +139,44 @@ def xid_watch_argv(node: str) -> List[str]:
 
 def xid_watch_available() -> bool:
     return module_available("autoheal.hooks.xid_watch")
+
+
+# ---- the lab's daemons -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Daemon:
+    """A long-running autoheal process of the lab, recorded by PID in lab.json and stopped by ``down``.
+
+    ``argv(node)`` builds its command line (``node`` is "" for a controller daemon); ``available()``
+    says whether its part is installed; ``option`` names the ``Lab.up`` option that turns it off when
+    false (empty: always on)."""
+
+    name: str
+    argv: Callable[[str], List[str]]
+    available: Callable[[], bool]
+    option: str = ""
+
+    def proc_name(self, node: str = "") -> str:
+        return self.name.format(node=node)
+
+    def wanted(self, options: dict) -> bool:
+        return (not self.option or bool(options.get(self.option, True))) and self.available()
+
+
+#: One per node in service (the GPU nodes at `lab up`, and each spare when it takes over), run with the
+#: node's environment: its fake GPUs, kernel log, AUTOHEAL_NODE.
+NODE_DAEMONS: List[Daemon] = [
+    Daemon("xid-watch-{node}", xid_watch_argv, xid_watch_available, option="xid_watch"),
+]
+#: One per lab, on the controller side, started once slurmctld answers (before the Kubernetes side),
+#: with the lab's Slurm and autoheal environment. Add controller daemons here, e.g.
+#: ``Daemon("guard", lambda _node: [sys.executable, "-m", "autoheal.cli.main", "guard"],
+#: lambda: module_available("autoheal.sbatch_helpers.guard"))``.
+CONTROLLER_DAEMONS: List[Daemon] = []
+
+
+def node_daemons(options: dict) -> List[Daemon]:
+    return [d for d in NODE_DAEMONS if d.wanted(options)]
+
+
+def controller_daemons(options: dict) -> List[Daemon]:
+    return [d for d in CONTROLLER_DAEMONS if d.wanted(options)]

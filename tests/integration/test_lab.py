@@ -152,3 +152,79 @@ def test_slurmd_restarted_in_a_time_namespace_is_still_stopped_by_down(lab_facto
         time.sleep(0.05)
     stat = open(f"/proc/{rec.pid}/stat").read() if procs.proc_start_time(rec.pid) is not None else ""
     assert stat == "" or ") Z " in stat  # gone (or a zombie awaiting its parent)
+
+
+def _exports(text: str) -> dict:
+    """The variables of `autoheal lab env` output, as the shell would set them."""
+    import shlex
+
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line[len("export "):].partition("=")
+        out[key] = shlex.split(value)[0]
+    return out
+
+
+def test_lab_env_is_all_autoheal_check_needs_and_clear_heals_every_gpu(plain_lab):
+    """Issue 15: after `eval "$(autoheal lab env)"`, `autoheal check --node gpu1` said "NVML unavailable" on
+    a healthy node; `lab inject --clear` without --gpu silently cleared GPU 0 only."""
+    from autoheal.lab.fakenvml import state as gstate
+
+    runner = CliRunner()
+    d = str(plain_lab.root)
+    lab_vars = ("LD_LIBRARY_PATH", "AUTOHEAL_FAKE_NVML_STATE", "AUTOHEAL_NODE", "SLURMD_NODENAME", "SLURM_CONF",
+                "AUTOHEAL_CONFIG")
+    shell = {k: v for k, v in os.environ.items() if k not in lab_vars}  # a fresh shell, then the eval
+    shell.update(_exports(runner.invoke(lab_cli, ["env", "--dir", d]).output))
+
+    def check(node):
+        res = subprocess.run([sys.executable, "-m", "autoheal.cli.main", "check", "--node", node, "--no-drain",
+                              "--json"], env=shell, capture_output=True, text=True, timeout=60, cwd="/tmp")
+        return res.returncode, json.loads(res.stdout), res.stdout + res.stderr
+
+    code, data, out = check("gpu1")
+    assert code == 0 and "NVML unavailable" not in out, out
+    assert data["gpus"] == 8
+    try:
+        for gpu in ("2", "6"):
+            res = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu2", "--gpu", gpu, "--lost"])
+            assert res.exit_code == 0, res.output
+        code, _data, out = check("gpu2")
+        assert code == 1 and "gpu 2" in out and "gpu 6" in out, out
+        assert check("gpu1")[0] == 0  # each node sees its own GPUs
+    finally:
+        res = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu2", "--clear"])
+    assert res.exit_code == 0 and "every GPU" in res.output, res.output
+    assert all(not g.lost for g in gstate.read_state(plain_lab.layout.gpu_state("gpu2")).gpus)
+    assert check("gpu2")[0] == 0
+    assert "every GPU of the node for --clear" in " ".join(runner.invoke(lab_cli, ["inject", "--help"]).output.split())
+
+
+def test_up_starts_from_a_clean_state_unless_keep_state(lab_factory):
+    """Issue 11: a lab reused a directory's Slurm state, journal, node and GPU state from the last run."""
+    from autoheal.journal import Journal
+    from autoheal.lab.fakenvml import state as gstate
+
+    handle = lab_factory(nodes=1, gpus=2, spares=0)
+    lab, slurm = handle.lab, handle.adapter(timeout=10)
+    journal = Journal(handle.layout.path("journal", "journal.jsonl"))
+    kwargs = dict(nodes=1, gpus=2, spares=0, hooks=False, xid_watch=False, install=False)
+
+    def dirty():
+        slurm.drain("gpu1", "autoheal: xid 79 gpu 1: from the last run")
+        journal.record("detection", node="gpu1", message="from the last run")
+        gstate.inject(handle.layout.gpu_state("gpu1"), 1, "lost")
+
+    dirty()
+    lab.down()
+    lab.up(keep_state=True, **kwargs)
+    node = slurm.get_node("gpu1")
+    assert node.drain and "from the last run" in node.reason
+    assert [r.message for r in journal.read()] == ["from the last run"]
+    assert gstate.read_state(handle.layout.gpu_state("gpu1")).gpus[1].lost
+    lab.down()
+    lab.up(**kwargs)
+    node = slurm.get_node("gpu1")
+    assert not node.drain and node.state == "IDLE", node
+    assert list(journal.read()) == []
+    assert not gstate.read_state(handle.layout.gpu_state("gpu1")).gpus[1].lost

@@ -10,7 +10,7 @@ from autoheal.lab.drill import DrillReport, Phase, plot_timeline, render_timelin
 def _report(**missing) -> DrillReport:
     rep = DrillReport(fault_time=1000.0, node="gpu2", job_id="7")
     rep.phases = [
-        Phase("XID 79 injected on gpu2 gpu 3", "lab inject", at=1000.0),
+        Phase("XID 79 injected on GPU 3 of gpu2", "lab inject", at=1000.0),
         Phase("drained in Slurm with an autoheal reason", "slurm", at=1000.4, detail="autoheal: xid 79"),
         Phase("replacement requested", "kubernetes", skipped="--no-kube"),
         Phase("job running again, away from the bad node", "slurm",
@@ -53,3 +53,204 @@ def test_plot_writes_a_png(tmp_path):
     out = tmp_path / "t.png"
     plot_timeline(_report(), str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 5000
+
+
+# ---- causal phases: the judges on recorded evidence -------------------------------------------------
+from datetime import datetime, timezone  # noqa: E402
+
+from autoheal.errors import SlurmUnavailable  # noqa: E402
+from autoheal.lab.drill import (EXIT_DRILL_ERROR, Contradiction, Drill, Waiting, find_request,  # noqa: E402
+                                judge_requeued, judge_running_again, judge_spare, watch)
+from autoheal.lab.slurmconf import LabLayout  # noqa: E402
+from autoheal.slurm.model import Job, Node  # noqa: E402
+
+FAULT = 1_800_000_000.0
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _cr(node, created, spare=""):
+    return {"metadata": {"name": node, "creationTimestamp": _iso(created)}, "spec": {"nodeName": node},
+            "status": {"replacementNode": spare} if spare else {}}
+
+
+def test_requeued_and_running_again_count_only_a_restart_after_the_fault():
+    # the job had already been requeued once before this fault: restart 1 is not this requeue
+    assert isinstance(judge_requeued(Job("7", "RUNNING", ("gpu1", "gpu2"), restart_count=1), 1), Waiting)
+    assert "restart 2" in judge_requeued(Job("7", "PENDING", restart_count=2), 1)
+    before = Job("7", "RUNNING", ("gpu1", "gpu2"), restart_count=1)
+    assert isinstance(judge_running_again(before, 1, "gpu2"), Waiting)  # still the run from before the fault
+    again = Job("7", "RUNNING", ("gpu1", "gpu3"), restart_count=2)
+    assert judge_running_again(again, 1, "gpu2") == "job 7 RUNNING on gpu1,gpu3 (restart 2)"
+    with pytest.raises(Contradiction, match="drained node gpu2"):
+        judge_running_again(Job("7", "RUNNING", ("gpu2", "gpu3"), restart_count=2), 1, "gpu2")
+
+
+def test_running_again_says_why_it_waits_and_fails_fast_on_an_ended_job():
+    held = Job("7", "PENDING", restart_count=1, state_reason="JobHeldUser")
+    waiting = judge_running_again(held, 0, "gpu2")
+    assert isinstance(waiting, Waiting) and "PENDING (JobHeldUser), restart 1" in waiting.note
+    with pytest.raises(Contradiction, match="ended FAILED"):
+        judge_running_again(Job("7", "FAILED", restart_count=0), 0, "gpu2")
+
+
+def test_the_replacement_request_is_this_nodes_and_from_this_fault():
+    crs = [_cr("gpu10", FAULT + 2, "spare2"),  # another node whose name contains "gpu1"
+           _cr("gpu1", FAULT - 600, "spare1")]  # an earlier fault's request
+    assert find_request(crs, None, "gpu1", FAULT) is None
+    crs.append(_cr("gpu1", FAULT + 3))
+    assert find_request(crs, None, "gpu1", FAULT) == {"kind": "NodeReplacement", "name": "gpu1", "spare": ""}
+    crs[-1]["status"] = {"replacementNode": "spare1"}
+    assert find_request(crs, None, "gpu1", FAULT)["spare"] == "spare1"
+    # label and webhook actions: the provider names the new Node on the old one
+    old = {"metadata": {"name": "gpu1", "annotations": {"autoheal.io/replacement-node": "spare3"}}}
+    assert find_request([], old, "gpu1", FAULT) == {"kind": "Node annotation",
+                                                    "name": "gpu1 autoheal.io/replacement-node", "spare": "spare3"}
+
+
+def test_the_spare_counts_only_in_service_with_a_kubernetes_node():
+    assert isinstance(judge_spare("spare1", Node("spare1", "IDLE", frozenset({"DRAIN"}), "autoheal: spare: held"),
+                                  True), Waiting)
+    assert isinstance(judge_spare("spare1", Node("spare1", "IDLE", frozenset({"NOT_RESPONDING"})), True), Waiting)
+    assert isinstance(judge_spare("spare1", Node("spare1", "IDLE"), False), Waiting)
+    assert judge_spare("spare1", Node("spare1", "IDLE"), True).startswith("spare1 IDLE in Slurm")
+
+
+class _FakeLab:
+    def __init__(self, root):
+        self.lay = LabLayout(root=root, nodes=["gpu1", "gpu2", "gpu3"], spares=["spare1", "spare2"], gpus=8,
+                             ctld_port=1, node_ports={}, rest_port=2)
+
+    def layout(self):
+        return self.lay
+
+    def slurm_env(self):
+        return {}
+
+    def load_state(self):
+        return {"kubeconfig": "unused"}
+
+
+class _Recorded:
+    """Slurm and Kubernetes answering from a script of recorded evidence, changed by the test."""
+
+    prefix = "autoheal.io"
+
+    def __init__(self):
+        self.nodes = {}
+        self.kube_nodes = {}
+        self.crs = []
+
+    # slurm
+    def get_node(self, name):
+        return self.nodes.get(name) or Node(name, "IDLE")
+
+    # kubernetes
+    def node(self, name):
+        return self.kube_nodes.get(name)
+
+    def replacements(self):
+        return list(self.crs)
+
+
+def _spare_phases(tmp_path):
+    drill = Drill(_FakeLab(tmp_path))
+    ev = _Recorded()
+    drill.slurm = drill.kube_view = ev
+    drill.report.fault_time = FAULT
+    phases = {p.name: p for p in drill._kube_probes("gpu2")}
+    return drill, ev, phases["replacement requested"], phases["spare node in service"]
+
+
+def test_an_idle_spare_from_before_is_not_in_service_until_this_nodes_request_names_it(tmp_path):
+    """Issue 11 finding 3: an idle spare with a Node (left by an earlier run) was stamped in service 30 s
+    before the failed node's cordon. The spare counts only once this node's request names it."""
+    drill, ev, requested, spare = _spare_phases(tmp_path)
+    ev.kube_nodes = {"spare1": {"metadata": {"name": "spare1"}}, "spare2": {"metadata": {"name": "spare2"}}}
+    assert isinstance(spare.probe(), Waiting)  # no request yet: nothing counts
+    assert isinstance(requested.probe(), Waiting)
+    ev.crs = [_cr("gpu2", FAULT + 5)]
+    t_req, detail = requested.probe()
+    assert detail == "NodeReplacement gpu2 for gpu2"
+    assert "names no replacement yet" in spare.probe().note
+    ev.crs = [_cr("gpu2", FAULT + 5, "spare2")]
+    ev.nodes["spare2"] = Node("spare2", "IDLE", frozenset({"DRAIN"}), "autoheal: spare: held")
+    assert "spare2 IDLE+DRAIN" in spare.probe().note  # spare1 is idle, but it is not the one named
+    ev.nodes["spare2"] = Node("spare2", "IDLE")
+    ev.nodes["gpu2"] = Node("gpu2", "IDLE", frozenset({"DRAIN"}), "autoheal: retired: replaced by spare2")
+    t_spare, detail = spare.probe()
+    assert t_spare >= t_req
+    assert detail.startswith("spare2 IDLE in Slurm with a Kubernetes Node; named by NodeReplacement gpu2")
+    assert "retired: replaced by spare2" in detail
+    ev.crs = [_cr("gpu2", FAULT + 5, "gpu9")]
+    drill.request = None
+    requested.probe()
+    with pytest.raises(Contradiction, match="names gpu9, not a lab node"):
+        spare.probe()
+
+
+# ---- watch(): missing, contradicted and errored phases are told apart ----------------------------------
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, s):
+        self.now += s
+
+
+def _watched(*probes, timeout=5.0):
+    rep = DrillReport(fault_time=1000.0, node="gpu2", job_id="7")
+    rep.phases = [Phase(f"p{i}", "test", probe) for i, probe in enumerate(probes)]
+    clock = _Clock()
+    watch(rep.phases, timeout, clock=clock, sleep=clock.sleep)
+    return rep
+
+
+def test_a_probe_that_raises_is_a_drill_error_not_a_missing_phase():
+    def broken():
+        raise KeyError("replacementNode")
+
+    rep = _watched(lambda: (1001.0, "seen"), broken)
+    data = rep.to_dict()
+    assert [p["status"] for p in data["phases"]] == ["observed", "error"]
+    assert "KeyError" in data["phases"][1]["why"] and data["errors"]
+    assert rep.exit_code == EXIT_DRILL_ERROR and data["exit_code"] == EXIT_DRILL_ERROR
+    text = render_timeline(rep)
+    assert "ERROR  p1" in text and "drill ERROR" in text and "MISSING" not in text
+
+
+def test_a_missing_phase_keeps_its_last_evidence_and_exits_1():
+    rep = _watched(lambda: Waiting("job 7 PENDING (JobHeldAdmin), restart 1"))
+    assert rep.phases[0].status == "missing" and rep.exit_code == 1
+    assert "last seen: job 7 PENDING (JobHeldAdmin)" in render_timeline(rep)
+
+
+def test_transient_read_failures_are_retried_and_an_error_only_if_they_last():
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise SlurmUnavailable("slurmctld did not answer")
+        return 1002.0, "seen after two failed reads"
+
+    def down():
+        raise SlurmUnavailable("slurmctld did not answer")
+
+    rep = _watched(flaky, down)
+    assert rep.phases[0].status == "observed" and rep.phases[0].detail == "seen after two failed reads"
+    assert rep.phases[1].status == "error" and "kept failing until the deadline" in rep.phases[1].error
+    assert rep.exit_code == EXIT_DRILL_ERROR
+
+
+def test_a_contradiction_fails_the_phase_at_once():
+    def wrong():
+        raise Contradiction("job runs again on the drained node gpu2")
+
+    rep = _watched(wrong, lambda: None)
+    assert [p.status for p in rep.phases] == ["failed", "missing"] and rep.exit_code == 1

@@ -19,6 +19,10 @@
  * Per GPU (i = state index, 0-based): gpu.<i>.<field>=value, see parse_gpu_key()
  * and autoheal/lab/fakenvml/state.py for the full list.
  *
+ * The path may contain "{node}": the node this process runs on, as autoheal's hooks decide it (its
+ * --node argument, e.g. `autoheal check --node gpu1`, else $SLURMD_NODENAME, else $AUTOHEAL_NODE), so
+ * one exported value serves a whole lab (`autoheal lab env`).
+ *
  * A missing or unreadable state file (or an unset variable) makes nvmlInit*
  * return NVML_ERROR_DRIVER_NOT_LOADED, as on a node whose kernel module is not
  * loaded.  After a successful init, an unreadable file keeps the last state.
@@ -494,14 +498,90 @@ static int parse_state_file(const char *path, fake_state_t *s)
     return 0;
 }
 
+/* A node name usable in a path: letters, digits, '.', '_', '-' (no '/', not "." or ".."). */
+static int valid_node_name(const char *s)
+{
+    size_t i, n = strlen(s);
+    if (n == 0 || n > 255 || strcmp(s, ".") == 0 || strcmp(s, "..") == 0)
+        return 0;
+    for (i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+/* The --node argument of this process (`autoheal check --node gpu1`), read once from
+ * /proc/self/cmdline: "--node NAME" or "--node=NAME". Empty when there is none. Caller holds g_lock. */
+static const char *cmdline_node_locked(void)
+{
+    static int done;
+    static char node[256];
+    size_t len, i;
+    char *buf;
+    if (done)
+        return node;
+    done = 1;
+    buf = read_file("/proc/self/cmdline", &len);
+    if (buf == NULL)
+        return node;
+    for (i = 0; i < len;) {
+        const char *arg = buf + i;
+        size_t alen = strnlen(arg, len - i);
+        const char *val = NULL;
+        if (strcmp(arg, "--node") == 0 && i + alen + 1 < len)
+            val = arg + alen + 1;
+        else if (strncmp(arg, "--node=", 7) == 0)
+            val = arg + 7;
+        if (val != NULL && valid_node_name(val)) {
+            copy_str(node, sizeof(node), val);
+            break;
+        }
+        i += alen + 1;
+    }
+    free(buf);
+    return node;
+}
+
+/* The state file path: $AUTOHEAL_FAKE_NVML_STATE, in which "{node}" stands for the node this process
+ * runs on, decided as autoheal's hooks do: its --node argument, else $SLURMD_NODENAME, else
+ * $AUTOHEAL_NODE. Returns 0 and fills out, or -1 (no variable, no usable node name, too long).
+ * Caller holds g_lock. */
+static int state_path_locked(char *out, size_t cap)
+{
+    const char *tmpl = getenv(FAKE_STATE_ENV);
+    const char *mark, *node;
+    int n;
+    if (tmpl == NULL || *tmpl == '\0')
+        return -1;
+    mark = strstr(tmpl, "{node}");
+    if (mark == NULL) {
+        if (strlen(tmpl) >= cap)
+            return -1;
+        copy_str(out, cap, tmpl);
+        return 0;
+    }
+    node = cmdline_node_locked();
+    if (*node == '\0')
+        node = getenv("SLURMD_NODENAME");
+    if (node == NULL || !valid_node_name(node))
+        node = getenv("AUTOHEAL_NODE");
+    if (node == NULL || !valid_node_name(node))
+        return -1;
+    n = snprintf(out, cap, "%.*s%s%s", (int)(mark - tmpl), tmpl, node, mark + 6);
+    return (n < 0 || (size_t)n >= cap) ? -1 : 0;
+}
+
 /* Re-read the state file if it changed. Caller holds g_lock.
  * Returns 0 when the current file was read (or is unchanged), -1 otherwise;
  * on -1 the previous state (if any) stays in place. */
 static int refresh_locked(void)
 {
-    const char *path = getenv(FAKE_STATE_ENV);
+    static char path[sizeof(g_state_path)];
     struct stat sb;
-    if (path == NULL || *path == '\0' || strlen(path) >= sizeof(g_state_path))
+    if (state_path_locked(path, sizeof(path)) != 0)
         return -1;
     if (stat(path, &sb) != 0)
         return -1;

@@ -1,0 +1,47 @@
+"""The lab's generated configuration, without a lab: one definition of the spare's reason, daemons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autoheal.config import load_config
+from autoheal.config.sync_section import SyncSection
+from autoheal.lab import wiring
+from autoheal.lab.cluster import render_autoheal_toml
+from autoheal.lab.slurmconf import LabLayout, render_slurm_conf, spare_reason
+from autoheal.reasons import MAX_REASON_LEN, is_ours
+
+
+def _layout(root: Path) -> LabLayout:
+    return LabLayout(root=root, nodes=["gpu1", "gpu2"], spares=["spare1"], gpus=2, ctld_port=1,
+                     node_ports={"gpu1": 2, "gpu2": 3, "spare1": 4}, rest_port=5)
+
+
+def test_the_spare_reason_starts_with_the_syncs_prefix(tmp_path):
+    """Issue 16 finding 10: slurm.conf said "autoheal: spare pool: ...", the sync looked for "autoheal: spare:"."""
+    lay = _layout(tmp_path)
+    lay.autoheal_conf.parent.mkdir(parents=True)
+    lay.autoheal_conf.write_text(render_autoheal_toml(lay))
+    prefix = load_config(lay.autoheal_conf).sync.spare_reason_prefix
+    assert prefix == SyncSection().spare_reason_prefix
+    reason = spare_reason(prefix)
+    assert reason.startswith(prefix.strip()) and is_ours(reason) and len(reason) <= MAX_REASON_LEN
+    assert spare_reason("autoheal: pool-x:").startswith("autoheal: pool-x:")  # follows a site's own prefix
+    assert spare_reason("autoheal: x:\n" + "y" * 300).count("\n") == 0  # sanitised and bounded
+
+
+def test_slurm_conf_gives_spares_no_configured_state(tmp_path):
+    """A configured State=DRAIN is re-applied by slurmctld on every restart, even to a spare in service."""
+    text = render_slurm_conf(_layout(tmp_path), {}, [])
+    node_lines = [ln for ln in text.splitlines() if ln.startswith("NodeName=")]
+    assert len(node_lines) == 3 and all(ln.endswith("State=UNKNOWN") for ln in node_lines)
+    assert "Reason=" not in text
+
+
+def test_every_node_in_service_gets_the_node_daemons_and_options_turn_them_off():
+    names = [d.proc_name("spare1") for d in wiring.node_daemons({"xid_watch": True})]
+    assert names == (["xid-watch-spare1"] if wiring.xid_watch_available() else [])
+    assert wiring.node_daemons({"xid_watch": False}) == []
+    assert wiring.xid_watch_argv("spare1")[-2:] == ["--node", "spare1"]
+    extra = wiring.Daemon("guard", lambda _n: ["true"], lambda: True)
+    assert extra.wanted({}) and extra.proc_name() == "guard"
