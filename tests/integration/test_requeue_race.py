@@ -5,7 +5,7 @@ included. These tests make that happen at chosen moments, deterministically: the
 ``slurm.bin_dir`` at a directory whose ``scontrol`` is a failpoint wrapper around the real one. It sends
 SIGTERM to the runner's whole process group right after the hold, right after the exclusion update or at
 the start of the release, or SIGKILLs the runner after the exclusion update (then only ``autoheal guard``,
-started here as the site would run it, can release the job). One job goes through all four faults in
+which the lab runs next to slurmctld as a site would, can release the job). One job goes through all four faults in
 turn, each time on the node it runs on, which is drained with an autoheal reason and given the runner's
 signal the way xid-watch does it. The node of the previous round is resumed, so each requeue also shows
 that exclusions of repaired nodes are pruned.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,7 @@ import pytest
 
 from autoheal import nodeops
 from autoheal.lab.cluster import Lab
-from autoheal.sbatch_helpers.comment import CommentState
+from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
 from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab, wait_text
 
 PY = sys.executable
@@ -57,10 +58,10 @@ case "$MODE" in
     : > "$DIR/mode"; echo "$op" >> "$DIR/fired"
     kill -KILL "$PPID"
     exit $rc ;;
-  "ctld-kill-after:$op")
+  "ctld-stop-after:$op")
     "$REAL" "$@"; rc=$?
     : > "$DIR/mode"; echo "$op" >> "$DIR/fired"
-    kill -KILL "$(cat "$DIR/ctld.pid")"
+    kill -STOP "$(cat "$DIR/ctld.pid")"
     exit $rc ;;
 esac
 exec "$REAL" "$@"
@@ -102,11 +103,13 @@ def _failpoint_config(sblab: SbLab, wd: Path) -> Path:
     return conf
 
 
-def _start_guard(sblab: SbLab, wd: Path) -> subprocess.Popen:
-    log = open(wd / "guard.log", "w")
-    return subprocess.Popen([PY, "-m", "autoheal.cli.main", "guard", "--interval", "1", "--release-after", "3",
-                             "--config", str(sblab.layout.autoheal_conf)], env=sblab.env, stdout=log,
-                            stderr=subprocess.STDOUT)
+def _lab_guard(sblab: SbLab):
+    """The lab runs `autoheal guard` next to slurmctld, as a site does: make sure it is there."""
+    from autoheal.lab import procs
+
+    rec = sblab.lab.records().get("guard")
+    assert rec is not None and procs.is_alive(rec), "the lab did not start autoheal guard"
+    return rec
 
 
 def _submit_failpoint_job(sblab: SbLab, tmp_path: Path):
@@ -124,9 +127,7 @@ def _submit_failpoint_job(sblab: SbLab, tmp_path: Path):
     return jid, tmp_path / f"out-{jid}.txt", tmp_path / "failpoint"
 
 
-def _cleanup(sblab: SbLab, jid: str, guard: subprocess.Popen) -> None:
-    guard.terminate()
-    guard.wait(10)
+def _cleanup(sblab: SbLab, jid: str, guard) -> None:
     subprocess.run(["scancel", jid], env=sblab.env, capture_output=True, timeout=20)
     for n in ("gpu1", "gpu2", "gpu3"):
         if sblab.slurm.get_node(n).drain:
@@ -136,7 +137,7 @@ def _cleanup(sblab: SbLab, jid: str, guard: subprocess.Popen) -> None:
 def test_requeue_survives_term_and_kill_at_every_step(racelab, tmp_path):
     sblab = racelab
     jid, out, fp = _submit_failpoint_job(sblab, tmp_path)
-    guard = _start_guard(sblab, tmp_path)
+    guard = _lab_guard(sblab)
     previous_bad = None
     last_start = 0
     try:
@@ -150,6 +151,10 @@ def test_requeue_survives_term_and_kill_at_every_step(racelab, tmp_path):
             nodeops.drain(sblab.slurm, bad, f"autoheal: test: xid 79 GPU 0 of {bad} ({mode})")
             if previous_bad:
                 nodeops.resume(sblab.slurm, previous_bad)  # repaired: its exclusion must be pruned
+                # a resumed node can show NOT_RESPONDING until slurmctld's next ping: wait until it
+                # looks healthy, or the runner rightly keeps excluding it
+                sblab.wait_job(jid, lambda _j: not node_unhealthy(sblab.slurm.get_node(previous_bad)), 60,
+                               f"{previous_bad} healthy again")
             sblab.slurm.signal_job(jid, "USR2", batch=True)
             starts = wait_text(out, r"autoheal-trainer: start step=(\d+) .*restart=(\d+) host=(\S+)",
                                REQUEUE_WAIT + 30, count=restart + 1)
@@ -181,61 +186,37 @@ def test_requeue_survives_term_and_kill_at_every_step(racelab, tmp_path):
         _cleanup(sblab, jid, guard)
 
 
-def test_requeue_survives_slurmctld_killed_mid_requeue(racelab, tmp_path):
-    # issue 16 finding 1: slurmctld kill -9 during requeuehold -> release, back 20 s later: the job sat
-    # held for good (one release, no retry) or ended FAILED. Now the runner retries each step for up to
-    # 60 s and checks the requeue took; the guard covers what is left.
+def test_requeue_survives_slurmctld_hung_mid_requeue(racelab, tmp_path):
+    # issue 16 finding 1: slurmctld gone during requeuehold -> release: the job sat held for good (one
+    # release, no retry) or ended FAILED. Now each step is retried for up to 60 s and the guard covers
+    # the rest. SIGSTOP keeps slurmctld's state (a kill -9 may make Slurm itself forget the drain, the
+    # requeue or the whole job: observed on the lab, and not something a test can pin down).
     sblab = racelab
     jid, out, fp = _submit_failpoint_job(sblab, tmp_path)
-    guard = _start_guard(sblab, tmp_path)
+    guard = _lab_guard(sblab)
+    ctld = sblab.lab.records()["slurmctld"].pid
     try:
         wait_text(out, r"checkpoint saved step=", 90)
         job = sblab.wait_job(jid, lambda j: j.running, REQUEUE_WAIT, "running")
         bad = job.nodes[0]
-        (fp / "ctld.pid").write_text(str(sblab.lab.records()["slurmctld"].pid))
-        (fp / "mode").write_text("ctld-kill-after:requeuehold")
-        nodeops.drain(sblab.slurm, bad, f"autoheal: test: xid 79 GPU 0 of {bad} (controller killed)")
+        (fp / "ctld.pid").write_text(str(ctld))
+        (fp / "mode").write_text("ctld-stop-after:requeuehold")
+        nodeops.drain(sblab.slurm, bad, f"autoheal: test: xid 79 GPU 0 of {bad} (controller hung)")
         sblab.slurm.signal_job(jid, "USR2", batch=True)
         wait_text(fp / "fired", r"requeuehold", 60)
-        time.sleep(20)  # the controller stays away for a while
-        sblab.lab._start_slurmctld(sblab.layout)
+        time.sleep(20)  # the controller answers nothing for a while
+        os.kill(ctld, signal.SIGCONT)
         starts = wait_text(out, r"autoheal-trainer: start step=(\d+) .*restart=(\d+) host=(\S+)",
                            REQUEUE_WAIT + 60, count=2)
         step, restart, host = starts[1]
-        assert int(step) > 0, starts  # resumed from its checkpoint, never from scratch
+        assert int(restart) == 1 and host != bad and int(step) > 0, starts
         job = sblab.wait_job(jid, lambda j: j.running, 30, "running")
-        assert not job.held
-        # slurmctld restarts from the state it last saved: the drain, and even the requeue, may be lost
-        # (seen: the job came back as run 0 on the undrained node). Where the drain survived, the job
-        # must be away from the node and excluded from it.
-        if sblab.slurm.get_node(bad).drain:
-            assert host != bad and int(restart) == 1, starts
-            assert bad in job.excluded_nodes, (job.excluded_nodes, bad)
+        assert not job.held and bad in job.excluded_nodes, job
+        # the runner waited the controller out itself (its calls time out and are retried)
+        assert CommentState.parse(job.comment).guard != "released", job.comment
     finally:
+        os.kill(ctld, signal.SIGCONT)
         _cleanup(sblab, jid, guard)
-
-
-def test_guard_leaves_a_users_own_hold_alone(racelab, tmp_path):
-    sblab = racelab
-    script = f"#!/bin/bash\n#SBATCH -N 1 -o {tmp_path}/out-%j.txt\nsleep 300\n"
-    jid = sblab.submit(tmp_path, script, "--grace", "10")
-    try:
-        job = sblab.wait_job(jid, lambda j: j.running, 60, "running")
-        # the user holds it after requeueing it, with a comment that even looks like ours mid-requeue
-        st = CommentState.parse(job.comment)
-        st.state = "requeueing"
-        sblab.slurm.set_job_comment(jid, st.render())
-        subprocess.run(["scontrol", "requeue", jid], env=sblab.env, check=True, timeout=20)
-        sblab.wait_job(jid, lambda j: j.state == "PENDING", 60, "pending")
-        subprocess.run(["scontrol", "hold", jid], env=sblab.env, check=True, timeout=20)
-        res = subprocess.run([PY, "-m", "autoheal.cli.main", "guard", "--once", "--release-after", "0", "--json",
-                              "--config", str(sblab.layout.autoheal_conf)], env=sblab.env, capture_output=True,
-                             text=True, timeout=60)
-        assert res.returncode == 0, res.stderr
-        assert '"actions": []' in res.stdout, res.stdout
-        assert sblab.job(jid).held
-    finally:
-        subprocess.run(["scancel", jid], env=sblab.env, capture_output=True, timeout=20)
 
 
 if __name__ == "__main__":  # pragma: no cover
