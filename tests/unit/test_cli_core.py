@@ -56,6 +56,13 @@ def test_config_validate_good(run, tmp_path):
     ("[slurm]\nretries = 'x'\n", "slurm.retries: expected an integer"),
     ("[slurm\n", "not valid TOML"),
     ("[slurm]\nbakend = 'cli'\n", "did you mean 'slurm.backend'"),
+    # issue 16: configs that crashed the loader (every prolog exited 1) or passed though they cannot work
+    ("a = " + "[" * 3000 + "]" * 3000 + "\n", "not valid TOML: nested too deeply"),
+    ("[sync]\nreplacement_action = 'custom-resource'\nreplacement_template = '{\"apiVersion\": 1, \"kind\": \"K\"}'\n",
+     "sync.replacement_template: apiVersion 1 must be a string"),
+    ('[hooks]\nstate_dir = "/var/lib/a\\u0000b"\n', "hooks.state_dir: '/var/lib/a\\x00b' holds the control character"),
+    ("[sbatch]\nsignal = 'USR2; rm -rf /'\n", "sbatch.signal: 'USR2; rm -rf /' is not a signal name"),
+    ("[sbatch]\nmax_restarts = 3\nmax-restarts = 4\n", "'sbatch.max_restarts' and 'sbatch.max-restarts' are the same"),
 ])
 def test_config_validate_bad(run, tmp_path, text, fragment):
     f = tmp_path / "bad.toml"

