@@ -138,12 +138,7 @@ class Journal:
 
     def append(self, rec: Record) -> Record:
         """Write one record durably; JournalError (one line) when the file cannot be written."""
-        if not rec.time:
-            rec.time = time.time()
-        if not rec.host:
-            rec.host = socket.gethostname()
-        if rec.severity not in SEVERITIES:
-            rec.severity = "info"
+        _normalise(rec)
         line = (rec.to_json() + "\n").encode()  # ASCII: json.dumps escapes everything else
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +239,32 @@ class Journal:
                     yield lineno, Record.from_dict(json.loads(line))
                 except (ValueError, RecursionError):  # not JSON, not a record, or nested past the stack
                     yield lineno, None
+
+
+def _normalise(rec: Record) -> None:
+    """Make ``rec`` what readers accept (``Record.from_dict``), whatever a caller passed: what we write we
+    must be able to read back, or ``autoheal events`` would skip our own records."""
+    for name in _STR_FIELDS:
+        value = getattr(rec, name)
+        if not isinstance(value, str):
+            setattr(rec, name, "" if value is None else str(value))
+    if not isinstance(rec.job_ids, list) or not all(isinstance(j, str) for j in rec.job_ids):
+        ids = rec.job_ids if isinstance(rec.job_ids, (list, tuple, set)) else [] if rec.job_ids is None \
+            else [rec.job_ids]
+        rec.job_ids = [str(j) for j in ids]
+    if not isinstance(rec.evidence, dict):
+        rec.evidence = {} if rec.evidence is None else {"value": rec.evidence}
+    elif _deeper_than(rec.evidence, MAX_EVIDENCE_DEPTH):
+        rec.evidence = {"unserialisable": f"evidence nested deeper than {MAX_EVIDENCE_DEPTH} levels"}
+    if isinstance(rec.time, bool) or not isinstance(rec.time, (int, float)) or not math.isfinite(rec.time) \
+            or not rec.time:
+        rec.time = time.time()
+    if not rec.event:
+        rec.event = "unknown"
+    if not rec.host:
+        rec.host = socket.gethostname()
+    if rec.severity not in SEVERITIES:
+        rec.severity = "info"
 
 
 def _matches(rec: Record, node: Optional[str], job: Optional[str], since: Optional[float],

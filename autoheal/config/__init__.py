@@ -115,7 +115,7 @@ def _read_regular_file(path: Path) -> str:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise ValueError(f"more than {MAX_BYTES} bytes; not a config file")
-    return data.decode("utf-8")
+    return data.decode("utf-8-sig")  # a BOM from a Windows editor is not an error in the file
 
 
 def _one_line(text: str, limit: int = 1000) -> str:

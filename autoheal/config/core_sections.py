@@ -31,7 +31,8 @@ class SlurmSection:
                             parse=V.optional(V.rest_url))
     rest_api_version: str = setting("auto", doc="OpenAPI plugin version, e.g. v0.0.38 or v0.0.40; "
                                     "'auto' asks the server.", parse=V.rest_api_version)
-    rest_user: str = setting("", doc="X-SLURM-USER-NAME for JWT auth (empty: local auth over a unix socket).")
+    rest_user: str = setting("", doc="X-SLURM-USER-NAME for JWT auth (empty: local auth over a unix socket).",
+                             parse=V.optional(V.http_header_value))
     rest_token_file: str = setting("", doc="File holding the JWT (X-SLURM-USER-TOKEN). Never logged.",
                                    parse=V.path)
     rest_token_env: str = setting("SLURM_JWT", doc="Env var holding the JWT when no token file is set.",

@@ -109,7 +109,7 @@ class SyncSection:
                            "node_label value is the Slurm node name).",
                            choices=("pod", "node-name", "node-label"))
     pod_selector: str = setting("app.kubernetes.io/component=slurmd", doc="Label selector of the slurmd pods "
-                                "(mapping = 'pod').")
+                                "(mapping = 'pod').", parse=V.label_selector)
     pod_key: str = setting("hostname", doc="Which pod field holds the Slurm node name: 'hostname' "
                            "(spec.hostname, Slinky), 'pod-name' (metadata.name) or 'node-name' "
                            "(spec.nodeName).", choices=("hostname", "pod-name", "node-name"))

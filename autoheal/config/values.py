@@ -52,6 +52,8 @@ def http_url(value: str) -> str:
     """An ``http://`` or ``https://`` URL with a host (and a valid port, if any)."""
     if any(ch.isspace() for ch in value):
         raise ValueError(f"{show(value)} holds white space; not a URL")
+    if not value.isascii():  # urllib cannot send it; Slack and friends hand out ASCII URLs
+        raise ValueError(f"{show(value)} is not ASCII; percent-encode the path, write the host in punycode")
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"{show(value)} must start with http:// or https://")
@@ -93,6 +95,13 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def env_var_name(value: str) -> str:
     if not _ENV_NAME.fullmatch(value):
         raise ValueError(f"{show(value)} is not an environment variable name (letters, digits, _)")
+    return value
+
+
+def http_header_value(value: str) -> str:
+    """Sent as an HTTP header (a user name): printable ASCII without white space."""
+    if len(value) > 256 or not all(33 <= ord(ch) < 127 for ch in value):
+        raise ValueError(f"{show(value)} must be printable ASCII without spaces (it travels in an HTTP header)")
     return value
 
 
@@ -191,4 +200,30 @@ def taint_spec(value: str) -> str:
     label_value(val)
     if effect is not None and effect not in TAINT_EFFECTS:
         raise ValueError(f"{show(value)}: effect {show(effect, 30)} is not one of {', '.join(TAINT_EFFECTS)}")
+    return value
+
+
+_SELECTOR_VALUE = r"(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
+_SELECTOR_KEY = r"(?:[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_REQUIREMENT = re.compile(
+    rf"\s*(?:!\s*{_SELECTOR_KEY}"                                  # !key
+    rf"|{_SELECTOR_KEY}\s*(?:(?:==|=|!=)\s*{_SELECTOR_VALUE})?"      # key, key=v, key==v, key!=v
+    rf"|{_SELECTOR_KEY}\s+(?:in|notin)\s*\(\s*{_SELECTOR_VALUE}(?:\s*,\s*{_SELECTOR_VALUE})*\s*\))\s*")
+
+
+def label_selector(value: str) -> str:
+    """A Kubernetes label selector (``a=b,c!=d,e in (f,g),!h``); empty selects everything."""
+    if not value.strip():
+        return value
+    depth, start, parts = 0, 0, []
+    for i, ch in enumerate(value):  # split on commas outside parentheses
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(value[start:i])
+            start = i + 1
+    parts.append(value[start:])
+    for part in parts:
+        if not _REQUIREMENT.fullmatch(part):
+            raise ValueError(f"{show(value)}: {show(part.strip(), 40)} is not a label selector requirement "
+                             "(key, !key, key=value, key!=value, key in (a,b), key notin (a,b))")
     return value

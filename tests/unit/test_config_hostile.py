@@ -174,6 +174,12 @@ def test_oversized_config_is_refused(tmp_path):
         load_config(f)
 
 
+def test_utf8_bom_is_accepted(tmp_path):
+    f = tmp_path / "bom.toml"
+    f.write_bytes("\ufeff[slurm]\nretries = 4\n".encode())
+    assert load_config(f).slurm.retries == 4
+
+
 def test_file_name_with_newline_gives_one_line(tmp_path):
     f = tmp_path / "a\nb.toml"
     f.write_text("[slurm]\nretries = 'x'\n")
@@ -226,6 +232,11 @@ def test_both_spellings_in_an_inline_table():
     ("[notify]\nwebhooks = ['https://ok/', 'http://']\n", "notify.webhooks[1]: 'http://' has no host"),
     ("[notify]\nwebhooks = ['http://h:99999/x']\n", "Port out of range"),
     ("[notify]\nwebhooks = ['http://h/a b']\n", "holds white space"),
+    ("[notify]\nwebhooks = ['https://hooks.example/ünïcode']\n", "is not ASCII; percent-encode"),
+    ("[slurm]\nrest_user = 'Jörg'\n", "slurm.rest_user: 'Jörg' must be printable ASCII without spaces"),
+    ("[slurm]\nrest_user = 'a b'\n", "slurm.rest_user: "),
+    ("[sync]\npod_selector = 'app=slurmd,tier in (a'\n", "sync.pod_selector: "),
+    ("[sync]\npod_selector = 'app = slurm d'\n", "is not a label selector requirement"),
     # slurm
     ("[slurm]\nrest_url = 'unix:run/s.sock'\n", "slurm.rest_url: 'unix:run/s.sock': the socket must be an absolute"),
     ("[slurm]\nrest_url = 'http://'\n", "slurm.rest_url: 'http://' has no host"),
@@ -279,6 +290,9 @@ def test_values_that_can_never_work_are_refused(toml, fragment):
     "drain_on_conditions = ['GpuHealthy=False', 'KernelDeadlock']\n"
     "remediate_reasons = ['autoheal: replace:', 'autoheal: reboot:']\nmetrics_address = '::'\n",
     "[sync]\nmetrics_address = 'metrics.svc.cluster.local'\n",
+    "[sync]\npod_selector = 'app.kubernetes.io/component=slurmd,tier in (gpu, a100),!draining,x!=y'\n",
+    "[sync]\npod_selector = ''\n",
+    "[slurm]\nrest_user = 'svc-slurm@corp.example'\n",
     "[sync]\nmetrics_address = ''\nopt_out_label = 'autoheal.io/auto-replace='\n",
     "[sync]\nreplacement_action = 'webhook'\nreplacement_webhook = 'https://provider.example/replace'\n",
 ])

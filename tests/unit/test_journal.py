@@ -323,3 +323,16 @@ def test_evidence_nested_past_what_we_write_is_skipped(tmp_path):
                     % deep)
     res = Journal(path).read_all()
     assert [r.event for r in res.records] == ["ok"] and res.skipped == 1
+
+
+def test_what_we_write_we_read_back_whatever_the_caller_passed(tmp_path):
+    j = Journal(tmp_path / "j.jsonl", fsync=False)
+    j.append(Record(event="drain", node=5, job_ids=(12, "13"), time="now", evidence=["xid", 79], check=None))
+    j.append(Record(event="", job_ids="99", time=float("inf"), evidence={(1, 2): "tuple key"}))
+    res = j.read_all()
+    assert res.skipped == 0
+    a, b = res.records
+    assert (a.node, a.job_ids, a.evidence, a.check) == ("5", ["12", "13"], {"value": ["xid", 79]}, "")
+    assert isinstance(a.time, float) and a.time > 1e9
+    assert (b.event, b.job_ids) == ("unknown", ["99"])
+    assert "unserialisable" in b.evidence  # a tuple key cannot be JSON: the evidence goes, the record stays
