@@ -34,6 +34,8 @@ from autoheal.reasons import sanitize
 
 #: Records waiting per webhook before new ones are dropped (a dead endpoint must not eat memory).
 QUEUE_MAX = 200
+#: Outcomes kept in ``Notifier.results``.
+RESULTS_MAX = 1000
 
 
 def format_text(rec: Record, cluster: str = "") -> str:
@@ -238,12 +240,23 @@ class Notifier:
             return True
 
     # ---- workers --------------------------------------------------------------------------------------------
+    def _note(self, result: dict, locked: bool = False) -> None:
+        """Keep the outcome (for callers and tests), only the newest RESULTS_MAX: the sync daemon runs
+        for months."""
+        if not locked:
+            with self._lock:
+                self._note(result, locked=True)
+            return
+        self.results.append(result)
+        if len(self.results) > RESULTS_MAX:
+            del self.results[: len(self.results) - RESULTS_MAX]
+
     def _enqueue(self, url: str, payload: dict, rec: Record) -> None:
         with self._lock:
             queue = self._queues.setdefault(url, deque())
             if len(queue) >= self.queue_max:
                 self._dropped[url] = self._dropped.get(url, 0) + 1
-                self.results.append({"url": url, "ok": False, "attempts": 0, "error": "queue full"})
+                self._note({"url": url, "ok": False, "attempts": 0, "error": "queue full"}, locked=True)
                 return
             queue.append((payload, rec))
             self._pending += 1
@@ -287,7 +300,7 @@ class Notifier:
             try:
                 status = post_json(url, payload, self.timeout)
                 if 200 <= status < 300:
-                    self.results.append({"url": url, "ok": True, "attempts": attempt + 1})
+                    self._note({"url": url, "ok": True, "attempts": attempt + 1})
                     return
                 error = f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400 else "")
                 if 300 <= status < 500 and status != 429:
@@ -296,7 +309,7 @@ class Notifier:
                 error = _describe(exc)
             if attempt < self.retries:
                 self._sleep(min(4.0, 0.5 * (2 ** attempt)))
-        self.results.append({"url": url, "ok": False, "attempts": attempt + 1, "error": error})
+        self._note({"url": url, "ok": False, "attempts": attempt + 1, "error": error})
         if self.journal is not None:
             self.journal.record("notify-failed", node=rec.node, job_ids=rec.job_ids, severity="error",
                                 message=f"webhook {_redact(url)} failed after {attempt + 1} attempts: {error}",

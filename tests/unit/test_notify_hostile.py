@@ -209,3 +209,16 @@ def test_https_handshake_that_never_ends_is_cut_at_the_deadline(server):
     n.send(_rec())
     assert n.flush(30)
     assert n.results == [{"url": url, "ok": False, "attempts": 1, "error": "no complete answer within 0.5s"}]
+
+
+def test_results_of_a_long_lived_notifier_stay_bounded(server, monkeypatch):
+    import autoheal.notify as notify
+
+    monkeypatch.setattr(notify, "RESULTS_MAX", 5)
+    srv = server(lambda conn, s: conn.sendall(OK))
+    n = Notifier([srv.url], timeout=5, retries=0)
+    for i in range(12):
+        n.send(_rec(message=str(i)))
+    assert n.flush(60)
+    assert len(srv.requests) == 12
+    assert n.results == [{"url": srv.url, "ok": True, "attempts": 1}] * 5
