@@ -143,8 +143,9 @@ class Journal:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise JournalError(f"journal {self.path}: cannot open for writing: {exc.strerror}") from None
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+            raise JournalError(f"journal {self.path}: cannot open for writing: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block or swallow records
                 raise JournalError(f"journal {self.path}: not a regular file")
@@ -220,8 +221,8 @@ class Journal:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             return
-        except OSError as exc:
-            raise JournalError(f"journal {self.path}: cannot read: {exc.strerror}") from None
+        except (OSError, ValueError) as exc:
+            raise JournalError(f"journal {self.path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
         try:
             mode = os.fstat(fd).st_mode
             if stat.S_ISDIR(mode):

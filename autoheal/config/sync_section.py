@@ -75,8 +75,11 @@ def _template_problem(text: str) -> str:
     if not isinstance(tpl, dict):
         return "must be a JSON object"
     api, kind, meta = tpl.get("apiVersion"), tpl.get("kind"), tpl.get("metadata")
-    group, slash, version = api.partition("/") if isinstance(api, str) else ("", "", "")
-    if not slash or V._DNS_LABEL.fullmatch(version) is None or not V._is_subdomain(group):
+    try:
+        if not isinstance(api, str):
+            raise ValueError
+        V.group_version(api)
+    except ValueError:
         return f"apiVersion {show(api, 40)} must be a string group/version (a custom resource's group)"
     if not isinstance(kind, str) or not re.fullmatch(r"[A-Za-z][A-Za-z0-9]{0,62}", kind):
         return f"kind {show(kind, 40)} must be a string like NodeReplacement"

@@ -153,6 +153,14 @@ def dns_subdomain(value: str) -> str:
     return value
 
 
+def group_version(value: str) -> str:
+    """A custom resource's ``apiVersion``: ``group/version`` (the group a DNS subdomain)."""
+    group, slash, version = value.partition("/")
+    if not slash or not _DNS_LABEL.fullmatch(version) or not _is_subdomain(group):
+        raise ValueError(f"{show(value, 40)} is not group/version (e.g. autoheal.io/v1alpha1)")
+    return value
+
+
 def _qualified_problem(value: str) -> Optional[str]:
     prefix, slash, name = value.rpartition("/")
     if slash and not _is_subdomain(prefix):

@@ -336,3 +336,12 @@ def test_what_we_write_we_read_back_whatever_the_caller_passed(tmp_path):
     assert isinstance(a.time, float) and a.time > 1e9
     assert (b.event, b.job_ids) == ("unknown", ["99"])
     assert "unserialisable" in b.evidence  # a tuple key cannot be JSON: the evidence goes, the record stays
+
+
+def test_nul_in_the_path_is_a_journal_error(tmp_path):
+    j = Journal(str(tmp_path / "a\x00b.jsonl"))
+    with pytest.raises(JournalError, match="cannot open for writing"):
+        j.append(Record(event="x"))
+    with pytest.raises(JournalError, match="cannot read"):
+        list(j.read())
+    assert j.record("x") is None
