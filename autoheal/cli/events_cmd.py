@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import sys
 import time
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, print_json
-from autoheal.errors import ConfigError
+from autoheal.errors import EXIT_OK, EXIT_PROBLEM, ConfigError
 
 
 def parse_since(text: str, now: float) -> float:
@@ -17,15 +18,32 @@ def parse_since(text: str, now: float) -> float:
     if m:
         return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         pass
+    else:
+        if value == value and abs(value) != float("inf"):
+            return value
     from datetime import datetime
 
     try:
         return datetime.fromisoformat(text).timestamp()
-    except ValueError:
+    except (ValueError, OverflowError, OSError):
         raise ConfigError(f"--since: {text!r} is not a duration (10m, 2h, 1d), an epoch time or an ISO date") from None
+
+
+def _stamp(t: float) -> str:
+    """Local time of a record; a time no calendar can show (a damaged line) is printed as it is."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError):
+        return f"{t:.0f}"
+
+
+def _clean(text: str) -> str:
+    """One printable line: a record written by something else must not move the cursor or recolour the
+    terminal (escape sequences) or fake extra records (newlines)."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
 
 
 @click.command()
@@ -37,7 +55,12 @@ def parse_since(text: str, now: float) -> float:
 @json_option
 @handle_errors
 def events(node, job, since, journal_path, config_path, as_json: bool) -> None:
-    """What autoheal saw and did: detections, drains, resumes, requeues, notifications."""
+    """What autoheal saw and did: detections, drains, resumes, requeues, notifications.
+
+    Lines that are not records (torn by a crash, garbage, wrong field types) are skipped and counted:
+    a warning on stderr and "skipped" in --json. Exit 0, or 1 when the journal has lines but not one
+    of them is a record.
+    """
     from autoheal.journal import Journal
 
     if journal_path:
@@ -47,16 +70,22 @@ def events(node, job, since, journal_path, config_path, as_json: bool) -> None:
 
         journal = Journal.from_config(load_config(config_path))
     cutoff = parse_since(since, time.time()) if since else None
-    recs = list(journal.read(node=node, job=job, since=cutoff))
+    result = journal.read_all(node=node, job=job, since=cutoff)
+    unreadable = bool(result.skipped) and not result.readable
+    if result.skipped:
+        click.echo(f"autoheal: warning: {_clean(str(journal.path))}: skipped {result.skipped} line(s) that are "
+                   f"not journal records (first: line {result.first_skipped})", err=True)
     if as_json:
-        print_json([r.__dict__ for r in recs])
-        return
-    if not recs:
-        click.echo(f"no events in {journal.path}" + (" matching the filters" if (node or job or since) else ""))
-        return
-    for r in recs:
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time))
-        jobs = f" jobs={','.join(r.job_ids)}" if r.job_ids else ""
-        check = f" [{r.check}]" if r.check else ""
-        outcome = f" -> {r.outcome}" if r.outcome else ""
-        click.echo(f"{stamp} {r.node or r.host:<10} {r.event}{check}{jobs} {r.message}{outcome}".rstrip())
+        print_json({"events": [r.to_dict() for r in result.records], "skipped": result.skipped,
+                    "journal": str(journal.path)})
+    elif not result.records:
+        click.echo(f"no events in {_clean(str(journal.path))}"
+                   + (" matching the filters" if (node or job or since) else ""))
+    else:
+        for r in result.records:
+            jobs = f" jobs={','.join(r.job_ids)}" if r.job_ids else ""
+            check = f" [{r.check}]" if r.check else ""
+            outcome = f" -> {r.outcome}" if r.outcome else ""
+            click.echo(_clean(f"{_stamp(r.time)} {r.node or r.host:<10} {r.event}{check}{jobs} "
+                              f"{r.message}{outcome}".rstrip()))
+    sys.exit(EXIT_PROBLEM if unreadable else EXIT_OK)

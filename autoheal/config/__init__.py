@@ -8,6 +8,7 @@ named explicitly is an error.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,30 +58,67 @@ def config_path(explicit: Union[str, Path, None] = None) -> tuple[Path, bool]:
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
-    """Parse and validate TOML text into a Config (errors are ConfigError, one line, naming ``source``)."""
+    """Parse and validate TOML text into a Config.
+
+    Every failure is a one-line ``ConfigError`` naming ``source`` and what is wrong: this runs inside
+    every Slurm prolog, epilog and health check, where a traceback would fail the hook and drain the
+    node for the wrong reason.
+    """
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{source}: not valid TOML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError; nesting hits the stack
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(_one_line(f"{source}: not valid TOML: {why}")) from None
     if "source" in data:
-        raise ConfigError(f"{source}: unknown key 'source'")
+        raise ConfigError(_one_line(f"{source}: unknown key 'source'"))
     try:
         cfg = from_mapping(Config, data)
     except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(_one_line(f"{source}: {exc}")) from None
+    except Exception as exc:  # a validator bug: still one line naming the file, never a traceback
+        raise ConfigError(_one_line(f"{source}: cannot validate ({type(exc).__name__}: {exc})")) from exc
     cfg.source = source
     return cfg
+
+
+#: A config is a few kilobytes; anything this large is not one (and would cost every hook).
+MAX_BYTES = 1 << 20
 
 
 def load_config(explicit: Union[str, Path, None] = None) -> Config:
     """Load the effective config (see module docstring for the search order)."""
     path, required = config_path(explicit)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = _read_regular_file(path)
     except FileNotFoundError:
         if required:
-            raise ConfigError(f"{path}: config file not found") from None
+            raise ConfigError(_one_line(f"{path}: config file not found")) from None
         return Config()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ConfigError(_one_line(f"{path}: cannot read config: {exc}")) from None
     return parse_config(text, str(path))
+
+
+def _read_regular_file(path: Path) -> str:
+    """The file's text; a FIFO or device (which could block the hook forever), a directory or a file over
+    MAX_BYTES is refused (OSError/ValueError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size > MAX_BYTES:
+            raise ValueError(f"{st.st_size} bytes; a config is at most {MAX_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_BYTES:
+        raise ValueError(f"more than {MAX_BYTES} bytes; not a config file")
+    return data.decode("utf-8-sig")  # a BOM from a Windows editor is not an error in the file
+
+
+def _one_line(text: str, limit: int = 1000) -> str:
+    """Escape control characters (a file name or value may hold a newline) and bound the length."""
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+    return out if len(out) <= limit else out[: limit - 3] + "..."

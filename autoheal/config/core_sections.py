@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+from autoheal.config import values as V
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
 
@@ -17,25 +18,29 @@ class SlurmSection:
                            "or 'pyslurm' (optional, needs a matching pyslurm build).",
                            choices=("cli", "rest", "pyslurm"))
     bin_dir: str = setting("", doc="Directory holding scontrol/sinfo/squeue/sbatch. Empty: search PATH, "
-                           "then /usr/bin, /usr/local/bin, /opt/slurm/bin (HealthCheckProgram has no PATH).")
-    slurm_conf: str = setting("", doc="SLURM_CONF to export to Slurm commands. Empty: Slurm's default.")
+                           "then /usr/bin, /usr/local/bin, /opt/slurm/bin (HealthCheckProgram has no PATH).",
+                           parse=V.path)
+    slurm_conf: str = setting("", doc="SLURM_CONF to export to Slurm commands. Empty: Slurm's default.",
+                             parse=V.path)
     timeout: float = setting(10.0, doc="Seconds before a Slurm command or REST call is abandoned "
                              "(then treated as 'slurmctld unreachable', never as a reason to drain).",
                              min=0.1, max=600)
     retries: int = setting(2, doc="Retries (with backoff) of read calls that failed for lack of an answer.",
                            min=0, max=10)
-    rest_url: str = setting("", doc="slurmrestd URL: http://host:port or unix:/path/to/socket.")
+    rest_url: str = setting("", doc="slurmrestd URL: http://host:port or unix:/path/to/socket.",
+                            parse=V.optional(V.rest_url))
     rest_api_version: str = setting("auto", doc="OpenAPI plugin version, e.g. v0.0.38 or v0.0.40; "
-                                    "'auto' asks the server.")
-    rest_user: str = setting("", doc="X-SLURM-USER-NAME for JWT auth (empty: local auth over a unix socket).")
-    rest_token_file: str = setting("", doc="File holding the JWT (X-SLURM-USER-TOKEN). Never logged.")
-    rest_token_env: str = setting("SLURM_JWT", doc="Env var holding the JWT when no token file is set.")
+                                    "'auto' asks the server.", parse=V.rest_api_version)
+    rest_user: str = setting("", doc="X-SLURM-USER-NAME for JWT auth (empty: local auth over a unix socket).",
+                             parse=V.optional(V.http_header_value))
+    rest_token_file: str = setting("", doc="File holding the JWT (X-SLURM-USER-TOKEN). Never logged.",
+                                   parse=V.path)
+    rest_token_env: str = setting("SLURM_JWT", doc="Env var holding the JWT when no token file is set.",
+                                  parse=V.optional(V.env_var_name))
 
     def validate(self) -> None:
         if self.backend == "rest" and not self.rest_url:
             raise ConfigError("slurm.rest_url: must be set when slurm.backend = 'rest'")
-        if self.rest_url and not self.rest_url.startswith(("http://", "https://", "unix:")):
-            raise ConfigError(f"slurm.rest_url: {self.rest_url!r} must start with http://, https:// or unix:")
 
 
 @dataclass
@@ -43,7 +48,8 @@ class JournalSection:
     """The append-only remediation record."""
 
     path: str = setting("/var/lib/autoheal/journal.jsonl",
-                        doc="JSON-lines journal of every detection and action (fsync'd).")
+                        doc="JSON-lines journal of every detection and action (fsync'd).",
+                        parse=V.nonempty_path)
     fsync: bool = setting(True, doc="fsync after each record. Turn off only on throwaway labs.")
 
 
@@ -52,8 +58,11 @@ class NotifySection:
     """Where records are posted for humans."""
 
     webhooks: List[str] = setting(default_factory=list, doc="Webhook URLs (Slack-compatible JSON "
-                                  "{'text': ...}) that receive each journal record.")
-    timeout: float = setting(3.0, doc="Seconds per webhook attempt.", min=0.1, max=60)
+                                  "{'text': ...}) that receive each journal record (http:// or https:// only).",
+                                  item=V.http_url)
+    timeout: float = setting(3.0, doc="Seconds one webhook attempt may take in total (connect, send, the "
+                            "whole answer): a hung or trickling server is cut off then. Sending never "
+                            "delays healing.", min=0.1, max=60)
     retries: int = setting(2, doc="Retries per webhook after the first attempt.", min=0, max=10)
     min_severity: str = setting("action", doc="Post records of this severity and above.",
                                 choices=("info", "action", "error"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autoheal.config import values as V
 from autoheal.config.schema import setting
 
 
@@ -14,11 +15,14 @@ class SbatchSection:
     grace: int = setting(120, doc="Seconds between the grace signal and the requeue: time to checkpoint.",
                          min=5, max=3600)
     signal: str = setting("USR2", doc="Signal sent to the batch shell (then forwarded to the job's steps) "
-                          "to ask for a checkpoint. USR1 is avoided: NCCL may use it.")
+                          "to ask for a checkpoint. USR1 is avoided: NCCL may use it. A name Slurm knows (USR2, "
+                          "SIGUSR2, usr2 all mean USR2); KILL and STOP cannot be caught, so they are refused.",
+                          parse=V.grace_signal)
     max_restarts: int = setting(5, doc="Stop requeueing after this many restarts.", min=0, max=1000)
     checkpoint_dir: str = setting("", doc="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j (job id, "
                                   "123 or 123_4 for array tasks), %A, %a, %x (job name) and %u (user) are "
-                                  "expanded at run time. Empty: <submit dir>/autoheal-checkpoints/%j.")
+                                  "expanded at run time. Empty: <submit dir>/autoheal-checkpoints/%j.",
+                                  parse=V.path)
     exclude_failed: bool = setting(True, doc="After a node problem, add the failed node to the job's "
                                    "excluded nodes before it restarts (merged with the user's own --exclude).")
     requeue_margin: int = setting(15, doc="Seconds before the grace window would cross the time limit at "
@@ -26,7 +30,8 @@ class SbatchSection:
                                   "Slurm signal comes late or not at all).", min=0, max=3600)
     python: str = setting("", doc="Python interpreter the generated batch script runs the job runner with "
                           "(must have autoheal installed on the compute nodes). Empty: the interpreter "
-                          "running `autoheal sbatch`.")
-    sbatch: str = setting("", doc="sbatch binary. Empty: slurm.bin_dir, then PATH and the usual directories.")
+                          "running `autoheal sbatch`.", parse=V.path)
+    sbatch: str = setting("", doc="sbatch binary. Empty: slurm.bin_dir, then PATH and the usual directories.",
+                         parse=V.path)
     submit_timeout: float = setting(60.0, doc="Seconds before a hanging sbatch submission is abandoned.",
                                     min=1, max=3600)

@@ -1,31 +1,77 @@
 """Turning TOML tables into typed, documented dataclasses, and back.
 
-Every config section is a dataclass whose fields carry a docstring (``doc``) and optional allowed
-values (``choices``) or bounds (``min``/``max``) in their metadata. ``from_mapping`` validates a TOML
-table against such a class and names the key, the bad value and what is allowed in its error.
+Every config section is a dataclass whose fields carry a docstring (``doc``) and validation rules in
+their metadata: allowed values (``choices``), bounds (``min``/``max``), and ``parse``, a function that
+checks (and may normalise) the value, raising ``ValueError`` with a message that names the value
+(``item`` does the same for each element of a list or value of a table). ``from_mapping`` validates a
+TOML table against such a class; every error is a one-line ``ConfigError`` naming the key path and the
+bad value.
+
+Rules for every string, whatever the field: no NUL, no control characters (a path, URL, name or reason
+holding one can never work and may smuggle a second line into a Slurm reason, a header or a batch
+script), no lone surrogates (they cannot be encoded to reach a file name or Slurm). ``multiline=True``
+lets a field (or a list's items) hold tab and newline, e.g. a JSON template written as a TOML
+multi-line string.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
+import re
 import typing
-from typing import Any
+import unicodedata
+from typing import Any, Callable, Optional
 
 from autoheal.errors import ConfigError
 
+Parser = Callable[[Any], Any]
+
 
 def setting(default: Any = dataclasses.MISSING, *, doc: str, choices=None, min=None, max=None,
-            default_factory: Any = dataclasses.MISSING):
+            default_factory: Any = dataclasses.MISSING, parse: Optional[Parser] = None,
+            item: Optional[Parser] = None, multiline: bool = False):
     """A dataclass field with its docstring and validation rules in metadata."""
-    meta = {"doc": doc, "choices": tuple(choices) if choices else None, "min": min, "max": max}
+    meta = {"doc": doc, "choices": tuple(choices) if choices else None, "min": min, "max": max,
+            "parse": parse, "item": item, "multiline": multiline}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp).replace("typing.", ""))
+def show(value: Any, limit: int = 60) -> str:
+    """``repr`` of a value for an error message: escaped (one line) and cut to ``limit`` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
+
+
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def key_path(prefix: str, key: Any) -> str:
+    """``prefix.key`` for messages, quoting a key that is not a bare TOML key (as TOML would write it), so
+    a key holding a dot, a space or a control character cannot garble the message; long keys are cut."""
+    text = str(key)
+    if not _BARE_KEY.fullmatch(text):
+        text = '"' + text.encode("unicode_escape").decode("ascii").replace('"', '\\"') + '"'
+    if len(text) > 60:  # only ever shown in messages: a 3000-character key would drown them
+        text = text[:50] + "..." + text[-7:]
+    return f"{prefix}.{text}" if prefix else text
+
+
+_ALLOWED_IN_MULTILINE = frozenset("\t\n\r")
+
+
+def _check_string(key: str, value: str, multiline: bool) -> None:
+    for ch in value:
+        cat = unicodedata.category(ch)
+        if cat == "Cs":
+            raise ConfigError(f"{key}: {show(value)} holds a lone surrogate {ch!r}, which no file name or "
+                              "program can receive")
+        if cat == "Cc" and not (multiline and ch in _ALLOWED_IN_MULTILINE):
+            raise ConfigError(f"{key}: {show(value)} holds the control character {ch!r}; "
+                              "remove it (it can never be part of a working value)")
 
 
 def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
@@ -33,62 +79,83 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
     args = typing.get_args(tp)
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {value!r}")
+            raise ConfigError(f"{key}: expected a table, got {show(value)}")
         return from_mapping(tp, value, prefix=key)
     if origin is typing.Union:  # Optional[X]
         if value is None:
             return None
         inner = [a for a in args if a is not type(None)]
         return _check_value(key, value, inner[0], meta)
+    item_meta = {"parse": meta.get("item"), "multiline": meta.get("multiline", False)}
     if origin in (list, tuple):
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_check_value(f"{key}[{i}]", v, args[0] if args else Any, {}) for i, v in enumerate(value)]
-    if origin is dict:
+            raise ConfigError(f"{key}: expected a list, got {show(value)}")
+        value = [_check_value(f"{key}[{i}]", v, args[0] if args else Any, item_meta) for i, v in enumerate(value)]
+    elif origin is dict:
         if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a table, got {value!r}")
-        kt, vt = args if args else (str, Any)
-        return {str(k): _check_value(f"{key}.{k}", v, vt, {}) for k, v in value.items()}
-    if tp is Any:
-        return value
-    if tp is bool:
+            raise ConfigError(f"{key}: expected a table, got {show(value)}")
+        _kt, vt = args if args else (str, Any)
+        out = {}
+        for k, v in value.items():
+            sub = key_path(key, k)
+            _check_string(sub, str(k), multiline=False)
+            out[str(k)] = _check_value(sub, v, vt, item_meta)
+        value = out
+    elif tp is bool:
         if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
+            raise ConfigError(f"{key}: expected true or false, got {show(value)}")
     elif tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+            raise ConfigError(f"{key}: expected an integer, got {show(value)}")
     elif tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        value = float(value)
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ConfigError(f"{key}: expected a finite number, got {value!r}")
+            raise ConfigError(f"{key}: expected a number, got {show(value)}")
+        try:
+            value = float(value)
+        except OverflowError:  # an integer with hundreds of digits
+            raise ConfigError(f"{key}: expected a finite number, got {show(value)}") from None
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}: expected a finite number, got {show(value)}")
     elif tp is str:
         if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
+            raise ConfigError(f"{key}: expected a string, got {show(value)}")
+        _check_string(key, value, multiline=bool(meta.get("multiline")))
     if meta.get("choices") and value not in meta["choices"]:
         allowed = ", ".join(repr(c) for c in meta["choices"])
-        raise ConfigError(f"{key}: {value!r} is not allowed; use one of {allowed}")
+        raise ConfigError(f"{key}: {show(value)} is not allowed; use one of {allowed}")
     if meta.get("min") is not None and value < meta["min"]:
-        raise ConfigError(f"{key}: {value!r} is below the minimum {meta['min']}")
+        raise ConfigError(f"{key}: {show(value)} is below the minimum {meta['min']}")
     if meta.get("max") is not None and value > meta["max"]:
-        raise ConfigError(f"{key}: {value!r} is above the maximum {meta['max']}")
+        raise ConfigError(f"{key}: {show(value)} is above the maximum {meta['max']}")
+    parse = meta.get("parse")
+    if parse is not None:
+        try:
+            value = parse(value)
+        except ValueError as exc:  # parsers name the value; we add where it is
+            raise ConfigError(f"{key}: {exc}") from None
     return value
 
 
 def from_mapping(cls: type, data: dict, prefix: str = "") -> Any:
-    """Build ``cls`` from a TOML table, rejecting unknown keys (with a "did you mean")."""
+    """Build ``cls`` from a TOML table, rejecting unknown keys (with a "did you mean") and a setting
+    given twice under its two spellings (``max_restarts`` and ``max-restarts``)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}
+    given = {}
     for key, value in data.items():
-        full = f"{prefix}.{key}" if prefix else key
-        name = key.replace("-", "_")
+        full = key_path(prefix, key)
+        name = str(key).replace("-", "_")
         if name not in fields:
             close = difflib.get_close_matches(name, list(fields), n=1)
-            hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]!r}?" if close else ""
+            hint = f"; did you mean '{key_path(prefix, close[0])}'?" if close else ""
             known = ", ".join(sorted(fields))
-            raise ConfigError(f"unknown key {full!r}{hint} (known here: {known})")
+            if len(known) > 300:  # a long section: point to the list instead of flooding one line
+                known = f"{len(fields)} keys, see `autoheal config show --docs`"
+            raise ConfigError(f"unknown key '{full}'{hint} (known here: {known})")
+        if name in given:
+            raise ConfigError(f"'{given[name]}' and '{full}' are the same setting, set twice; keep one")
+        given[name] = full
         kwargs[name] = _check_value(full, value, hints[name], dict(fields[name].metadata))
     try:
         obj = cls(**kwargs)

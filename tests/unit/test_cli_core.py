@@ -56,6 +56,13 @@ def test_config_validate_good(run, tmp_path):
     ("[slurm]\nretries = 'x'\n", "slurm.retries: expected an integer"),
     ("[slurm\n", "not valid TOML"),
     ("[slurm]\nbakend = 'cli'\n", "did you mean 'slurm.backend'"),
+    # issue 16: configs that crashed the loader (every prolog exited 1) or passed though they cannot work
+    ("a = " + "[" * 3000 + "]" * 3000 + "\n", "not valid TOML: nested too deeply"),
+    ("[sync]\nreplacement_action = 'custom-resource'\nreplacement_template = '{\"apiVersion\": 1, \"kind\": \"K\"}'\n",
+     "sync.replacement_template: apiVersion 1 must be a string"),
+    ('[hooks]\nstate_dir = "/var/lib/a\\u0000b"\n', "hooks.state_dir: '/var/lib/a\\x00b' holds the control character"),
+    ("[sbatch]\nsignal = 'USR2; rm -rf /'\n", "sbatch.signal: 'USR2; rm -rf /' is not a signal name"),
+    ("[sbatch]\nmax_restarts = 3\nmax-restarts = 4\n", "'sbatch.max_restarts' and 'sbatch.max-restarts' are the same"),
 ])
 def test_config_validate_bad(run, tmp_path, text, fragment):
     f = tmp_path / "bad.toml"
@@ -151,7 +158,10 @@ def journal_file(tmp_path):
 def test_events_json_all(run, journal_file):
     res = run("events", "--journal", str(journal_file), "--json")
     assert res.exit_code == 0
-    assert [r["event"] for r in json.loads(res.stdout)] == ["detection", "drain", "requeue"]
+    out = json.loads(res.stdout)
+    assert [r["event"] for r in out["events"]] == ["detection", "drain", "requeue"]
+    assert out["skipped"] == 0 and out["journal"] == str(journal_file)
+    assert res.stderr == ""
 
 
 @pytest.mark.parametrize("args, events", [
@@ -165,7 +175,7 @@ def test_events_json_all(run, journal_file):
 def test_events_filters(run, journal_file, args, events):
     res = run("events", "--journal", str(journal_file), "--json", *args)
     assert res.exit_code == 0
-    assert [r["event"] for r in json.loads(res.stdout)] == events
+    assert [r["event"] for r in json.loads(res.stdout)["events"]] == events
 
 
 def test_events_text(run, journal_file):
@@ -187,10 +197,76 @@ def test_events_journal_from_config(run, journal_file, tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text(f"[journal]\npath = '{journal_file}'\n")
     res = run("events", "--config", str(cfg), "--json", "--job", "7")
-    assert [r["event"] for r in json.loads(res.stdout)] == ["drain"]
+    assert [r["event"] for r in json.loads(res.stdout)["events"]] == ["drain"]
 
 
-@pytest.mark.parametrize("bad", ["yesterday", "10x", "-5m"])
+# ---- issue 16, finding 12: lines that are not records are skipped and counted, never a traceback --------
+
+_BAD_LINES = [
+    '{"event": "drain", "node": "gpu9", "time": "yesterday"}',    # time not a number (compared with --since)
+    '{"event": "drain", "node": "gpu9", "job_ids": 7}',           # job_ids not a list (filtered with --job)
+    '{"event": "drain", "node": "gpu9", "job_ids": [[7]]}',
+    '{"event": "drain", "node": ["gpu9"]}',
+    '{"event": 5}',
+    '{"node": "gpu9"}',                                           # no event
+    '{"event": "drain", "evidence": "xid"}',
+    '{"event": "drain", "time": true}',
+    '{"event": "drain", "time": 1e999}',                          # inf: no calendar shows it
+    '[1, 2]', '"text"', "null", "42",
+    '{"event": "dr',                                              # torn by a crash
+    "\x00\x01garbage \x1b[2J",
+    "[" * 100000,                                                 # nests past the decoder's stack
+]
+
+
+@pytest.fixture
+def damaged_journal(journal_file):
+    with open(journal_file, "a") as fh:
+        for line in _BAD_LINES:
+            fh.write(line + "\n")
+    Journal(journal_file, fsync=False).append(Record(event="resume", node="gpu1", job_ids=["7"], time=time.time()))
+    return journal_file
+
+
+@pytest.mark.parametrize("args", [[], ["--job", "7"], ["--since", "1h"], ["--node", "gpu1"]])
+def test_events_skips_and_counts_lines_that_are_not_records(run, damaged_journal, args):
+    res = run("events", "--journal", str(damaged_journal), *args)
+    assert res.exit_code == 0
+    assert "gpu9" not in res.stdout
+    assert "resume" in res.stdout
+    warning = res.stderr.strip()
+    assert len(warning.splitlines()) == 1
+    assert f"skipped {len(_BAD_LINES)} line(s) that are not journal records (first: line 4)" in warning
+
+
+def test_events_json_reports_skipped(run, damaged_journal):
+    res = run("events", "--journal", str(damaged_journal), "--json", "--job", "7")
+    assert res.exit_code == 0
+    out = json.loads(res.stdout)
+    assert [r["event"] for r in out["events"]] == ["drain", "resume"]
+    assert out["skipped"] == len(_BAD_LINES)
+    assert "skipped" in res.stderr
+
+
+def test_events_journal_with_no_record_at_all_is_a_problem(run, tmp_path):
+    path = tmp_path / "j.jsonl"
+    path.write_text("\n".join(_BAD_LINES) + "\n")
+    res = run("events", "--journal", str(path), "--json")
+    assert res.exit_code == 1
+    assert json.loads(res.stdout) == {"events": [], "skipped": len(_BAD_LINES), "journal": str(path)}
+
+
+def test_events_text_cannot_drive_the_terminal(run, tmp_path):
+    path = tmp_path / "j.jsonl"
+    Journal(path, fsync=False).append(Record(event="drain\x1b[2J", node="gpu1\nFAKE 2026 line", check="x\x07",
+                                             outcome="\x1b]0;title\x07", time=1.0))
+    res = run("events", "--journal", str(path))
+    assert res.exit_code == 0
+    assert len(res.stdout.splitlines()) == 1
+    assert not any(not ch.isprintable() for ch in res.stdout.rstrip("\n"))
+
+
+@pytest.mark.parametrize("bad", ["yesterday", "10x", "-5m", "nan", "inf"])
 def test_events_bad_since_exit_2(run, journal_file, bad):
     res = run("events", "--journal", str(journal_file), "--since", bad)
     assert res.exit_code == 2

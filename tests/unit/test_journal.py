@@ -193,3 +193,155 @@ def test_record_success_returns_record(tmp_path):
     rec = j.record("resume", node="gpu1", severity="action")
     assert isinstance(rec, Record) and rec.event == "resume"
     assert [r.node for r in j.read()] == ["gpu1"]
+
+
+# ---- issue 16, finding 12: lines with wrong field types are skipped and counted --------------------------
+
+@pytest.mark.parametrize("data", [
+    {"event": "drain", "time": "yesterday"}, {"event": "drain", "time": None}, {"event": "drain", "time": True},
+    {"event": "drain", "time": float("nan")}, {"event": "drain", "job_ids": 7}, {"event": "drain", "job_ids": "7"},
+    {"event": "drain", "job_ids": [True]}, {"event": "drain", "job_ids": [None]}, {"event": "drain", "node": 3},
+    {"event": "drain", "message": {"x": 1}}, {"event": "drain", "evidence": []}, {"event": 79}, {"event": ""},
+    {"node": "gpu1"}, [], "drain", None,
+])
+def test_from_dict_refuses_wrong_types(data):
+    with pytest.raises(ValueError):
+        Record.from_dict(data)
+
+
+def test_from_dict_accepts_integer_job_ids_and_ignores_unknown_fields():
+    rec = Record.from_dict({"event": "drain", "job_ids": [12, "13_4"], "time": 5, "future": {"x": 1}})
+    assert rec.job_ids == ["12", "13_4"] and rec.time == 5.0
+
+
+def _damaged(path):
+    j = Journal(path, fsync=False)
+    j.append(Record(event="drain", node="gpu1", job_ids=["7"], time=100.0))
+    with open(path, "a") as fh:
+        fh.write('{"event": "drain", "node": "gpu1", "time": "later"}\n')
+        fh.write('{"event": "drain", "node": "gpu1", "job_ids": 7}\n')
+        fh.write("\n   \n")  # blank lines are not counted
+        fh.write("[" * 100000 + "\n")
+    j.append(Record(event="resume", node="gpu1", job_ids=["7"], time=200.0))
+    return j
+
+
+def test_read_skips_wrong_types_with_every_filter(tmp_path):
+    j = _damaged(tmp_path / "j.jsonl")
+    assert [r.event for r in j.read()] == ["drain", "resume"]
+    assert [r.event for r in j.read(job="7")] == ["drain", "resume"]
+    assert [r.event for r in j.read(since=150.0)] == ["resume"]
+    assert [r.event for r in j.read(node="gpu1", events=["drain"])] == ["drain"]
+
+
+def test_read_all_counts_skipped_lines(tmp_path):
+    res = _damaged(tmp_path / "j.jsonl").read_all(since=150.0)
+    assert [r.event for r in res.records] == ["resume"]
+    assert (res.skipped, res.first_skipped, res.readable) == (3, 2, 2)
+
+
+def test_read_all_of_missing_journal(tmp_path):
+    res = Journal(tmp_path / "none.jsonl").read_all()
+    assert (res.records, res.skipped, res.first_skipped, res.readable) == ([], 0, 0, 0)
+
+
+# ---- hostile files and writers ---------------------------------------------------------------------------
+
+def _bounded(fn, fifo):
+    """Run ``fn`` in a thread; if it blocks on the FIFO, unblock it and fail (never hang the suite)."""
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except JournalError as exc:
+            out["error"] = str(exc)
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(20)
+    if t.is_alive():
+        fd = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        os.write(fd, b"\n")
+        os.close(fd)
+        pytest.fail("blocked on a FIFO")
+    return out
+
+
+def test_fifo_journal_is_refused_not_waited_on(tmp_path):
+    fifo = tmp_path / "j.jsonl"
+    os.mkfifo(fifo)
+    j = Journal(fifo, fsync=False)
+    assert "not a regular file" in _bounded(lambda: list(j.read()), fifo)["error"]
+    assert "not a regular file" in _bounded(lambda: j.append(Record(event="x")), fifo)["error"]
+
+
+def test_stuck_lock_holder_costs_one_record_not_the_caller(tmp_path, capsys):
+    import fcntl
+
+    path = tmp_path / "j.jsonl"
+    j = Journal(path, fsync=False, lock_timeout=0.2)
+    j.append(Record(event="first"))
+    holder = os.open(path, os.O_RDWR)
+    fcntl.flock(holder, fcntl.LOCK_EX)  # a writer SIGSTOPped mid-append
+    try:
+        with pytest.raises(JournalError, match="locked by another writer for 0.2s"):
+            j.append(Record(event="second"))
+        assert j.record("third", node="gpu1") is None
+        assert "locked by another writer" in capsys.readouterr().err
+    finally:
+        os.close(holder)
+    j.append(Record(event="fourth"))
+    assert [r.event for r in j.read()] == ["first", "fourth"]
+
+
+def test_unserialisable_evidence_keeps_the_record(tmp_path):
+    loop: dict = {}
+    loop["self"] = loop
+    deep: list = []
+    for _ in range(100000):
+        deep = [deep]
+    j = Journal(tmp_path / "j.jsonl", fsync=False)
+    j.append(Record(event="drain", node="gpu1", job_ids=["7"], evidence=loop))
+    j.append(Record(event="drain", node="gpu2", evidence={"deep": deep}))
+    got = list(j.read())
+    assert [(r.node, r.job_ids) for r in got] == [("gpu1", ["7"]), ("gpu2", [])]
+    assert "unserialisable" in got[0].evidence and "unserialisable" in got[1].evidence
+
+
+def test_unicode_and_surrogates_round_trip(tmp_path):
+    j = Journal(tmp_path / "j.jsonl", fsync=False)
+    j.append(Record(event="drain", node="gpü-\udc80", message="ÿ \u202e 😀"))
+    r = next(j.read())
+    assert r.node == "gpü-\udc80" and r.message == "ÿ 😀"  # bidi override removed by sanitize
+
+
+def test_evidence_nested_past_what_we_write_is_skipped(tmp_path):
+    path = tmp_path / "j.jsonl"
+    deep = "[" * 500 + "]" * 500
+    path.write_text('{"event": "drain", "evidence": {"x": %s}}\n{"event": "ok", "evidence": {"a": {"b": [1]}}}\n'
+                    % deep)
+    res = Journal(path).read_all()
+    assert [r.event for r in res.records] == ["ok"] and res.skipped == 1
+
+
+def test_what_we_write_we_read_back_whatever_the_caller_passed(tmp_path):
+    j = Journal(tmp_path / "j.jsonl", fsync=False)
+    j.append(Record(event="drain", node=5, job_ids=(12, "13"), time="now", evidence=["xid", 79], check=None))
+    j.append(Record(event="", job_ids="99", time=float("inf"), evidence={(1, 2): "tuple key"}))
+    res = j.read_all()
+    assert res.skipped == 0
+    a, b = res.records
+    assert (a.node, a.job_ids, a.evidence, a.check) == ("5", ["12", "13"], {"value": ["xid", 79]}, "")
+    assert isinstance(a.time, float) and a.time > 1e9
+    assert (b.event, b.job_ids) == ("unknown", ["99"])
+    assert "unserialisable" in b.evidence  # a tuple key cannot be JSON: the evidence goes, the record stays
+
+
+def test_nul_in_the_path_is_a_journal_error(tmp_path):
+    j = Journal(str(tmp_path / "a\x00b.jsonl"))
+    with pytest.raises(JournalError, match="cannot open for writing"):
+        j.append(Record(event="x"))
+    with pytest.raises(JournalError, match="cannot read"):
+        list(j.read())
+    assert j.record("x") is None

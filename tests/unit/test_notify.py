@@ -202,13 +202,13 @@ def test_non_http_urls_ignored(hook_factory):
 def test_no_urls_sends_nothing():
     n = Notifier(["file:///x"])
     n.send(_rec(severity="error"), force=True)
-    assert n._threads == [] and n.flush(0.1)
+    assert n._workers == {} and n.flush(0.1)
 
 
 def test_from_config(tmp_path):
     from autoheal.config import parse_config
 
-    cfg = parse_config("[notify]\nwebhooks = ['https://h/a', 'ftp://x']\ntimeout = 1.5\nretries = 4\n"
+    cfg = parse_config("[notify]\nwebhooks = ['https://h/a']\ntimeout = 1.5\nretries = 4\n"
                        "min_severity = 'error'\ncluster_name = 'c1'\n")
     n = Notifier.from_config(cfg)
     assert n.urls == ["https://h/a"] and n.timeout == 1.5 and n.retries == 4
@@ -218,3 +218,6 @@ def test_from_config(tmp_path):
 def test_redact():
     assert _redact("https://hooks.slack.com/services/T0/B0/XYZ") == "https://hooks.slack.com/..."
     assert _redact("no-scheme") == "<webhook>"
+    assert _redact("https://user:s3cret@h.example:8443/x?token=1") == "https://h.example:8443/..."
+    assert _redact("http://[::1]:9/x") == "http://[::1]:9/..."
+    assert _redact("http://h:99999999/x") == "<webhook>"
