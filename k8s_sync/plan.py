@@ -221,13 +221,14 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
         current = strip_reason_suffix(node.reason)
         held = node.drain or node.down
         causes = external_causes(knode, cfg)
-        origin = current if held and names.is_k8s_reason(current) else ""
+        # compared and recorded in the form Slurm stores (names.slurm_reason): no rewrite every pass
+        origin = names.slurm_reason(current) if held and names.is_k8s_reason(current) else ""
         if causes:
             what, detail = causes[0]
             reason = names.k8s_reason(what, detail)
             if held and current and not names.is_k8s_reason(current):
                 pass  # an admin's or a health drain: theirs, leave it
-            elif held and current == reason:
+            elif held and names.same_reason(current, reason):
                 pass
             elif held and current:
                 others.append(Action("nodes-to-slurm", SLURM_SET_REASON, name, name, reason=reason,

@@ -255,3 +255,56 @@ def test_watch_relists_after_410(tmp_path):
             inf.stop()
     finally:
         server.stop()
+
+
+class CountingSlurm:
+    """The lab's real Slurm adapter, counting the drain/reason writes a pass makes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.writes = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def drain(self, node, reason):
+        self.writes.append(("drain", node, reason))
+        return self.inner.drain(node, reason)
+
+    def set_reason(self, node, reason):
+        self.writes.append(("set_reason", node, reason))
+        return self.inner.set_reason(node, reason)
+
+
+def test_hostile_cordon_reasons_are_written_once_by_real_scontrol(kube_env):
+    """Issue 16 finding 9: reasons scontrol changes on the way (trailing quote, ` Comment=`, `[x@y]`,
+    control characters, over-long text) are written once, not rewritten every pass."""
+    from autoheal.k8s_sync import names
+
+    env = kube_env
+    b = env["names"][1]
+    slurm = CountingSlurm(env["slurm"])
+    rec = Reconciler(slurm, kube(env), sync_cfg())
+    tricky = ['lent to inference"', "ticket Comment=INC-7 Extra=x", "owner [bob@lab]", "tab\there\x01ctl",
+              "y" * 400, 'say "hi" [a@2026-01-01T00:00:00]"']
+    try:
+        for detail in tricky:
+            env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": detail}}})
+            cordon(env, b)
+            slurm.writes.clear()
+            for _ in range(3):
+                assert rec.run_pass().ok
+            want = names.k8s_reason("node cordoned", detail)
+            assert [w[0] for w in slurm.writes] in (["drain"], ["set_reason"]), (detail, slurm.writes)
+            node = slurm.get_node(b)  # `scontrol show node -o`
+            listed = {n.name: n for n in slurm.list_nodes()}[b]  # sinfo --json / scontrol --json
+            assert node.drain and strip_reason_suffix(node.reason) == want, (detail, node.reason)
+            assert strip_reason_suffix(listed.reason).rstrip() == want, (detail, listed.reason)
+            assert rec.run_pass().planned == []
+        cordon(env, b, on=False)
+        assert rec.run_pass().ok
+        assert not slurm.get_node(b).drain
+    finally:
+        cordon(env, b, on=False)
+        env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": None}}})
+        rec.run_pass()
