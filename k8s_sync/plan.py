@@ -53,6 +53,9 @@ class Action:
     event: Optional[Tuple[str, str, str]] = None  # (reason, message, Normal|Warning) on the Node
     group: str = ""  # actions of one group run in order; after one fails or is refused, the rest are skipped
     journal: str = ""  # journal event name to record when done (remediation steps)
+    nodes: Tuple[str, ...] = ()  # Slurm nodes a fleet-wide record concerns (one journal record each)
+    deadline: float = 0.0  # evictions: epoch seconds of the drain timeout (backoff never waits past it)
+    force: bool = False  # evictions: the last attempt at the deadline, whatever the backoff says
 
     def describe(self) -> str:
         where = f"{self.namespace}/{self.target}" if self.namespace else self.target
@@ -82,6 +85,10 @@ class Context:
     cfg: Any  # SyncSection
     bindings: Dict[str, Binding]
     problems: List[str] = field(default_factory=list)
+    # filled by the remediate step, for the pass summary (`sync status`) and metrics
+    breaker_state: Any = None
+    opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # Node -> {slurm_node, why}
+    retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
 
 
 def make_context(snap: Snapshot, cfg) -> Context:
