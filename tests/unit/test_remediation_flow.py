@@ -673,3 +673,25 @@ def test_breaker_records_are_filed_under_the_nodes_concerned(tmp_path):
     assert not list(journal.read(node="n4"))
     data = kube.configmaps[("slurm", "autoheal-sync-breaker")]["data"]
     assert data["nodes"] == '["n1", "n2", "n3"]'
+
+
+def test_metrics_count_states_opted_out_nodes_and_the_breaker():
+    pytest.importorskip("prometheus_client")
+    from autoheal.k8s_sync.metrics import Metrics
+
+    slurm, kube, cfg, clock = world(n=4)
+    kube.add_workload_pod("inference", "keep-me", k8s_name("n2"), labels={"autoheal.io/auto-replace": "false"})
+    slurm.drain("n1", XID79)
+    slurm.drain("n2", XID79)
+    m = Metrics()
+    r = recon(slurm, kube, cfg, clock, metrics=m)
+    for _ in range(3):  # the summary shows the states read at the start of a pass
+        r.run_pass()
+    get = m.registry.get_sample_value
+    assert get("autoheal_sync_remediation_opted_out") == 1
+    assert get("autoheal_sync_remediations", {"state": "quarantined"}) == 0  # n1 moved on
+    assert get("autoheal_sync_remediations", {"state": "draining"}) == 1
+    assert get("autoheal_sync_breaker_tripped") == 0
+    kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
+    r.run_pass()
+    assert get("autoheal_sync_remediation_opted_out") == 0
