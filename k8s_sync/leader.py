@@ -1,13 +1,14 @@
 """Leader election with a coordination.k8s.io/v1 Lease (the client-go algorithm, hand-written).
 
 A candidate takes the Lease when it is free or its holder has not renewed for ``leaseDurationSeconds``;
-the holder renews every ``duration / 3`` (every ``duration / 5`` after a failed renewal). Every update is
+the holder renews every ``duration / 3`` (every ``POLL`` after a failed renewal). Every update is
 a PUT carrying the resourceVersion it read, so two candidates racing for an expired lease cannot both win
 (the loser gets 409). The holder stops acting as leader as soon as it has failed to renew for
 ``duration - margin`` by its own monotonic clock, before any other replica may take over: at most one
 replica writes at any time.
 
-Failover bound: a follower polls every ``duration / 5`` but wakes right when the lease it saw expires
+Failover bound: a follower polls every ``POLL`` (``min(duration / 5, 1 s)``: a released lease is taken
+within a second) and wakes right when the lease it saw expires
 (``renewTime + duration``), so after the holder's last renewal it takes over within ``duration`` plus
 one poll's round trips (plus any clock difference between the two hosts, since ``renewTime`` is the
 holder's clock), then runs its first pass at once. Measured by bench/bench_failover.py.
@@ -21,6 +22,9 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from autoheal.k8s_sync.kube import KubeError
+
+#: Longest poll period of a follower (and of a holder whose renewal failed), in seconds.
+MAX_POLL = 1.0
 
 
 def _fmt(t: float) -> str:
@@ -148,11 +152,11 @@ class LeaderElector:
 
     def next_wait(self) -> float:
         """Seconds until the next round: renew every duration/3 while renewals succeed; otherwise poll
-        every duration/5, but wake right when the lease we saw held by another expires (failover within
-        the lease duration instead of the lease duration plus a poll period)."""
+        every min(duration/5, MAX_POLL), and wake right when the lease we saw held by another expires
+        (failover within the lease duration instead of the lease duration plus a poll period)."""
         if self._leader and not self.last_error:
             return self.duration / 3
-        wait = self.duration / 5
+        wait = min(self.duration / 5, MAX_POLL)
         if self._expires_at is not None:
             wait = min(wait, max(0.05, self._expires_at - self.wall() + 0.05))
         return wait

@@ -275,7 +275,9 @@ def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> b
         lkey, _, lval = ctx.cfg.replacement_label.partition("=")
         if _labels(knode).get(lkey) == lval:
             return True
-    return ctx.cfg.replacement_action == "custom-resource" and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
+    # (replacements are only listed when some Node carries a mark: no template rendering per idle Node)
+    return bool(ctx.snap.replacements) and ctx.cfg.replacement_action == "custom-resource" \
+        and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
 
 
 def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation, uncordon: bool, what: str,

@@ -90,11 +90,11 @@ def test_follower_wakes_when_the_lease_it_saw_expires():
     assert a.next_wait() == 10 / 3
     clock.t += 9.5  # a renewed at t0; it expires at t0 + 10
     assert not b.try_acquire_or_renew()
-    assert abs(b.next_wait() - 0.55) < 1e-6  # not the 2 s poll period: right after the expiry
+    assert abs(b.next_wait() - 0.55) < 1e-6  # not the 1 s poll period: right after the expiry
     clock.t += 0.55
     assert b.try_acquire_or_renew()  # failover = the lease duration after a's last renewal
     clock.t += 0.1
-    assert not a.try_acquire_or_renew() and a.next_wait() <= 2.0
+    assert not a.try_acquire_or_renew() and a.next_wait() <= 1.0
 
 
 def test_a_replica_that_cannot_renew_stops_leading_before_another_can_take_over():
@@ -112,7 +112,7 @@ def test_a_replica_that_cannot_renew_stops_leading_before_another_can_take_over(
     kube.replace_lease = unreachable  # a is cut off from the API server
     clock.t += 3.4
     assert a.try_acquire_or_renew() and a.is_leader()  # still within its lease
-    assert a.next_wait() == 2.0  # a failed renewal is retried sooner
+    assert a.next_wait() == 1.0  # a failed renewal is retried sooner
     clock.t += 4.7  # 8.1 s after the last renewal: past duration - margin (8 s)
     assert not a.is_leader()  # every write checks this: a writes nothing from here on
     assert not a.try_acquire_or_renew() and changes == [True, False]
