@@ -6,7 +6,9 @@
      NVSentinel reports 55 s for 500);
    - breaker on (2 concurrent, 25%): nothing beyond its limits (started == allowed, none cordoned beyond).
 2. ``--lab-runs K`` (default 0: skipped; needs root and Slurm): on a lab with --kube, fault (``lab inject
-   --xid 79``) -> replacement Slurm node in service, median of K runs (a fresh lab each).
+   --xid 79``) -> replacement Slurm node in service (IDLE, not drained, responding) and -> remediation
+   ``done``, medians of K runs (a fresh lab each); also whether the spare responded when ``done`` was
+   first seen (it must: issue 17 item 7).
 
 Run: python bench/bench_remediation.py [--fleet 500] [--lab-runs 3] [--json]
 """
@@ -72,18 +74,31 @@ def lab_run():
         from autoheal.slurm.cli_backend import CliSlurm
 
         slurm = CliSlurm(slurm_conf=str(lab.layout().slurm_conf), env=lab.slurm_env(), timeout=10)
+        core = client.CoreV1Api(client.ApiClient(cfg))
         time.sleep(1.0)  # let the sync leader settle
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(root), "--node", "gpu1",
                         "--gpu", "3", "--xid", "79"], env=lab.slurm_env(), check=True, capture_output=True,
                        timeout=30)
         deadline = t0 + 120
-        while time.monotonic() < deadline:
+        out = {}
+        while time.monotonic() < deadline and len(out) < 3:
             n = slurm.get_node("spare1")
-            if not n.drain and n.state == "IDLE":
-                return time.monotonic() - t0
+            serving = not n.drain and n.state == "IDLE" and "NOT_RESPONDING" not in n.flags
+            if serving and "in_service" not in out:
+                out["in_service"] = time.monotonic() - t0
+            if "done" not in out:
+                try:
+                    st = (core.read_node("gpu1").metadata.annotations or {}).get("autoheal.io/remediation-state")
+                except client.ApiException as exc:
+                    st = "done" if exc.status == 404 else None  # the spare pool deletes it once done
+                if st == "done":
+                    out["done"] = time.monotonic() - t0
+                    out["responding_at_done"] = serving
             time.sleep(0.1)
-        raise RuntimeError("spare1 never came into service")
+        if len(out) < 3:
+            raise RuntimeError(f"spare1 never came into service / gpu1 never done: {out}")
+        return out
     finally:
         lab.down()
 
@@ -97,8 +112,11 @@ def main():
     out = {"breaker_off": fleet(a.fleet, False), "breaker_on": fleet(a.fleet, True)}
     if a.lab_runs:
         runs = [lab_run() for _ in range(a.lab_runs)]
-        out["lab_fault_to_spare_in_service_s"] = {"median": round(statistics.median(runs), 2),
-                                                  "runs": [round(r, 2) for r in runs]}
+        out["lab_fault_to_spare_in_service_s"] = {"median": round(statistics.median(r["in_service"] for r in runs), 2),
+                                                  "runs": [round(r["in_service"], 2) for r in runs]}
+        out["lab_fault_to_done_s"] = {"median": round(statistics.median(r["done"] for r in runs), 2),
+                                      "runs": [round(r["done"], 2) for r in runs],
+                                      "spare_responding_at_done": [r["responding_at_done"] for r in runs]}
     if a.json:
         print(json.dumps(out, indent=2))
         return
@@ -109,7 +127,9 @@ def main():
           f"{on['replacement_requests']} replacement requests after {on['passes']} passes")
     if "lab_fault_to_spare_in_service_s" in out:
         r = out["lab_fault_to_spare_in_service_s"]
-        print(f"lab: xid 79 -> spare in service: median {r['median']}s over {r['runs']}")
+        d = out["lab_fault_to_done_s"]
+        print(f"lab: xid 79 -> spare in service: median {r['median']}s over {r['runs']}; -> remediation done: "
+              f"median {d['median']}s over {d['runs']}; spare responding when done: {d['spare_responding_at_done']}")
 
 
 if __name__ == "__main__":

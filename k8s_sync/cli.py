@@ -62,6 +62,8 @@ def sync(ctx, kubeconfig, in_cluster, once, dry_run, metrics_port, log_level, co
       autoheal sync --once --dry-run        # what would change right now
       autoheal sync --kubeconfig ~/.kube/config --metrics-port 9464
       autoheal sync status                  # leader, nodes out of sync
+      autoheal sync remediation             # node replacements and their state
+      autoheal sync remediation retry gpu7  # start a failed replacement again
 
     Exit codes: 0 ok; 1 a pass failed to read or write; 2 config/credentials error.
     """
@@ -174,7 +176,10 @@ def status(ctx, as_json):
                                       f"armed ({b['starts_in_window']} starts in window)"))
         for kname, r in sorted(res.remediations.items()):
             click.echo(f"remediation: {kname} (Slurm {r['slurm_node']}): {r['state']}"
-                       + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]")
+                       + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]"
+                       + (f"; {r['retry']}" if r.get("retry") else ""))
+        for kname, o in sorted(res.opted_out.items()):
+            click.echo(f"opted out: {kname} (Slurm {o['slurm_node']}) needs a replacement but {o['why']}")
         for line in data["planned"]:
             click.echo(f"pending: {line}")
         for line in res.problems:
@@ -185,7 +190,7 @@ def status(ctx, as_json):
 def breaker_reset_patch() -> dict:
     """The ConfigMap patch that re-arms the breaker (starts forgotten; nothing is replayed: only nodes
     that still ask for a replacement start, within the limits)."""
-    return {"data": {"trippedAt": None, "starts": "[]", "why": None}}
+    return {"data": {"trippedAt": None, "starts": "[]", "why": None, "nodes": None}}
 
 
 @sync.group("breaker", invoke_without_command=True)
@@ -226,25 +231,193 @@ def breaker(ctx, as_json):
 @handle_errors
 def breaker_reset(ctx, dry_run, as_json):
     """Re-arm a tripped breaker now (old faults are not replayed: only nodes that still ask for a
-    replacement start, within the limits). Exit 0 done, 1 the API write failed."""
+    replacement start, within the limits). Writes an Event (AutohealBreakerReset, on the ConfigMap) and a
+    journal record under each node that tripped it. Exit 0 done, 1 the API write failed."""
     from autoheal.k8s_sync.kube import KubeError
+    from autoheal.k8s_sync.remediation import Breaker
 
     obj = (ctx.parent.obj if ctx.parent else None) or ctx.obj or {}
     cfg = load_cfg(obj.get("config_path"))
     kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
     ns, name = cfg.sync.namespace, cfg.sync.breaker_configmap
-    if dry_run:
-        click.echo(f"would reset the breaker in ConfigMap {ns}/{name}")
-        sys.exit(EXIT_OK)
     try:
-        if kube.get_configmap(ns, name) is None:
+        cm = kube.get_configmap(ns, name)
+        b = Breaker.from_cfg(cfg.sync, (cm or {}).get("data") or {})
+        if cm is None:
             out = {"reset": False, "message": "no breaker state yet: nothing to reset"}
+        elif dry_run:
+            out = {"reset": False, "dry_run": True, "tripped": b.tripped, "nodes": b.nodes,
+                   "message": f"would reset the breaker in ConfigMap {ns}/{name}"
+                              + (f" (tripped: {b.why})" if b.tripped else " (armed)")}
         else:
             kube.patch_configmap(ns, name, breaker_reset_patch())
-            out = {"reset": True, "message": f"breaker re-armed (ConfigMap {ns}/{name})"}
+            out = {"reset": True, "was_tripped": b.tripped, "nodes": b.nodes,
+                   "message": f"breaker re-armed (ConfigMap {ns}/{name})"}
+            _record_cli(cfg, kube, "breaker-reset", b.nodes, f"circuit breaker reset by hand ({_who()})"
+                        + (f"; it had tripped: {b.why}" if b.tripped else ""),
+                        ("AutohealBreakerReset", {"metadata": {"name": name}}, "ConfigMap"),
+                        {"was_tripped": b.tripped, "why": b.why})
     except KubeError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(EXIT_PROBLEM)
+    if as_json:
+        print_json(out)
+    else:
+        click.echo(out["message"])
+    sys.exit(EXIT_OK)
+
+
+def _who() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry in a container
+        return "unknown user"
+
+
+def _record_cli(cfg, kube, event: str, nodes, message: str, k8s_event, evidence) -> None:
+    """An operator's action: one Event (reason, object, kind) and a journal record under each node (the
+    host when none); both best effort after the change itself succeeded."""
+    import datetime as dt
+
+    from autoheal.k8s_sync.kube import KubeError
+
+    reason, obj, kind = k8s_event
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        kube.create_event(cfg.sync.namespace, obj, reason, message, "Normal", now, kind=kind)
+    except KubeError as exc:
+        click.echo(f"warning: Event not posted: {exc}", err=True)
+    try:
+        from autoheal.journal import Journal
+
+        journal = Journal.from_config(cfg)
+        for node in (list(nodes) or [None]):
+            journal.record(event, node=node, action=event, outcome="done", message=message, severity="action",
+                           source="cli", evidence=dict(evidence, user=_who()))
+    except Exception as exc:  # a record, not a requirement: the change was made
+        click.echo(f"warning: journal record not written: {exc}", err=True)
+
+
+@sync.group("remediation", invoke_without_command=True)
+@json_option
+@click.pass_context
+@handle_errors
+def remediation(ctx, as_json):
+    """Show node replacements (step "remediate") and their state; `retry`
+    starts a failed one again.
+
+    \b
+    A failed remediation is retried on its own after
+    sync.remediation_retry_seconds while attempts are left
+    (sync.remediation_max_attempts); `retry NODE` starts another at once.
+    Reads only Kubernetes (the Node annotations autoheal.io/remediation-*).
+    Exit 0 none failed, 1 some failed or a read failed, 2 config errors.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from autoheal.k8s_sync.kube import KubeError
+    from autoheal.k8s_sync.remediation import NodeRemediation, keys
+
+    obj = ctx.obj or {}
+    cfg = load_cfg(obj.get("config_path"))
+    kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
+    prefix = cfg.sync.annotation_prefix
+    try:
+        nodes, _ = kube.list_nodes()
+    except KubeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(EXIT_PROBLEM)
+    rows = []
+    for kname, node in sorted(nodes.items()):
+        cur = NodeRemediation.from_node(node, prefix)
+        opted = ((node.get("metadata") or {}).get("annotations") or {}).get(keys(prefix)["opted-out"], "")
+        if cur.state or opted:
+            rows.append({"node": kname, "slurm_node": cur.slurm_node, "state": cur.state or "opted-out",
+                         "since": cur.since, "attempts": cur.attempts, "reason": cur.reason or opted})
+    if as_json:
+        print_json({"remediations": rows})
+    elif not rows:
+        click.echo("no node remediations")
+    else:
+        for r in rows:
+            click.echo(f"{r['node']} (Slurm {r['slurm_node'] or '?'}): {r['state']} [attempt {r['attempts']}]"
+                       + (f": {r['reason']}" if r["reason"] else ""))
+    sys.exit(EXIT_PROBLEM if any(r["state"] == "failed" for r in rows) else EXIT_OK)
+
+
+@remediation.command("retry")
+@click.argument("node")
+@click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
+@json_option
+@click.pass_context
+@handle_errors
+def remediation_retry(ctx, node, dry_run, as_json):
+    """Start a failed remediation of NODE again (a Kubernetes Node or Slurm node name).
+
+    \b
+    Clears the failed state (attempts kept); the leader starts it afresh on
+    its next pass, like a new fault: opt-out check, circuit breaker, jobs
+    leaving, cordon, evictions, a new replacement request. Records an Event
+    (AutohealRemediationRetryRequested) and a journal record.
+
+    \b
+    Examples:
+      autoheal sync remediation retry gpu7 --dry-run
+      autoheal sync remediation retry gpu7 --json
+
+    Exit 0 retry requested; 1 NODE's remediation is not failed, or the API
+    write failed (409: the leader wrote at the same moment: run it again);
+    2 no such node, or config errors.
+    """
+    import time as _time
+
+    from autoheal.k8s_sync.kube import KubeError
+    from autoheal.k8s_sync.remediation import NodeRemediation, retry_patch
+
+    obj = ctx.obj or {}
+    cfg = load_cfg(obj.get("config_path"))
+    kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
+    prefix = cfg.sync.annotation_prefix
+
+    def fail(code, message):
+        if as_json:
+            print_json({"ok": False, "node": node, "error": message})
+        click.echo(f"autoheal: error: {message}", err=True)
+        sys.exit(code)
+
+    try:
+        nodes, _ = kube.list_nodes()
+    except KubeError as exc:
+        fail(EXIT_PROBLEM, str(exc))
+    kname = node if node in nodes else next(
+        (n for n, o in sorted(nodes.items()) if NodeRemediation.from_node(o, prefix).slurm_node == node), None)
+    if kname is None:
+        fail(EXIT_USAGE, f"{node}: no Kubernetes Node of that name, and no Node remediated for a Slurm node of "
+                         f"that name")
+    cur = NodeRemediation.from_node(nodes[kname], prefix)
+    try:
+        body = retry_patch(nodes[kname], prefix, _time.time(), _who())
+    except ValueError as exc:
+        fail(EXIT_PROBLEM, f"{kname}: {exc}")
+    out = {"ok": True, "node": kname, "slurm_node": cur.slurm_node, "previous_reason": cur.reason,
+           "attempts": cur.attempts, "dry_run": dry_run}
+    if dry_run:
+        out["message"] = (f"would retry the failed remediation of {kname} (Slurm {cur.slurm_node}; "
+                          f"{cur.attempts} attempts so far; failed: {cur.reason})")
+    else:
+        try:
+            kube.patch_node(kname, body, "merge")
+        except KubeError as exc:
+            fail(EXIT_PROBLEM, f"{kname}: {exc}")
+        out["message"] = (f"retry of {kname} requested: the sync leader starts it again on its next pass "
+                          f"(opt-out check and circuit breaker apply)")
+        _record_cli(cfg, kube, "remediation-retry-requested", [cur.slurm_node] if cur.slurm_node else [],
+                    f"Node {kname} (Slurm {cur.slurm_node}): retry of the failed remediation requested by "
+                    f"{_who()}; it had failed: {cur.reason}",
+                    ("AutohealRemediationRetryRequested", nodes[kname], "Node"),
+                    {"k8s_node": kname, "attempts": cur.attempts, "previous_reason": cur.reason})
     if as_json:
         print_json(out)
     else:

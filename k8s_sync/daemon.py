@@ -60,6 +60,8 @@ class SyncDaemon:
                  extra={"identity": self.elector.identity if self.elector else ""})
         if self.metrics is not None:
             self.metrics.leader.set(1 if leader else 0)
+        if leader:  # a new leader acts on a fresh Slurm read, not on one a follower's pass cached
+            self.reconciler._slurm_cache = None
         self._wake.set()
 
     def start_background(self) -> None:
@@ -86,13 +88,15 @@ class SyncDaemon:
         # Watch events wake the loop early, but never more often than every 0.2 s (event storms).
         min_gap = min(0.2, self.cfg.slurm_resync_seconds)
         while not self._stop.is_set():
+            # cleared before the pass: a wake-up (watch event, leadership acquired) that arrives during
+            # the pass or the gap is kept and starts the next pass at once, never waits a resync period
+            self._wake.clear()
             res = self.reconciler.run_pass()
             self.passes += 1
             if max_passes is not None and self.passes >= max_passes:
                 break
             self._stop.wait(min_gap)
             wait = 0.2 if res.deferred else self.cfg.slurm_resync_seconds
-            self._wake.clear()
             self._wake.wait(wait)
         self.shutdown(release=self.release_on_stop)
 

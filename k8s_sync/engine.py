@@ -56,13 +56,15 @@ class PassResult:
     mapped: int = 0
     breaker: Dict[str, Any] = field(default_factory=dict)
     remediations: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # need a replacement, vetoed by a label
 
     def summary(self) -> Dict[str, Any]:
         return {"ok": self.ok, "read_error": self.read_error, "leader": self.leader,
                 "planned": [a.describe() for a in self.planned], "applied": len(self.applied),
                 "deferred": self.deferred, "conflicts": self.conflicts, "errors": self.errors,
                 "problems": self.problems, "seconds": round(self.seconds, 4), "slurm_nodes": self.nodes,
-                "mapped": self.mapped, "breaker": self.breaker, "remediations": self.remediations}
+                "mapped": self.mapped, "breaker": self.breaker, "remediations": self.remediations,
+                "opted_out": self.opted_out}
 
 
 class Reconciler:
@@ -86,7 +88,8 @@ class Reconciler:
         self.last: Optional[PassResult] = None
         self.notifier = notifier
         self.clock = clock  # epoch seconds (tests pass a fake clock to step through timeouts)
-        #: (namespace, pod) -> (failures, not before): evictions a PodDisruptionBudget refused back off
+        #: (namespace, pod) -> (failures, not before (self.clock), Slurm node): evictions a
+        #: PodDisruptionBudget refused back off; any eviction on that node resets them (progress)
         self.evict_backoff: Dict[Any, Any] = {}
 
     # ---- reads -----------------------------------------------------------------------------------
@@ -124,15 +127,14 @@ class Reconciler:
         ctx = make_context(snap, cfg)
         cands = remediate_step.candidates(snap, cfg, ctx.bindings)
         snap.jobs = {}
-        if not cands:
-            return
-        for job in self.slurm.list_jobs():
-            if job.state in R.HOLDING_JOB_STATES:
-                for n in job.nodes:
-                    snap.jobs[n] = snap.jobs.get(n, 0) + 1
-        for kname in cands:
-            snap.node_pods[kname] = self.kube.list_node_pods(kname)
-        if cfg.replacement_action == "custom-resource":
+        if cands:
+            for job in self.slurm.list_jobs():
+                if job.state in R.HOLDING_JOB_STATES:
+                    for n in job.nodes:
+                        snap.jobs[n] = snap.jobs.get(n, 0) + 1
+            for kname in cands:
+                snap.node_pods[kname] = self.kube.list_node_pods(kname)
+        if cfg.replacement_action == "custom-resource" and (cands or remediate_step.needs_requests(snap, cfg)):
             group, version, plural = R.cr_coordinates(cfg.replacement_template)
             snap.replacements = self.kube.list_custom(group, version, cfg.namespace, plural)
 
@@ -164,6 +166,9 @@ class Reconciler:
                 log.exception("step %s failed; pass stopped", step)
                 break
             res.planned.extend(actions)
+            if step == remediate_step.STEP:  # forget the backoff of pods no longer to be evicted
+                live = {(a.namespace, a.target) for a in actions if a.kind == R.KUBE_EVICT}
+                self.evict_backoff = {key: v for key, v in self.evict_backoff.items() if key in live}
             if actions and (res.leader or self.dry_run):
                 self._apply(step, actions, snap, res)
         if res.ok and not self.dry_run and any(a.kind in SLURM_KINDS or a.kind in (R.SLURM_RETIRE, R.SLURM_RESUME_SPARE)
@@ -171,7 +176,7 @@ class Reconciler:
             self._mirror_own_slurm_writes(snap, res)
         res.problems = ctx.problems + res.problems  # the latter: refusals found while writing
         if "remediate" in self.cfg.enabled_steps:
-            self._summarise_remediation(snap, res, getattr(ctx, "breaker_state", None))
+            self._summarise_remediation(snap, res, ctx)
         res.seconds = time.perf_counter() - started
         self.last = res
         self._observe(res)
@@ -272,8 +277,9 @@ class Reconciler:
             res.applied.append(action)
             if is_slurm:
                 self._slurm_cache = None
-            if action.kind == R.KUBE_EVICT:
-                self.evict_backoff.pop((action.namespace, action.target), None)
+            if action.kind == R.KUBE_EVICT:  # progress on this node: its other pods try again at once
+                self.evict_backoff = {key: v for key, v in self.evict_backoff.items()
+                                      if v[2] != action.slurm_node}
             self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
             log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
                                                     "slurm_node": action.slurm_node})
@@ -305,15 +311,21 @@ class Reconciler:
 
     def _evict_due(self, action: Action) -> bool:
         entry = self.evict_backoff.get((action.namespace, action.target))
-        return entry is None or time.monotonic() >= entry[1]
+        return action.force or entry is None or self.clock() >= entry[1]
 
     def _evict_refused(self, action: Action, res: PassResult, text: str) -> None:
-        """A PodDisruptionBudget refused (429): retry with exponential backoff (1, 2, 4 ... 30 s); the
-        remediation fails with a report once the drain timeout passes."""
+        """A PodDisruptionBudget refused (429): retry with exponential backoff (1, 2, 4 ... 30 s), never
+        waiting past the drain timeout (``action.deadline``), where the planner makes one last attempt
+        before the remediation fails; an eviction that succeeds on the node resets the backoff."""
         key = (action.namespace, action.target)
-        failures = self.evict_backoff.get(key, (0, 0.0))[0] + 1
-        self.evict_backoff[key] = (failures, time.monotonic() + min(30.0, 2.0 ** (failures - 1)))
-        res.problems.append(f"eviction of {action.namespace}/{action.target} refused ({failures}x): {text}")
+        now = self.clock()
+        failures = self.evict_backoff.get(key, (0, 0.0, ""))[0] + 1
+        delay = min(30.0, 2.0 ** (failures - 1))
+        if action.deadline:
+            delay = min(delay, max(0.0, action.deadline - now))
+        self.evict_backoff[key] = (failures, now + delay, action.slurm_node)
+        res.problems.append(f"eviction of {action.namespace}/{action.target} refused ({failures}x, next try in "
+                            f"{delay:.0f}s): {text}")
 
     def _write(self, action: Action, snap: Snapshot) -> bool:
         """Do one write; False when a re-read shows it must not happen any more."""
@@ -373,6 +385,9 @@ class Reconciler:
         elif kind == R.KUBE_CREATE_CR:
             group, version, plural = R.cr_coordinates(cfg.replacement_template)
             self.kube.create_custom(group, version, action.namespace, plural, action.body)
+        elif kind == R.KUBE_DELETE_CR:
+            group, version, plural = R.cr_coordinates(cfg.replacement_template)
+            self.kube.delete_custom(group, version, action.namespace, plural, action.target)
         elif kind == R.WEBHOOK:
             self._webhook(action, snap)
         elif kind in (R.SLURM_RETIRE, R.SLURM_RESUME_SPARE):
@@ -414,15 +429,20 @@ class Reconciler:
             ann[k["replacement"]] = str(new)
         self.kube.patch_node(kname, {"metadata": {"annotations": ann}}, "merge")
 
-    def _summarise_remediation(self, snap: Snapshot, res: PassResult, breaker=None) -> None:
-        breaker = breaker or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
+    def _summarise_remediation(self, snap: Snapshot, res: PassResult, ctx=None) -> None:
+        breaker = (ctx.breaker_state if ctx is not None else None) or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
         res.breaker = {"tripped": breaker.tripped, "why": breaker.why, "starts_in_window": len(breaker.starts),
-                       "max_concurrent": breaker.max_concurrent, "max_percent": breaker.max_percent}
+                       "max_concurrent": breaker.max_concurrent, "max_percent": breaker.max_percent,
+                       "nodes": list(breaker.nodes)}
+        notes = ctx.retry_notes if ctx is not None else {}
         for kname, knode in snap.nodes.items():
             cur = R.NodeRemediation.from_node(knode, self.cfg.annotation_prefix)
             if cur.state:
                 res.remediations[kname] = {"state": cur.state, "since": cur.since, "attempts": cur.attempts,
                                            "reason": cur.reason, "slurm_node": cur.slurm_node}
+                if cur.state == "failed" and notes.get(kname):
+                    res.remediations[kname]["retry"] = notes[kname]
+        res.opted_out = dict(ctx.opted_out) if ctx is not None else {}
         if self.metrics is not None and hasattr(self.metrics, "observe_remediation"):
             self.metrics.observe_remediation(res)
 
@@ -462,10 +482,17 @@ class Reconciler:
                 log.warning("event %s not posted: %s", action.event[0], exc)
         if self.journal is not None:
             severity = "error" if action.journal in ("remediation-failed", "breaker-tripped") else "action"
-            rec = self.journal.record(action.journal, node=action.slurm_node or None, action=action.kind,
-                                      outcome="done", message=action.event[1] if action.event else action.why,
-                                      severity=severity, source="sync",
-                                      evidence={"k8s_node": kname, "reason": action.reason})
+            message = action.event[1] if action.event else action.why
+            # a fleet-wide record (the breaker) is filed under every node it concerns, so that
+            # `autoheal events --node N` finds it; the notification goes out once
+            rec = None
+            for node in (action.nodes or (action.slurm_node or None,)):
+                evidence = {"k8s_node": kname, "reason": action.reason}
+                if action.nodes:
+                    evidence["nodes"] = list(action.nodes)
+                r = self.journal.record(action.journal, node=node, action=action.kind, outcome="done",
+                                        message=message, severity=severity, source="sync", evidence=evidence)
+                rec = rec or r
             if rec is not None and self.notifier is not None and action.event:
                 try:
                     self.notifier.send(rec)

@@ -252,6 +252,15 @@ class KubeApi:
         except Conflict:
             return body
 
+    @needs(("autoheal.io", "nodereplacements", "delete"))
+    def delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> None:
+        """Delete a replacement request that is no longer needed; one already gone counts as deleted."""
+        try:
+            self._raw("delete_custom", self._custom().delete_namespaced_custom_object, group, version, namespace,
+                      plural, name)
+        except NotFound:
+            return
+
     @needs(("autoheal.io", "nodereplacements", "list"))
     def list_custom(self, group: str, version: str, namespace: str, plural: str) -> Dict[str, Dict[str, Any]]:
         data = self._raw("list_custom", self._custom().list_namespaced_custom_object, group, version,

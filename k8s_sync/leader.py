@@ -1,10 +1,17 @@
 """Leader election with a coordination.k8s.io/v1 Lease (the client-go algorithm, hand-written).
 
 A candidate takes the Lease when it is free or its holder has not renewed for ``leaseDurationSeconds``;
-the holder renews every ``duration / 3``. Every update is a PUT carrying the resourceVersion it read, so
-two candidates racing for an expired lease cannot both win (the loser gets 409). The holder stops
-acting as leader as soon as it has failed to renew for ``duration - margin`` by its own monotonic clock,
-before any other replica may take over: at most one replica writes at any time.
+the holder renews every ``duration / 3`` (every ``POLL`` after a failed renewal). Every update is
+a PUT carrying the resourceVersion it read, so two candidates racing for an expired lease cannot both win
+(the loser gets 409). The holder stops acting as leader as soon as it has failed to renew for
+``duration - margin`` by its own monotonic clock, before any other replica may take over: at most one
+replica writes at any time.
+
+Failover bound: a follower polls every ``POLL`` (``min(duration / 5, 1 s)``: a released lease is taken
+within a second) and wakes right when the lease it saw expires
+(``renewTime + duration``), so after the holder's last renewal it takes over within ``duration`` plus
+one poll's round trips (plus any clock difference between the two hosts, since ``renewTime`` is the
+holder's clock), then runs its first pass at once. Measured by bench/bench_failover.py.
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from autoheal.k8s_sync.kube import KubeError
+
+#: Longest poll period of a follower (and of a holder whose renewal failed), in seconds.
+MAX_POLL = 1.0
 
 
 def _fmt(t: float) -> str:
@@ -57,6 +67,8 @@ class LeaderElector:
         self.transitions = 0
         self.last_error = ""
         self.rounds = 0
+        #: wall-clock time at which the lease we last saw held by another replica expires
+        self._expires_at: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
@@ -94,6 +106,8 @@ class LeaderElector:
                 cur = lease.get("spec") or {}
                 self.holder = cur.get("holderIdentity") or ""
                 if self.holder != self.identity and not lease_expired(lease, now):
+                    renew = _parse(cur.get("renewTime")) or _parse(cur.get("acquireTime"))
+                    self._expires_at = renew + float(cur.get("leaseDurationSeconds") or 0) if renew else None
                     self._set(False)
                     return False
                 if self.holder == self.identity:
@@ -117,6 +131,7 @@ class LeaderElector:
         self.holder = self.identity
         # Count the lease from when we *started* the request: the server's view can only be newer.
         self._renewed_at = started
+        self._expires_at = None
         self.last_error = ""
         self._set(True)
         return True
@@ -135,11 +150,22 @@ class LeaderElector:
         except KubeError:
             pass
 
+    def next_wait(self) -> float:
+        """Seconds until the next round: renew every duration/3 while renewals succeed; otherwise poll
+        every min(duration/5, MAX_POLL), and wake right when the lease we saw held by another expires
+        (failover within the lease duration instead of the lease duration plus a poll period)."""
+        if self._leader and not self.last_error:
+            return self.duration / 3
+        wait = min(self.duration / 5, MAX_POLL)
+        if self._expires_at is not None:
+            wait = min(wait, max(0.05, self._expires_at - self.wall() + 0.05))
+        return wait
+
     def run(self, retry_period: Optional[float] = None) -> None:
-        """Renew/acquire in a loop until ``stop()`` (renew every duration/3, retry every duration/5)."""
+        """Renew/acquire in a loop until ``stop()`` (see ``next_wait``)."""
         while not self._stop.is_set():
             self.try_acquire_or_renew()
-            self._stop.wait(retry_period or (self.duration / 3 if self._leader else self.duration / 5))
+            self._stop.wait(retry_period or self.next_wait())
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="lease", daemon=True)

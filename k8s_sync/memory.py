@@ -125,6 +125,12 @@ class MemoryKube:
                 self.writes += 1
             return copy.deepcopy(self.customs[key])
 
+    def delete_custom(self, group, version, namespace, plural, name):
+        with self.lock:
+            self._check("delete_custom")
+            if self.customs.pop((plural, namespace, name), None) is not None:
+                self.writes += 1
+
     def list_custom(self, group, version, namespace, plural):
         with self.lock:
             self._check("list_custom")

@@ -36,6 +36,13 @@ class Metrics:
                               registry=r)
         self.last_success = Gauge("autoheal_sync_last_success_timestamp_seconds", "End of the last pass "
                                   "that read both sides", registry=r)
+        # remediation (step "remediate"): nodes per state, nodes vetoed by the opt-out label, the breaker
+        self.remediations = Gauge("autoheal_sync_remediations", "Nodes per remediation state", ["state"],
+                                  registry=r)
+        self.opted_out = Gauge("autoheal_sync_remediation_opted_out", "Nodes that need a replacement but "
+                               "carry the opt-out label (Node or pod): replace them by hand", registry=r)
+        self.breaker_tripped = Gauge("autoheal_sync_breaker_tripped", "1 while the remediation circuit "
+                                     "breaker is tripped", registry=r)
         self.last_ok = 0.0
         self.last_loop = time.monotonic()
 
@@ -58,6 +65,20 @@ class Metrics:
             self.mapped.set(res.mapped)
             self.last_success.set(time.time())
             self.last_ok = time.monotonic()
+
+    def observe_remediation(self, res) -> None:
+        """After a pass that read both sides with the remediate step enabled."""
+        if res.read_error:
+            return
+        from autoheal.k8s_sync.remediation import STATES
+
+        counts = {st: 0 for st in STATES}
+        for r in res.remediations.values():
+            counts[r["state"]] = counts.get(r["state"], 0) + 1
+        for st, n in counts.items():
+            self.remediations.labels(st).set(n)
+        self.opted_out.set(len(res.opted_out))
+        self.breaker_tripped.set(1 if (res.breaker or {}).get("tripped") else 0)
 
     def render(self) -> bytes:
         from prometheus_client import generate_latest

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from autoheal.reasons import K8S_PREFIX, PREFIX, is_k8s_origin, is_ours, make_reason, sanitize, strip_reason_suffix
+from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, is_k8s_origin, is_ours, make_reason, sanitize,
+                              strip_reason_suffix)
 
 __all__ = ["K8S_PREFIX", "ME", "is_k8s_reason", "is_health_reason"]
 ME = "autoheal"
@@ -30,11 +31,47 @@ def cordoned_by_key(prefix: str) -> str:
 
 
 def k8s_reason(what: str, detail: str = "") -> str:
-    """``autoheal: k8s: <what>[: <detail>]`` sanitised (the detail is user text from an annotation)."""
+    """``autoheal: k8s: <what>[: <detail>]`` sanitised (the detail is user text from an annotation), in
+    the form Slurm stores and gives back (``slurm_reason``)."""
     parts = ["k8s", what]
     if detail and sanitize(detail, MAX_ANNOTATION_LEN):
         parts.append(sanitize(detail, MAX_ANNOTATION_LEN))
-    return make_reason(*parts)
+    return slurm_reason(make_reason(*parts))
+
+
+#: Fields ``scontrol show node -o`` prints after ``Reason=`` on one line; the one-line parser cuts a
+#: reason at `` <Key>=``, so text containing one reads back shorter than it was written.
+_AFTER_REASON = ("Comment", "Extra", "ExtraReason")
+_AFTER_REASON_RE = re.compile(r"(?<=\s)(" + "|".join(_AFTER_REASON) + r")=")
+_SUFFIX_RE = re.compile(r"\[([^\[\]@]+@[^\[\]]+)\]\s*$")
+
+
+def slurm_reason(text: str, max_len: int = MAX_REASON_LEN) -> str:
+    """``text`` as Slurm stores it and every reader (sinfo/scontrol JSON, ``scontrol show node -o``,
+    slurmrestd) gives it back, so a reason compared with the one read next pass is equal and written
+    once (issue 16 finding 9: a reason that changed on the way was rewritten every pass).
+
+    Observed with scontrol 22.05 (tests/integration/test_sync_lab.py): control characters are kept
+    (we make them spaces, ``sanitize``); one trailing ``"`` is dropped by scontrol (we drop them all);
+    `` Comment=``/`` Extra=``/`` ExtraReason=`` end the reason for the one-line parser (we write
+    ``Comment:``); a trailing ``[x@y]`` is taken for scontrol's ``[user@time]`` suffix and stripped on
+    reading (we write ``(x@y)``); the one-line output drops trailing spaces (``sanitize`` strips them).
+    Long reasons are stored whole; ``sanitize`` bounds ours. Idempotent: ``slurm_reason(slurm_reason(x))
+    == slurm_reason(x)``.
+    """
+    out = sanitize(text, max_len)
+    out = _AFTER_REASON_RE.sub(lambda m: m.group(1) + ":", out)
+    while True:
+        before = out
+        out = out.rstrip('"').rstrip()
+        out = _SUFFIX_RE.sub(lambda m: f"({m.group(1)})", out).rstrip()
+        if out == before:
+            return out
+
+
+def same_reason(current: str, desired: str) -> bool:
+    """True when the reason read from Slurm is what writing ``desired`` would store (no rewrite)."""
+    return slurm_reason(strip_reason_suffix(current)) == slurm_reason(desired)
 
 
 def is_k8s_reason(reason: str) -> bool:

@@ -53,6 +53,9 @@ class Action:
     event: Optional[Tuple[str, str, str]] = None  # (reason, message, Normal|Warning) on the Node
     group: str = ""  # actions of one group run in order; after one fails or is refused, the rest are skipped
     journal: str = ""  # journal event name to record when done (remediation steps)
+    nodes: Tuple[str, ...] = ()  # Slurm nodes a fleet-wide record concerns (one journal record each)
+    deadline: float = 0.0  # evictions: epoch seconds of the drain timeout (backoff never waits past it)
+    force: bool = False  # evictions: the last attempt at the deadline, whatever the backoff says
 
     def describe(self) -> str:
         where = f"{self.namespace}/{self.target}" if self.namespace else self.target
@@ -82,6 +85,10 @@ class Context:
     cfg: Any  # SyncSection
     bindings: Dict[str, Binding]
     problems: List[str] = field(default_factory=list)
+    # filled by the remediate step, for the pass summary (`sync status`) and metrics
+    breaker_state: Any = None
+    opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # Node -> {slurm_node, why}
+    retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
 
 
 def make_context(snap: Snapshot, cfg) -> Context:
@@ -221,13 +228,14 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
         current = strip_reason_suffix(node.reason)
         held = node.drain or node.down
         causes = external_causes(knode, cfg)
-        origin = current if held and names.is_k8s_reason(current) else ""
+        # compared and recorded in the form Slurm stores (names.slurm_reason): no rewrite every pass
+        origin = names.slurm_reason(current) if held and names.is_k8s_reason(current) else ""
         if causes:
             what, detail = causes[0]
             reason = names.k8s_reason(what, detail)
             if held and current and not names.is_k8s_reason(current):
                 pass  # an admin's or a health drain: theirs, leave it
-            elif held and current == reason:
+            elif held and names.same_reason(current, reason):
                 pass
             elif held and current:
                 others.append(Action("nodes-to-slurm", SLURM_SET_REASON, name, name, reason=reason,

@@ -5,10 +5,17 @@ replacement custom resources, the breaker ConfigMap) to a list of ``Action``s. A
 a ``group``: the engine runs them in order and skips the rest of a group once one fails, so a side
 effect never runs without the state that announces it.
 
-Flow per Node: (wants replacement) -> quarantined (waits for its Slurm jobs to leave, bounded) ->
-opt-out check -> draining (cordon + state in one patch; evict non-DaemonSet pods, PDB 429s retried with
-backoff until the drain timeout) -> replacing (request: label / delete Node / custom resource / webhook)
--> done (the replacement's Slurm node resumed from its spare drain, the old one retired) | failed.
+Flow per Node: (wants replacement) -> opt-out check (Node or pod label, re-evaluated every pass) ->
+quarantined (waits for its Slurm jobs to leave, bounded) -> opt-out check -> draining (cordon + state in
+one patch; evict non-DaemonSet pods, PDB 429s retried with backoff capped by the time left, one last
+attempt at the drain timeout) -> replacing (request: label / delete Node / custom resource / webhook;
+the spare's Slurm node is resumed once it registered) -> done (once the spare responds in Slurm; the old
+one retired) | failed (retried after ``remediation_retry_seconds`` while attempts are left, or by hand).
+
+A remediation whose Slurm node was cleared and resumed (repaired, or an admin's decision) ends: an
+active one is abandoned, a failed or finished one is cleared; either way the Node is uncordoned if
+autoheal cordoned it (``cordoned-by: autoheal``, never a human's cordon) and the stale request (custom
+resource, label, annotations) is removed.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, register_step
 
 STEP = "remediate"
 NOT_IN_SERVICE = ("DOWN", "UNKNOWN", "FUTURE")
+#: At most this many journal records for one breaker event (one per node concerned; the rest counted).
+MAX_BREAKER_RECORDS = 100
 
 
 def _ann(obj: Dict[str, Any]) -> Dict[str, str]:
@@ -55,10 +64,19 @@ def evictable_pods(pods: List[Dict[str, Any]], slurmd_pod: Optional[str]) -> Lis
     return out
 
 
-def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg) -> str:
+def cr_name(cfg, kname: str, sname: str) -> str:
+    """Name of the replacement custom resource for Node ``kname`` (from ``replacement_template``)."""
+    try:
+        return (R.render_template(cfg.replacement_template, kname, sname, "").get("metadata") or {}).get("name") \
+            or kname
+    except (ValueError, AttributeError):
+        return kname
+
+
+def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg, sname: str = "") -> str:
     """The Node name the provider says replaces ``kname`` (custom resource status or annotation)."""
     k = R.keys(cfg.annotation_prefix)
-    cr = snap.replacements.get(kname)
+    cr = snap.replacements.get(cr_name(cfg, kname, sname)) if cfg.replacement_action == "custom-resource" else None
     if cr is not None:
         name = ((cr.get("status") or {}).get("replacementNode") or "")
         if name:
@@ -66,8 +84,14 @@ def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg) -> str:
     return _ann(knode).get(k["replacement"], "")
 
 
-def _in_service(node) -> bool:
+def responding(node) -> bool:
+    """The Slurm node's slurmd registered and answers (not DOWN/UNKNOWN/FUTURE, no ``*``)."""
     return node is not None and node.state not in NOT_IN_SERVICE and "NOT_RESPONDING" not in node.flags
+
+
+def _in_service(node) -> bool:
+    """Responding and not held: takes jobs (what ``done`` waits for)."""
+    return responding(node) and not (node.drain or node.down)
 
 
 def remediate(ctx: Context) -> List[Action]:
@@ -84,8 +108,8 @@ def remediate(ctx: Context) -> List[Action]:
     total = len(slurm_of)
     out: List[Action] = []
     active: List[Tuple[str, R.NodeRemediation]] = []
-    wanting: List[Tuple[str, str]] = []
-    affected = 0
+    wanting: List[Tuple[str, str, str]] = []  # (Node, Slurm node, why: "" | "retry" | "opted-out")
+    affected: List[str] = []
     for kname in sorted(snap.nodes):
         knode = snap.nodes[kname]
         cur = R.NodeRemediation.from_node(knode, prefix)
@@ -93,55 +117,94 @@ def remediate(ctx: Context) -> List[Action]:
         snode = snap.slurm.get(sname)
         held = snode is not None and (snode.drain or snode.down)
         wants = held and R.wants_replace(snode.reason, cfg)
+        released = snode is not None and not held  # cleared and resumed in Slurm
         if cur.state in R.ACTIVE:
+            if released and not replacement_of(kname, knode, snap, cfg, sname):
+                out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "abandoned",
+                                    f"Slurm node {sname} was resumed ({snode.state_text}) before a replacement "
+                                    f"arrived"))
+                continue
             active.append((kname, cur))
-            affected += 1
+            affected.append(sname or kname)
             continue
         if held and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
                 and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
-            affected += 1  # retired nodes left the pool; spares were never in it
-        if cur.state in R.TERMINAL or _ann(knode).get(k["opted-out"]):
-            if not wants and (cur.state == "failed" or _ann(knode).get(k["opted-out"])):
-                # healed (the hooks resumed it) or no longer asking: forget, so the next fault starts fresh
-                body = R.NodeRemediation("", 0, cur.attempts).patch(prefix)
-                body["metadata"]["annotations"][k["opted-out"]] = None
-                body["metadata"]["annotations"][k["attempts"]] = str(cur.attempts) if cur.attempts else None
-                out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", body, group=kname,
-                                  why=f"remediation record cleared: Slurm node {sname} no longer asks for a "
-                                      f"replacement"))
+            affected.append(sname)  # retired nodes left the pool; spares were never in it
+        opted = bool(_ann(knode).get(k["opted-out"]))
+        if cur.state == "done":
+            if released:  # the old machine came back into Slurm service: autoheal's cordon goes
+                out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "cleared",
+                                    f"retired Slurm node {sname} is in service again"))
             continue
-        if wants:
-            wanting.append((kname, sname))
+        if snode is not None and not wants:
+            # healed (the hooks resumed it), or an admin's drain replaced ours: forget the record, so the
+            # next fault starts fresh; uncordon only a node Slurm runs jobs on again
+            if cur.state or opted or _leftovers(ctx, kname, sname, knode, released):
+                out.extend(_cleanup(ctx, kname, sname, knode, cur, released, "cleared",
+                                    f"Slurm node {sname} no longer asks for a replacement"))
+            continue
+        if not wants:
+            continue
+        if cur.state == "failed":
+            due, note = R.retry_due(cur, settings, now)
+            ctx.retry_notes[kname] = note
+            if due:
+                wanting.append((kname, sname, "retry"))
+            continue
+        wanting.append((kname, sname, "opted-out" if opted else ""))
     breaker = R.Breaker.from_cfg(cfg, snap.breaker)
-    ctx.breaker_state = breaker  # type: ignore[attr-defined]  # for the pass summary
+    ctx.breaker_state = breaker
     before = breaker.dump()
-    n_allowed, why_not = breaker.allowed(len(active), affected, total, now)
+    was_tripped = breaker.tripped
+    n_allowed, why_not = breaker.allowed(len(active), len(affected), total, now)
+    rearmed_nodes: List[str] = []
+    if was_tripped and not breaker.tripped:
+        rearmed_nodes, breaker.nodes = list(breaker.nodes), []
     started = 0
-    for kname, sname in wanting:
+    for kname, sname, how in wanting:
         knode = snap.nodes[kname]
         cur = R.NodeRemediation.from_node(knode, prefix)
         pods = snap.node_pods.get(kname)
         if pods is None:
             ctx.problems.append(f"remediation: pods on Node {kname} not read; skipped")
             continue
-        step = R.next_step(cur, True, snap.jobs.get(sname, 0), pods, False, settings, now, sname)
+        base = R.NodeRemediation("", 0, cur.attempts, "", cur.slurm_node) if how == "retry" else cur
+        step = R.next_step(base, True, snap.jobs.get(sname, 0), pods, False, settings, now, sname, knode)
         if step.do == "report-opt-out":
-            out.extend(_opt_out(kname, sname, step.why, prefix))
+            ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
+            ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
+                                f"by hand or remove the label")
+            if how != "opted-out":  # said once; the annotation keeps it visible until lifted
+                out.extend(_opt_out(kname, sname, step.why, prefix, cur.attempts))
             continue
         if started >= n_allowed:
             ctx.problems.append(f"remediation of {kname} ({sname}) not started: {why_not or 'breaker limit'}")
+            if how == "opted-out":
+                out.append(_opt_out_lifted(kname, sname, prefix, "waiting for the circuit breaker"))
             continue
         started += 1
         breaker.record_start(now)
-        then = step.then
-        out.append(_state(kname, sname, then, prefix, f"quarantined: {snode_reason(snap, sname)}",
-                          event=("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for "
-                                 f"replacement: {snode_reason(snap, sname)}", "Warning"), journal="remediation"))
-    if breaker.check_trip(affected, total, now):
+        extra = {"metadata": {"annotations": {k["opted-out"]: None, k["requested"]: None}}}
+        reason = snode_reason(snap, sname)
+        if how == "retry":
+            event = ("AutohealRemediationRetry", f"Node {kname} (Slurm {sname}): remediation {ctx.retry_notes[kname]}"
+                     f"; it had failed: {cur.reason}", "Warning")
+            journal = "remediation-retry"
+        else:
+            lifted = " (opt-out lifted)" if how == "opted-out" else ""
+            event = ("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for replacement{lifted}: "
+                     f"{reason}", "Warning")
+            journal = "remediation"
+        out.append(_state(kname, sname, step.then, prefix, f"quarantined: {reason}", extra=extra, event=event,
+                          journal=journal))
+    affected_names = sorted(set(affected))
+    if breaker.check_trip(len(affected), total, now):
+        breaker.nodes = affected_names
         ctx.problems.append(f"circuit breaker tripped: {breaker.why}")
         out.append(Action(STEP, R.REPORT, "", "", why=f"circuit breaker tripped: {breaker.why}; no new "
                           f"remediations until it re-arms or `autoheal sync breaker reset`",
-                          event=("AutohealBreakerTripped", breaker.why, "Warning"), journal="breaker-tripped"))
+                          event=("AutohealBreakerTripped", breaker.why, "Warning"), journal="breaker-tripped",
+                          nodes=tuple(affected_names[:MAX_BREAKER_RECORDS])))
     elif breaker.tripped:
         ctx.problems.append(f"circuit breaker tripped: {breaker.why}; {len(wanting)} nodes waiting")
     if before != breaker.dump():
@@ -151,10 +214,10 @@ def remediate(ctx: Context) -> List[Action]:
         out.insert(0, Action(STEP, R.BREAKER_SAVE, cfg.breaker_configmap, "", cfg.namespace, "merge", body,
                              why="breaker state: " + ("tripped" if breaker.tripped else
                                                       f"{len(breaker.starts)} starts in window")))
-        if before.get("trippedAt") and not breaker.tripped:
+        if was_tripped and not breaker.tripped:
             out.append(Action(STEP, R.REPORT, "", "", why="circuit breaker re-armed",
                               event=("AutohealBreakerRearmed", "circuit breaker re-armed", "Normal"),
-                              journal="breaker-rearmed"))
+                              journal="breaker-rearmed", nodes=tuple(rearmed_nodes[:MAX_BREAKER_RECORDS])))
     for kname, cur in active:
         out.extend(_advance(ctx, kname, cur, settings, now))
     return out
@@ -179,14 +242,87 @@ def _deep_merge(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
-def _opt_out(kname: str, sname: str, why: str, prefix: str) -> List[Action]:
+def _opt_out(kname: str, sname: str, why: str, prefix: str, attempts: int = 0) -> List[Action]:
     k = R.keys(prefix)
     body = R.NodeRemediation().patch(prefix)
     body["metadata"]["annotations"][k["opted-out"]] = why[:256]
+    body["metadata"]["annotations"][k["attempts"]] = str(attempts) if attempts else None
     return [Action(STEP, NODE_PATCH, kname, sname, "", "merge", body, group=kname,
                    why=f"opted out of automatic replacement: {why}; no action",
                    event=("AutohealReplaceOptOut", f"Node {kname} (Slurm {sname}) needs replacing but {why}: "
-                          "no automatic action, replace it by hand", "Warning"), journal="remediation-opt-out")]
+                          "no automatic action, replace it by hand or remove the label", "Warning"),
+                   journal="remediation-opt-out")]
+
+
+def _opt_out_lifted(kname: str, sname: str, prefix: str, why: str) -> Action:
+    k = R.keys(prefix)
+    return Action(STEP, NODE_PATCH, kname, sname, "", "merge", {"metadata": {"annotations": {k["opted-out"]: None}}},
+                  group=kname, why=f"opt-out lifted; {why}",
+                  event=("AutohealReplaceOptOutLifted", f"Node {kname} (Slurm {sname}): opt-out lifted; {why}",
+                         "Normal"), journal="remediation-opt-out-lifted")
+
+
+def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> bool:
+    """Anything a past remediation left on a Node that no longer needs one (a crash between writes, an
+    operator's retry of a node that healed meanwhile, an older version)."""
+    k = R.keys(ctx.cfg.annotation_prefix)
+    ann = _ann(knode)
+    if any(ann.get(k[x]) for x in ("requested", "replacement", "final-eviction", "retry-requested")):
+        return True
+    if released and ann.get(names.cordoned_by_key(ctx.cfg.annotation_prefix)) == names.ME:
+        return True
+    if ctx.cfg.replacement_action == "label":
+        lkey, _, lval = ctx.cfg.replacement_label.partition("=")
+        if _labels(knode).get(lkey) == lval:
+            return True
+    # (replacements are only listed when some Node carries a mark: no template rendering per idle Node)
+    return bool(ctx.snap.replacements) and ctx.cfg.replacement_action == "custom-resource" \
+        and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
+
+
+def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation, uncordon: bool, what: str,
+             why: str) -> List[Action]:
+    """End a remediation the Slurm node no longer needs: delete the stale request (custom resource), then
+    one Node patch dropping every remediation annotation and label and, when ``uncordon``, autoheal's own
+    cordon. The request goes first: if its deletion fails the record stays and the next pass retries."""
+    cfg = ctx.cfg
+    prefix = cfg.annotation_prefix
+    k = R.keys(prefix)
+    out: List[Action] = []
+    if cfg.replacement_action == "custom-resource":
+        name = cr_name(cfg, kname, sname)
+        if name in ctx.snap.replacements:
+            out.append(Action(STEP, R.KUBE_DELETE_CR, name, sname, cfg.namespace, group=kname,
+                              why=f"delete the stale replacement request {name}"))
+    body = R.NodeRemediation().patch(prefix)
+    ann = body["metadata"]["annotations"]
+    for key in ("opted-out", "requested", "replacement"):
+        ann[k[key]] = None
+    have = _ann(knode)
+    if cfg.replacement_action == "label":
+        lkey, _, lval = cfg.replacement_label.partition("=")
+        if _labels(knode).get(lkey) == lval:
+            body["metadata"]["labels"][lkey] = None
+    undone = []
+    if uncordon and have.get(names.cordoned_by_key(prefix)) == names.ME:
+        ann[names.cordoned_by_key(prefix)] = None
+        if (knode.get("spec") or {}).get("unschedulable"):
+            body["spec"] = {"unschedulable": None}
+            undone.append("uncordoned")
+    undone += [f"request {a.target} deleted" for a in out]
+    note = f"{why}; {', '.join(undone)}" if undone else why
+    event = journal = None
+    if what == "abandoned":
+        event = ("AutohealRemediationAbandoned", f"Node {kname} (Slurm {sname}): remediation ({cur.state}) "
+                 f"abandoned: {note}", "Normal")
+        journal = "remediation-abandoned"
+    elif cur.state or undone:
+        event = ("AutohealRemediationCleared", f"Node {kname} (Slurm {sname}): remediation record "
+                 f"{'(' + cur.state + ') ' if cur.state else ''}cleared: {note}", "Normal")
+        journal = "remediation-cleared"
+    out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", body, group=kname,
+                      why=f"remediation {what}: {note}", event=event, journal=journal or ""))
+    return out
 
 
 def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: float) -> List[Action]:
@@ -200,21 +336,29 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
         ctx.problems.append(f"remediation: pods on Node {kname} not read; skipped")
         return []
     evict = evictable_pods(pods, slurmd_pod)
-    new = replacement_of(kname, knode, snap, cfg)
+    new = replacement_of(kname, knode, snap, cfg, sname)
     new_slurm = next((n for n, b in ctx.bindings.items() if new and b.node == new), "")
-    ready = bool(new) and new in snap.nodes and _ready(snap.nodes[new]) and _in_service(snap.slurm.get(new_slurm))
+    spare = snap.slurm.get(new_slurm)
+    node_ready = bool(new) and new in snap.nodes and _ready(snap.nodes[new])
+    # done only once the replacement takes jobs: registered, resumed from its spare drain, and answering
+    # (a spare just resumed shows `idle*`, not responding, for a while)
+    ready = node_ready and _in_service(spare)
     step = R.next_step(cur, True, snap.jobs.get(sname, 0), evict if cur.state != "quarantined" else pods,
-                       ready, settings, now, sname)
+                       ready, settings, now, sname, knode)
     cordon = {"spec": {"unschedulable": True},
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
     out: List[Action] = []
     if step.do == "report-opt-out":
-        return _opt_out(kname, sname, step.why, prefix)
+        ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
+        ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
+                            f"by hand or remove the label")
+        return _opt_out(kname, sname, step.why, prefix, cur.attempts)
     if step.do == "fail":
         then = step.then
+        _, note = R.retry_due(then, settings, now)
         return [_state(kname, sname, then, prefix, then.reason,
                        event=("AutohealRemediationFailed", f"Node {kname} (Slurm {sname}): remediation failed: "
-                              f"{then.reason}", "Warning"), journal="remediation-failed")]
+                              f"{then.reason}; {note}", "Warning"), journal="remediation-failed")]
     if step.do == "cordon":
         return [_state(kname, sname, step.then, prefix, "cordoned; evicting its pods", extra=cordon,
                        event=("AutohealCordoned", f"Node {kname} cordoned for replacement (Slurm {sname})",
@@ -222,25 +366,36 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     if cur.state in ("draining", "drained") and not (knode.get("spec") or {}).get("unschedulable"):
         # a crash between states, or someone uncordoned it: the flow needs it cordoned
         out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", cordon, group=kname, why="re-cordon"))
-    if step.do == "evict":
+    if step.do in ("evict", "final-evict"):
+        final = step.do == "final-evict"
+        if final:  # recorded first: the next pass fails the remediation if pods are still there
+            out.append(_state(kname, sname, step.then, prefix, step.why))
+        deadline = cur.since + settings.drain_timeout_seconds
         for p in evict:
             meta = p.get("metadata") or {}
-            out.append(Action(STEP, R.KUBE_EVICT, meta.get("name", ""), sname, meta.get("namespace", ""),
-                              group=f"evict:{kname}", why=f"evict from {kname}"))
+            ns, name = meta.get("namespace", ""), meta.get("name", "")
+            # one group per pod: a PodDisruptionBudget refusing one pod never holds back the others
+            out.append(Action(STEP, R.KUBE_EVICT, name, sname, ns, group=f"evict:{kname}:{ns}/{name}",
+                              why=f"evict from {kname}" + (" (last attempt)" if final else ""),
+                              deadline=deadline, force=final))
         return out
     if step.do == "request-replacement":
         return out + _request(ctx, kname, sname, step.then, knode)
     if cur.state == "replacing" and step.do == "wait":
-        return out + _ensure_request(ctx, kname, sname, cur, knode)
+        out += _ensure_request(ctx, kname, sname, cur, knode)
+        if node_ready and responding(spare) and (spare.drain or spare.down):
+            if strip_reason_suffix(spare.reason).startswith(cfg.spare_reason_prefix.strip()):
+                out.append(Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
+                                  why=f"replacement {new_slurm} registered: resumed; {kname} is done once it "
+                                      f"responds", journal="resume"))
+            else:
+                ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
+                                    f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
+        return out
     if step.do == "retire":
         acts = [_state(kname, sname, step.then, prefix, f"replaced by {new} (Slurm {new_slurm})",
                        event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
                               f"{new_slurm})", "Normal"), journal="remediation-done")]
-        spare = snap.slurm.get(new_slurm)
-        if spare is not None and (spare.drain or spare.down) and \
-                strip_reason_suffix(spare.reason).startswith(cfg.spare_reason_prefix.strip()):
-            acts.append(Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
-                               why=f"replacement {new_slurm} comes into service", journal="resume"))
         if sname in snap.slurm:
             acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
                                why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
@@ -294,7 +449,7 @@ def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation
                            group=kname, why=f"re-label {cfg.replacement_label}")]
         return []
     if action == "custom-resource":
-        if kname in ctx.snap.replacements:
+        if cr_name(cfg, kname, sname) in ctx.snap.replacements:
             return []
         return _request_effect(ctx, kname, sname, snode_reason(ctx.snap, sname))
     if action == "webhook" and not _ann(knode).get(k["requested"]):
@@ -303,7 +458,8 @@ def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation
 
 
 def candidates(snap, cfg, bindings) -> List[str]:
-    """Nodes whose pods the engine must read for this step: active remediations and new candidates."""
+    """Nodes whose pods the engine must read for this step: active remediations and nodes that ask for
+    a replacement (new ones, opted-out ones, failed ones that may be retried)."""
     prefix = cfg.annotation_prefix
     slurm_of = {b.node: name for name, b in bindings.items() if b.node}
     out = []
@@ -312,11 +468,19 @@ def candidates(snap, cfg, bindings) -> List[str]:
         if cur.state in R.ACTIVE:
             out.append(kname)
             continue
-        snode = snap.slurm.get(slurm_of.get(kname, ""))
+        snode = snap.slurm.get(slurm_of.get(kname, "") or cur.slurm_node)
         if snode is not None and (snode.drain or snode.down) and R.wants_replace(snode.reason, cfg) \
-                and cur.state not in R.TERMINAL:
+                and cur.state != "done":
             out.append(kname)
     return sorted(out)
+
+
+def needs_requests(snap, cfg) -> bool:
+    """Whether the pass must list the replacement custom resources: some Node carries a remediation
+    record or autoheal's cordon (a request may have to be found, re-issued or cleaned up)."""
+    k = R.keys(cfg.annotation_prefix)
+    marks = (k["state"], k["opted-out"], k["requested"], names.cordoned_by_key(cfg.annotation_prefix))
+    return any(any(_ann(n).get(m) for m in marks) for n in snap.nodes.values())
 
 
 register_step(STEP, remediate)

@@ -3,8 +3,10 @@ reconcile step, all pure functions over plain data (the engine reads and writes)
 
 Per-node state lives in Node annotations, so a restarted or failed-over daemon continues where it
 stopped: ``<prefix>/remediation-state`` (quarantined -> draining -> drained -> replacing -> done |
-failed), ``-since`` (epoch seconds of entering the state), ``-attempts``, ``-reason`` and
-``-slurm-node``. ``next_step`` says what to do for one node now. A state change is written *with* the
+failed), ``-since`` (epoch seconds of entering the state), ``-attempts``, ``-reason``, ``-slurm-node``
+and ``-final-eviction`` (when the last eviction attempt at the drain timeout was made). ``failed`` is
+retried after ``remediation_retry_seconds`` while attempts are left, or by hand (``autoheal sync
+remediation retry NODE``, which clears the state: ``retry_patch``). ``next_step`` says what to do for one node now. A state change is written *with* the
 Node patch it announces (cordon, label: one atomic patch) or *before* a side effect on another object
 (eviction, custom resource, webhook, Slurm), and every side effect is idempotent and re-checked each pass
 (cordon present? request present?), so a crash between two writes neither repeats nor loses an action.
@@ -18,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import PREFIX, make_reason, strip_reason_suffix
@@ -31,13 +33,27 @@ TERMINAL = ("done", "failed")
 KUBE_EVICT = "kube-evict"
 KUBE_DELETE_NODE = "kube-delete-node"
 KUBE_CREATE_CR = "kube-create-cr"
+KUBE_DELETE_CR = "kube-delete-cr"  # a stale replacement request, once the node no longer needs one
 WEBHOOK = "webhook"
 BREAKER_SAVE = "breaker-save"
 REPORT = "report"  # Event + journal + notification, no write
 SLURM_RETIRE = "slurm-retire"
 SLURM_RESUME_SPARE = "slurm-resume-spare"
-KINDS = (KUBE_EVICT, KUBE_DELETE_NODE, KUBE_CREATE_CR, WEBHOOK, BREAKER_SAVE, REPORT, SLURM_RETIRE,
-         SLURM_RESUME_SPARE)
+KINDS = (KUBE_EVICT, KUBE_DELETE_NODE, KUBE_CREATE_CR, KUBE_DELETE_CR, WEBHOOK, BREAKER_SAVE, REPORT,
+         SLURM_RETIRE, SLURM_RESUME_SPARE)
+
+#: Settings this step reads that the core's ``SyncSection`` may not define yet (the lead adds them to
+#: autoheal/config/sync_section.py with these defaults); ``pending_setting`` falls back to them.
+PENDING_SETTINGS: Dict[str, Any] = {
+    # a failed remediation whose node still asks for a replacement starts again after this long
+    "remediation_retry_seconds": 900.0,
+    # attempts (the first one included) before only `autoheal sync remediation retry` starts another
+    "remediation_max_attempts": 3,
+}
+
+
+def pending_setting(cfg, name: str) -> Any:
+    return getattr(cfg, name, PENDING_SETTINGS[name])
 
 #: Slurm job states that still hold a node.
 HOLDING_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING",
@@ -45,7 +61,8 @@ HOLDING_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOP
 
 
 def keys(prefix: str) -> Dict[str, str]:
-    out = {k: f"{prefix}/remediation-{k}" for k in ("state", "since", "attempts", "reason", "slurm-node")}
+    out = {k: f"{prefix}/remediation-{k}" for k in ("state", "since", "attempts", "reason", "slurm-node",
+                                                    "final-eviction", "retry-requested")}
     out["opted-out"] = f"{prefix}/remediation-opted-out"
     out["requested"] = f"{prefix}/replacement-requested"
     out["replacement"] = f"{prefix}/replacement-node"
@@ -62,6 +79,7 @@ class NodeRemediation:
     attempts: int = 0
     reason: str = ""
     slurm_node: str = ""
+    final_eviction: float = 0.0  # draining: when the last eviction attempt at the timeout was made
 
     @classmethod
     def from_node(cls, node: Dict[str, Any], prefix: str) -> "NodeRemediation":
@@ -73,17 +91,26 @@ class NodeRemediation:
             attempts = int(ann.get(k["attempts"], 0) or 0)
         except ValueError:  # hand-edited annotations: treat as a fresh start of that state
             since, attempts = 0.0, 0
+        try:
+            final = float(ann.get(k["final-eviction"], 0) or 0)
+        except ValueError:
+            final = 0.0
         return cls(state if state in STATES else "", since, attempts, ann.get(k["reason"]) or "",
-                   ann.get(k["slurm-node"]) or "")
+                   ann.get(k["slurm-node"]) or "", final)
 
     def patch(self, prefix: str) -> Dict[str, Any]:
+        """The merge patch recording this state; a state change also drops the per-state marks (last
+        eviction attempt, an operator's retry request)."""
         k = keys(prefix)
         on = bool(self.state)
         return {"metadata": {"annotations": {k["state"]: self.state or None,
                                              k["since"]: str(int(self.since)) if on else None,
                                              k["attempts"]: str(self.attempts) if on else None,
                                              k["reason"]: self.reason or None,
-                                             k["slurm-node"]: self.slurm_node or None},
+                                             k["slurm-node"]: self.slurm_node or None,
+                                             k["final-eviction"]: str(int(self.final_eviction))
+                                             if on and self.final_eviction else None,
+                                             k["retry-requested"]: None},
                              "labels": {k["label"]: self.state or None}}}
 
 
@@ -94,19 +121,22 @@ class RemediationSettings:
     grace_seconds: float = 300.0  # jobs leave Slurm within this, else fail
     drain_timeout_seconds: float = 600.0
     replace_timeout_seconds: float = 1800.0
+    retry_seconds: float = PENDING_SETTINGS["remediation_retry_seconds"]
+    max_attempts: int = PENDING_SETTINGS["remediation_max_attempts"]
 
     @classmethod
     def from_cfg(cls, cfg) -> "RemediationSettings":
         key, _, value = cfg.opt_out_label.partition("=")
         return cls(key, value, cfg.remediation_grace_seconds, cfg.remediation_drain_timeout_seconds,
-                   cfg.remediation_replace_timeout_seconds)
+                   cfg.remediation_replace_timeout_seconds, float(pending_setting(cfg, "remediation_retry_seconds")),
+                   int(pending_setting(cfg, "remediation_max_attempts")))
 
 
 @dataclass(frozen=True)
 class Step:
     """One decision: the side effect to perform (``do``) and the state to record with it (``then``)."""
 
-    do: str  # none | wait | report-opt-out | cordon | evict | request-replacement | retire | fail
+    do: str  # none | wait | report-opt-out | cordon | evict | final-evict | request-replacement | retire | fail
     then: Optional[NodeRemediation] = None
     why: str = ""
 
@@ -119,30 +149,53 @@ def opt_out_pod(pods: List[Dict[str, Any]], cfg: RemediationSettings) -> str:
     return ""
 
 
+def opt_out_reason(pods: List[Dict[str, Any]], cfg: RemediationSettings, node: Optional[Dict[str, Any]] = None) -> str:
+    """Why automatic replacement is vetoed, or "": the opt-out label on the Node itself (a platform
+    engineer's ``kubectl label node X autoheal.io/auto-replace=false``) or on any pod running there."""
+    meta = (node or {}).get("metadata") or {}
+    if (meta.get("labels") or {}).get(cfg.opt_out_label) == cfg.opt_out_value:
+        return f"Node {meta.get('name', '')} carries {cfg.opt_out_label}={cfg.opt_out_value}"
+    who = opt_out_pod(pods, cfg)
+    return f"pod {who} carries {cfg.opt_out_label}={cfg.opt_out_value}" if who else ""
+
+
+def retry_due(cur: NodeRemediation, cfg: RemediationSettings, now: float) -> Tuple[bool, str]:
+    """(may a failed remediation start again now, what the operator should know)."""
+    if cur.state != "failed":
+        return False, ""
+    if cfg.max_attempts and cur.attempts >= cfg.max_attempts:
+        return False, (f"no automatic retry left ({cur.attempts} of {cfg.max_attempts} attempts): "
+                       "`autoheal sync remediation retry NODE` starts another")
+    wait = cur.since + cfg.retry_seconds - now
+    if wait > 0:
+        return False, f"automatic retry in {wait:.0f}s (attempt {cur.attempts + 1} of {cfg.max_attempts or 'unlimited'})"
+    return True, f"retried after {cfg.retry_seconds:.0f}s (attempt {cur.attempts + 1} of {cfg.max_attempts or 'unlimited'})"
+
+
 def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_on_node: List[Dict[str, Any]],
-              replacement_ready: bool, cfg: RemediationSettings, now: float, slurm_node: str = "") -> Step:
+              replacement_ready: bool, cfg: RemediationSettings, now: float, slurm_node: str = "",
+              node: Optional[Dict[str, Any]] = None) -> Step:
     """The next action for one node. ``wants_replace``: autoheal drained it with a replace-class fault;
     ``pods_on_node``: the pods eviction would still have to remove (DaemonSet/slurmd pods excluded by the
-    caller, or here for DaemonSets)."""
+    caller, or here for DaemonSets); ``node``: the Node (its labels may opt out too)."""
     st = cur.state
     if st in TERMINAL:
         return Step("none", why=f"remediation {st}")
     if not st:
         if not wants_replace:
             return Step("none")
-        who = opt_out_pod(pods_on_node, cfg)
+        who = opt_out_reason(pods_on_node, cfg, node)
         if who:
-            return Step("report-opt-out", why=f"pod {who} carries {cfg.opt_out_label}={cfg.opt_out_value}")
+            return Step("report-opt-out", why=who)
         return Step("wait", NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault",
                                             slurm_node or cur.slurm_node),
                     "quarantined: waiting for its Slurm jobs to leave")
     age = now - cur.since
     if st == "quarantined":
         if slurm_jobs == 0:
-            who = opt_out_pod(pods_on_node, cfg)
+            who = opt_out_reason(pods_on_node, cfg, node)
             if who:
-                return Step("report-opt-out", NodeRemediation(), f"pod {who} carries "
-                            f"{cfg.opt_out_label}={cfg.opt_out_value}")
+                return Step("report-opt-out", NodeRemediation(attempts=cur.attempts), who)
             return Step("cordon", cur_with(cur, "draining", now), "jobs gone: cordon and evict")
         if age > cfg.grace_seconds:
             return Step("fail", cur_with(cur, "failed", now, f"{slurm_jobs} Slurm jobs did not leave in "
@@ -153,8 +206,13 @@ def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_o
         if not evictable:
             return Step("request-replacement", cur_with(cur, "replacing", now), "drained: request a replacement")
         if age > cfg.drain_timeout_seconds:
-            return Step("fail", cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods blocked for "
-                                         f"{cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
+            if not cur.final_eviction:  # one last attempt at the deadline, whatever the backoff said
+                return Step("final-evict", replace(cur, final_eviction=now),
+                            f"drain timeout: last eviction attempt of {len(evictable)} pods")
+            names = ", ".join(sorted((p.get("metadata") or {}).get("namespace", "") + "/" +
+                                     (p.get("metadata") or {}).get("name", "") for p in evictable)[:5])
+            return Step("fail", cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods ({names}) blocked "
+                                         f"for {cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
         return Step("evict", why=f"{len(evictable)} pods to evict")
     if st == "replacing":
         if replacement_ready:
@@ -168,6 +226,24 @@ def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_o
 
 def cur_with(cur: NodeRemediation, state: str, now: float, reason: Optional[str] = None) -> NodeRemediation:
     return NodeRemediation(state, now, cur.attempts, cur.reason if reason is None else reason, cur.slurm_node)
+
+
+def retry_patch(node: Dict[str, Any], prefix: str, now: float, who: str = "") -> Dict[str, Any]:
+    """The Node patch of ``autoheal sync remediation retry``: a failed remediation goes back to no state
+    (attempts kept), so the leader starts it afresh on its next pass, through the opt-out check and the
+    circuit breaker, like a new fault. Guarded by the Node's resourceVersion (a leader writing at the
+    same moment makes it fail with 409, never half-apply). ValueError when the node is not failed."""
+    cur = NodeRemediation.from_node(node, prefix)
+    if cur.state != "failed":
+        raise ValueError(f"remediation is {cur.state or 'not running'}, not failed: nothing to retry")
+    k = keys(prefix)
+    body = NodeRemediation("", 0, cur.attempts, "", cur.slurm_node).patch(prefix)
+    ann = body["metadata"]["annotations"]
+    ann[k["attempts"]] = str(cur.attempts)
+    ann[k["requested"]] = None  # a new attempt makes a new request (a webhook is POSTed again)
+    ann[k["retry-requested"]] = f"{int(now)}" + (f" by {who}" if who else "")
+    body["metadata"]["resourceVersion"] = (node.get("metadata") or {}).get("resourceVersion")
+    return body
 
 
 def is_daemonset_pod(pod: Dict[str, Any]) -> bool:
@@ -195,6 +271,7 @@ class Breaker:
     tripped_at: Optional[float] = None
     starts: List[float] = field(default_factory=list)
     why: str = ""
+    nodes: List[str] = field(default_factory=list)  # the Slurm nodes that made it trip (journal records)
 
     @classmethod
     def from_cfg(cls, cfg, data: Optional[Dict[str, str]] = None) -> "Breaker":
@@ -210,10 +287,16 @@ class Breaker:
         except (ValueError, TypeError):  # hand-edited: keep it tripped rather than forget a trip
             self.tripped_at, self.starts = 0.0, []
         self.why = data.get("why", "")
+        try:
+            nodes = json.loads(data.get("nodes") or "[]")
+            self.nodes = [str(n) for n in nodes] if isinstance(nodes, list) else []
+        except ValueError:
+            self.nodes = []
 
     def dump(self) -> Dict[str, Optional[str]]:
         return {"trippedAt": None if self.tripped_at is None else repr(self.tripped_at),
-                "starts": json.dumps([round(s, 3) for s in self.starts]), "why": self.why or None}
+                "starts": json.dumps([round(s, 3) for s in self.starts]), "why": self.why or None,
+                "nodes": json.dumps(self.nodes) if self.nodes else None}
 
     @property
     def tripped(self) -> bool:
@@ -225,7 +308,7 @@ class Breaker:
         share = 100.0 * affected / total if total else 100.0
         if self.tripped_at is not None:
             if now - self.tripped_at >= self.cooldown_seconds and share < self.rearm_percent:
-                self.tripped_at, self.starts, self.why = None, [], ""
+                self.tripped_at, self.starts, self.why = None, [], ""  # nodes kept: the re-arm record names them
             else:
                 return 0, f"breaker tripped ({self.why or 'by hand'}); now {share:.0f}% of nodes affected"
         budget_pct = math.floor(self.max_percent * total / 100.0 + 1e-9) - len(self.starts)
@@ -250,6 +333,7 @@ class Breaker:
         self.tripped_at = None
         self.starts = []
         self.why = ""
+        self.nodes = []
 
 
 # ---- which drains ask for a replacement ------------------------------------------------------------

@@ -109,3 +109,87 @@ def test_daemon_process_serves_health_and_metrics_and_stops_on_sigterm(cli_env, 
     lines = [json.loads(x) for x in open(tmp_path / "stderr").read().splitlines() if x.startswith("{")]
     assert lines and all("level" in x and "message" in x for x in lines)
     assert any("leadership acquired" in x["message"] for x in lines)
+
+
+def _journal(cli_env):
+    from autoheal.config import load_config
+    from autoheal.journal import Journal
+
+    return Journal.from_config(load_config(cli_env["env"]["AUTOHEAL_CONFIG"]))
+
+
+def test_remediation_retry_command(cli_env):
+    """Issue 17 item 1: `autoheal sync remediation retry NODE` (--dry-run, --json) starts a failed
+    remediation again: the failed state is cleared (attempts kept), with an Event and a journal record."""
+    api, env = cli_env["api"], cli_env["env"]
+    name = cli_env["names"][0]
+    kname = k8s_name(name)
+    failed = {"autoheal.io/remediation-state": "failed", "autoheal.io/remediation-since": "1000",
+              "autoheal.io/remediation-attempts": "3", "autoheal.io/remediation-slurm-node": name,
+              "autoheal.io/remediation-reason": "eviction of 1 pods (ml/x) blocked for 30s (PodDisruptionBudget?)"}
+    api.patch_node(kname, {"metadata": {"annotations": failed, "labels": {"autoheal.io/remediation": "failed"}}})
+    try:
+        p = run(["sync", "remediation", "--json"], env)
+        assert p.returncode == 1 and json.loads(p.stdout)["remediations"][0]["state"] == "failed", p.stdout
+        p = run(["sync", "remediation", "retry", name, "--dry-run", "--json"], env)  # by Slurm name
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["node"] == kname and json.loads(p.stdout)["dry_run"]
+        assert api.read_node(kname).metadata.annotations["autoheal.io/remediation-state"] == "failed"
+        p = run(["sync", "remediation", "retry", kname], env)
+        assert p.returncode == 0, p.stderr
+        ann = api.read_node(kname).metadata.annotations
+        assert "autoheal.io/remediation-state" not in ann and ann["autoheal.io/remediation-attempts"] == "3"
+        assert ann["autoheal.io/remediation-retry-requested"]
+        assert "autoheal.io/remediation" not in (api.read_node(kname).metadata.labels or {})
+        events = [e for e in api.list_namespaced_event("default").items
+                  if e.reason == "AutohealRemediationRetryRequested"]
+        assert events and events[-1].involved_object.name == kname
+        recs = [r for r in _journal(cli_env).read(node=name) if r.event == "remediation-retry-requested"]
+        assert recs and "PodDisruptionBudget" in recs[-1].message
+        p = run(["sync", "remediation", "retry", kname], env)  # not failed any more
+        assert p.returncode == 1 and "not failed" in p.stderr and p.stderr.strip().count("\n") == 0
+        p = run(["sync", "remediation", "retry", "no-such-node"], env)
+        assert p.returncode == 2 and "no-such-node" in p.stderr
+    finally:
+        api.patch_node(kname, {"metadata": {"annotations": {k: None for k in list(failed) + [
+            "autoheal.io/remediation-retry-requested"]}, "labels": {"autoheal.io/remediation": None}}})
+
+
+def test_breaker_reset_writes_an_event_and_journal_records_under_the_nodes(cli_env):
+    api, env = cli_env["api"], cli_env["env"]
+    a, b = cli_env["names"][:2]
+    api.create_namespaced_config_map("slurm", {"metadata": {"name": "autoheal-sync-breaker"}, "data": {
+        "trippedAt": "1000.0", "starts": "[]", "why": "2 of 3 nodes (67%) > 50%", "nodes": json.dumps([a, b])}})
+    try:
+        p = run(["sync", "breaker", "reset", "--dry-run", "--json"], env)
+        assert p.returncode == 0 and json.loads(p.stdout)["tripped"], p.stdout + p.stderr
+        assert api.read_namespaced_config_map("autoheal-sync-breaker", "slurm").data.get("trippedAt")
+        p = run(["sync", "breaker", "reset"], env)
+        assert p.returncode == 0, p.stderr
+        assert not (api.read_namespaced_config_map("autoheal-sync-breaker", "slurm").data or {}).get("trippedAt")
+        events = [e for e in api.list_namespaced_event("slurm").items if e.reason == "AutohealBreakerReset"]
+        assert events and events[-1].involved_object.name == "autoheal-sync-breaker"
+        for n in (a, b):  # `autoheal events --node` finds it
+            out = run(["events", "--node", n], env)
+            assert "breaker-reset" in out.stdout, out.stdout + out.stderr
+    finally:
+        api.delete_namespaced_config_map("autoheal-sync-breaker", "slurm")
+
+
+def test_status_shows_nodes_opted_out_of_replacement(cli_env):
+    """Issue 17 item 2: an opted-out node that still needs a replacement is shown (exit 1), not hidden."""
+    api, env, slurm = cli_env["api"], cli_env["env"], cli_env["slurm"]
+    name = cli_env["names"][2]
+    kname = k8s_name(name)
+    slurm.drain(name, "autoheal: xid 79 on gpu 3: fell off the bus")
+    api.patch_node(kname, {"metadata": {"labels": {"autoheal.io/auto-replace": "false"}}})
+    try:
+        p = run(["sync", "status", "--json"], env)
+        data = json.loads(p.stdout)
+        assert p.returncode == 1 and list(data["opted_out"]) == [kname], p.stdout
+        assert "Node " + kname + " carries autoheal.io/auto-replace=false" in data["opted_out"][kname]["why"]
+        p = run(["sync", "status"], env)
+        assert f"opted out: {kname} (Slurm {name}) needs a replacement" in p.stdout
+    finally:
+        api.patch_node(kname, {"metadata": {"labels": {"autoheal.io/auto-replace": None}}})
+        slurm.resume(name)

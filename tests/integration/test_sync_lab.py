@@ -255,3 +255,136 @@ def test_watch_relists_after_410(tmp_path):
             inf.stop()
     finally:
         server.stop()
+
+
+class CountingSlurm:
+    """The lab's real Slurm adapter, counting the drain/reason writes a pass makes."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.writes = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def drain(self, node, reason):
+        self.writes.append(("drain", node, reason))
+        return self.inner.drain(node, reason)
+
+    def set_reason(self, node, reason):
+        self.writes.append(("set_reason", node, reason))
+        return self.inner.set_reason(node, reason)
+
+
+def test_hostile_cordon_reasons_are_written_once_by_real_scontrol(kube_env):
+    """Issue 16 finding 9: reasons scontrol changes on the way (trailing quote, ` Comment=`, `[x@y]`,
+    control characters, over-long text) are written once, not rewritten every pass."""
+    from autoheal.k8s_sync import names
+
+    env = kube_env
+    b = env["names"][1]
+    slurm = CountingSlurm(env["slurm"])
+    rec = Reconciler(slurm, kube(env), sync_cfg())
+    tricky = ['lent to inference"', "ticket Comment=INC-7 Extra=x", "owner [bob@lab]", "tab\there\x01ctl",
+              "y" * 400, 'say "hi" [a@2026-01-01T00:00:00]"']
+    try:
+        for detail in tricky:
+            env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": detail}}})
+            cordon(env, b)
+            slurm.writes.clear()
+            for _ in range(3):
+                assert rec.run_pass().ok
+            want = names.k8s_reason("node cordoned", detail)
+            assert [w[0] for w in slurm.writes] in (["drain"], ["set_reason"]), (detail, slurm.writes)
+            node = slurm.get_node(b)  # `scontrol show node -o`
+            listed = {n.name: n for n in slurm.list_nodes()}[b]  # sinfo --json / scontrol --json
+            assert node.drain and strip_reason_suffix(node.reason) == want, (detail, node.reason)
+            assert strip_reason_suffix(listed.reason).rstrip() == want, (detail, listed.reason)
+            assert rec.run_pass().planned == []
+        cordon(env, b, on=False)
+        assert rec.run_pass().ok
+        assert not slurm.get_node(b).drain
+    finally:
+        cordon(env, b, on=False)
+        env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": None}}})
+        rec.run_pass()
+
+
+class CutOffKube:
+    """One replica's connection to the API server: ``cut`` makes its Lease calls time out (a partition
+    between this replica and the API server) while other calls still go through, so the test can see
+    whether the replica goes on writing. Writes are logged with the monotonic time they were made."""
+
+    LEASE = ("get_lease", "create_lease", "replace_lease")
+    WRITES = ("patch_node", "patch_node_status", "patch_pod_status", "create_event")
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.cut = False
+        self.writes = []
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name in self.LEASE:
+            def lease_call(*args, **kwargs):
+                if self.cut:
+                    from autoheal.k8s_sync.kube import KubeError
+
+                    raise KubeError(f"{name}: timed out (partitioned from the API server)", 0)
+                return attr(*args, **kwargs)
+            return lease_call
+        if name in self.WRITES:
+            def write(*args, **kwargs):
+                self.writes.append((time.monotonic(), name))
+                return attr(*args, **kwargs)
+            return write
+        return attr
+
+
+def test_a_replica_that_cannot_renew_its_lease_stops_writing_before_the_other_takes_over(kube_env):
+    """Issue 17: the leader loses the API server for its Lease (not for its writes): it must stop acting
+    as leader on its own, before the other replica may take over, and never write after that."""
+    env, slurm = kube_env, kube_env["slurm"]
+    a = env["names"][0]
+    cfg = sync_cfg(lease_duration_seconds=3.0, slurm_resync_seconds=0.5, lease_name="partition-test")
+    k1 = CutOffKube(kube(env))
+    d1 = SyncDaemon(slurm, k1, cfg, ident="replica-1")
+    d2 = SyncDaemon(slurm, kube(env), cfg, ident="replica-2")
+    threads = [threading.Thread(target=d.run, daemon=True) for d in (d1, d2)]
+    threads[0].start()
+    wait_for(lambda: d1.elector.is_leader(), 10, "replica-1 to lead")
+    threads[1].start()
+    wait_for(lambda: d2.passes >= 2, 10, "replica-2 following")
+    stop = threading.Event()
+
+    def churn():  # a Slurm change every 0.4 s keeps the leader writing (taint on, taint off)
+        while not stop.is_set():
+            slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
+            stop.wait(0.4)
+
+    churner = threading.Thread(target=churn, daemon=True)
+    try:
+        churner.start()
+        wait_for(lambda: len(k1.writes) >= 2, 10, "replica-1 writing")
+        k1.cut = True
+        lost = wait_for(lambda: not d1.elector.is_leader() and time.monotonic(), 10, "replica-1 to step down")
+        took = wait_for(lambda: d2.elector.is_leader() and time.monotonic(), 10, "replica-2 to take over")
+        wait_for(lambda: d2.reconciler.writes, 10, "replica-2 writing")
+        time.sleep(1.0)  # replica-1 keeps running its loop meanwhile
+        assert lost < took  # it stood down on its own, before the Lease could expire for the other
+        late = [w for w in k1.writes if w[0] >= took]  # never two writers
+        assert not late, late
+        assert d1.passes > 0 and threads[0].is_alive() and not d1.elector.is_leader()
+        k1.cut = False  # the partition heals: replica-2 keeps the Lease, replica-1 follows
+        time.sleep(2 * cfg.lease_duration_seconds / 3)
+        assert not d1.elector.is_leader() and d2.elector.is_leader()
+        assert kube(env).get_lease("slurm", "partition-test")["spec"]["holderIdentity"] == "replica-2"
+    finally:
+        stop.set()
+        churner.join(5)
+        for d in (d1, d2):
+            d.stop()
+        for t in threads:
+            t.join(10)
+        if slurm.get_node(a).drain:
+            slurm.resume(a)

@@ -350,3 +350,348 @@ def test_webhook_action_posts_once_survives_restart_and_retries_on_error():
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+# ---- issue 17 item 1: eviction backoff, last attempt, failed is not final -----------------------------
+def evict_attempts(kube, name):
+    return sum(1 for e in kube.evict_log if e == name)
+
+
+def counting_evictions(kube):
+    """Record every eviction attempt (refused or not) on the MemoryKube."""
+    kube.evict_log = []
+    orig = kube.evict_pod
+
+    def evict(namespace, name):
+        kube.evict_log.append(name)
+        return orig(namespace, name)
+
+    kube.evict_pod = evict
+
+
+def test_pdb_deleted_after_many_refusals_is_retried_before_the_deadline_and_node_replaced():
+    """The issue's trace: after 5 refusals the next uncapped retry (16 s) lay beyond the 30 s drain
+    timeout and the node failed although the PDB was gone. Capped by the time left, the retry happens at
+    the deadline and the node is replaced."""
+    slurm, kube, cfg, clock = world(remediation_drain_timeout_seconds=30)
+    kube.add_workload_pod("inference", "guarded", k8s_name("n1"))
+    kube.pdb_blocked.add(("inference", "guarded"))
+    counting_evictions(kube)
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "draining")
+    start = clock.t
+    while clock.t - start < 16:  # a pass every 0.5 s for 16 s: refused at 0, 1, 3, 7 and 15 s
+        r.run_pass()
+        clock.t += 0.5
+    assert evict_attempts(kube, "guarded") == 5
+    kube.pdb_blocked.clear()  # the PDB is deleted
+    while clock.t - start < 30:  # backing off, but never past the deadline
+        r.run_pass()
+        clock.t += 0.5
+    assert evict_attempts(kube, "guarded") == 5
+    r.run_pass()  # at the deadline (30 s): the retry, not a failure
+    assert kube.evictions == [("inference", "guarded")] and evict_attempts(kube, "guarded") == 6
+    clock.t += 0.5
+    r.run_pass()
+    assert state(kube, "n1") == "replacing", kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+    provide_spare(slurm, kube)
+    run_to(r, kube, "n1", "done")
+
+
+def test_one_last_eviction_attempt_at_the_deadline_whatever_the_backoff():
+    slurm, kube, cfg, clock = world(remediation_drain_timeout_seconds=30)
+    kube.add_workload_pod("inference", "guarded", k8s_name("n1"))
+    kube.pdb_blocked.add(("inference", "guarded"))
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "draining")
+    r.run_pass()
+    r.evict_backoff = {k: (9, clock.t + 3600, v[2]) for k, v in r.evict_backoff.items()}  # a stale long backoff
+    kube.pdb_blocked.clear()
+    clock.t += 31  # the daemon was away over the deadline: no pass saw it
+    r.run_pass()  # the last attempt, forced, succeeds
+    assert kube.evictions == [("inference", "guarded")]
+    run_to(r, kube, "n1", "replacing")
+
+
+def test_last_attempt_refused_fails_with_the_pods_named():
+    slurm, kube, cfg, clock = world(remediation_drain_timeout_seconds=30)
+    kube.add_workload_pod("inference", "guarded", k8s_name("n1"))
+    kube.pdb_blocked.add(("inference", "guarded"))
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "draining")
+    clock.t += 31
+    r.run_pass()
+    ann = kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+    assert state(kube, "n1") == "draining" and ann[K["final-eviction"]]  # the last attempt is on record
+    r2 = recon(slurm, kube, cfg, clock)  # a failover right after it: the new leader does not try again
+    run_to(r2, kube, "n1", "failed")
+    assert "inference/guarded" in kube.nodes[k8s_name("n1")]["metadata"]["annotations"][K["reason"]]
+    assert K["final-eviction"] not in kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+
+
+def test_an_eviction_that_succeeds_resets_the_backoff_of_the_nodes_other_pods():
+    slurm, kube, cfg, clock = world(remediation_drain_timeout_seconds=300)
+    kube.add_workload_pod("inference", "a", k8s_name("n1"))
+    kube.pdb_blocked.add(("inference", "a"))
+    counting_evictions(kube)
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "draining")
+    for _ in range(5):
+        r.run_pass()
+        clock.t += 8
+    tried = evict_attempts(kube, "a")
+    r.run_pass()  # backing off (16 s): "a" is not tried
+    assert evict_attempts(kube, "a") == tried
+    kube.pdb_blocked.clear()  # the workload scaled: the PDB lets pods go now
+    kube.add_workload_pod("inference", "b", k8s_name("n1"))  # a new pod is evicted at once: progress
+    r.run_pass()
+    assert ("inference", "b") in kube.evictions
+    r.run_pass()  # no clock change: "a" no longer waits out its old backoff
+    assert ("inference", "a") in kube.evictions
+
+
+def fail_remediation(r, kube, clock, name="n1"):
+    run_to(r, kube, name, "replacing")
+    clock.t += 101
+    run_to(r, kube, name, "failed")
+
+
+def test_failed_remediation_is_retried_after_the_cooldown_until_attempts_run_out(tmp_path):
+    from autoheal.journal import Journal
+
+    slurm, kube, cfg, clock = world()
+    cfg.remediation_retry_seconds, cfg.remediation_max_attempts = 50, 2
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock, journal=journal)
+    fail_remediation(r, kube, clock)
+    res = r.run_pass()
+    assert state(kube, "n1") == "failed" and "automatic retry in" in res.remediations[k8s_name("n1")]["retry"]
+    clock.t += 51
+    r.run_pass()
+    ann = kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+    assert ann[K["state"]] == "quarantined" and ann[K["attempts"]] == "2"
+    assert "AutohealRemediationRetry" in [e["reason"] for e in kube.events]
+    assert [x.event for x in journal.read(node="n1")].count("remediation-retry") == 1
+    fail_remediation(r, kube, clock)
+    clock.t += 51
+    res = r.run_pass()  # the second attempt was the last automatic one
+    assert state(kube, "n1") == "failed" and "no automatic retry left" in res.remediations[k8s_name("n1")]["retry"]
+
+
+def test_operator_retry_starts_a_failed_remediation_again_and_it_completes():
+    from autoheal.k8s_sync.remediation import retry_patch
+
+    slurm, kube, cfg, clock = world()
+    cfg.remediation_max_attempts = 1  # no automatic retry
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    fail_remediation(r, kube, clock)
+    clock.t += 10_000
+    r.run_pass()
+    assert state(kube, "n1") == "failed"
+    node = kube.nodes[k8s_name("n1")]
+    kube.patch_node(k8s_name("n1"), retry_patch(node, "autoheal.io", clock.t, "alice"), "merge")
+    with pytest.raises(ValueError):  # not failed any more: nothing to retry
+        retry_patch(kube.nodes[k8s_name("n1")], "autoheal.io", clock.t)
+    r.run_pass()
+    ann = kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+    assert ann[K["state"]] == "quarantined" and ann[K["attempts"]] == "2" and K["retry-requested"] not in ann
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    run_to(r, kube, "n1", "done")
+
+
+def test_retry_patch_is_refused_on_a_concurrent_write():
+    from autoheal.k8s_sync.kube import Conflict
+    from autoheal.k8s_sync.remediation import retry_patch
+
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    fail_remediation(r, kube, clock)
+    body = retry_patch(kube.nodes[k8s_name("n1")], "autoheal.io", clock.t)
+    kube.patch_node(k8s_name("n1"), {"metadata": {"labels": {"x": "y"}}}, "merge")  # someone wrote meanwhile
+    with pytest.raises(Conflict):
+        kube.patch_node(k8s_name("n1"), body, "merge")
+
+
+# ---- issue 17 item 2: the opt-out is re-evaluated every pass; the label may sit on the Node ------------
+def test_opt_out_lifted_when_the_pod_label_is_removed_and_shown_meanwhile():
+    slurm, kube, cfg, clock = world()
+    kube.add_workload_pod("inference", "keep-me", k8s_name("n1"), labels={"autoheal.io/auto-replace": "false"})
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    for _ in range(3):
+        res = r.run_pass()
+    assert state(kube, "n1") == "" and list(res.opted_out) == [k8s_name("n1")]
+    assert any("needs a replacement but pod inference/keep-me" in p for p in res.problems)
+    writes = kube.writes
+    r.run_pass()
+    assert kube.writes == writes  # reported, not rewritten every pass
+    kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
+    res = r.run_pass()
+    ann = kube.nodes[k8s_name("n1")]["metadata"]["annotations"]
+    assert ann[K["state"]] == "quarantined" and K["opted-out"] not in ann and not res.opted_out
+    assert any("opt-out lifted" in e["message"] for e in kube.events)
+    run_to(r, kube, "n1", "replacing")
+
+
+def test_opt_out_label_on_the_node_itself_vetoes_until_removed():
+    slurm, kube, cfg, clock = world()
+    kube.nodes[k8s_name("n1")]["metadata"]["labels"]["autoheal.io/auto-replace"] = "false"
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    for _ in range(3):
+        res = r.run_pass()
+    assert state(kube, "n1") == "" and not kube.nodes[k8s_name("n1")]["spec"].get("unschedulable")
+    assert "Node k8s-n1 carries" in res.opted_out[k8s_name("n1")]["why"]
+    assert [e["reason"] for e in kube.events].count("AutohealReplaceOptOut") == 1
+    del kube.nodes[k8s_name("n1")]["metadata"]["labels"]["autoheal.io/auto-replace"]
+    run_to(r, kube, "n1", "replacing")
+
+
+def test_opt_out_lifted_while_the_breaker_is_full_clears_the_mark_and_waits():
+    slurm, kube, cfg, clock = world(n=4, breaker_max_concurrent=1)
+    kube.add_workload_pod("inference", "keep-me", k8s_name("n2"), labels={"autoheal.io/auto-replace": "false"})
+    slurm.drain("n1", XID79)
+    slurm.drain("n2", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    r.run_pass()
+    assert state(kube, "n1") == "quarantined" and K["opted-out"] in kube.nodes[k8s_name("n2")]["metadata"]["annotations"]
+    kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
+    res = r.run_pass()
+    assert K["opted-out"] not in kube.nodes[k8s_name("n2")]["metadata"]["annotations"] and state(kube, "n2") == ""
+    assert any("remediation of k8s-n2 (n2) not started" in p for p in res.problems)
+
+
+# ---- issue 16 finding 8: a remediation that ends after the node is resumed cleans up after itself -------
+def cordoned(kube, name):
+    node = kube.nodes[k8s_name(name)]
+    return bool(node["spec"].get("unschedulable")), (node["metadata"].get("annotations") or {}).get(
+        "autoheal.io/cordoned-by")
+
+
+def test_failed_then_resumed_uncordons_and_deletes_the_stale_request(tmp_path):
+    from autoheal.journal import Journal
+
+    slurm, kube, cfg, clock = world()
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock, journal=journal)
+    fail_remediation(r, kube, clock)
+    assert cordoned(kube, "n1") == (True, "autoheal") and len(kube.customs) == 1
+    slurm.resume("n1")  # repaired by hand
+    r.run_pass()
+    node = kube.nodes[k8s_name("n1")]
+    assert cordoned(kube, "n1") == (False, None)
+    assert not [a for a in node["metadata"]["annotations"] if "remediation" in a or "replacement" in a]
+    assert "autoheal.io/remediation" not in node["metadata"]["labels"]
+    assert kube.customs == {}
+    assert not slurm.nodes["n1"].drain  # the uncordon is ours: it never comes back as a k8s drain
+    assert "AutohealRemediationCleared" in [e["reason"] for e in kube.events]
+    assert "remediation-cleared" in [x.event for x in journal.read(node="n1")]
+    writes = kube.writes
+    r.run_pass()
+    assert kube.writes == writes
+
+
+def test_an_active_remediation_is_abandoned_when_the_node_is_resumed():
+    slurm, kube, cfg, clock = world(replacement_action="label")
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    assert kube.nodes[k8s_name("n1")]["metadata"]["labels"]["autoheal.io/replace"] == "requested"
+    slurm.resume("n1")
+    r.run_pass()
+    node = kube.nodes[k8s_name("n1")]
+    assert state(kube, "n1") == "" and cordoned(kube, "n1") == (False, None)
+    assert "autoheal.io/replace" not in node["metadata"]["labels"]
+    assert "AutohealRemediationAbandoned" in [e["reason"] for e in kube.events]
+    slurm.drain("n1", XID79)  # the next fault starts afresh
+    r.run_pass()
+    assert state(kube, "n1") == "quarantined"
+
+
+def test_a_humans_cordon_is_never_undone():
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    fail_remediation(r, kube, clock)
+    # a human cordons it too: kubectl cordon sets unschedulable; the mark shows whose cordon it is
+    del kube.nodes[k8s_name("n1")]["metadata"]["annotations"]["autoheal.io/cordoned-by"]
+    slurm.resume("n1")
+    r.run_pass()
+    assert kube.nodes[k8s_name("n1")]["spec"].get("unschedulable") and state(kube, "n1") == ""
+
+
+def test_admin_drain_over_a_failed_remediation_clears_the_record_but_keeps_the_cordon():
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    fail_remediation(r, kube, clock)
+    slurm.set_reason("n1", "admin: RMA ticket 42")
+    r.run_pass()
+    assert state(kube, "n1") == "" and cordoned(kube, "n1") == (True, "autoheal") and kube.customs == {}
+
+
+# ---- issue 17 item 7: done only when the spare answers in Slurm ---------------------------------------
+def test_done_only_once_the_resumed_spare_responds():
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    r.run_pass()  # registered: resumed, not done yet
+    assert state(kube, "n1") == "replacing" and not slurm.nodes["spare1"].drain
+    # Slurm shows a just-resumed node `idle*` (not responding) for a while
+    slurm.nodes["spare1"] = replace(slurm.nodes["spare1"], flags=frozenset({"NOT_RESPONDING"}))
+    for _ in range(3):
+        r.run_pass()
+    assert state(kube, "n1") == "replacing"
+    slurm.nodes["spare1"] = replace(slurm.nodes["spare1"], flags=frozenset())
+    r.run_pass()
+    assert state(kube, "n1") == "done" and slurm.nodes["n1"].reason == "autoheal: retired: replaced by spare1"
+
+
+# ---- issue 17 item 7: breaker records filed under the nodes concerned --------------------------------
+def test_breaker_records_are_filed_under_the_nodes_concerned(tmp_path):
+    from autoheal.journal import Journal
+
+    slurm, kube, cfg, clock = world(n=4, spares=0, breaker_max_percent=25, breaker_rearm_percent=10)
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    for i in range(1, 4):
+        slurm.drain(f"n{i}", XID79)
+    res = recon(slurm, kube, cfg, clock, journal=journal).run_pass()
+    assert res.breaker["tripped"] and res.breaker["nodes"] == ["n1", "n2", "n3"]
+    for n in ("n1", "n2", "n3"):
+        assert [x.event for x in journal.read(node=n)].count("breaker-tripped") == 1
+    assert not list(journal.read(node="n4"))
+    data = kube.configmaps[("slurm", "autoheal-sync-breaker")]["data"]
+    assert data["nodes"] == '["n1", "n2", "n3"]'
+
+
+def test_metrics_count_states_opted_out_nodes_and_the_breaker():
+    pytest.importorskip("prometheus_client")
+    from autoheal.k8s_sync.metrics import Metrics
+
+    slurm, kube, cfg, clock = world(n=4)
+    kube.add_workload_pod("inference", "keep-me", k8s_name("n2"), labels={"autoheal.io/auto-replace": "false"})
+    slurm.drain("n1", XID79)
+    slurm.drain("n2", XID79)
+    m = Metrics()
+    r = recon(slurm, kube, cfg, clock, metrics=m)
+    for _ in range(3):  # the summary shows the states read at the start of a pass
+        r.run_pass()
+    get = m.registry.get_sample_value
+    assert get("autoheal_sync_remediation_opted_out") == 1
+    assert get("autoheal_sync_remediations", {"state": "quarantined"}) == 0  # n1 moved on
+    assert get("autoheal_sync_remediations", {"state": "draining"}) == 1
+    assert get("autoheal_sync_breaker_tripped") == 0
+    kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
+    r.run_pass()
+    assert get("autoheal_sync_remediation_opted_out") == 0

@@ -81,3 +81,73 @@ def test_cache_never_goes_back_to_an_older_version_and_relists_on_gone():
     inf.run()
     assert len(lists) == 2 and calls == ["10", "20"]
     assert inf.snapshot()["n"]["metadata"]["resourceVersion"] == "20"
+
+
+def test_follower_wakes_when_the_lease_it_saw_expires():
+    kube, clock = MemoryKube(), Clock()
+    a, b = electors(kube, clock)
+    a.try_acquire_or_renew()
+    assert a.next_wait() == 10 / 3
+    clock.t += 9.5  # a renewed at t0; it expires at t0 + 10
+    assert not b.try_acquire_or_renew()
+    assert abs(b.next_wait() - 0.55) < 1e-6  # not the 1 s poll period: right after the expiry
+    clock.t += 0.55
+    assert b.try_acquire_or_renew()  # failover = the lease duration after a's last renewal
+    clock.t += 0.1
+    assert not a.try_acquire_or_renew() and a.next_wait() <= 1.0
+
+
+def test_a_replica_that_cannot_renew_stops_leading_before_another_can_take_over():
+    from autoheal.k8s_sync.kube import KubeError
+
+    kube, clock = MemoryKube(), Clock()
+    changes = []
+    a = LeaderElector(kube, "slurm", "sync", "a", 10.0, wall=clock, mono=clock, on_change=changes.append)
+    b = LeaderElector(kube, "slurm", "sync", "b", 10.0, wall=clock, mono=clock)
+    assert a.try_acquire_or_renew() and changes == [True]
+
+    def unreachable(*args, **kwargs):
+        raise KubeError("replace_lease: timed out", 0)
+
+    kube.replace_lease = unreachable  # a is cut off from the API server
+    clock.t += 3.4
+    assert a.try_acquire_or_renew() and a.is_leader()  # still within its lease
+    assert a.next_wait() == 1.0  # a failed renewal is retried sooner
+    clock.t += 4.7  # 8.1 s after the last renewal: past duration - margin (8 s)
+    assert not a.is_leader()  # every write checks this: a writes nothing from here on
+    assert not a.try_acquire_or_renew() and changes == [True, False]
+    assert not b.try_acquire_or_renew()  # the lease has not expired for anyone else yet
+    del kube.replace_lease
+    clock.t += 2.0
+    assert b.try_acquire_or_renew() and b.is_leader() and not a.is_leader()
+
+
+def test_a_wake_up_during_a_pass_is_not_lost():
+    """Leadership acquired (or a watch event) while a pass runs starts the next pass at once, not one
+    resync period later (it used to be cleared after the pass)."""
+    import threading
+
+    from autoheal.k8s_sync.daemon import SyncDaemon
+    from autoheal.k8s_sync.memory import MemorySlurm
+    from helpers import wait_for
+    from sync_helpers import sync_cfg
+
+    d = SyncDaemon(MemorySlurm(), MemoryKube(), sync_cfg(slurm_resync_seconds=600.0, leader_election=False),
+                   use_watch=False)
+    calls = []
+    real = d.reconciler.run_pass
+
+    def run_pass():
+        calls.append(1)
+        if len(calls) == 1:
+            d._wake.set()  # e.g. _on_leader during the first pass
+        return real()
+
+    d.reconciler.run_pass = run_pass
+    t = threading.Thread(target=d.run, daemon=True)
+    t.start()
+    try:
+        wait_for(lambda: len(calls) >= 2, 30, "the second pass, long before the 600 s resync")
+    finally:
+        d.stop()
+        t.join(10)

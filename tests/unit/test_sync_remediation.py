@@ -85,3 +85,46 @@ def test_wants_replace_reasons():
     assert not wants_replace("autoheal: k8s: node cordoned: xid 79", cfg)
     assert not wants_replace("autoheal: retired: replaced by spare1", cfg)
     assert not wants_replace("admin: xid 79 replace", cfg)
+
+
+def test_drain_timeout_makes_one_last_attempt_then_fails():
+    d = NodeRemediation("draining", 0, 1)
+    assert next_step(d, True, 0, [pod("p")], False, CFG, 50).do == "evict"
+    last = next_step(d, True, 0, [pod("p")], False, CFG, 101)
+    assert last.do == "final-evict" and last.then.final_eviction == 101 and last.then.since == 0
+    failed = next_step(last.then, True, 0, [pod("p")], False, CFG, 102)
+    assert failed.do == "fail" and "/p" in failed.then.reason and failed.then.final_eviction == 0
+    assert next_step(last.then, True, 0, [], False, CFG, 102).do == "request-replacement"
+
+
+def test_retry_due_after_cooldown_while_attempts_are_left():
+    from autoheal.k8s_sync.remediation import retry_due
+
+    cfg = RemediationSettings(retry_seconds=60, max_attempts=2)
+    failed = NodeRemediation("failed", 100, 1)
+    assert retry_due(failed, cfg, 150)[0] is False and "in 10s" in retry_due(failed, cfg, 150)[1]
+    assert retry_due(failed, cfg, 160)[0] is True
+    assert retry_due(NodeRemediation("failed", 100, 2), cfg, 10_000) == (
+        False, "no automatic retry left (2 of 2 attempts): `autoheal sync remediation retry NODE` starts another")
+    assert retry_due(NodeRemediation("done", 100, 1), cfg, 10_000)[0] is False
+
+
+def test_opt_out_label_on_node_or_pod():
+    from autoheal.k8s_sync.remediation import opt_out_reason
+
+    node = {"metadata": {"name": "n1", "labels": {"autoheal.io/auto-replace": "false"}}}
+    assert opt_out_reason([], CFG, node) == "Node n1 carries autoheal.io/auto-replace=false"
+    assert opt_out_reason([pod("x", {"autoheal.io/auto-replace": "true"})], CFG, {"metadata": {}}) == ""
+    s = next_step(NodeRemediation("quarantined", 0, 2), True, 0, [], False, CFG, 1, node=node)
+    assert s.do == "report-opt-out" and s.then == NodeRemediation(attempts=2)
+
+
+def test_breaker_remembers_the_nodes_that_tripped_it():
+    b = Breaker()
+    b.nodes = ["n1", "n2"]
+    b.tripped_at = 5.0
+    c = Breaker()
+    c.load(b.dump())
+    assert c.nodes == ["n1", "n2"]
+    c.reset()
+    assert c.dump()["nodes"] is None
