@@ -97,6 +97,13 @@ def main() -> None:
     on = rem.get("breaker_on", {})
     rows.append(("500 nodes failing, breaker off: s until all cordoned", off.get("seconds", rem.get("error")), "<= 10"))
     rows.append(("500 nodes failing, breaker on: remediations started", on.get("started"), "<= limits (2)"))
+    fo = _bench_json("bench_failover.py", "--durations", "5", "--runs", "1" if args.quick else "3",
+                     "--modes", "after-renew", "release")
+    for item in fo.get("failover", []):
+        rows.append((f"sync leader failover, 5 s lease, {item['mode']}: takeover max s",
+                     item["takeover"]["max"], "<= lease" if item["mode"] == "after-renew" else "~1"))
+    if "error" in fo:
+        rows.append(("sync leader failover", fo["error"], "-"))
 
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'value':>12}  target")

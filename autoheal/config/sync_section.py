@@ -166,7 +166,8 @@ class SyncSection:
     lease_name: str = setting("autoheal-sync", doc="Name of the coordination.k8s.io Lease.",
                               parse=V.dns_subdomain)
     lease_duration_seconds: float = setting(15.0, doc="Lease duration: a new leader takes over within this "
-                                            "long after the old one stops renewing.", min=2, max=600)
+                                            "long after the old holder's last renewal (plus one request and "
+                                            "any clock difference between the hosts).", min=2, max=600)
     metrics_port: int = setting(9464, doc="Port of /metrics, /healthz, /readyz (0: off).", min=0, max=65535)
     metrics_address: str = setting("0.0.0.0", doc="Address the metrics server binds (an IP address or "
                                    "host name; empty: every address).", parse=V.host_or_address)
@@ -185,9 +186,10 @@ class SyncSection:
                                         "('autoheal: xid 79 ...') asks for a replacement at once, without "
                                         "waiting for the node's next healthcheck to climb the ladder.",
                                         item=_xid)
-    opt_out_label: str = setting("autoheal.io/auto-replace=false", doc="A pod on the Node with this label "
-                                 "(key=value) vetoes automatic replacement: Event, journal and notification, "
-                                 "no action.", parse=V.label_pair)
+    opt_out_label: str = setting("autoheal.io/auto-replace=false", doc="This label (key=value) on the Node "
+                                 "itself or on a pod on it vetoes automatic replacement: Event, journal and "
+                                 "notification, no action. Checked on every pass: removing it lets the "
+                                 "replacement start.", parse=V.label_pair)
     remediation_grace_seconds: float = setting(300.0, doc="How long the node's Slurm jobs may take to leave "
                                                "(they were signalled and requeued by the hooks) before the "
                                                "remediation fails.", min=0, max=86400)
@@ -197,6 +199,13 @@ class SyncSection:
     remediation_replace_timeout_seconds: float = setting(1800.0, doc="How long a requested replacement may "
                                                          "take to register before the remediation fails.",
                                                          min=0, max=86400)
+    remediation_retry_seconds: float = setting(900.0, doc="A failed remediation whose node still asks for a "
+                                               "replacement starts again after this long (`autoheal sync "
+                                               "remediation retry NODE` starts it at once).", min=0,
+                                               max=7 * 86400)
+    remediation_max_attempts: int = setting(3, doc="Attempts (the first included) after which only `autoheal "
+                                            "sync remediation retry` starts another; 0: no limit.", min=0,
+                                            max=1000)
     replacement_action: str = setting("label", doc="How a replacement is requested: 'label' (label and "
                                       "annotate the Node for an external provider), 'delete-node' (a node "
                                       "pool / autoscaler replaces it), 'custom-resource' (create "

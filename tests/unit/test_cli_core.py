@@ -49,7 +49,7 @@ def test_config_validate_good(run, tmp_path):
     assert res.exit_code == 0
     assert res.stdout.strip() == f"{f}: ok"
     res = run("config", "validate", str(f), "--json")
-    assert json.loads(res.stdout) == {"ok": True, "file": str(f)}
+    assert json.loads(res.stdout) == {"ok": True, "file": str(f), "notes": []}
 
 
 @pytest.mark.parametrize("text, fragment", [
