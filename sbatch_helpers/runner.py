@@ -386,8 +386,6 @@ class Runner:
         return code
 
     def prepare(self) -> Dict[str, str]:
-        from autoheal.sbatch_helpers.checkpoint import checkpoint_step
-
         from autoheal.sbatch_helpers.checkpoint import TOKEN_ENV
 
         ckdir = expand_checkpoint_dir(self.opts.checkpoint_dir, self.ident, self.env.get(TOKEN_ENV, ""))
@@ -396,16 +394,26 @@ class Runner:
         except OSError as exc:
             say(f"warning: cannot create checkpoint dir {ckdir}: {exc.strerror}")
         resume = self._resume_point(ckdir)
-        self.resume_step = "none"
-        if resume is not None:
-            try:
-                self.resume_step = str(checkpoint_step(resume))
-            except ValueError:
-                pass
+        self.resume_step = self._progress_step(resume, ckdir)
         self.checkpoint_dir = ckdir
         return build_env(self.env, checkpoint_dir=ckdir, restart_count=self.ident.restart_count,
                          resume_from=str(resume) if resume else None,
                          reason=self.cause.kind if self.cause else None, grace_signal=self.opts.signal)
+
+    @staticmethod
+    def _progress_step(checkpoint, ckdir: str) -> str:
+        """The step reached: autoheal's newest valid checkpoint, else the framework's own progress marker
+        (`report_progress`), else "none"."""
+        from autoheal.sbatch_helpers.checkpoint import checkpoint_step
+        from autoheal.sbatch_helpers.progress import read_progress
+
+        if checkpoint is not None:
+            try:
+                return str(checkpoint_step(checkpoint))
+            except ValueError:
+                pass
+        marked = read_progress(ckdir)
+        return "none" if marked is None else str(marked)
 
     def _resume_point(self, ckdir: str):
         """The newest valid checkpoint this job may resume (another job's with the same id is refused,
@@ -493,10 +501,9 @@ class Runner:
                                           end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
                                           job_state=state, deadline_hit=deadline_hit,
                                           requeued_elsewhere=action == "none-requeued")
-        from autoheal.sbatch_helpers.checkpoint import checkpoint_step
 
         latest = self._resume_point(self.checkpoint_dir)
-        step = str(checkpoint_step(latest)) if latest else "none"
+        step = self._progress_step(latest, self.checkpoint_dir)
         evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
                         child_exit=child.status, waited=round(waited, 1), job_state=state)
         if action == "none-ending":
@@ -507,10 +514,15 @@ class Runner:
             return child.status if child.status and child.status > 0 else 0
         next_restart = self.ident.restart_count + 1
         if action == "none-requeued":
+            # Slurm, an admin, or the job's own framework (submitit, Lightning) requeued it: still keep
+            # it off the bad node and record why.
             self.requeueing = True
             self._note_restart(next_restart, cause, step, "requeued")
-            self.record("job-requeue", f"job {self.ident.job_id} was requeued by Slurm or from outside "
-                        f"({cause.label()}); checkpoint step {step}", "action", **evidence)
+            excluded = self.exclude_while_pending(cause, nodes)
+            evidence["excluded"] = ",".join(excluded)
+            self.record("job-requeue", f"job {self.ident.job_id} was requeued by Slurm, the job itself or from "
+                        f"outside ({cause.label()}); checkpoint step {step}"
+                        f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
             return EXIT_REQUEUED
         if self.ident.restart_count >= self.opts.max_restarts:
             self.comment.last, self.comment.step = cause.label(), step  # the final comment names this fault
@@ -598,6 +610,38 @@ class Runner:
             self.comment.state = "requeued"
             self.write_comment()
         return outcome, excl.ours
+
+    def exclude_while_pending(self, cause: causes.Cause, nodes) -> List[str]:
+        """After a requeue someone else made: add the bad nodes to ExcNodeList while the job is pending
+        (Slurm's requeue delay leaves the time); nothing when it already runs again or on no node
+        problem. Returns autoheal's exclusions now in force."""
+        if self.slurm is None or not (cause.node_problem and self.opts.exclude_failed):
+            return []
+        bad = [n.name for n in nodes if node_unhealthy(n)]
+        if cause.node and cause.node not in bad:
+            bad.append(cause.node)
+        if not bad:
+            return []
+        job_id, budget = self.ident.job_id, self.opts_budget()
+        ours_before = split_nodes(self.comment.excl)
+        states = {n.name: n for n in self._nodes(sorted(set(bad) | set(ours_before)))}
+        with Shield(extra=[int(self.grace_sig)]):
+            try:
+                fresh: List = []
+                retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+                if fresh[0].state != "PENDING":
+                    return []
+                excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
+                retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
+                           f"exclude {','.join(excl.ours)} from job {job_id}")
+            except (SlurmJobNotPending, SlurmNotFound, SlurmJobFinished):
+                return []
+            except SlurmError as exc:
+                say(f"warning: cannot exclude {','.join(bad)} from job {job_id}: {exc}")
+                return []
+            self.comment.excl = ",".join(excl.ours)
+            self.write_comment()
+        return excl.ours
 
     def _hold_exclude_release(self, job_id: str, budget: float, ours_before, bad, states, planned):
         """requeuehold -> ExcNodeList -> release, each step retried; (outcome, exclusions)."""

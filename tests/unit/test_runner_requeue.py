@@ -3,6 +3,7 @@ idempotent and retried, and a kill at any step finished by ``autoheal guard``.""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -201,3 +202,33 @@ def test_default_checkpoint_dir_is_unique_per_submission(tmp_path):
     ident = r.JobIdentity("7", "7", 0, submit_dir=str(tmp_path))
     assert r.expand_checkpoint_dir("", ident, "0a1b2c3d4e") == str(tmp_path / "autoheal-checkpoints/7-0a1b2c3d4e")
     assert r.expand_checkpoint_dir("", ident) == str(tmp_path / "autoheal-checkpoints/7")  # old scripts
+
+
+def test_a_job_that_requeued_itself_is_still_kept_off_the_bad_node(tmp_path):
+    # issue 15: submitit requeued itself first; the runner set no exclusion and wrote resumed=none
+    runner, slurm, cause = setup()
+    slurm.requeue("7")  # the framework's own `scontrol requeue`
+    assert runner.exclude_while_pending(cause, list(slurm.nodes.values())) == ["gpu2"]
+    job = slurm.jobs["7"]
+    assert job.excluded_nodes == ("spare1", "gpu2") and CommentState.parse(job.comment).excl == "gpu2"
+    slurm.start("7", ["gpu3"])  # already running again: too late to exclude, nothing is forced
+    assert runner.exclude_while_pending(cause, list(slurm.nodes.values())) == []
+
+
+def test_progress_marker_counts_as_the_step_reached(tmp_path):
+    from autoheal.sbatch_helpers import report_progress
+    from autoheal.sbatch_helpers.progress import PROGRESS_FILE, read_progress
+
+    ck = tmp_path / "ck"
+    assert report_progress(5, environ={}) is None  # outside autoheal sbatch: a no-op
+    assert report_progress(9, environ={"AUTOHEAL_CHECKPOINT_DIR": str(ck), "RANK": "1"}) is None
+    report_progress(12, environ={"AUTOHEAL_CHECKPOINT_DIR": str(ck)})
+    assert read_progress(ck) == 12
+    assert r.Runner._progress_step(None, str(ck)) == "12"
+    (ck / PROGRESS_FILE).write_text('{"step": "x"}')
+    assert read_progress(ck) is None and r.Runner._progress_step(None, str(ck)) == "none"
+    (ck / PROGRESS_FILE).unlink()
+    os.mkfifo(ck / PROGRESS_FILE)  # never opened, never a hang
+    assert read_progress(ck) is None
+    with pytest.raises(Exception, match="whole number"):
+        report_progress(-1, environ={"AUTOHEAL_CHECKPOINT_DIR": str(ck)})
