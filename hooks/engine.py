@@ -49,9 +49,6 @@ class Pass:
         return head + ("" if not bad else ": " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
 
 
-#: Reports of one XID by both sources (NVML event and kernel log) and companion XIDs arrive within this
-#: many seconds of each other: those duplicates are never journalled; later ones are (rate-limited).
-COMPANION_SECONDS = 5.0
 #: At most one "seen again" journal record per XID and GPU per this many seconds.
 REPEAT_NOTE_SECONDS = 60.0
 
@@ -62,9 +59,9 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
     application XIDs per GPU, open a fault for every drain-class XID.
 
     A repair of the GPU (reset, reboot, resume, admin clear) ends the dedupe window: the same XID back
-    after it is a new fault, judged and acted on at once (the ladder then escalates). Duplicates seen
-    well after the first report go to ``notes`` (journal records for the caller, at most one per XID and
-    GPU a minute), so a storm is never silent."""
+    after it is a new fault, judged and acted on at once (the ladder then escalates). The other source's
+    report of the same XID is silent; a repeat from the same source goes to ``notes`` (journal records
+    for the caller, at most one per XID and GPU a minute), so a storm is never silent."""
     h = ctx.hooks
     out: List[C.CheckResult] = []
     last_pass = st.get("last_pass") or {}
@@ -77,12 +74,15 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
         pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
         dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds)
         if dup is not None:
-            dup["dups"] = int(dup.get("dups", 0)) + 1
-            if (notes is not None and now - float(dup.get("time", 0)) >= COMPANION_SECONDS
-                    and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS):
+            sources = dup.setdefault("sources", [])
+            if ev.source not in sources:
+                sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+                continue
+            dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
+            if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
                 dup["noted"] = now
                 r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
-                notes.append({"check": "xid", "gpu": gpu, "severity": "info", "outcome": "repeat",
+                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
                               "message": f"{r.reason}: seen again ({dup['dups']} time(s) since "
                               f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
                               f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
@@ -90,7 +90,7 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
         repaired = S.repaired_at(st, gpu)
         before = [x for x in st.get("recent_xids", []) if x.get("xid") == ev.xid and x.get("gpu") == gpu
                   and float(x.get("time", 0)) < repaired]
-        S.remember_xid(st, ev.xid, gpu, ev.pci, now)
+        S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
         repeats = 0
         if C.policy_for(ev.xid, h.xid_policy) == "ignore":
             repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)

@@ -6,7 +6,8 @@ climbs the recovery ladder once the node is drained and idle, and resumes a drai
 passes none) and imports neither click nor requests: its start-up time is the budget.
 
 Exit codes: 0 healthy, 1 failed (node drained), 2 could not tell (NVML unknown, slurmctld unreachable,
-bad config). Slurm only logs the exit code; the drain is done here.
+bad config or one that crashes the loader, a node state that cannot be saved, any trouble of its own:
+one line, a journal record, never a traceback). Slurm only logs the exit code; the drain is done here.
 """
 
 from __future__ import annotations

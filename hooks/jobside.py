@@ -169,6 +169,7 @@ class JobSide:
         self.seen_fp: Optional[Tuple] = fingerprint(S.empty())
         self.last_forced = 0.0
         self.outage_noted = False
+        self._t0 = time.monotonic()
 
     def _interval(self) -> float:
         return float(getattr(self.h, "xid_watch_self_check", 60.0))
@@ -189,6 +190,7 @@ class JobSide:
                 return False
         if force:
             self.last_forced = now
+        self._t0 = time.monotonic()
         try:
             mode, next_due = self.check(now)
         except SlurmUnavailable as exc:
@@ -284,6 +286,10 @@ class JobSide:
         if settling:
             return BUSY, now + FAST_SECONDS
         return (WAITING if work else QUIET), next_due
+
+    def _now(self, now: float) -> float:
+        """``now`` of this step plus the real time the step has taken so far."""
+        return now + max(0.0, time.monotonic() - self._t0)
 
     def _is_runner(self, job) -> bool:
         return bool(job.comment) and job.comment.startswith(self.h.runner_comment)
@@ -432,7 +438,9 @@ class JobSide:
                             f"{self.h.grace_seconds:g}s if it still runs here")
             self._update(key, stage=GRACE, deadline=now + self.h.grace_seconds)
             return
-        self._update(key, stage=GRACE, deadline=now + self.h.grace_seconds)
+        # the grace starts when the signal went out, not when this look at Slurm began (a slow or
+        # just-restarted slurmctld can make that many seconds)
+        self._update(key, stage=GRACE, deadline=self._now(now) + self.h.grace_seconds)
         self._count("signals_total")
         self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({'batch shell, the runner requeues itself' if runner else 'every step'}) "

@@ -186,9 +186,9 @@ def repaired_at(state: Dict[str, Any], gpu: Optional[int]) -> float:
 
 
 def remember_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
-                 keep: float = 86400.0) -> None:
+                 keep: float = 86400.0, source: str = "") -> None:
     recent = [r for r in state.get("recent_xids", []) if now - float(r.get("time", 0)) <= keep]
-    recent.append({"xid": xid, "gpu": gpu, "pci": pci, "time": now})
+    recent.append({"xid": xid, "gpu": gpu, "pci": pci, "time": now, "sources": [source] if source else []})
     state["recent_xids"] = recent[-500:]
 
 

@@ -288,6 +288,10 @@ def main(node: Optional[str] = None, config_path: Optional[str] = None, nvml: bo
     from autoheal.hooks.context import Context
 
     ctx = Context.load("xid-watch", node, config_path)
+    # no adapter-level retries: the job side has its own backoff, and a stopped slurmctld then holds the
+    # loop for one hooks.slurm_timeout, not two plus a pause
+    if hasattr(ctx.slurm, "retries"):
+        ctx.slurm.retries = 0
     watch = XidWatch(ctx)
     _signal.signal(_signal.SIGTERM, watch.stop)
     _signal.signal(_signal.SIGINT, watch.stop)

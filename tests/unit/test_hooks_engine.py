@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
+from autoheal.journal import Record
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
 from autoheal.hooks import state as S
@@ -33,7 +34,7 @@ def make_ctx(tmp_path, **hooks):
     records = []
     ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeSlurm(),
                           records=records, source="test")
-    ctx.record = lambda event, **kw: records.append((event, kw))
+    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
     with ctx.store.locked() as st:
         st["drain"] = {"reason": ctx.slurm.node.reason, "time": 0}
     return ctx

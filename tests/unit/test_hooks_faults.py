@@ -17,6 +17,7 @@ import pytest
 
 from autoheal.config import Config, parse_config
 from autoheal.config.hooks_section import HooksSection
+from autoheal.journal import Record
 from autoheal.errors import ConfigError
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
@@ -240,7 +241,7 @@ def test_xid_watch_drains_before_it_journals(tmp_path):
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
     ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=slurm, source="xid-watch",
                           path=lambda t: t, close=lambda *a: None)
-    ctx.record = lambda event, **kw: order.append(event)
+    ctx.record = lambda event, **kw: order.append(Record(event, **kw).event)
     XidWatch(ctx).handle([XidEvent(xid=79, gpu=1, source="nvml")], now=100.0)
     assert order.index("drain") < order.index("detection"), order
 
@@ -251,7 +252,7 @@ def _xctx(tmp_path):
     h = HooksSection()
     recs = []
     ctx = SimpleNamespace(node="gpu2", hooks=h, store=S.NodeState(str(tmp_path)), records=recs)
-    ctx.record = lambda event, **kw: recs.append((event, kw))
+    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
     return ctx
 
 
@@ -263,7 +264,8 @@ def test_a_fault_back_after_a_reset_is_new_and_the_storm_is_journalled(tmp_path)
     assert [r.status for r in first] == [C.FAIL]
     assert first[0].reason == "xid 48 on GPU 3 of gpu2: double-bit ECC error"
     notes = []
-    assert engine.xid_results(ctx, st, [ev], {}, 1001.0, notes) == [] and notes == []  # kmsg twin: silent
+    twin = XidEvent(xid=48, gpu=3, source="kmsg")
+    assert engine.xid_results(ctx, st, [twin], {}, 1015.0, notes) == [] and notes == []  # the other source: silent
     S.mark_repaired(st, 3, 1010.0)  # the reset rung
     again = engine.xid_results(ctx, st, [ev], {}, 1011.0, notes)
     assert [r.status for r in again] == [C.FAIL] and again[0].evidence["after_repair"] == 1010.0
@@ -324,3 +326,30 @@ def test_config_rejects_values_that_can_never_work(text, words):
 def test_config_accepts_real_signal_names(sig):
     assert parse_config(f'[hooks]\ngrace_signal = "{sig}"\nrunner_signal = "{sig}"\n').hooks.grace_signal == sig
     assert parse_config('[hooks]\nxid_policy = {"13" = "warn", "109" = "reset"}\n').hooks.xid_policy["109"] == "reset"
+
+
+def test_xid_watch_puts_a_failed_batch_back_instead_of_dropping_it(tmp_path, monkeypatch):
+    from autoheal.hooks.xid_watch import XidWatch
+
+    h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(), source="xid-watch",
+                          path=lambda t: t, close=lambda *a: None, record=lambda *a, **k: None)
+    watch = XidWatch(ctx)
+    calls = []
+    real = watch.handle
+
+    def flaky(batch, now=None):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        out = real(batch, now)
+        watch.stop()
+        return out
+
+    monkeypatch.setattr(watch, "handle", flaky)
+    monkeypatch.setattr(watch._stop, "wait", lambda *_: False)  # no pause after the error in a test
+    watch.q.put(XidEvent(xid=79, gpu=1, source="nvml"))
+    watch.run(nvml=False, kernel_log=False)
+    assert calls == [1, 1]  # handled on the second try
+    assert ctx.slurm.node.drain
+    assert S.seen_recently(ctx.store.read(), 79, 1, "", __import__("time").time(), 120.0)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
+from autoheal.journal import Record
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
@@ -85,7 +86,7 @@ def make_ctx(tmp_path, **hooks):
     records = []
     ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeCtld(),
                           records=records, source="xid-watch")
-    ctx.record = lambda event, **kw: records.append((event, kw))
+    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
     return ctx
 
 
