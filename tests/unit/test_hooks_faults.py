@@ -353,3 +353,26 @@ def test_xid_watch_puts_a_failed_batch_back_instead_of_dropping_it(tmp_path, mon
     assert calls == [1, 1]  # handled on the second try
     assert ctx.slurm.node.drain
     assert S.seen_recently(ctx.store.read(), 79, 1, "", __import__("time").time(), 120.0)
+
+
+def test_xid_back_right_after_a_reboot_is_acted_on_by_xid_watch(tmp_path):
+    """Issue 17 item 3: after the lab's 2.5 s reboot (Slurm resumed the node: nextstate=resume) the
+    returning XID 48 was taken for the one before the reboot and ignored."""
+    from autoheal.hooks.xid_watch import XidWatch
+
+    h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
+    recs = []
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(), source="xid-watch",
+                          path=lambda t: t, close=lambda *a: None)
+    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
+    watch = XidWatch(ctx)
+    ev = XidEvent(xid=48, gpu=1, source="nvml")
+    assert [r.status for r in watch.handle([ev], now=100.0)] == [C.FAIL]
+    assert ctx.slurm.node.drain
+    with ctx.store.locked() as st:  # the healthcheck asked for the reboot rung
+        st["reboot_requested"] = {"boot_id": "same-boot-in-the-lab", "time": 110.0}
+    ctx.slurm.resume("n1")  # rebooted; Slurm put it back into service
+    again = watch.handle([ev], now=130.0)  # well inside the 120 s dedupe window of the first
+    assert [r.status for r in again] == [C.FAIL] and again[0].evidence.get("after_repair")
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: xid 48 on GPU 1 of n1")
+    assert [kw["message"] for ev_, kw in recs if ev_ == "detection"][-1].endswith("(back after a repair)")
