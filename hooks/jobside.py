@@ -442,10 +442,10 @@ class JobSide:
         # just-restarted slurmctld can make that many seconds)
         self._update(key, stage=GRACE, deadline=self._now(now) + self.h.grace_seconds)
         self._count("signals_total")
+        to = "batch shell, the runner requeues itself" if runner else "every step"
         self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
-                        message=f"job {job}: grace signal {sig} ({'batch shell, the runner requeues itself' if runner else 'every step'}) "
-                        f"after: {a.get('detail') or a.get('note', '')}; requeue in {self.h.grace_seconds:g}s "
-                        "if it still runs here")
+                        message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
+                        f"requeue in {self.h.grace_seconds:g}s if it still runs here")
 
     def _requeue(self, key: str, a: Dict[str, Any], now: float) -> None:
         from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
@@ -459,11 +459,18 @@ class JobSide:
         except SlurmNotFound:
             self._update(key, stage=DONE, outcome="gone")
             return
+        note = a.get("note") or requeue_note("")
         if not (info.running and self.ctx.node in info.nodes):
+            if a.get("requeue_tried"):
+                # our requeue went out while slurmctld was slow to answer and it took it after all
+                self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
+                self._count("requeues_total")
+                self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", severity="action",
+                                outcome="requeued (slurmctld answered late)", message=note)
+                return
             # finished, or requeued itself (the runner, a framework): nothing left to do here
             self._update(key, stage=DONE, outcome=f"no longer runs here ({info.state})")
             return
-        note = a.get("note") or requeue_note("")
         try:
             if not self._is_runner(info):
                 try:
@@ -472,6 +479,7 @@ class JobSide:
                     raise
                 except SlurmError:
                     pass  # the comment is for the user; the requeue matters
+            self._update(key, requeue_tried=now)
             self.ctx.slurm.requeue(job)
         except SlurmUnavailable:
             raise
@@ -486,7 +494,7 @@ class JobSide:
                                 message=f"job {job}: requeue refused by Slurm ({exc}); it keeps running on the "
                                 f"drained node {self.ctx.node}")
                 return
-            self._update(key, tries=tries, next_try=now + backoff(tries, 30.0))
+            self._update(key, tries=tries, next_try=now + backoff(tries, 30.0), requeue_tried=None)
             return
         self._update(key, stage=DONE, outcome="requeued")
         self._count("requeues_total")
@@ -501,15 +509,14 @@ def _sig(name: str) -> str:
 
 
 def _finished(exc: Exception) -> bool:
-    from autoheal import errors
+    """The job is past what we wanted to do to it: finished, already pending again (requeued itself or
+    by someone else), or gone."""
+    from autoheal.errors import SlurmJobAlreadyPending, SlurmJobFinished, SlurmNotFound
 
-    types = tuple(t for t in (getattr(errors, "SlurmJobFinished", None), getattr(errors, "SlurmJobAlreadyPending", None),
-                              getattr(errors, "SlurmNotFound", None)) if t is not None)
-    return isinstance(exc, types)
+    return isinstance(exc, (SlurmJobFinished, SlurmJobAlreadyPending, SlurmNotFound))
 
 
 def _requeue_disabled(exc: Exception) -> bool:
-    from autoheal import errors
+    from autoheal.errors import SlurmRequeueDisabled
 
-    t = getattr(errors, "SlurmRequeueDisabled", None)
-    return t is not None and isinstance(exc, t)
+    return isinstance(exc, SlurmRequeueDisabled)

@@ -12,7 +12,8 @@ import pytest
 
 from autoheal.config.hooks_section import HooksSection
 from autoheal.journal import Record
-from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobFinished, SlurmNotFound,
+                             SlurmRequeueDisabled, SlurmUnavailable)
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
 from autoheal.hooks import state as S
@@ -322,3 +323,49 @@ def test_requeue_policy_xid_moves_only_the_jobs_of_that_gpu(tmp_path):
     js.step(now=101.0)
     st = ctx.store.read()
     assert st["requeue_faults"] == [] and st["job_actions"] == {}  # done and pruned
+
+
+@pytest.mark.parametrize("exc,writes,outcome", [
+    (SlurmJobAlreadyPending("job 6 is already pending"), 1, "already requeued or finished"),
+    (SlurmJobFinished("job 6 is completing"), 1, "already requeued or finished"),
+    (SlurmRequeueDisabled("Requeue of this job is disabled"), 1, "requeue refused"),
+])
+def test_typed_requeue_outcomes_end_the_action_at_once(tmp_path, exc, writes, outcome):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("6")
+
+    def requeue(job_id, hold=False):
+        ctx.slurm.calls.append(f"requeue {job_id}")
+        raise exc
+
+    ctx.slurm.requeue = requeue
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    for t in (110.0, 140.0, 200.0):
+        js.step(now=t, force=True)
+    assert len(ctx.slurm.writes("requeue")) == writes
+    (action,) = ctx.store.read()["job_actions"].values()
+    assert action["stage"] == J.DONE and action["outcome"].startswith(outcome)
+
+
+def test_a_requeue_slurmctld_took_while_timing_out_is_journalled_once(tmp_path):
+    # slurmctld just back from SIGSTOP, busy: the requeue times out on our side but is carried out
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("6")
+    real = ctx.slurm.requeue
+
+    def slow(job_id, hold=False):
+        real(job_id)
+        raise SlurmUnavailable("scontrol requeue: no answer within 5s")
+
+    ctx.slurm.requeue = slow
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    ctx.slurm.requeue = real
+    js.step(now=102.0)
+    assert ctx.slurm.writes("requeue") == ["requeue 6"]  # not sent twice
+    assert [kw["outcome"] for kw in events(ctx, "requeue")] == ["requeued (slurmctld answered late)"]
