@@ -67,8 +67,10 @@ def _clear(ctx, gpu, dry_run, as_json) -> None:
         return
     verb = "would clear" if dry_run else "cleared"
     where = f"GPU {gpu} of {ctx.node}" if gpu is not None else ctx.node
+    from autoheal.hooks.state import ladder_label
+
     click.echo(f"{where}: {verb} {out['faults']} open fault(s); ladder counts of: "
-               f"{', '.join(out['ladder']) or 'none'}")
+               f"{', '.join(ladder_label(k, ctx.node) for k in out['ladder']) or 'none'}")
     for f in out["cleared"]["faults"]:
         click.echo(f"  {f.get('reason', '')}")
 

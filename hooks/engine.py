@@ -445,6 +445,6 @@ def clear_faults(ctx, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[
                         or cleared["reboot_requested"]):
         ctx.record("clear-faults", action="clear-faults", outcome="cleared", severity="action",
                    message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
-                   f"{', '.join(sorted(cleared['ladder'])) or 'nothing'}",
+                   f"{', '.join(S.ladder_label(k, ctx.node) for k in sorted(cleared['ladder'])) or 'nothing'}",
                    evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})
     return out

@@ -210,6 +210,14 @@ def ladder_key(gpu: Optional[int]) -> str:
     return "node" if gpu is None else f"gpu{gpu}"
 
 
+def ladder_label(key: str, node: str) -> str:
+    """A ladder key for people: ``gpu3`` -> ``GPU 3 of gpu2`` (never a bare ``gpu3``, which reads as a node
+    name), ``node`` -> ``gpu2 as a whole``."""
+    if key.startswith("gpu") and key[3:].isdigit():
+        return f"GPU {key[3:]} of {node}"
+    return f"{node} as a whole" if key == "node" else key
+
+
 def ladder_count(state: Dict[str, Any], gpu: Optional[int], rung: str, now: float, window: float) -> int:
     times = state.get("ladder", {}).get(ladder_key(gpu), {}).get(rung, [])
     return sum(1 for t in times if now - float(t) <= window)

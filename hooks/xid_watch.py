@@ -278,8 +278,8 @@ class XidWatch:
                 self.q.put(ev)
             else:
                 self._retries.pop(ev, None)
-                print(f"xid-watch: giving up on xid {ev.xid} (gpu {ev.gpu}, pci {ev.pci}) after 3 tries",
-                      file=sys.stderr, flush=True)
+                where = C.gpu_label(None, ev.gpu, ev.pci, self.ctx.node)
+                print(f"xid-watch: giving up on xid {ev.xid} on {where} after 3 tries", file=sys.stderr, flush=True)
 
 
 def main(node: Optional[str] = None, config_path: Optional[str] = None, nvml: bool = True,

@@ -102,6 +102,7 @@ def test_clear_faults_all_or_one_gpu(tmp_path):
     st = ctx.store.read()
     assert [f["gpu"] for f in st["faults"]] == [2] and list(st["ladder"]) == ["gpu2"] and st["unknown_runs"] == {}
     assert ctx.records and ctx.records[-1][0] == "clear-faults"
+    assert ctx.records[-1][1]["message"].endswith("the ladder counts of GPU 1 of n1")  # never a bare "gpu1"
     engine.clear_faults(ctx)
     st = ctx.store.read()
     assert st["faults"] == [] and st["ladder"] == {} and st["drain"]  # our drain record stays: resume still works
