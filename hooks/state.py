@@ -59,9 +59,11 @@ def empty() -> Dict[str, Any]:
 class NodeState:
     """``with NodeState(dir).locked() as st:`` read-modify-write; ``.read()`` for a snapshot.
 
-    ``fallback``: when the state cannot be locked or written, keep going on an in-memory copy (newest
-    first for ``read``) instead of raising, and record why in ``trouble``; the next write that works
-    persists the copy. Hooks use it so that their own trouble never turns into a Slurm failure."""
+    ``fallback``: when the state cannot be locked or written, keep going on an in-memory copy (``read``
+    returns it) instead of raising, and record why in ``trouble``. The next locked write that works
+    merges the copy into what is on disk then: the top-level keys this process changed since it fell
+    back win, everything else another process wrote meanwhile is kept. Hooks use it so that their own
+    trouble never turns into a Slurm failure, and a long-running xid-watch never loses an XID to it."""
 
     def __init__(self, state_dir: str, lock_timeout: float = 10.0, fallback: bool = False):
         self.dir = Path(state_dir)
@@ -69,11 +71,15 @@ class NodeState:
         self.lock_timeout = lock_timeout
         self.fallback = fallback
         self.trouble = ""  # why the last locked() could not persist ("" when it could)
-        self._unsaved: Optional[Dict[str, Any]] = None
+        self._unsaved: Optional[Dict[str, Any]] = None  # our view while the disk does not take it
+        self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
 
     def read(self) -> Dict[str, Any]:
         if self._unsaved is not None:
             return copy.deepcopy(self._unsaved)
+        return self._read_disk()
+
+    def _read_disk(self) -> Dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -94,23 +100,32 @@ class NodeState:
             if not self.fallback:
                 raise
             state = self.read()
+            before = copy.deepcopy(state)
             yield state
-            self._keep(state, f"state dir {self.dir}: {_why(exc)}")
+            self._keep(state, before, f"state dir {self.dir}: {_why(exc)}")
             return
         with stack:
-            state = self.read()
+            if self._unsaved is not None:
+                state = self._read_disk()
+                state.update({k: v for k, v in self._unsaved.items() if self._base.get(k) != v})
+            else:
+                state = self._read_disk()
+            before = copy.deepcopy(state) if self.fallback else {}
             yield state
             try:
                 self._write(state)
             except (OSError, ValueError) as exc:
                 if not self.fallback:
                     raise
-                self._keep(state, f"state {self.path}: cannot write: {_why(exc)}")
+                self._keep(state, before, f"state {self.path}: cannot write: {_why(exc)}")
                 return
             self._unsaved = None
+            self._base = {}
             self.trouble = ""
 
-    def _keep(self, state: Dict[str, Any], why: str) -> None:
+    def _keep(self, state: Dict[str, Any], before: Dict[str, Any], why: str) -> None:
+        if self._unsaved is None:
+            self._base = before
         self._unsaved = copy.deepcopy(state)
         self.trouble = why
 

@@ -376,3 +376,34 @@ def test_xid_back_right_after_a_reboot_is_acted_on_by_xid_watch(tmp_path):
     assert [r.status for r in again] == [C.FAIL] and again[0].evidence.get("after_repair")
     assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: xid 48 on GPU 1 of n1")
     assert [kw["message"] for ev_, kw in recs if ev_ == "detection"][-1].endswith("(back after a repair)")
+
+
+def test_writing_back_after_a_lock_timeout_keeps_what_others_wrote_meanwhile(tmp_path):
+    other = S.NodeState(str(tmp_path))
+    watch = S.NodeState(str(tmp_path), lock_timeout=0.1, fallback=True)
+    with other.locked() as st:
+        st["passes"] = 1
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck():
+        with other.locked() as st:
+            entered.set()
+            release.wait(10)
+            st["ladder"] = {"gpu2": {"reset": [5.0]}}  # the stuck hook's own change, written at the end
+
+    t = threading.Thread(target=stuck)
+    t.start()
+    try:
+        assert entered.wait(5)
+        with watch.locked() as st:  # times out: goes on in memory
+            S.remember_xid(st, 79, 1, "", 10.0)
+        assert watch.trouble and watch.read()["recent_xids"]
+    finally:
+        release.set()
+        t.join()
+    with watch.locked() as st:
+        st["counters"] = {"x": 1}
+    disk = json.loads((tmp_path / "state.json").read_text())
+    assert disk["ladder"] == {"gpu2": {"reset": [5.0]}}  # the other hook's write survived
+    assert [r["xid"] for r in disk["recent_xids"]] == [79] and disk["counters"] == {"x": 1}  # and ours
+    assert disk["passes"] == 1 and watch.trouble == ""
