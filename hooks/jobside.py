@@ -203,7 +203,9 @@ class JobSide:
             return True
         except SlurmError as exc:  # an answer we cannot use (parse error, node unknown): back off, say it
             self._failed(now)
-            print(f"xid-watch: slurm: {exc}; retrying in {self.retry_at - now:g}s", file=sys.stderr, flush=True)
+            if self.tries == 1 or self.tries % 60 == 0:  # not every 10 s for as long as it lasts
+                print(f"xid-watch: slurm: {exc}; retrying with backoff (attempt {self.tries})", file=sys.stderr,
+                      flush=True)
             return True
         if self.outage_noted:
             self.outage_noted = False
