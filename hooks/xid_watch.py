@@ -285,9 +285,13 @@ class XidWatch:
 def main(node: Optional[str] = None, config_path: Optional[str] = None, nvml: bool = True,
          kernel_log: bool = True) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from autoheal.hooks.context import Context
+    from autoheal.hooks.context import Context, report_own_trouble
 
-    ctx = Context.load("xid-watch", node, config_path)
+    try:
+        ctx = Context.load("xid-watch", node, config_path)
+    except Exception as exc:  # a config that does not load or crashes the loader: one line, exit 2
+        report_own_trouble("xid-watch", None, "config", exc)
+        return 2
     # no adapter-level retries: the job side has its own backoff, and a stopped slurmctld then holds the
     # loop for one hooks.slurm_timeout, not two plus a pause
     if hasattr(ctx.slurm, "retries"):

@@ -121,7 +121,7 @@ def test_a_config_that_breaks_the_loader_never_fails_slurm(tmp_path, name, modul
 
 
 def test_loader_crashes_are_caught_at_the_entry_points(monkeypatch, capsys):
-    from autoheal.hooks import context, healthcheck
+    from autoheal.hooks import context, healthcheck, xid_watch
 
     for exc in (RecursionError("maximum recursion depth exceeded"), TypeError("'int' object is not subscriptable"),
                 ValueError("embedded null byte")):
@@ -130,6 +130,7 @@ def test_loader_crashes_are_caught_at_the_entry_points(monkeypatch, capsys):
         assert jobhook.run("prolog") == 0
         assert jobhook.run("epilog") == 0
         assert healthcheck.run() == 2
+        assert xid_watch.main("n1") == 2
         err = capsys.readouterr().err
         assert type(exc).__name__ in err and "Traceback" not in err
 
