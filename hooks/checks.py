@@ -43,11 +43,13 @@ class CheckResult:
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
-def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "") -> str:
-    """``gpu 3 (0000:3b:00.0)``."""
+def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "", node: str = "") -> str:
+    """``GPU 3 of gpu2 (0000:3b:00.0)``: a GPU index never reads like a node name (``gpu3``)."""
     idx = g.index if g is not None else index
     bus = (g.pci if g is not None and g.pci else "") or pci
-    label = f"gpu {idx}" if idx is not None else "gpu ?"
+    label = f"GPU {idx}" if idx is not None else "a GPU"
+    if node:
+        label += f" of {node}"
     return f"{label} ({bus})" if bus else label
 
 
@@ -85,114 +87,124 @@ def check_count(s: NodeSample, expected: int) -> List[CheckResult]:
 
 # ---- per GPU ---------------------------------------------------------------------------------------
 
-def check_reachable(g: GpuSample) -> List[CheckResult]:
+def check_reachable(g: GpuSample, node: str = "") -> List[CheckResult]:
     """GPU lost (NVML_ERROR_GPU_IS_LOST) fails; a read that did not finish is unknown."""
+    lbl = gpu_label(g, node=node)
     if g.error == "lost":
-        return [CheckResult("gpu-lost", FAIL, f"gpu-lost: {gpu_label(g)}: GPU is lost (fallen off the bus)",
+        return [CheckResult("gpu-lost", FAIL, f"gpu-lost: {lbl}: GPU is lost (fallen off the bus)",
                             REBOOT, g.index, {"error": g.error})]
     if g.error:
-        return [CheckResult("gpu-lost", UNKNOWN, f"gpu-lost: {gpu_label(g)}: not read: {g.error}", NONE, g.index,
+        return [CheckResult("gpu-lost", UNKNOWN, f"gpu-lost: {lbl}: not read: {g.error}", NONE, g.index,
                             {"error": g.error})]
     return [_ok("gpu-lost", g.index)]
 
 
-def check_ecc(g: GpuSample, dbe_max: int = 0) -> List[CheckResult]:
+def check_ecc(g: GpuSample, dbe_max: int = 0, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.ecc_dbe_volatile is None:
         return []
     if g.ecc_dbe_volatile > dbe_max:
-        return [CheckResult("ecc", FAIL, f"ecc: {gpu_label(g)}: {g.ecc_dbe_volatile} uncorrectable ECC errors",
+        return [CheckResult("ecc", FAIL, f"ecc: {lbl}: {g.ecc_dbe_volatile} uncorrectable ECC errors",
                             RESET, g.index, {"ecc_dbe_volatile": g.ecc_dbe_volatile})]
     return [_ok("ecc", g.index)]
 
 
-def check_remapped_rows(g: GpuSample) -> List[CheckResult]:
+def check_remapped_rows(g: GpuSample, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.remap_failure:
-        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {gpu_label(g)}: row remap failure",
+        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {lbl}: row remap failure",
                             REPLACE, g.index, {"remap_failure": True})]
     if g.remap_pending:
-        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {gpu_label(g)}: row remap pending a reset",
+        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {lbl}: row remap pending a reset",
                             RESET, g.index, {"remap_pending": True, "uncorrectable": g.remap_uncorrectable})]
     if g.remap_failure is None:
         return []
     return [_ok("remapped-rows", g.index)]
 
 
-def check_retired_pages(g: GpuSample, pages_max: int = 60) -> List[CheckResult]:
+def check_retired_pages(g: GpuSample, pages_max: int = 60, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.retired_pages is None and g.retired_pending is None:
         return []
     if (g.retired_pages or 0) > pages_max:
-        return [CheckResult("retired-pages", FAIL, f"retired-pages: {gpu_label(g)}: {g.retired_pages} retired "
+        return [CheckResult("retired-pages", FAIL, f"retired-pages: {lbl}: {g.retired_pages} retired "
                             f"pages", REPLACE, g.index, {"retired_pages": g.retired_pages})]
     if g.retired_pending:
-        return [CheckResult("retired-pages", FAIL, f"retired-pages: {gpu_label(g)}: page retirement pending a "
+        return [CheckResult("retired-pages", FAIL, f"retired-pages: {lbl}: page retirement pending a "
                             f"reset", RESET, g.index, {"retired_pending": True})]
     return [_ok("retired-pages", g.index)]
 
 
-def check_pcie(g: GpuSample, gen: bool = True, width: bool = True) -> List[CheckResult]:
+def check_pcie(g: GpuSample, gen: bool = True, width: bool = True, node: str = "") -> List[CheckResult]:
     """Width below max always counts; generation only on a busy GPU (it drops while idle)."""
+    lbl = gpu_label(g, node=node)
     ev = {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max}
     if width and g.pcie_width and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
-        return [CheckResult("pcie", FAIL, f"pcie: {gpu_label(g)}: link x{g.pcie_width} below x{g.pcie_width_max}",
+        return [CheckResult("pcie", FAIL, f"pcie: {lbl}: link x{g.pcie_width} below x{g.pcie_width_max}",
                             REBOOT, g.index, ev)]
     if gen and g.idle is False and g.pcie_gen and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max:
-        return [CheckResult("pcie", FAIL, f"pcie: {gpu_label(g)}: link gen{g.pcie_gen} below gen{g.pcie_gen_max}",
+        return [CheckResult("pcie", FAIL, f"pcie: {lbl}: link gen{g.pcie_gen} below gen{g.pcie_gen_max}",
                             REBOOT, g.index, ev)]
     if g.pcie_width is None and g.pcie_gen is None:
         return []
     return [_ok("pcie", g.index)]
 
 
-def check_nvlink(g: GpuSample) -> List[CheckResult]:
+def check_nvlink(g: GpuSample, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.nvlinks_down is None:
         return []
     if g.nvlinks_down:
         links = ",".join(str(x) for x in g.nvlinks_down)
-        return [CheckResult("nvlink", FAIL, f"nvlink: {gpu_label(g)}: link {links} down", RESET, g.index,
+        return [CheckResult("nvlink", FAIL, f"nvlink: {lbl}: link {links} down", RESET, g.index,
                             {"links_down": list(g.nvlinks_down)})]
     return [_ok("nvlink", g.index)]
 
 
-def check_clocks(g: GpuSample, fail: bool = False) -> List[CheckResult]:
+def check_clocks(g: GpuSample, fail: bool = False, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.clock_events is None:
         return []
     names = [n for bit, n in ((CLOCKS_HW_SLOWDOWN, "HW slowdown"), (CLOCKS_HW_THERMAL, "HW thermal slowdown"),
                               (CLOCKS_SW_THERMAL, "SW thermal slowdown"), (CLOCKS_HW_POWER_BRAKE, "power brake"))
              if g.clock_events & bit]
     if names:
-        return [CheckResult("clocks", FAIL if fail else WARN, f"clocks: {gpu_label(g)}: {', '.join(names)}",
+        return [CheckResult("clocks", FAIL if fail else WARN, f"clocks: {lbl}: {', '.join(names)}",
                             DRAIN if fail else NONE, g.index, {"clock_events": hex(g.clock_events)})]
     return [_ok("clocks", g.index)]
 
 
-def check_temperature(g: GpuSample, fail_at: int = 90, warn_at: int = 85) -> List[CheckResult]:
+def check_temperature(g: GpuSample, fail_at: int = 90, warn_at: int = 85, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.temperature is None:
         return []
     if g.temperature >= fail_at:
-        return [CheckResult("temperature", FAIL, f"temperature: {gpu_label(g)}: {g.temperature} C (limit {fail_at})",
+        return [CheckResult("temperature", FAIL, f"temperature: {lbl}: {g.temperature} C (limit {fail_at})",
                             DRAIN, g.index, {"temperature": g.temperature})]
     if g.temperature >= warn_at:
-        return [CheckResult("temperature", WARN, f"temperature: {gpu_label(g)}: {g.temperature} C", NONE, g.index,
+        return [CheckResult("temperature", WARN, f"temperature: {lbl}: {g.temperature} C", NONE, g.index,
                             {"temperature": g.temperature})]
     return [_ok("temperature", g.index)]
 
 
-def check_recovery_action(g: GpuSample) -> List[CheckResult]:
+def check_recovery_action(g: GpuSample, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.recovery_action is None:
         return []
     if g.recovery_action in RECOVERY_ACTIONS:
         text, action = RECOVERY_ACTIONS[g.recovery_action]
         status = WARN if action == DRAIN else FAIL
-        return [CheckResult("recovery-action", status, f"recovery-action: {gpu_label(g)}: {text}", action, g.index,
+        return [CheckResult("recovery-action", status, f"recovery-action: {lbl}: {text}", action, g.index,
                             {"recovery_action": g.recovery_action})]
     return [_ok("recovery-action", g.index)]
 
 
-def check_persistence(g: GpuSample, required: bool = True) -> List[CheckResult]:
+def check_persistence(g: GpuSample, required: bool = True, node: str = "") -> List[CheckResult]:
+    lbl = gpu_label(g, node=node)
     if g.persistence is None or not required:
         return []
     if not g.persistence:
-        return [CheckResult("persistence", WARN, f"persistence: {gpu_label(g)}: persistence mode off", NONE,
+        return [CheckResult("persistence", WARN, f"persistence: {lbl}: persistence mode off", NONE,
                             g.index)]
     return [_ok("persistence", g.index)]
 
@@ -200,13 +212,13 @@ def check_persistence(g: GpuSample, required: bool = True) -> List[CheckResult]:
 # ---- XIDs ------------------------------------------------------------------------------------------
 
 def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Optional[int] = None,
-              pci: str = "", app_repeats: int = 0, app_limit: int = 5) -> CheckResult:
+              pci: str = "", app_repeats: int = 0, app_limit: int = 5, node: str = "") -> CheckResult:
     """One XID through the policy table; repeated application XIDs on one GPU escalate to a reset."""
     policy = policy_for(ev.xid, overrides)
     idx = ev.gpu if ev.gpu is not None else gpu
     bus = pci or (ev.pci + ".0" if ev.pci and ev.pci.count(":") == 2 else ev.pci)
-    where = gpu_label(None, idx, bus)
-    text = f"xid {ev.xid} {where}: {describe(ev.xid)}"
+    where = gpu_label(None, idx, bus, node)
+    text = f"xid {ev.xid} on {where}: {describe(ev.xid)}"
     evidence = {"xid": ev.xid, "pci": ev.pci, "source": ev.source, "policy": policy}
     if ev.seq is not None:
         evidence["seq"] = ev.seq
@@ -239,29 +251,29 @@ def judge_sample(s: NodeSample, hooks_cfg: Any, expected_gpus: int = 0) -> List[
     if "gpu-count" not in off:
         out += check_count(s, expected_gpus)
     for g in s.gpus:
-        reach = check_reachable(g)
+        reach = check_reachable(g, node=s.node)
         if "gpu-lost" not in off or reach[0].status == UNKNOWN:
             out += reach
         if g.error:
             continue
         if "ecc" not in off:
-            out += check_ecc(g, hooks_cfg.ecc_dbe_max)
+            out += check_ecc(g, hooks_cfg.ecc_dbe_max, node=s.node)
         if "remapped-rows" not in off:
-            out += check_remapped_rows(g)
+            out += check_remapped_rows(g, node=s.node)
         if "retired-pages" not in off:
-            out += check_retired_pages(g, hooks_cfg.retired_pages_max)
+            out += check_retired_pages(g, hooks_cfg.retired_pages_max, node=s.node)
         if "pcie" not in off:
-            out += check_pcie(g, hooks_cfg.pcie_check_gen, hooks_cfg.pcie_check_width)
+            out += check_pcie(g, hooks_cfg.pcie_check_gen, hooks_cfg.pcie_check_width, node=s.node)
         if "nvlink" not in off and hooks_cfg.nvlink_check:
-            out += check_nvlink(g)
+            out += check_nvlink(g, node=s.node)
         if "clocks" not in off:
-            out += check_clocks(g, hooks_cfg.clock_events_fail)
+            out += check_clocks(g, hooks_cfg.clock_events_fail, node=s.node)
         if "temperature" not in off:
-            out += check_temperature(g, hooks_cfg.temperature_max, hooks_cfg.temperature_warn)
+            out += check_temperature(g, hooks_cfg.temperature_max, hooks_cfg.temperature_warn, node=s.node)
         if "recovery-action" not in off:
-            out += check_recovery_action(g)
+            out += check_recovery_action(g, node=s.node)
         if "persistence" not in off:
-            out += check_persistence(g, hooks_cfg.persistence_required)
+            out += check_persistence(g, hooks_cfg.persistence_required, node=s.node)
     return out
 
 

@@ -53,6 +53,7 @@ def check(node, no_drain, dry_run, verbose, clear_faults, gpu, as_json, config_p
             click.echo(f"  {a.get('action')}: {a.get('outcome')} {a.get('reason') or ''}".rstrip())
         for e in p.errors:
             click.echo(f"  error: {e}", err=True)
+    ctx.close()  # pending notifications get a bounded moment, never longer
     sys.stdout.flush()
     os._exit(p.exit_code)  # an NVML worker may be stuck in the driver
 
@@ -65,9 +66,11 @@ def _clear(ctx, gpu, dry_run, as_json) -> None:
         print_json(out)
         return
     verb = "would clear" if dry_run else "cleared"
-    where = f"{ctx.node} gpu {gpu}" if gpu is not None else ctx.node
+    where = f"GPU {gpu} of {ctx.node}" if gpu is not None else ctx.node
+    from autoheal.hooks.state import ladder_label
+
     click.echo(f"{where}: {verb} {out['faults']} open fault(s); ladder counts of: "
-               f"{', '.join(out['ladder']) or 'none'}")
+               f"{', '.join(ladder_label(k, ctx.node) for k in out['ladder']) or 'none'}")
     for f in out["cleared"]["faults"]:
         click.echo(f"  {f.get('reason', '')}")
 
@@ -83,10 +86,11 @@ def xid_watch(node, no_nvml, no_kernel_log, config_path):
 
     \b
     Waits on NVML XID events and follows the kernel log (hooks.kernel_log). On a drain-class XID
-    (policy table, hooks.xid_policy) it drains the node, sends running jobs their grace signal
-    (hooks.grace_signal; `autoheal sbatch` jobs get hooks.runner_signal on the batch shell) and
-    requeues what still runs after hooks.grace_seconds. Run it from systemd:
-    hooks/systemd/autoheal-xid-watch.service.
+    (policy table, hooks.xid_policy) it drains the node, then journals. Whoever drained the node
+    for a GPU fault (xid-watch, healthcheck, prolog, epilog), every job still running on it gets its
+    grace signal (hooks.grace_signal; `autoheal sbatch` jobs get hooks.runner_signal on the batch
+    shell) and a requeue if it still runs after hooks.grace_seconds: once per job and fault, retried
+    while slurmctld does not answer. Run it from systemd: hooks/systemd/autoheal-xid-watch.service.
     """
     from autoheal.hooks.xid_watch import main
 

@@ -21,6 +21,11 @@ def node_name(explicit: Optional[str] = None) -> str:
             or socket.gethostname().split(".")[0])
 
 
+#: Seconds a hook waits for the node-state lock before it goes on with an in-memory copy. The prolog and
+#: epilog delay every job start and end: they never wait long behind a stuck hook.
+LOCK_TIMEOUT = {"prolog": 3.0, "epilog": 3.0, "xid-watch": 5.0}
+
+
 class Context:
     """Lazily built collaborators for one run on one node."""
 
@@ -29,9 +34,13 @@ class Context:
         self.hooks = config.hooks
         self.node = node
         self.source = source
-        self.store = NodeState(expand(self.hooks.state_dir, node))
+        # fallback: a read-only or full state dir, or a lock held by a stuck hook, is our own trouble:
+        # the hook goes on with an in-memory copy and reports it; it never fails Slurm for it
+        self.store = NodeState(expand(self.hooks.state_dir, node), lock_timeout=LOCK_TIMEOUT.get(source, 10.0),
+                               fallback=True)
         self._slurm = None
         self._journal = None
+        self._notifier = None
 
     @classmethod
     def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> "Context":
@@ -66,19 +75,35 @@ class Context:
         return self._journal
 
     def record(self, event: str, **fields) -> None:
-        """Journal (never fails the caller) and notify actions and errors."""
+        """Journal and notify actions and errors; never fails the caller and never waits for a webhook
+        (deliveries run in the background; ``close`` waits a bounded time for them at exit)."""
         fields.setdefault("node", self.node)
         fields.setdefault("source", self.source)
-        rec = self.journal.record(event, **fields)
+        try:
+            rec = self.journal.record(event, **fields)
+        except Exception as exc:  # a journal path Python refuses (NUL), a bad field: say it, go on
+            print(f"autoheal: warning: journal: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return
         if rec is not None and rec.severity in ("action", "error") and self.cfg.notify.webhooks:
             try:
-                from autoheal.notify import Notifier
+                if self._notifier is None:
+                    from autoheal.notify import Notifier
 
-                notifier = Notifier.from_config(self.cfg, self.journal)
-                notifier.send(rec)
-                notifier.flush(self.cfg.notify.timeout)
+                    self._notifier = Notifier.from_config(self.cfg, self.journal)
+                self._notifier.send(rec)
+                self._notifier.flush(0)  # only forgets finished deliveries; never waits
             except Exception as exc:  # notifications are best effort
                 print(f"autoheal: warning: notify failed: {exc}", file=sys.stderr)
+
+    def close(self, timeout: Optional[float] = None) -> None:
+        """At process exit: give pending notifications a bounded time (``notify.timeout``, at most 5 s)."""
+        if self._notifier is None:
+            return
+        limit = min(5.0, self.cfg.notify.timeout) if timeout is None else timeout
+        try:
+            self._notifier.flush(limit)
+        except Exception:
+            pass
 
     def expected_gpus(self) -> int:
         """``hooks.expected_gpus``, or (-1) the GPUs gres.conf gives this node; 0 = do not check."""
@@ -130,3 +155,47 @@ def gres_gpu_count(text: str, node: str) -> int:
             except Exception:
                 return 0
     return total
+
+
+def report_own_trouble(hook: str, ctx: Optional[Context], what: str, err) -> str:
+    """Say, in one line and without a traceback, that a hook hit trouble of its own (config, state dir,
+    a bug): a journal ``error`` record when the journal can be written, and always stderr (slurmd logs
+    it). Returns the line. Never raises."""
+    from autoheal.reasons import sanitize
+
+    detail = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    line = sanitize(f"{what}: {detail}", 500)
+    print(f"autoheal-{hook}: error: {line}", file=sys.stderr, flush=True)
+    try:
+        if ctx is not None:
+            ctx.record("error", action="hook-trouble", message=f"{hook}: {line}", severity="error")
+            return line
+        from autoheal.journal import Journal
+
+        Journal(_salvage_journal_path()).record("error", node=node_name(), source=hook, action="hook-trouble",
+                                                message=f"{hook}: {line}", severity="error")
+    except Exception:
+        pass
+    return line
+
+
+def _salvage_journal_path() -> str:
+    """The journal path of a config that did not load: its ``[journal] path`` if the file still parses
+    as TOML, else the default."""
+    from autoheal.config.core_sections import JournalSection
+
+    try:
+        from autoheal.config import config_path
+
+        if sys.version_info >= (3, 11):
+            import tomllib
+        else:  # pragma: no cover - 3.9/3.10 compute nodes
+            import tomli as tomllib
+        path, _required = config_path()
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        value = data.get("journal", {}).get("path")
+        if isinstance(value, str) and value and "\0" not in value:
+            return value
+    except Exception:  # RecursionError, a missing file, anything: the default is the best guess
+        pass
+    return JournalSection().path

@@ -49,10 +49,19 @@ class Pass:
         return head + ("" if not bad else ": " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
 
 
+#: At most one "seen again" journal record per XID and GPU per this many seconds.
+REPEAT_NOTE_SECONDS = 60.0
+
+
 def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[str, int],
-                now: float) -> List[C.CheckResult]:
+                now: float, notes: Optional[List[Dict[str, Any]]] = None) -> List[C.CheckResult]:
     """Judge new XIDs once each: dedupe against recent ones (other sources, companion events), count
-    application XIDs per GPU, open a fault for every drain-class XID."""
+    application XIDs per GPU, open a fault for every drain-class XID.
+
+    A repair of the GPU (reset, reboot, resume, admin clear) ends the dedupe window: the same XID back
+    after it is a new fault, judged and acted on at once (the ladder then escalates). The other source's
+    report of the same XID is silent; a repeat from the same source goes to ``notes`` (journal records
+    for the caller, at most one per XID and GPU a minute), so a storm is never silent."""
     h = ctx.hooks
     out: List[C.CheckResult] = []
     last_pass = st.get("last_pass") or {}
@@ -62,14 +71,32 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
                 and ev.usec < int(last_pass.get("usec", 0))):
             continue
         gpu = ev.gpu if ev.gpu is not None else pci_map.get(ev.pci)
-        if S.seen_recently(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds):
+        pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
+        dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds)
+        if dup is not None:
+            sources = dup.setdefault("sources", [])
+            if ev.source not in sources:
+                sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+                continue
+            dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
+            if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+                dup["noted"] = now
+                r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
+                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                              "message": f"{r.reason}: seen again ({dup['dups']} time(s) since "
+                              f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
+                              f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
             continue
-        S.remember_xid(st, ev.xid, gpu, ev.pci, now)
+        repaired = S.repaired_at(st, gpu)
+        before = [x for x in st.get("recent_xids", []) if x.get("xid") == ev.xid and x.get("gpu") == gpu
+                  and float(x.get("time", 0)) < repaired]
+        S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
         repeats = 0
         if C.policy_for(ev.xid, h.xid_policy) == "ignore":
             repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)
-        pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
-        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat)
+        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat, node=ctx.node)
+        if before and repaired:
+            r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)
         if r.status == C.FAIL:
             S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
@@ -95,10 +122,11 @@ def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
             if not g.pci and g.index in by_index:
                 g.pci = by_index[g.index] + ".0"
         results = C.judge_sample(sample, ctx.hooks, expected)
+        notes: List[Dict[str, Any]] = []
         if read_log and ctx.hooks.kernel_log and "xid" not in off:
             events, cursor = read_kernel_log(ctx.path(ctx.hooks.kernel_log), LogCursor.from_dict(st.get("kmsg")))
             st["kmsg"] = cursor.to_dict()
-            results += xid_results(ctx, st, events, pci_map, now)
+            results += xid_results(ctx, st, events, pci_map, now, notes)
         if not cheap:
             results = _escalate_unknown(ctx, st, results)
         # open faults keep failing until a repair rung closes them
@@ -113,6 +141,11 @@ def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
         if not cheap:
             st["last_result"] = {"time": now, "status": p.status, "source": ctx.source,
                                  "results": [r.to_dict() for r in results if r.status != C.OK]}
+    trouble = getattr(ctx.store, "trouble", "")
+    if trouble:  # the node state could not be saved: the checks still ran, on an in-memory copy
+        p.errors.append(trouble)
+    for n in notes:
+        ctx.record("detection", **n)
     return p
 
 
@@ -126,8 +159,8 @@ def _escalate_unknown(ctx, st: Dict[str, Any], results: List[C.CheckResult]) -> 
             key = str(r.gpu)
             streaks[key] = int(old.get(key, 0)) + 1
             if streaks[key] >= ctx.hooks.unknown_runs_to_fail:
-                r = C.CheckResult("gpu-lost", C.FAIL, f"gpu-lost: gpu {r.gpu}: unresponsive in {streaks[key]} "
-                                  f"checks", C.REBOOT, r.gpu, r.evidence)
+                r = C.CheckResult("gpu-lost", C.FAIL, f"gpu-lost: {C.gpu_label(None, r.gpu, node=ctx.node)}: "
+                                  f"unresponsive in {streaks[key]} checks", C.REBOOT, r.gpu, r.evidence)
         out.append(r)
     st["unknown_runs"] = streaks
     return out
@@ -162,10 +195,17 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     if out.changed:
         ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
-    elif out.action == nodeops.SKIPPED_FOREIGN:
-        ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
-                   message=f"{failure.reason} (node already drained by someone else: {out.previous_reason})",
-                   severity="info", evidence=failure.evidence)
+    elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
+        # once per fault and foreign reason, not on every health check while the admin's drain lasts
+        key = f"{failure.check}:{failure.gpu}"
+        with ctx.store.locked() as st:
+            noted = st.setdefault("foreign_noted", {})
+            first = noted.get(key) != out.previous_reason
+            noted[key] = out.previous_reason
+        if first:
+            ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
+                       message=f"{failure.reason} (node already drained by someone else: {out.previous_reason})",
+                       severity="info", evidence=failure.evidence)
     return act
 
 
@@ -182,9 +222,12 @@ def maybe_resume(ctx, now: float, dry_run: bool = False) -> Optional[Dict[str, A
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     if not (node.drain or node.down) or current != ours.get("reason"):
-        # resumed by an admin, or re-drained with another reason: not ours to resume any more
+        # resumed by an admin (or by Slurm after our reboot), or re-drained with another reason: not ours
+        # to resume any more. Back in service ends the XID dedupe window: a fault that returns is new.
         with ctx.store.locked() as st2:
             st2["drain"] = None
+            if not (node.drain or node.down):
+                S.mark_repaired(st2, None, now)
         return {"action": "forget-drain", "outcome": "node no longer carries our drain", "reason": current}
     if st.get("passes", 0) < ctx.hooks.resume_after_passes:
         return {"action": "resume", "outcome": f"waiting: {st.get('passes', 0)} of "
@@ -195,6 +238,7 @@ def maybe_resume(ctx, now: float, dry_run: bool = False) -> Optional[Dict[str, A
     if out.changed:
         with ctx.store.locked() as st2:
             st2["drain"] = None
+            S.mark_repaired(st2, None, now)
         ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
@@ -252,8 +296,10 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
             if ok:
                 st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
                 st["passes"] = 0
+                S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
         ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=act["outcome"],
-                   message=f"reset gpu {r.gpu} for: {r.reason}", severity="action" if ok else "error",
+                   message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.reason}",
+                   severity="action" if ok else "error",
                    evidence={"argv": argv})
         return act
     if rung == C.REBOOT:
@@ -313,6 +359,11 @@ def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run
     except TimeoutError as exc:
         p = Pass(node=ctx.node, errors=[str(exc)])
         return p
+    except (OSError, ValueError):
+        # the state dir cannot even hold the lock file (read-only, full, a NUL in the path): the checks
+        # still run and a real fault still drains; the state trouble is reported and the exit is not 0
+        pass
+    return _health_pass(ctx, drain, budget, dry_run, now)
 
 
 def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: Optional[float]) -> Pass:
@@ -337,6 +388,7 @@ def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: 
             with ctx.store.locked() as st:
                 st["passes"] = int(st.get("passes", 0)) + 1
                 st["last_pass"] = {"time": now, "boot_id": boot_id(), "usec": p.started_usec}
+                st["foreign_noted"] = {}  # a fault after a passing check is a new one
             if drain:
                 act = maybe_resume(ctx, now, dry_run)
                 if act:
@@ -349,6 +401,10 @@ def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: 
     except SlurmError as exc:
         p.errors.append(f"slurm: {exc}")
         ctx.record("error", message=f"health pass: {exc}", severity="error")
+        p.exit_code = EXIT_UNKNOWN
+    if p.exit_code == EXIT_OK and getattr(ctx.store, "trouble", ""):
+        # healthy, but the pass could not be remembered (passes, cursor): the node cannot be resumed by
+        # us and the next pass re-reads the log. Say "could not tell", never "failed".
         p.exit_code = EXIT_UNKNOWN
     return p
 
@@ -382,12 +438,13 @@ def clear_faults(ctx, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[
             if gpu is None:
                 st["reboot_requested"] = None
                 st["last_result"] = None  # a stale failing result would make the prolog fail jobs
+            S.mark_repaired(st, gpu, time.time())  # repaired by hand: the same XID back is a new fault
     out = {"node": ctx.node, "gpu": gpu, "dry_run": dry_run, "faults": len(cleared["faults"]),
            "ladder": sorted(cleared["ladder"]), "cleared": cleared}
     if not dry_run and (cleared["faults"] or cleared["ladder"] or cleared["unknown_runs"]
                         or cleared["reboot_requested"]):
         ctx.record("clear-faults", action="clear-faults", outcome="cleared", severity="action",
                    message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
-                   f"{', '.join(sorted(cleared['ladder'])) or 'nothing'}",
+                   f"{', '.join(S.ladder_label(k, ctx.node) for k in sorted(cleared['ladder'])) or 'nothing'}",
                    evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})
     return out

@@ -1,4 +1,11 @@
-"""The shared body of the prolog and epilog: a fast, cheap pass, drain on failure, DCGM mapping."""
+"""The shared body of the prolog and epilog: a fast, cheap pass, drain on failure, DCGM mapping.
+
+Exit codes are what Slurm acts on, so they follow one rule: 1 only for a GPU fault found on this node
+(our drain reason is set first, so Slurm keeps it and requeues the job); 0 for everything else, our
+own trouble included (a config that does not load or crashes the loader, a state dir that is read-only
+or full, a lock held by a stuck hook, a bug): that is journalled (stderr when the journal cannot be
+written), never a traceback, and never a "Prolog error" drain autoheal would not own.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +17,30 @@ from autoheal.hooks import checks as C
 
 
 def run(kind: str) -> int:
-    """``kind`` is "prolog" or "epilog". Exit 0 ok (or unknown: jobs are not blocked on a guess),
-    1 failed (our drain reason is set first, so Slurm keeps it and requeues the job)."""
-    from autoheal.errors import AutohealError, SlurmError
-    from autoheal.hooks import mapping
-    from autoheal.hooks.context import Context
-    from autoheal.hooks.engine import drain_for, observe
+    """``kind`` is "prolog" or "epilog". Exit 0 ok (or unknown, or our own trouble), 1 a GPU fault."""
+    from autoheal.hooks.context import Context, report_own_trouble
 
     try:
         ctx = Context.load(kind)
-    except AutohealError as exc:
-        print(f"autoheal-{kind}: error: {exc}", file=sys.stderr)
-        return 0  # a config problem must not fail every job; the healthcheck reports it
+    except Exception as exc:  # ConfigError, and whatever a broken config makes the loader raise
+        report_own_trouble(kind, None, "config", exc)
+        return 0  # a config problem must not fail every job; the healthcheck reports it too (exit 2)
+    try:
+        code = _run(ctx, kind)
+        if ctx.store.trouble:
+            report_own_trouble(kind, ctx, "node state", ctx.store.trouble)
+        return code
+    except Exception as exc:
+        report_own_trouble(kind, ctx, "internal error", exc)
+        return 0
+    finally:
+        ctx.close()
+
+
+def _run(ctx, kind: str) -> int:
+    from autoheal.hooks import mapping
+    from autoheal.hooks.engine import observe
+
     job = os.environ.get("SLURM_JOB_ID", "")
     job = job if job.isdigit() else ""
     h = ctx.hooks
@@ -34,35 +53,49 @@ def run(kind: str) -> int:
         if last.get("status") == C.FAIL and time.time() - float(last.get("time", 0)) <= h.prolog_max_age:
             fails = [C.CheckResult.from_dict(r) for r in last.get("results", []) if r.get("status") == C.FAIL]
             failure = C.worst_failure(fails)
-    p = None
     if failure is None:
         p = observe(ctx, h.prolog_nvml_timeout, cheap=True)
         failure = C.worst_failure(p.results)
         if p.sample is not None and job:
             _baseline(ctx, kind, job, p.sample)
     if failure is not None:
-        print(f"autoheal-{kind}: {ctx.node}: {failure.reason}", file=sys.stderr)
-        try:
-            drain_for(ctx, failure)
-        except SlurmError as exc:
-            print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)
-        ctx.record("detection", job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
-                   message=failure.reason, severity="action", evidence=failure.evidence)
+        _fail(ctx, kind, job, failure)
         return 1
     if kind == "prolog" and job and mapping_dir:
-        from autoheal.slurm.binaries import find_binary
-
-        env = dict(os.environ)
-        if ctx.cfg.slurm.slurm_conf:
-            env["SLURM_CONF"] = ctx.cfg.slurm.slurm_conf
-        try:
-            scontrol = find_binary("scontrol", ctx.cfg.slurm.bin_dir)
-        except Exception:
-            scontrol = "scontrol"
-        gpus = mapping.job_gpus(os.environ, ctx.node, scontrol, h.prolog_slurm_timeout, env)
-        if gpus:
-            mapping.add_job(mapping_dir, job, gpus)
+        _write_mapping(ctx, job, mapping_dir)
     return 0
+
+
+def _fail(ctx, kind: str, job: str, failure: C.CheckResult) -> None:
+    """A GPU fault: drain first (healing never waits for a record or a webhook), then journal."""
+    from autoheal.errors import SlurmError
+    from autoheal.hooks.engine import drain_for
+
+    print(f"autoheal-{kind}: {ctx.node}: {failure.reason}", file=sys.stderr)
+    try:
+        drain_for(ctx, failure)
+    except SlurmError as exc:
+        print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)
+    except Exception as exc:  # the fault stands: exit 1 all the same, and say what went wrong
+        print(f"autoheal-{kind}: could not drain: {type(exc).__name__}: {exc}", file=sys.stderr)
+    ctx.record("detection", job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
+               message=failure.reason, severity="action", evidence=failure.evidence)
+
+
+def _write_mapping(ctx, job: str, mapping_dir: str) -> None:
+    from autoheal.hooks import mapping
+    from autoheal.slurm.binaries import find_binary
+
+    env = dict(os.environ)
+    if ctx.cfg.slurm.slurm_conf:
+        env["SLURM_CONF"] = ctx.cfg.slurm.slurm_conf
+    try:
+        scontrol = find_binary("scontrol", ctx.cfg.slurm.bin_dir)
+    except Exception:
+        scontrol = "scontrol"
+    gpus = mapping.job_gpus(os.environ, ctx.node, scontrol, ctx.hooks.prolog_slurm_timeout, env)
+    if gpus:
+        mapping.add_job(mapping_dir, job, gpus)
 
 
 def _baseline(ctx, kind: str, job: str, sample) -> None:
@@ -79,13 +112,18 @@ def _baseline(ctx, kind: str, job: str, sample) -> None:
             before = base.pop(job, None) or {}
             rose = [i for i, n in counts.items() if i in before and n is not None and n > (before[i] or 0)]
             if rose:
+                where = C.gpu_label(None, int(rose[0]), node=ctx.node)
                 st.setdefault("faults", []).append({"check": "ecc", "gpu": int(rose[0]), "action": C.RESET,
-                                                    "reason": f"ecc: gpu {rose[0]}: uncorrectable ECC errors "
+                                                    "reason": f"ecc: {where}: uncorrectable ECC errors "
                                                     f"during job {job}", "since": time.time()})
 
 
 def main(kind: str) -> None:
-    code = run(kind)
+    try:
+        code = run(kind)
+    except BaseException as exc:  # last line of defence: Slurm must see 0, never a traceback
+        print(f"autoheal-{kind}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        code = 0
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

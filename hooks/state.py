@@ -4,12 +4,17 @@ One JSON file (``<state_dir>/state.json``) changed under an exclusive flock (``s
 replaced atomically, so concurrent hooks never lose each other's updates and a crash never leaves
 half a file. It holds: the kernel-log cursor (XIDs seen), recent XIDs (dedupe across sources), the
 last check result, consecutive passes, the drain we made, open faults, recovery-ladder counts and
-xid-watch counters and pending requeues.
+xid-watch counters and its job-side work (pending drain, fault episode, per-job actions).
+
+A state dir that cannot be written (read-only, full, lock held by a stuck hook, a path Python refuses)
+is the hooks' own trouble, never a reason to fail Slurm: with ``fallback=True`` the store keeps working
+on an in-memory copy, says so in ``trouble``, and writes the copy back once the disk takes it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import fcntl
 import json
 import os
@@ -40,19 +45,41 @@ def empty() -> Dict[str, Any]:
         "ladder": {},               # "gpu3"/"node" -> {"reset": [times], "reboot": [times]}
         "gpu_pci": {},              # "0000:3b:00" -> index (kept for GPUs that are lost now)
         "counters": {},             # xid-watch counters for the textfile exporter
-        "requeues": {},             # job id -> {"deadline", "reason", "signalled"}
         "job_baseline": {},         # job id -> {gpu: ecc dbe} (prolog -> epilog)
+        "repaired": {},             # "gpu3"/"node" -> time of the last repair (ends the XID dedupe window)
+        "foreign_noted": {},        # fault key -> foreign reason already journalled as "skipped"
+        # xid-watch's job side (autoheal.hooks.jobside)
+        "pending_drain": None,      # a drain slurmctld did not take yet: retried until it does
+        "episode": None,            # {"id", "since", "reason"}: the node is drained for a hardware fault
+        "requeue_faults": [],       # "requeue"-policy XIDs whose jobs are still to be found
+        "job_actions": {},          # "<job>@<fault id>" -> {"stage", "deadline", ...}: once per job and fault
     }
 
 
 class NodeState:
-    """``with NodeState(dir).locked() as st:`` read-modify-write; ``.read()`` for a snapshot."""
+    """``with NodeState(dir).locked() as st:`` read-modify-write; ``.read()`` for a snapshot.
 
-    def __init__(self, state_dir: str):
+    ``fallback``: when the state cannot be locked or written, keep going on an in-memory copy (``read``
+    returns it) instead of raising, and record why in ``trouble``. The next locked write that works
+    merges the copy into what is on disk then: the top-level keys this process changed since it fell
+    back win, everything else another process wrote meanwhile is kept. Hooks use it so that their own
+    trouble never turns into a Slurm failure, and a long-running xid-watch never loses an XID to it."""
+
+    def __init__(self, state_dir: str, lock_timeout: float = 10.0, fallback: bool = False):
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
+        self.lock_timeout = lock_timeout
+        self.fallback = fallback
+        self.trouble = ""  # why the last locked() could not persist ("" when it could)
+        self._unsaved: Optional[Dict[str, Any]] = None  # our view while the disk does not take it
+        self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
 
     def read(self) -> Dict[str, Any]:
+        if self._unsaved is not None:
+            return copy.deepcopy(self._unsaved)
+        return self._read_disk()
+
+    def _read_disk(self) -> Dict[str, Any]:
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
@@ -63,11 +90,44 @@ class NodeState:
         return base
 
     @contextlib.contextmanager
-    def locked(self, timeout: float = 10.0) -> Iterator[Dict[str, Any]]:
-        with _flock(self.dir, "state.lock", timeout, "held"):
+    def locked(self, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+        timeout = self.lock_timeout if timeout is None else timeout
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(_flock(self.dir, "state.lock", timeout, "held"))
+        except (OSError, ValueError, TimeoutError) as exc:  # ValueError: a NUL in the path
+            stack.close()
+            if not self.fallback:
+                raise
             state = self.read()
+            before = copy.deepcopy(state)
             yield state
-            self._write(state)
+            self._keep(state, before, f"state dir {self.dir}: {_why(exc)}")
+            return
+        with stack:
+            if self._unsaved is not None:
+                state = self._read_disk()
+                state.update({k: v for k, v in self._unsaved.items() if self._base.get(k) != v})
+            else:
+                state = self._read_disk()
+            before = copy.deepcopy(state) if self.fallback else {}
+            yield state
+            try:
+                self._write(state)
+            except (OSError, ValueError) as exc:
+                if not self.fallback:
+                    raise
+                self._keep(state, before, f"state {self.path}: cannot write: {_why(exc)}")
+                return
+            self._unsaved = None
+            self._base = {}
+            self.trouble = ""
+
+    def _keep(self, state: Dict[str, Any], before: Dict[str, Any], why: str) -> None:
+        if self._unsaved is None:
+            self._base = before
+        self._unsaved = copy.deepcopy(state)
+        self.trouble = why
 
     @contextlib.contextmanager
     def pass_lock(self, timeout: float) -> Iterator[None]:
@@ -81,32 +141,69 @@ class NodeState:
 
     def _write(self, state: Dict[str, Any]) -> None:
         tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(state, fh, sort_keys=True, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(state, fh, sort_keys=True, default=str)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            # a full disk fails the write or the fsync: never leave .state.json.PID.tmp files behind
+            with contextlib.suppress(OSError, ValueError):
+                os.unlink(tmp)
+            raise
+
+
+def _why(exc: BaseException) -> str:
+    """One line for an OS error (``Read-only file system``) or a timeout."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 # ---- pure helpers over the state dict --------------------------------------------------------------
 
 def seen_recently(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
                   window: float) -> bool:
-    """True when the same XID on the same GPU was handled within ``window`` seconds."""
-    for r in state.get("recent_xids", []):
+    """True when the same XID on the same GPU was handled within ``window`` seconds and no repair of
+    that GPU (or of the node) came in between: a fault back after a repair is a new fault."""
+    return recent_xid(state, xid, gpu, pci, now, window) is not None
+
+
+def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
+               window: float) -> Optional[Dict[str, Any]]:
+    """The remembered XID this one duplicates (see ``seen_recently``), or None."""
+    for r in reversed(state.get("recent_xids", [])):
         if r.get("xid") != xid or now - float(r.get("time", 0)) > window:
             continue
-        if (gpu is not None and r.get("gpu") == gpu) or (pci and r.get("pci") == pci):
-            return True
-        if gpu is None and not pci and r.get("gpu") is None and not r.get("pci"):
-            return True
-    return False
+        same = ((gpu is not None and r.get("gpu") == gpu) or (pci and r.get("pci") == pci)
+                or (gpu is None and not pci and r.get("gpu") is None and not r.get("pci")))
+        if not same:
+            continue
+        if float(r.get("time", 0)) < repaired_at(state, r.get("gpu") if r.get("gpu") is not None else gpu):
+            continue  # judged before the last repair: that window is closed
+        return r
+    return None
+
+
+def mark_repaired(state: Dict[str, Any], gpu: Optional[int], now: float) -> None:
+    """A repair of ``gpu`` (None: the whole node: reboot, resume, admin clear) ends its XID dedupe window."""
+    state.setdefault("repaired", {})[ladder_key(gpu)] = now
+
+
+def repaired_at(state: Dict[str, Any], gpu: Optional[int]) -> float:
+    """When ``gpu`` (or the node as a whole) was last repaired; 0 when never."""
+    rep = state.get("repaired") or {}
+    times = [float(rep.get("node", 0) or 0)]
+    if gpu is not None:
+        times.append(float(rep.get(ladder_key(gpu), 0) or 0))
+    return max(times)
 
 
 def remember_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
-                 keep: float = 86400.0) -> None:
+                 keep: float = 86400.0, source: str = "") -> None:
     recent = [r for r in state.get("recent_xids", []) if now - float(r.get("time", 0)) <= keep]
-    recent.append({"xid": xid, "gpu": gpu, "pci": pci, "time": now})
+    recent.append({"xid": xid, "gpu": gpu, "pci": pci, "time": now, "sources": [source] if source else []})
     state["recent_xids"] = recent[-500:]
 
 
@@ -126,6 +223,14 @@ def bump(state: Dict[str, Any], counter: str, amount: float = 1) -> None:
 
 def ladder_key(gpu: Optional[int]) -> str:
     return "node" if gpu is None else f"gpu{gpu}"
+
+
+def ladder_label(key: str, node: str) -> str:
+    """A ladder key for people: ``gpu3`` -> ``GPU 3 of gpu2`` (never a bare ``gpu3``, which reads as a node
+    name), ``node`` -> ``gpu2 as a whole``."""
+    if key.startswith("gpu") and key[3:].isdigit():
+        return f"GPU {key[3:]} of {node}"
+    return f"{node} as a whole" if key == "node" else key
 
 
 def ladder_count(state: Dict[str, Any], gpu: Optional[int], rung: str, now: float, window: float) -> int:

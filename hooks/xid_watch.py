@@ -2,13 +2,16 @@
 
 Two sources feed one queue: NVML XID events (``nvmlEventSetWait_v2`` with a short timeout, in a
 loop) and the kernel log (``/dev/kmsg`` or a file, followed from the cursor kept in the node state).
-Each XID is judged once (shared dedupe with the healthcheck and prolog/epilog, across restarts); on a
-drain-class XID the daemon drains the node (``autoheal.nodeops`` ownership rules), sends the jobs on
-the node their grace signal (``autoheal sbatch`` jobs: ``runner_signal`` to the batch shell, they
-requeue themselves; others: ``grace_signal``), and requeues what still runs after
-``hooks.grace_seconds`` with a job comment the user sees. Pending requeues live in the node state, so
-a restart neither repeats signals nor forgets a requeue. NVML errors are counted and retried with
-backoff; counters go to a node-exporter textfile.
+Each XID is judged once (shared dedupe with the healthcheck and prolog/epilog, across restarts; a
+repair of the GPU ends the dedupe window, so a fault that comes back is acted on at once). On a
+drain-class XID the daemon drains the node first (``autoheal.nodeops`` ownership rules), then journals
+and notifies (in the background: healing never waits for a webhook).
+
+The job side is level-triggered (``autoheal.hooks.jobside``): whoever drained the node for a hardware
+fault, every job still running on it gets its grace signal and, if it still runs after
+``hooks.grace_seconds``, a requeue, exactly once per job and fault, retried with backoff while
+slurmctld does not answer. NVML errors are counted and retried with backoff; counters go to a
+node-exporter textfile.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
+from autoheal.hooks import jobside
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import LogCursor, XidEvent, read_kernel_log
 
@@ -37,6 +41,9 @@ class XidWatch:
         self.q: "queue.Queue[XidEvent]" = queue.Queue()
         self._stop = threading.Event()
         self._metrics_dirty = True
+        self._metrics_error = ""
+        self.jobs = jobside.JobSide(ctx, count=self._count)
+        self._retries: Dict[XidEvent, int] = {}
 
     def stop(self, *_args) -> None:
         self._stop.set()
@@ -125,60 +132,50 @@ class XidWatch:
 
     # ---- handling ----------------------------------------------------------------------------------
     def handle(self, events: List[XidEvent], now: Optional[float] = None) -> List[C.CheckResult]:
-        """Judge events once each and act on failures. Returns the results (for tests)."""
+        """Judge events once each and act on failures: drain first (and the jobs), then journal and
+        notify; healing never waits for a record or a webhook. Returns the results (for tests)."""
         from autoheal.hooks.engine import xid_results
 
         now = time.time() if now is None else now
+        self._refresh_repairs(events, now)
+        notes: List[Dict[str, Any]] = []
         with self.ctx.store.locked() as st:
-            results = xid_results(self.ctx, st, events, dict(st.get("gpu_pci", {})), now)
+            results = xid_results(self.ctx, st, events, dict(st.get("gpu_pci", {})), now, notes)
             for r in results:
                 S.bump(st, f'xid_events_total{{xid="{r.evidence.get("xid")}",gpu="{r.gpu}"}}')
                 st.setdefault("counters", {})["last_event_timestamp_seconds"] = now
+            fails = [r for r in results if r.status == C.FAIL]
+            if fails:
+                jobside.request_drain(st, C.worst_failure(fails), now)
+            for r in results:
+                if r.status != C.FAIL and r.action == C.REQUEUE:
+                    jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None
+                    jobside.add_requeue_fault(st, r, now, jobs)
         self._metrics_dirty = bool(results) or self._metrics_dirty
+        if fails or any(r.action == C.REQUEUE for r in results):
+            self.jobs.step(now, urgent=True)
         for r in results:
             sev = "action" if r.status == C.FAIL else "info"
-            self.ctx.record("detection", check="xid", evidence=r.evidence, message=r.reason, severity=sev,
-                            action=r.action)
-            if r.status == C.FAIL:
-                self._drain_and_signal(r, now)
-            elif r.action == C.REQUEUE:
-                self._requeue_without_drain(r, now)
+            msg = r.reason + (" (back after a repair)" if r.evidence.get("after_repair") else "")
+            self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,
+                            action=r.action, time=now)
+        for n in notes:
+            self.ctx.record("detection", **n)
         return results
 
-    def _drain_and_signal(self, r: C.CheckResult, now: float) -> None:
-        from autoheal.errors import SlurmError
-        from autoheal.hooks.engine import drain_for
-
-        try:
-            act = drain_for(self.ctx, r)
-            if act.get("outcome") in ("drained", "reason-updated"):
-                self._count("drains_total")
-            jobs = [j.job_id for j in self.ctx.slurm.list_jobs(node=self.ctx.node, states=["RUNNING"])]
-        except SlurmError as exc:  # slurmctld down: the XID stays an open fault; the healthcheck drains later
-            self._count("slurm_errors_total")
-            self.ctx.record("error", check="xid", message=f"cannot drain for {r.reason}: {exc}", severity="error")
+    def _refresh_repairs(self, events: List[XidEvent], now: float) -> None:
+        """An XID that repeats one already handled, while a drain or reboot of ours is on record: ask
+        Slurm first whether the node went back into service meanwhile (resumed, rebooted). If it did,
+        that repair ended the dedupe window and the XID is a returning fault, to act on at once."""
+        st = self.ctx.store.read()
+        if not (st.get("episode") or st.get("drain") or st.get("reboot_requested")):
             return
-        self._signal_jobs(r, now, jobs)
-
-    def _requeue_without_drain(self, r: C.CheckResult, now: float) -> None:
-        """A "requeue" XID (94, contained ECC): the GPU stays in service, the job that hit it restarts.
-
-        Only the jobs on that GPU (DCGM mapping written by the prolog) when the mapping knows the GPU,
-        else every job running on the node: a job left running on corrupted memory is worse than a
-        requeue of its neighbours."""
-        from autoheal.errors import SlurmError
-
-        jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None
-        if jobs is None:
-            try:
-                jobs = [j.job_id for j in self.ctx.slurm.list_jobs(node=self.ctx.node, states=["RUNNING"])]
-            except SlurmError as exc:
-                self._count("slurm_errors_total")
-                self.ctx.record("error", check="xid", message=f"cannot list jobs for {r.reason}: {exc}",
-                                severity="error")
+        pci_map = st.get("gpu_pci", {})
+        for ev in events:
+            gpu = ev.gpu if ev.gpu is not None else pci_map.get(ev.pci)
+            if S.recent_xid(st, ev.xid, gpu, ev.pci, now, self.h.xid_dedupe_seconds) is not None:
+                self.jobs.step(now, force=True)
                 return
-        if jobs:
-            self._signal_jobs(r, now, jobs)
 
     def _jobs_on_gpu(self, gpu: int) -> Optional[List[str]]:
         """Job ids the DCGM mapping file of ``gpu`` names; None when there is no mapping to ask."""
@@ -193,75 +190,6 @@ class XidWatch:
             return [] if os.path.isdir(d) and os.listdir(d) else None
         except OSError:
             return None
-
-    def _signal_jobs(self, r: C.CheckResult, now: float, job_ids: List[str]) -> None:
-        from autoheal.errors import SlurmError
-
-        xid = r.evidence.get("xid")
-        where = f"gpu{r.gpu}" if r.gpu is not None else "a gpu"
-        with self.ctx.store.locked() as st:
-            pending = st.setdefault("requeues", {})
-            fresh = [j for j in job_ids if j not in pending]
-            for j in fresh:
-                pending[j] = {"deadline": now + self.h.grace_seconds, "xid": xid, "gpu": r.gpu,
-                              "note": f"requeued after xid {xid} on {where}", "signalled": False}
-        # SIGTERM is what `scontrol requeue` sends itself, KillWait seconds before SIGKILL: for plain jobs
-        # requeue at once and let Slurm's kill sequence be the grace window (a job that exits on SIGTERM
-        # would otherwise end before we could requeue it).
-        term = self.h.grace_signal.upper().replace("SIG", "") == "TERM"
-        for j in fresh:
-            try:
-                job = self.ctx.slurm.get_job(j)
-                runner = job.comment.startswith(self.h.runner_comment)
-                if not runner and term:
-                    with self.ctx.store.locked() as st:
-                        if j in st.get("requeues", {}):
-                            st["requeues"][j]["deadline"] = now
-                    continue
-                if runner:
-                    self.ctx.slurm.signal_job(j, self.h.runner_signal, batch=True)
-                else:
-                    self.ctx.slurm.signal_job(j, self.h.grace_signal, full=True)
-                self._count("signals_total")
-                self.ctx.record("signal", job_ids=[j], check="xid", action="signal",
-                                outcome=self.h.runner_signal if runner else self.h.grace_signal, severity="action",
-                                message=f"job {j}: grace signal after xid {xid} on {where}; requeue in "
-                                f"{self.h.grace_seconds:g}s if still running")
-            except SlurmError as exc:
-                self.ctx.record("error", job_ids=[j], message=f"signal job {j}: {exc}", severity="error")
-            with self.ctx.store.locked() as st:
-                if j in st.get("requeues", {}):
-                    st["requeues"][j]["signalled"] = True
-        self.requeue_due(now)
-
-    def requeue_due(self, now: Optional[float] = None) -> None:
-        """Requeue jobs whose grace window ended and that still run on this node."""
-        from autoheal.errors import SlurmError, SlurmNotFound
-        from autoheal.reasons import MAX_COMMENT_LEN, make_reason
-
-        now = time.time() if now is None else now
-        due = {j: v for j, v in self.ctx.store.read().get("requeues", {}).items() if now >= float(v["deadline"])}
-        for j, info in due.items():
-            done = True
-            try:
-                job = self.ctx.slurm.get_job(j)
-                if job.running and self.ctx.node in job.nodes and self.h.requeue_jobs:
-                    note = make_reason(info.get("note", "requeued"), max_len=MAX_COMMENT_LEN)
-                    if not job.comment.startswith(self.h.runner_comment):
-                        self.ctx.slurm.update_job(j, Comment=note)
-                    self.ctx.slurm.requeue(j)
-                    self._count("requeues_total")
-                    self.ctx.record("requeue", job_ids=[j], action="requeue", outcome="requeued", message=note,
-                                    severity="action")
-            except SlurmNotFound:
-                pass
-            except SlurmError as exc:
-                done = "unavailable" not in type(exc).__name__.lower()
-                if not done:
-                    continue  # slurmctld down: try again next loop
-                self.ctx.record("error", job_ids=[j], message=f"requeue job {j}: {exc}", severity="error")
-            with self.ctx.store.locked() as st:
-                st.get("requeues", {}).pop(j, None)
 
     # ---- metrics -----------------------------------------------------------------------------------
     def _count(self, name: str) -> None:
@@ -282,14 +210,23 @@ class XidWatch:
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
+        tmp = os.path.join(d, f".{METRICS_FILE}.tmp")
         try:
             os.makedirs(d, exist_ok=True)
-            tmp = os.path.join(d, f".{METRICS_FILE}.tmp")
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write("\n".join(lines) + "\n")
             os.replace(tmp, os.path.join(d, METRICS_FILE))
-        except OSError as exc:
-            print(f"xid-watch: metrics {d}: {exc}", file=sys.stderr, flush=True)
+        except (OSError, ValueError) as exc:
+            self._metrics_dirty = True  # try again at the next housekeeping
+            try:
+                os.unlink(tmp)
+            except (OSError, ValueError):
+                pass
+            if str(exc) != self._metrics_error:  # once per distinct error, not every second
+                self._metrics_error = str(exc)
+                print(f"xid-watch: metrics {d}: {exc}", file=sys.stderr, flush=True)
+            return
+        self._metrics_error = ""
 
     # ---- main loop ---------------------------------------------------------------------------------
     def run(self, nvml: bool = True, kernel_log: bool = True) -> int:
@@ -311,26 +248,54 @@ class XidWatch:
                     batch.append(self.q.get_nowait())
             except queue.Empty:
                 pass
-            try:
-                if batch:
+            if batch:
+                try:
                     self.handle(batch)
-                if time.monotonic() >= next_housekeeping:
-                    next_housekeeping = time.monotonic() + 1.0
-                    if self.ctx.store.read().get("requeues"):
-                        self.requeue_due()
+                    for ev in batch:
+                        self._retries.pop(ev, None)
+                except Exception as exc:  # never die on one bad event; say why, try it again
+                    print(f"xid-watch: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    self._retry(batch)
+                    self._stop.wait(1.0)
+            if time.monotonic() >= next_housekeeping:
+                next_housekeeping = time.monotonic() + 1.0
+                try:
+                    self.jobs.step()  # level-triggered: asks Slurm only when there is reason to
                     self.write_metrics()
-            except Exception as exc:  # never die on one bad event; say why and go on
-                print(f"xid-watch: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-                self._stop.wait(1.0)
+                except Exception as exc:
+                    print(f"xid-watch: housekeeping: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                    self._stop.wait(1.0)
+        self.ctx.close()
         return 0
+
+    def _retry(self, batch: List[XidEvent]) -> None:
+        """Events of a batch that failed go back on the queue (three tries each): an XID is never
+        dropped because of one bad moment (a full disk, a bug on one event)."""
+        for ev in batch:
+            n = self._retries.get(ev, 0) + 1
+            if n <= 3:
+                self._retries[ev] = n
+                self.q.put(ev)
+            else:
+                self._retries.pop(ev, None)
+                where = C.gpu_label(None, ev.gpu, ev.pci, self.ctx.node)
+                print(f"xid-watch: giving up on xid {ev.xid} on {where} after 3 tries", file=sys.stderr, flush=True)
 
 
 def main(node: Optional[str] = None, config_path: Optional[str] = None, nvml: bool = True,
          kernel_log: bool = True) -> int:
     """Run the daemon until SIGTERM/SIGINT."""
-    from autoheal.hooks.context import Context
+    from autoheal.hooks.context import Context, report_own_trouble
 
-    ctx = Context.load("xid-watch", node, config_path)
+    try:
+        ctx = Context.load("xid-watch", node, config_path)
+    except Exception as exc:  # a config that does not load or crashes the loader: one line, exit 2
+        report_own_trouble("xid-watch", None, "config", exc)
+        return 2
+    # no adapter-level retries: the job side has its own backoff, and a stopped slurmctld then holds the
+    # loop for one hooks.slurm_timeout, not two plus a pause
+    if hasattr(ctx.slurm, "retries"):
+        ctx.slurm.retries = 0
     watch = XidWatch(ctx)
     _signal.signal(_signal.SIGTERM, watch.stop)
     _signal.signal(_signal.SIGINT, watch.stop)

@@ -6,6 +6,7 @@ so several lab nodes can share one machine).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Dict, List
 
@@ -17,6 +18,19 @@ XID_POLICIES = ("ignore", "warn", "requeue", "drain", "reset", "reboot", "replac
 #: Check names (for ``disabled_checks``).
 CHECK_NAMES = ("gpu-count", "gpu-lost", "xid", "ecc", "remapped-rows", "retired-pages", "pcie", "nvlink",
                "clocks", "temperature", "recovery-action", "driver", "persistence")
+#: Signal names scancel --signal understands (Slurm's sig_name2num), less KILL and STOP: a grace
+#: signal must be one a job can catch.
+GRACE_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "TSTP", "TTIN",
+                 "TTOU", "XCPU")
+_XID_KEY = re.compile(r"[1-9][0-9]{0,5}")
+
+
+def signal_name(value: str) -> str:
+    """``SIGUSR2`` / ``usr2`` / ``USR2`` -> ``USR2``; ConfigError-free: "" when it is not a grace signal."""
+    name = str(value).strip().upper()
+    if name.startswith("SIG"):
+        name = name[3:]
+    return name if name in GRACE_SIGNALS else ""
 
 
 @dataclass
@@ -92,6 +106,10 @@ class HooksSection:
     runner_comment: str = setting("autoheal-runner", doc="Job comment prefix of jobs run by `autoheal sbatch`: "
                                   "they get runner_signal on their batch shell and requeue themselves.")
     runner_signal: str = setting("USR2", doc="Signal for the batch shell of `autoheal sbatch` jobs.")
+    xid_watch_self_check: float = setting(60.0, doc="Seconds between xid-watch's slow self-checks of the "
+                                          "node in Slurm (jittered), which catch a drain for a GPU fault made by "
+                                          "another process that could not record it; Slurm is otherwise asked "
+                                          "only while a fault is open.", min=5, max=3600)
     requeue_jobs: bool = setting(True, doc="Requeue jobs still running on the drained node after the grace "
                                  "window (false: leave them to Slurm / the user).")
     textfile_dir: str = setting("/var/lib/prometheus/node-exporter", doc="node-exporter textfile collector "
@@ -114,13 +132,18 @@ class HooksSection:
                 raise ConfigError(f"hooks.disabled_checks: unknown check {name!r}; use one of "
                                   + ", ".join(CHECK_NAMES))
         for key, value in self.xid_policy.items():
-            if not str(key).isdigit():
-                raise ConfigError(f"hooks.xid_policy: key {key!r} must be an XID number")
+            # only canonical decimal XID numbers: "079" or "²" (isdigit() is True for it) would never match
+            # an XID and the policy would be silently ignored
+            if not (isinstance(key, str) and key.isascii() and _XID_KEY.fullmatch(key)):
+                raise ConfigError(f"hooks.xid_policy: key {key!r} is not an XID number; write it in decimal "
+                                  f"without leading zeros, e.g. \"79\"")
             if value not in XID_POLICIES:
                 raise ConfigError(f"hooks.xid_policy.{key}: {value!r} is not allowed; use one of "
                                   + ", ".join(XID_POLICIES))
         if self.temperature_warn > self.temperature_max:
             raise ConfigError("hooks.temperature_warn: must not exceed hooks.temperature_max")
-        for sig in (self.grace_signal, self.runner_signal):
-            if not sig.replace("SIG", "").isalnum():
-                raise ConfigError(f"hooks: {sig!r} is not a signal name")
+        for key in ("grace_signal", "runner_signal"):
+            value = getattr(self, key)
+            if not signal_name(value):
+                raise ConfigError(f"hooks.{key}: {value!r} is not a signal a job can catch; use one of "
+                                  + ", ".join(GRACE_SIGNALS) + " (with or without SIG)")

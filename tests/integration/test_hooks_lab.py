@@ -166,11 +166,11 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
         inject(lab.lab, "gpu1", 1, "xid", xid=79)
         wait_for(lambda: "DRAIN" in node_line(lab, "gpu1"), 10, "gpu1 to drain")
         assert time.monotonic() - t0 < 5
-        assert "Reason=autoheal: xid 79 gpu 1 (0000:3b:00.0): fallen off the bus" in node_line(lab, "gpu1")
+        assert "Reason=autoheal: xid 79 on GPU 1 of gpu1 (0000:3b:00.0): fallen off the bus" in node_line(lab, "gpu1")
         wait_for(lambda: int(job_field("Restarts") or 0) >= 1, 30, "the job to be requeued")
         text = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True,
                               timeout=10).stdout
-        assert "autoheal: requeued after xid 79 on gpu1" in text
+        assert "autoheal: requeued after xid 79 on GPU 1 of gpu1" in text
         # replaying the same kernel-log record after an xid-watch restart is not acted on twice
         before = len(journal(lab))
         lab.lab.start_node_daemon("xid-watch-gpu1", "gpu1", wiring.xid_watch_argv("gpu1"))
@@ -210,7 +210,7 @@ def test_prolog_failure_requeues_the_job_onto_another_node(lab):
     job = submit(lab, "-N1", "--exclude=gpu3", "--gres=gpu:1", "--requeue")
     try:
         wait_for(lambda: "DRAIN" in node_line(lab, "gpu1"), 15, "the prolog to drain gpu1")
-        assert "Reason=autoheal: remapped-rows: gpu 0 (0000:1b:00.0): row remap pending a reset" in \
+        assert "Reason=autoheal: remapped-rows: GPU 0 of gpu1 (0000:1b:00.0): row remap pending a reset" in \
             node_line(lab, "gpu1")
         fails = [r for r in journal(lab)[before:] if r["event"] == "detection" and r["action"] == "prolog-fail"]
         assert fails and fails[0]["job_ids"] == [job] and fails[0]["node"] == "gpu1", fails
@@ -234,7 +234,7 @@ def test_xid_94_requeues_the_job_on_that_gpu_without_draining(lab):
         assert "DRAIN" not in node_line(lab, "gpu2")  # contained ECC: the GPU stays in service
         text = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True,
                               timeout=10).stdout
-        assert "autoheal: requeued after xid 94 on gpu0" in text
+        assert "autoheal: requeued after xid 94 on GPU 0 of gpu2" in text
     finally:
         subprocess.run(["scancel", job], env=lab.env, timeout=10)
         heal_node(lab, "gpu2")

@@ -83,10 +83,10 @@ def test_healthy_node_passes_every_check(lib_dir, tmp_path):
 
 # kind, inject kwargs, the check that must fail, the words its reason must carry
 FAILING = [
-    ("xid", {"xid": 79}, "xid", "xid 79 gpu 1"),
+    ("xid", {"xid": 79}, "xid", "xid 79 on GPU 1 of "),
     ("xid", {"xid": 79}, "gpu-lost", "fallen off the bus"),
     ("ecc-dbe", {}, "ecc", "1 uncorrectable ECC errors"),
-    ("ecc-dbe", {}, "xid", "xid 48 gpu 1"),
+    ("ecc-dbe", {}, "xid", "xid 48 on GPU 1 of "),
     ("remap-failure", {}, "remapped-rows", "row remap failure"),
     ("remap-pending", {}, "remapped-rows", "row remap pending a reset"),
     ("thermal", {}, "temperature", "92 C"),

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
+from autoheal.journal import Record
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
 from autoheal.hooks import state as S
@@ -33,7 +34,7 @@ def make_ctx(tmp_path, **hooks):
     records = []
     ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeSlurm(),
                           records=records, source="test")
-    ctx.record = lambda event, **kw: records.append((event, kw))
+    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
     with ctx.store.locked() as st:
         st["drain"] = {"reason": ctx.slurm.node.reason, "time": 0}
     return ctx
@@ -101,6 +102,7 @@ def test_clear_faults_all_or_one_gpu(tmp_path):
     st = ctx.store.read()
     assert [f["gpu"] for f in st["faults"]] == [2] and list(st["ladder"]) == ["gpu2"] and st["unknown_runs"] == {}
     assert ctx.records and ctx.records[-1][0] == "clear-faults"
+    assert ctx.records[-1][1]["message"].endswith("the ladder counts of GPU 1 of n1")  # never a bare "gpu1"
     engine.clear_faults(ctx)
     st = ctx.store.read()
     assert st["faults"] == [] and st["ladder"] == {} and st["drain"]  # our drain record stays: resume still works

@@ -1,0 +1,524 @@
+"""The job side of a GPU fault, level-triggered: xid-watch's housekeeping.
+
+Whatever drained the node for a hardware fault (xid-watch itself, the healthcheck, the prolog or the
+epilog) and whenever slurmctld answers, every job still RUNNING on the node gets, exactly once per job
+and fault:
+
+1. its grace signal: ``autoheal sbatch`` jobs (comment starting with ``hooks.runner_comment``) get
+   ``hooks.runner_signal`` on their batch shell and requeue themselves; other jobs get
+   ``hooks.grace_signal`` on every step. With TERM the requeue itself is the grace (Slurm sends SIGTERM
+   and waits KillWait), so a plain job is requeued at once;
+2. a requeue (``scontrol requeue``, with a job comment the user sees) if it still runs on this node
+   ``hooks.grace_seconds`` later.
+
+Everything lives in the node state (``pending_drain``, ``episode``, ``job_actions``,
+``requeue_faults``), so a restart of xid-watch neither repeats a signal nor forgets a requeue. A drain
+or a job action that finds slurmctld down or stopped (SlurmUnavailable) stays pending and is retried
+with backoff until it is done, never given up.
+
+Slurm load stays small: Slurm is asked only while the local state says there is work (a pending
+drain, open job actions, a drain on record that has not been looked at) or a fault XID just came in,
+plus one slow self-check (``hooks.xid_watch_self_check``, jittered) that catches a drain made by a
+process whose state write failed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from autoheal.hooks import checks as C
+from autoheal.hooks import state as S
+
+SIGNAL, SIGNALLING, GRACE, DONE = "signal", "signalling", "grace", "done"
+QUIET, WAITING, BUSY = "quiet", "waiting", "busy"
+#: Seconds between Slurm checks while there is work in flight (jobs to find, a pending drain).
+FAST_SECONDS = 2.0
+#: Longest wait between retries while slurmctld does not answer.
+MAX_BACKOFF = 10.0
+#: Attempts at a job write slurmctld refused (not "unavailable") before it is given up and journalled.
+MAX_REFUSALS = 5
+
+_HEALTH_WORDS = None
+
+
+def health_words() -> set:
+    global _HEALTH_WORDS
+    if _HEALTH_WORDS is None:
+        from autoheal.config.hooks_section import CHECK_NAMES
+
+        _HEALTH_WORDS = set(CHECK_NAMES) | {"reboot", "replace"}
+    return _HEALTH_WORDS
+
+
+def is_health_reason(reason: Optional[str]) -> bool:
+    """True for the drain reasons our hooks write for a hardware fault (``autoheal: xid 79 on ...``,
+    ``autoheal: ecc: ...``, ``autoheal: reboot: ...``, ``autoheal: replace: ...``); False for anyone
+    else's and for autoheal's own non-hardware drains (Kubernetes cordon, spare pool, retired)."""
+    from autoheal.reasons import PREFIX, is_ours, strip_reason_suffix
+
+    text = strip_reason_suffix(reason)
+    if not is_ours(text):
+        return False
+    body = text.strip()[len(PREFIX.strip()):].strip()
+    word = re.split(r"[\s:]", body, maxsplit=1)[0].lower() if body else ""
+    return word in health_words()
+
+
+def backoff(tries: int, cap: float = MAX_BACKOFF) -> float:
+    """1, 2, 4, 8, ... seconds, at most ``cap``."""
+    return float(min(cap, 2 ** max(0, tries - 1)))
+
+
+def requeue_note(reason: str) -> str:
+    """The job comment of a requeue: ``autoheal: requeued after xid 79 on GPU 1 of gpu1 (...): ...``."""
+    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, make_reason
+
+    body = reason.strip()
+    if body.startswith(PREFIX.strip()):
+        body = body[len(PREFIX.strip()):].strip()
+    return make_reason(f"requeued after {body}" if body else "requeued after a GPU fault",
+                       max_len=MAX_COMMENT_LEN)
+
+
+# ---- pure changes to the state dict --------------------------------------------------------------------
+
+def request_drain(st: Dict[str, Any], failure: C.CheckResult, now: float) -> None:
+    """Remember a drain to make (kept, and retried, until slurmctld takes it); the heavier fault wins."""
+    pend = st.get("pending_drain")
+    if pend:
+        old = C.CheckResult.from_dict(pend.get("failure") or {})
+        if C.worst_failure([old, failure]) is old:
+            return
+    st["pending_drain"] = {"failure": failure.to_dict(), "since": (pend or {}).get("since", now), "tries": 0,
+                           "next_try": 0.0}
+
+
+def add_action(st: Dict[str, Any], job: str, fault: str, note: str, now: float, runner: Optional[bool] = None,
+               detail: str = "") -> bool:
+    """One job action per job and fault; False when this job was already handled for this fault."""
+    actions = st.setdefault("job_actions", {})
+    key = f"{job}@{fault}"
+    if key in actions:
+        return False
+    actions[key] = {"job": str(job), "fault": fault, "stage": SIGNAL, "runner": runner, "note": note,
+                    "detail": detail, "created": now, "deadline": None, "tries": 0, "next_try": 0.0,
+                    "outcome": ""}
+    return True
+
+
+def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Optional[List[str]]) -> str:
+    """A "requeue"-policy XID (94, contained ECC): the GPU stays in service, its jobs restart. ``jobs``
+    from the DCGM mapping, or None: every job running on the node, found when slurmctld answers."""
+    fid = f"xid{r.evidence.get('xid')}-{r.gpu}-{now:.3f}"
+    st.setdefault("requeue_faults", []).append({"id": fid, "reason": r.reason, "since": now,
+                                                "jobs": None if jobs is None else list(jobs)})
+    for j in jobs or []:
+        add_action(st, j, fid, requeue_note(r.reason), now, detail=r.reason)
+    return fid
+
+
+def open_work(st: Dict[str, Any]) -> bool:
+    """Work in flight: a drain to make, jobs still to find or to signal/requeue."""
+    return bool(st.get("pending_drain")
+                or any(a.get("stage") != DONE for a in (st.get("job_actions") or {}).values())
+                or any(f.get("jobs") is None for f in st.get("requeue_faults") or []))
+
+
+def fingerprint(st: Dict[str, Any]) -> Tuple:
+    """What, in the local state, should make xid-watch look at Slurm now when it changes (a drain
+    recorded by the healthcheck, a new pending drain, a repair)."""
+    d = st.get("drain") or {}
+    ep = st.get("episode") or {}
+    return (bool(st.get("pending_drain")), d.get("reason"), d.get("time"), ep.get("id"),
+            tuple(sorted(k for k, a in (st.get("job_actions") or {}).items() if a.get("stage") != DONE)),
+            sum(1 for f in st.get("requeue_faults") or [] if f.get("jobs") is None),
+            bool(st.get("reboot_requested")))
+
+
+def migrate(st: Dict[str, Any]) -> None:
+    """Pending requeues of an older xid-watch (``requeues``) become job actions in their grace stage."""
+    old = st.pop("requeues", None) or {}
+    for job, info in old.items():
+        fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
+        if add_action(st, job, fid, requeue_note(str(info.get("note", ""))), float(info.get("deadline", 0))):
+            st["job_actions"][f"{job}@{fid}"].update(stage=GRACE, deadline=float(info.get("deadline", 0)))
+            st.setdefault("requeue_faults", []).append({"id": fid, "reason": "", "since": 0, "jobs": [job]})
+
+
+# ---- the reconciler ------------------------------------------------------------------------------------
+
+class JobSide:
+    """Drives pending drains and job actions to done. ``step()`` is called from xid-watch's loop."""
+
+    def __init__(self, ctx, count: Optional[Callable[[str], None]] = None, rng: Optional[random.Random] = None):
+        self.ctx = ctx
+        self.h = ctx.hooks
+        self._count = count or (lambda _name: None)
+        self._rng = rng or random.Random()
+        now = time.time()
+        # the first self-check of an idle node comes at a random point of the interval: nodes started
+        # together (a cluster-wide restart) do not all ask slurmctld at once
+        self.next_check = now + self._rng.uniform(0, self._interval())
+        self.retry_at = 0.0
+        self.tries = 0
+        # a restart looks at Slurm at once only when the state has something on record
+        self.seen_fp: Optional[Tuple] = fingerprint(S.empty())
+        self.last_forced = 0.0
+        self.outage_noted = False
+        self._t0 = time.monotonic()
+
+    def _interval(self) -> float:
+        return float(getattr(self.h, "xid_watch_self_check", 60.0))
+
+    def step(self, now: Optional[float] = None, urgent: bool = False, force: bool = False) -> bool:
+        """Look at Slurm if there is reason to; True when it did. ``urgent`` (a new fault XID) ignores
+        the backoff; ``force`` (a repeated XID while a drain is on record) at most once a second."""
+        from autoheal.errors import SlurmError, SlurmUnavailable
+
+        now = time.time() if now is None else now
+        st = self.ctx.store.read()
+        fp = fingerprint(st)
+        if not urgent:
+            if now < self.retry_at:
+                return False
+            forced = force and now - self.last_forced >= 1.0
+            if not (forced or fp != self.seen_fp or now >= self.next_check):
+                return False
+        if force:
+            self.last_forced = now
+        self._t0 = time.monotonic()
+        try:
+            mode, next_due = self.check(now)
+        except SlurmUnavailable as exc:
+            self._failed(now)
+            if not self.outage_noted and open_work(self.ctx.store.read()):
+                self.outage_noted = True
+                self.ctx.record("error", check="xid", action="retry", outcome="waiting for slurmctld",
+                                severity="error", message=f"slurmctld does not answer ({exc}); the drain and "
+                                "the job actions stay pending and are retried with backoff until done")
+            return True
+        except SlurmError as exc:  # an answer we cannot use (parse error, node unknown): back off, say it
+            self._failed(now)
+            if self.tries == 1 or self.tries % 60 == 0:  # not every 10 s for as long as it lasts
+                print(f"xid-watch: slurm: {exc}; retrying with backoff (attempt {self.tries})", file=sys.stderr,
+                      flush=True)
+            return True
+        if self.outage_noted:
+            self.outage_noted = False
+            self.ctx.record("retry", check="xid", action="retry", outcome="slurmctld answers again",
+                            severity="info", message="slurmctld answers again: pending drain and job actions "
+                            "resumed")
+        self.tries = 0
+        self.retry_at = 0.0
+        self.seen_fp = fingerprint(self.ctx.store.read())
+        slow = now + self._interval() * self._rng.uniform(0.75, 1.25)
+        if mode == QUIET:
+            self.next_check = slow
+        elif mode == WAITING:  # only deadlines to wait for: no need to ask Slurm before them
+            self.next_check = max(now + 0.2, min(next_due, slow))
+        else:
+            self.next_check = now + FAST_SECONDS
+        return True
+
+    def _failed(self, now: float) -> None:
+        self.tries += 1
+        self.retry_at = now + backoff(self.tries)
+        self.next_check = self.retry_at
+        self.seen_fp = fingerprint(self.ctx.store.read())
+        self._count("slurm_errors_total")
+
+    # ---- one look at Slurm ---------------------------------------------------------------------------
+    def check(self, now: float) -> Tuple[str, float]:
+        """Drain if pending, follow the node's drain (open/close the fault episode), find the jobs still
+        running, and move every due job action on. Returns (QUIET / WAITING / BUSY, when the next
+        action is due). Raises SlurmUnavailable: the caller backs off and calls again."""
+        node_name = self.ctx.node
+        ours = self._drain_pending(now)
+        node = self.ctx.slurm.get_node(node_name)
+        drained = node.drain or node.down
+        closed = None
+        with self.ctx.store.locked() as st:
+            migrate(st)
+            ep = st.get("episode")
+            if drained and (ep or ours is not None or is_health_reason(node.reason)):
+                if not ep:
+                    reason = ours.reason if ours is not None else node.reason
+                    ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
+            elif not drained and ep:
+                closed = self._close_episode(st, ep, now)
+                ep = None
+            elif not drained and st.get("reboot_requested"):
+                # back in service after our reboot (Slurm's nextstate=resume): that repair is done
+                st["reboot_requested"] = None
+                S.mark_repaired(st, None, now)
+            unresolved = [f for f in st.get("requeue_faults") or [] if f.get("jobs") is None]
+        if closed is not None:
+            self.ctx.record("resume", check="xid", action="job-side", outcome="fault over", severity="info",
+                            message=f"{node_name} is back in service: fault episode closed"
+                            + (f"; {closed} pending job action(s) dropped" if closed > 0 else ""))
+        settling = False
+        if (ep and not node.drained) or unresolved:
+            jobs = self.ctx.slurm.list_jobs(node=node_name)
+            running = [j for j in jobs if j.state == "RUNNING" and node_name in j.nodes]
+            # a job still starting (prolog, CONFIGURING) becomes RUNNING in a moment: look again soon
+            settling = any(j.state in ("CONFIGURING", "COMPLETING") for j in jobs) or "COMPLETING" in node.flags
+            with self.ctx.store.locked() as st:
+                ep = st.get("episode")
+                if ep and drained:
+                    note = requeue_note(ep.get("reason", ""))
+                    for j in running:
+                        add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", ""))
+                for f in st.get("requeue_faults") or []:
+                    if f.get("jobs") is None:
+                        f["jobs"] = [j.job_id for j in running]
+                        for j in running:
+                            add_action(st, j.job_id, f["id"], requeue_note(f.get("reason", "")), now,
+                                       self._is_runner(j), f.get("reason", ""))
+        next_due = self._process(now)
+        with self.ctx.store.locked() as st:
+            self._prune(st)
+            pend = st.get("pending_drain")
+            work = open_work(st)
+        if pend:
+            next_due = min(next_due, float(pend.get("next_try", 0)))
+        if settling:
+            return BUSY, now + FAST_SECONDS
+        return (WAITING if work else QUIET), next_due
+
+    def _now(self, now: float) -> float:
+        """``now`` of this step plus the real time the step has taken so far."""
+        return now + max(0.0, time.monotonic() - self._t0)
+
+    def _is_runner(self, job) -> bool:
+        return bool(job.comment) and job.comment.startswith(self.h.runner_comment)
+
+    def _drain_pending(self, now: float) -> Optional[C.CheckResult]:
+        """Make the pending drain (ownership rules of drain_for). Returns the fault once it is dealt
+        with (drained, already ours, or someone else's drain kept), else None."""
+        from autoheal.errors import SlurmError, SlurmUnavailable
+        from autoheal.hooks.engine import drain_for
+
+        pend = self.ctx.store.read().get("pending_drain")
+        if not pend or now < float(pend.get("next_try", 0)):
+            return None
+        failure = C.CheckResult.from_dict(pend.get("failure") or {})
+        try:
+            act = drain_for(self.ctx, failure)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:  # refused (not unreachable): say it once, keep trying, slowly
+            with self.ctx.store.locked() as st:
+                p = st.get("pending_drain") or {}
+                p["tries"] = int(p.get("tries", 0)) + 1
+                p["next_try"] = now + backoff(p["tries"], 60.0)
+                first = p["tries"] == 1
+            if first:
+                self.ctx.record("error", check=failure.check, action="drain", severity="error",
+                                message=f"cannot drain for {failure.reason}: {exc}; retrying")
+            return None
+        with self.ctx.store.locked() as st:
+            st["pending_drain"] = None
+        if act.get("outcome") in ("drained", "reason-updated"):
+            self._count("drains_total")
+        return failure
+
+    def _close_episode(self, st: Dict[str, Any], ep: Dict[str, Any], now: float) -> int:
+        """The node is back in service (resumed after passes, by an admin, by Slurm after our reboot):
+        the fault is over, its repair ends the XID dedupe window, open job actions of it are dropped."""
+        actions = st.get("job_actions") or {}
+        dropped = [k for k, a in actions.items() if a.get("fault") == ep.get("id") and a.get("stage") != DONE]
+        for k in list(actions):
+            if actions[k].get("fault") == ep.get("id"):
+                actions.pop(k)
+        st["episode"] = None
+        st["reboot_requested"] = None
+        st["foreign_noted"] = {}
+        S.mark_repaired(st, None, now)
+        return len(dropped)
+
+    def _prune(self, st: Dict[str, Any]) -> None:
+        """Done actions of faults that are over go; a requeue fault goes once all its jobs are done."""
+        actions = st.get("job_actions") or {}
+        ep_id = (st.get("episode") or {}).get("id")
+        faults = st.get("requeue_faults") or []
+        keep_faults = []
+        for f in faults:
+            mine = [a for a in actions.values() if a.get("fault") == f["id"]]
+            if f.get("jobs") is None or any(a.get("stage") != DONE for a in mine):
+                keep_faults.append(f)
+        st["requeue_faults"] = keep_faults
+        live = {f["id"] for f in keep_faults} | ({ep_id} if ep_id else set())
+        for k in list(actions):
+            a = actions[k]
+            if a.get("fault") not in live and a.get("stage") == DONE:
+                actions.pop(k)
+
+    # ---- job actions ---------------------------------------------------------------------------------
+    def _process(self, now: float) -> float:
+        """Move every due action on; returns when the next one is due (inf when none waits)."""
+        st = self.ctx.store.read()
+        next_due = float("inf")
+        for key, a in sorted((st.get("job_actions") or {}).items(), key=lambda kv: kv[1].get("created", 0)):
+            if a.get("stage") == DONE:
+                continue
+            due = float(a.get("next_try") or 0)
+            if a.get("stage") == GRACE:
+                due = max(due, float(a.get("deadline") or 0))
+            if now < due:
+                next_due = min(next_due, due)
+                continue
+            self._advance(key, a, now)
+            b = self.ctx.store.read().get("job_actions", {}).get(key)
+            if b and b.get("stage") != DONE:
+                nd = float(b.get("next_try") or 0)
+                if b.get("stage") == GRACE:
+                    nd = max(nd, float(b.get("deadline") or 0))
+                next_due = min(next_due, max(nd, now + 0.2))
+        return next_due
+
+    def _update(self, key: str, **changes) -> None:
+        with self.ctx.store.locked() as st:
+            a = st.setdefault("job_actions", {}).get(key)
+            if a is not None:
+                a.update(changes)
+
+    def _advance(self, key: str, a: Dict[str, Any], now: float) -> None:
+        stage = a.get("stage")
+        if stage == SIGNALLING:
+            # a restart found a signal that may have gone out: never send it twice, keep the requeue
+            self._update(key, stage=GRACE, deadline=float(a.get("signalled_at", now)) + self.h.grace_seconds)
+            return
+        if stage == SIGNAL:
+            self._signal(key, a, now)
+        elif stage == GRACE:
+            self._requeue(key, a, now)
+
+    def _signal(self, key: str, a: Dict[str, Any], now: float) -> None:
+        from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+
+        job = a["job"]
+        runner = a.get("runner")
+        if runner is None:  # known from the listing; a job from the DCGM mapping is looked up once
+            try:
+                info = self.ctx.slurm.get_job(job)
+            except SlurmNotFound:
+                self._update(key, stage=DONE, outcome="gone")
+                return
+            if not (info.running and self.ctx.node in info.nodes):
+                self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
+                return
+            runner = self._is_runner(info)
+            self._update(key, runner=runner)
+        if not runner and _sig(self.h.grace_signal) == "TERM":
+            # SIGTERM is what `scontrol requeue` sends itself, KillWait seconds before SIGKILL: requeue at
+            # once and let Slurm's kill sequence be the grace (a job that exits on SIGTERM would otherwise
+            # end before it could be requeued)
+            self._update(key, stage=GRACE, deadline=now)
+            self._requeue(key, dict(a, runner=runner, stage=GRACE, deadline=now), now)
+            return
+        sig = _sig(self.h.runner_signal if runner else self.h.grace_signal)
+        self._update(key, stage=SIGNALLING, signalled_at=now)
+        try:
+            if runner:
+                self.ctx.slurm.signal_job(job, sig, batch=True)
+            else:
+                self.ctx.slurm.signal_job(job, sig, full=True)
+        except SlurmUnavailable:
+            self._update(key, stage=SIGNAL)  # not sent: send it when slurmctld answers
+            raise
+        except SlurmError as exc:
+            if _finished(exc):
+                self._update(key, stage=DONE, outcome="finished before the signal")
+                return
+            # could not signal (refused): the requeue after the grace still comes
+            self.ctx.record("error", job_ids=[job], check="xid", action="signal", severity="error",
+                            message=f"job {job}: grace signal {sig} failed: {exc}; requeue in "
+                            f"{self.h.grace_seconds:g}s if it still runs here")
+            self._update(key, stage=GRACE, deadline=now + self.h.grace_seconds)
+            return
+        # the grace starts when the signal went out, not when this look at Slurm began (a slow or
+        # just-restarted slurmctld can make that many seconds)
+        self._update(key, stage=GRACE, deadline=self._now(now) + self.h.grace_seconds)
+        self._count("signals_total")
+        to = "batch shell, the runner requeues itself" if runner else "every step"
+        self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
+                        message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
+                        f"requeue in {self.h.grace_seconds:g}s if it still runs here")
+
+    def _requeue(self, key: str, a: Dict[str, Any], now: float) -> None:
+        from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+
+        job = a["job"]
+        if not self.h.requeue_jobs:
+            self._update(key, stage=DONE, outcome="requeue off (hooks.requeue_jobs = false)")
+            return
+        try:
+            info = self.ctx.slurm.get_job(job)
+        except SlurmNotFound:
+            self._update(key, stage=DONE, outcome="gone")
+            return
+        note = a.get("note") or requeue_note("")
+        if not (info.running and self.ctx.node in info.nodes):
+            if a.get("requeue_tried"):
+                # our requeue went out while slurmctld was slow to answer and it took it after all
+                self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
+                self._count("requeues_total")
+                self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", severity="action",
+                                outcome="requeued (slurmctld answered late)", message=note)
+                return
+            # finished, or requeued itself (the runner, a framework): nothing left to do here
+            self._update(key, stage=DONE, outcome=f"no longer runs here ({info.state})")
+            return
+        try:
+            if not self._is_runner(info):
+                try:
+                    self.ctx.slurm.update_job(job, Comment=note)
+                except SlurmUnavailable:
+                    raise
+                except SlurmError:
+                    pass  # the comment is for the user; the requeue matters
+            self._update(key, requeue_tried=now)
+            self.ctx.slurm.requeue(job)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:
+            if _finished(exc):
+                self._update(key, stage=DONE, outcome="already requeued or finished")
+                return
+            tries = int(a.get("tries", 0)) + 1
+            if tries >= MAX_REFUSALS or _requeue_disabled(exc):
+                self._update(key, stage=DONE, outcome=f"requeue refused: {exc}", tries=tries)
+                self.ctx.record("error", job_ids=[job], check="xid", action="requeue", severity="error",
+                                message=f"job {job}: requeue refused by Slurm ({exc}); it keeps running on the "
+                                f"drained node {self.ctx.node}")
+                return
+            self._update(key, tries=tries, next_try=now + backoff(tries, 30.0), requeue_tried=None)
+            return
+        self._update(key, stage=DONE, outcome="requeued")
+        self._count("requeues_total")
+        self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", outcome="requeued",
+                        message=note, severity="action")
+
+
+def _sig(name: str) -> str:
+    """``SIGUSR2`` / ``usr2`` -> ``USR2`` (what scancel takes)."""
+    n = str(name).strip().upper()
+    return n[3:] if n.startswith("SIG") else n
+
+
+def _finished(exc: Exception) -> bool:
+    """The job is past what we wanted to do to it: finished, already pending again (requeued itself or
+    by someone else), or gone."""
+    from autoheal.errors import SlurmJobAlreadyPending, SlurmJobFinished, SlurmNotFound
+
+    return isinstance(exc, (SlurmJobFinished, SlurmJobAlreadyPending, SlurmNotFound))
+
+
+def _requeue_disabled(exc: Exception) -> bool:
+    from autoheal.errors import SlurmRequeueDisabled
+
+    return isinstance(exc, SlurmRequeueDisabled)

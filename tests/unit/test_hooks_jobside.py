@@ -1,0 +1,371 @@
+"""The level-triggered job side of xid-watch (issue 16 finding 2) against an in-memory slurmctld that
+can be down, and a real node-state file: whoever drained the node for a GPU fault, every job still
+running there is signalled and requeued exactly once per job and fault, retried while slurmctld does
+not answer, never given up; Slurm is asked only when there is reason to."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from autoheal.config.hooks_section import HooksSection
+from autoheal.journal import Record
+from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobFinished, SlurmNotFound,
+                             SlurmRequeueDisabled, SlurmUnavailable)
+from autoheal.hooks import checks as C
+from autoheal.hooks import jobside as J
+from autoheal.hooks import state as S
+from autoheal.slurm.model import Job, Node
+
+XID79 = C.CheckResult("xid", C.FAIL, "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus", C.REPLACE, 1,
+                      {"xid": 79})
+
+
+class FakeCtld:
+    """Just enough slurmctld: one node, jobs, drains, signals, requeues; ``down`` answers nothing."""
+
+    def __init__(self):
+        self.node = Node("n1", "ALLOCATED", frozenset(), "")
+        self.jobs = {}
+        self.down = False
+        self.calls = []
+
+    def _call(self, what):
+        self.calls.append(what)
+        if self.down:
+            raise SlurmUnavailable(f"{what}: no answer within 5s (slurmctld down or unreachable?)")
+
+    def add_job(self, job_id, comment="", state="RUNNING"):
+        self.jobs[job_id] = Job(job_id, state, ("n1",), comment=comment)
+
+    def get_node(self, name):
+        self._call("get_node")
+        return self.node
+
+    def list_jobs(self, node=None, states=None):
+        self._call("list_jobs")
+        return [j for j in self.jobs.values() if not states or j.state in states]
+
+    def get_job(self, job_id):
+        self._call("get_job")
+        if job_id not in self.jobs:
+            raise SlurmNotFound(f"job {job_id} not found")
+        return self.jobs[job_id]
+
+    def drain(self, node, reason):
+        self._call("drain")
+        base = "IDLE" if not self.jobs else "ALLOCATED"
+        self.node = Node("n1", base, frozenset({"DRAIN"}), reason)
+
+    def set_reason(self, node, reason):
+        self._call("set_reason")
+        self.node = Node("n1", self.node.state, self.node.flags, reason)
+
+    def resume(self, node):
+        self._call("resume")
+        self.node = Node("n1", "IDLE", frozenset(), "")
+
+    def signal_job(self, job_id, signal, batch=False, full=False):
+        self._call(f"signal {job_id} {signal} {'batch' if batch else 'full'}")
+
+    def update_job(self, job_id, **fields):
+        self._call(f"update {job_id}")
+        self.jobs[job_id] = Job(job_id, self.jobs[job_id].state, ("n1",), comment=fields.get("Comment", ""))
+
+    def requeue(self, job_id, hold=False):
+        self._call(f"requeue {job_id}")
+        self.jobs[job_id] = Job(job_id, "PENDING", (), comment=self.jobs[job_id].comment)
+
+    def writes(self, prefix):
+        return [c for c in self.calls if c.startswith(prefix)]
+
+
+def make_ctx(tmp_path, **hooks):
+    h = HooksSection(**{"grace_seconds": 10.0, **hooks})
+    records = []
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeCtld(),
+                          records=records, source="xid-watch")
+    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
+    return ctx
+
+
+def side(ctx):
+    return J.JobSide(ctx, rng=random.Random(1))
+
+
+def events(ctx, name):
+    return [kw for ev, kw in ctx.records if ev == name]
+
+
+@pytest.mark.parametrize("reason,ours", [
+    ("autoheal: xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus", True),
+    ("autoheal: ecc: GPU 2 of n1: 1 uncorrectable ECC errors [root@2026-01-01T00:00:00]", True),
+    ("autoheal: gpu-lost: GPU 3 of n1: unresponsive in 3 checks", True),
+    ("autoheal: reboot: xid 48 on GPU 1 of n1", True),
+    ("autoheal: replace: xid 79 on GPU 1 of n1", True),
+    ("autoheal: k8s: node cordoned: lent to inference", False),
+    ("autoheal: spare: held in the spare pool", False),
+    ("autoheal: retired: replaced by spare1", False),
+    ("admin: bios update", False),
+    ("Prolog error", False),
+    ("", False),
+])
+def test_health_reasons_are_only_our_hardware_drains(reason, ours):
+    assert J.is_health_reason(reason) is ours
+
+
+def test_node_drained_by_the_healthcheck_gets_its_jobs_requeued_once(tmp_path):
+    # finding 2a: the healthcheck drained first and marked the XID seen; xid-watch never judged it
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("7")
+    ctx.slurm.drain("n1", "autoheal: " + XID79.reason)
+    with ctx.store.locked() as st:
+        st["drain"] = {"reason": ctx.slurm.node.reason, "time": 100.0, "source": "healthcheck"}
+        S.remember_xid(st, 79, 1, "0000:3b:00", 100.0)
+    js = side(ctx)
+    assert js.step(now=101.0)  # the drain on record is new to xid-watch: it looks at once
+    # TERM (the default): the requeue is the grace (Slurm's SIGTERM .. KillWait .. SIGKILL)
+    assert ctx.slurm.writes("requeue") == ["requeue 7"] and not ctx.slurm.writes("signal")
+    assert ctx.slurm.jobs["7"].comment.startswith("autoheal: requeued after xid 79 on GPU 1 of n1")
+    # a restarted xid-watch neither repeats it nor forgets it
+    ctx.slurm.add_job("7")  # (as if it were still running: it must not be requeued twice)
+    js2 = side(ctx)
+    js2.step(now=102.0)
+    js2.step(now=200.0, force=True)
+    assert ctx.slurm.writes("requeue") == ["requeue 7"]
+    assert len(events(ctx, "requeue")) == 1
+
+
+def test_runner_gets_its_signal_then_a_requeue_only_if_still_running(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("8", comment="autoheal-runner restarts=0")
+    ctx.slurm.add_job("9", comment="autoheal-runner restarts=0")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.node.drain
+    assert sorted(ctx.slurm.writes("signal")) == ["signal 8 USR2 batch", "signal 9 USR2 batch"]
+    assert not ctx.slurm.writes("requeue")
+    # job 9 requeued itself (the runner does); job 8 still runs when the grace is over
+    ctx.slurm.jobs["9"] = Job("9", "PENDING", ())
+    assert not js.step(now=105.0)  # only a deadline to wait for: no Slurm call before it
+    js.step(now=110.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 8"]
+    assert "update 8" not in ctx.slurm.calls  # the runner writes its own comment
+    done = {a["job"]: a["outcome"] for a in ctx.store.read()["job_actions"].values()}
+    assert done == {"8": "requeued", "9": "no longer runs here (PENDING)"}
+
+
+def test_slurmctld_down_at_the_fault_drain_and_jobs_wait_and_are_never_given_up(tmp_path):
+    # finding 2b: slurmctld dead (or SIGSTOPped) when the XID hit; xid-watch used to log and give up
+    ctx = make_ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    ctx.slurm.down = True
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    now = 100.0
+    js.step(now=now, urgent=True)
+    for _ in range(40):  # many minutes of outage: retried with backoff, never dropped
+        now += 15.0
+        js.step(now=now)
+    assert ctx.store.read()["pending_drain"], "the drain must stay pending"
+    assert len(events(ctx, "error")) == 1  # said once, not on every retry
+    tries = len(ctx.slurm.calls)
+    assert 40 <= tries <= 60  # backoff caps at 10 s: about one attempt per loop step here
+    ctx.slurm.down = False
+    now += 15.0
+    js.step(now=now)
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: xid 79")
+    assert ctx.slurm.writes("signal") == ["signal 5 USR1 full"]
+    assert [kw["outcome"] for kw in events(ctx, "retry")] == ["slurmctld answers again"]
+    js.step(now=now + 10.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 5"]
+
+
+def test_signal_not_sent_while_slurmctld_is_stopped_is_sent_once_it_answers(tmp_path):
+    ctx = make_ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    orig = ctx.slurm.signal_job
+    ctx.slurm.signal_job = lambda *a, **k: (_ for _ in ()).throw(SlurmUnavailable("scancel: no answer"))
+    js.step(now=100.0, urgent=True)
+    assert ctx.store.read()["job_actions"]["5@" + ctx.store.read()["episode"]["id"]]["stage"] == J.SIGNAL
+    ctx.slurm.signal_job = orig
+    js.step(now=101.0)
+    js.step(now=103.0)
+    assert ctx.slurm.writes("signal") == ["signal 5 USR1 full"]
+    assert len(events(ctx, "signal")) == 1
+
+
+def test_a_restart_after_a_signal_never_sends_it_twice(tmp_path):
+    ctx = make_ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.reason}
+        J.add_action(st, "5", "drain-1", "note", 100.0, runner=False)
+        st["job_actions"]["5@drain-1"].update(stage=J.SIGNALLING, signalled_at=100.0)  # crashed mid-call
+    js = side(ctx)
+    js.step(now=101.0)
+    assert not ctx.slurm.writes("signal")
+    js.step(now=110.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 5"]
+
+
+def test_no_slurm_calls_while_quiet_only_the_slow_self_check(tmp_path):
+    ctx = make_ctx(tmp_path, xid_watch_self_check=60.0)
+    t0 = __import__("time").time()
+    js = J.JobSide(ctx, rng=random.Random(3))
+    start = js.next_check
+    assert t0 <= start <= t0 + 61  # the first self-check falls somewhere in the first interval
+    now = start - 30.0
+    for _ in range(25):  # one housekeeping per second, healthy node, nothing on record
+        now += 1.0
+        js.step(now=now)
+    assert ctx.slurm.calls == []
+    js.step(now=start + 0.1)
+    assert ctx.slurm.calls == ["get_node"]
+    for _ in range(30):
+        now = start + 1 + _
+        js.step(now=now)
+    assert ctx.slurm.calls == ["get_node"]  # the next self-check is 45..75 s later
+
+
+def test_slow_self_check_catches_a_drain_nobody_recorded(tmp_path):
+    # the prolog drained with a read-only state dir: nothing on record, only Slurm knows
+    ctx = make_ctx(tmp_path, xid_watch_self_check=30.0)
+    ctx.slurm.add_job("11")
+    ctx.slurm.drain("n1", "autoheal: ecc: GPU 2 of n1 (0000:5d:00.0): 1 uncorrectable ECC errors")
+    js = side(ctx)
+    js.step(now=js.next_check + 0.1)
+    assert ctx.slurm.writes("requeue") == ["requeue 11"]
+    assert ctx.slurm.jobs["11"].comment == ("autoheal: requeued after ecc: GPU 2 of n1 (0000:5d:00.0): 1 "
+                                             "uncorrectable ECC errors")
+
+
+def test_foreign_and_k8s_drains_leave_jobs_alone(tmp_path):
+    for reason in ("admin: bios update", "autoheal: k8s: node cordoned"):
+        ctx = make_ctx(tmp_path / reason.split(":")[0])
+        ctx.slurm.add_job("3")
+        ctx.slurm.drain("n1", reason)
+        js = side(ctx)
+        js.step(now=js.next_check + 0.1)
+        assert not ctx.slurm.writes("requeue") and not ctx.slurm.writes("signal"), reason
+
+
+def test_our_own_fault_on_an_admin_drained_node_still_moves_the_jobs(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("4")
+    ctx.slurm.drain("n1", "admin: bios update")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    side(ctx).step(now=100.0, urgent=True)
+    assert ctx.slurm.node.reason == "admin: bios update"  # never overwritten
+    assert ctx.slurm.writes("requeue") == ["requeue 4"]
+
+
+def test_resume_closes_the_fault_and_ends_the_dedupe_window(tmp_path):
+    ctx = make_ctx(tmp_path)
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+        S.remember_xid(st, 79, 1, "0000:3b:00", 100.0)
+        st["reboot_requested"] = {"boot_id": "b", "time": 101.0}
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.store.read()["episode"]
+    assert S.seen_recently(ctx.store.read(), 79, 1, "0000:3b:00", 150.0, 120.0)
+    ctx.slurm.resume("n1")  # Slurm's nextstate=resume after our reboot
+    js.step(now=150.0, force=True)
+    st = ctx.store.read()
+    assert st["episode"] is None and st["reboot_requested"] is None
+    assert not S.seen_recently(st, 79, 1, "0000:3b:00", 151.0, 120.0)  # back after the repair: new fault
+
+
+def test_requeue_refused_for_good_is_journalled_and_given_up(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("6")
+
+    def refuse(job_id, hold=False):
+        ctx.slurm.calls.append(f"requeue {job_id}")
+        raise SlurmError("scontrol requeue: Requeue of this job is disabled")
+
+    ctx.slurm.requeue = refuse
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    now = 100.0
+    js.step(now=now, urgent=True)
+    for _ in range(20):
+        now += 31.0
+        js.step(now=now)
+    assert len(ctx.slurm.writes("requeue")) == J.MAX_REFUSALS
+    assert len([e for e in events(ctx, "error") if e.get("action") == "requeue"]) == 1
+
+
+def test_requeue_policy_xid_moves_only_the_jobs_of_that_gpu(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("21")
+    ctx.slurm.add_job("22")
+    r = C.CheckResult("xid", C.WARN, "xid 94 on GPU 0 of n1 (0000:1b:00.0): contained ECC error", C.REQUEUE, 0,
+                      {"xid": 94})
+    with ctx.store.locked() as st:
+        J.add_requeue_fault(st, r, 100.0, ["21"])
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.writes("requeue") == ["requeue 21"] and not ctx.slurm.node.drain
+    assert ctx.slurm.jobs["21"].comment.startswith("autoheal: requeued after xid 94 on GPU 0 of n1")
+    js.step(now=101.0)
+    st = ctx.store.read()
+    assert st["requeue_faults"] == [] and st["job_actions"] == {}  # done and pruned
+
+
+@pytest.mark.parametrize("exc,writes,outcome", [
+    (SlurmJobAlreadyPending("job 6 is already pending"), 1, "already requeued or finished"),
+    (SlurmJobFinished("job 6 is completing"), 1, "already requeued or finished"),
+    (SlurmRequeueDisabled("Requeue of this job is disabled"), 1, "requeue refused"),
+])
+def test_typed_requeue_outcomes_end_the_action_at_once(tmp_path, exc, writes, outcome):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("6")
+
+    def requeue(job_id, hold=False):
+        ctx.slurm.calls.append(f"requeue {job_id}")
+        raise exc
+
+    ctx.slurm.requeue = requeue
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    for t in (110.0, 140.0, 200.0):
+        js.step(now=t, force=True)
+    assert len(ctx.slurm.writes("requeue")) == writes
+    (action,) = ctx.store.read()["job_actions"].values()
+    assert action["stage"] == J.DONE and action["outcome"].startswith(outcome)
+
+
+def test_a_requeue_slurmctld_took_while_timing_out_is_journalled_once(tmp_path):
+    # slurmctld just back from SIGSTOP, busy: the requeue times out on our side but is carried out
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("6")
+    real = ctx.slurm.requeue
+
+    def slow(job_id, hold=False):
+        real(job_id)
+        raise SlurmUnavailable("scontrol requeue: no answer within 5s")
+
+    ctx.slurm.requeue = slow
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    ctx.slurm.requeue = real
+    js.step(now=102.0)
+    assert ctx.slurm.writes("requeue") == ["requeue 6"]  # not sent twice
+    assert [kw["outcome"] for kw in events(ctx, "requeue")] == ["requeued (slurmctld answered late)"]
