@@ -252,7 +252,7 @@ def gpu_reset(lab_dir, node, gpu) -> None:
     from autoheal.lab.gpus import inject as do_inject
 
     do_inject(_lab(lab_dir), node, gpu, "clear")
-    click.echo(f"{node} gpu {gpu}: reset")
+    click.echo(f"GPU {gpu} of {node}: reset")
 
 
 

@@ -589,7 +589,9 @@ def render_autoheal_toml(lay: LabLayout) -> str:
                                     "--node", "{node}", "--gpu", "{gpu}"],
                   "resume_cooldown": 5.0, "textfile_dir": f"{lay.root}/metrics/{{node}}",
                   # a short grace window and NVML budget keep lab drills and tests quick
-                  "grace_seconds": 10.0, "nvml_timeout": 3.0},
+                  "grace_seconds": 10.0, "nvml_timeout": 3.0,
+                  # a lab node drained by another process is noticed by its xid-watch within seconds
+                  "xid_watch_self_check": 10.0},
         # metrics: `lab up` gives each sync a free port (`lab status` shows it), on loopback only
         "sync": {"slurm_resync_seconds": 2.0, "lease_duration_seconds": 5.0, "metrics_port": 0,
                  "metrics_address": "127.0.0.1",

@@ -66,6 +66,9 @@ class Phase:
     failed: str = ""  # observed, but the evidence contradicts the mission (e.g. resumed from the wrong step)
     error: str = ""  # the probe raised: the drill could not tell (not the same as a missing phase)
     last_error: str = ""  # a transient read failure in the last probe (an error if the phase never comes)
+    # polled only once this phase is observed: every probe costs a Slurm or API call, and polling all of
+    # them each tick made one tick last 1-2 s under load, stamping early phases late
+    after: Optional["Phase"] = None
 
     @property
     def ok(self) -> bool:
@@ -422,10 +425,11 @@ class Drill:
 
     # ---- the run -----------------------------------------------------------------------------------
     def phases_for(self, node: str) -> List[Phase]:
+        drained = Phase("drained in Slurm with an autoheal reason", "slurm", self._drained_probe(node))
         phases = [
             Phase("detected (XID 79 seen on the node)", "journal",
                   self._journal_probe(("detection",), node=node)),
-            Phase("drained in Slurm with an autoheal reason", "slurm", self._drained_probe(node)),
+            drained,
         ]
         if self.opt_in:
             phases += [
@@ -437,18 +441,25 @@ class Drill:
             why = "the job did not opt in (plain sbatch): Slurm's requeue sends SIGTERM, no checkpoint"
             phases += [Phase("grace signal delivered to the trainer", "trainer output", skipped=why),
                        Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
-        phases.append(Phase("job requeued", "slurm", self._requeued_probe()))
+        requeued = Phase("job requeued", "slurm", self._requeued_probe(), after=drained)
+        phases.append(requeued)
         if self.kube:
-            phases += self._kube_probes(node)
+            kube_phases = self._kube_probes(node)
+            for earlier, later in zip([drained] + kube_phases, kube_phases):
+                later.after = earlier  # the remediation steps come in this order
+            phases += kube_phases
         else:
             for name in ("Kubernetes: GPUHealthy=False condition and cordon", "opt-out label checked",
                          "pods evicted", "replacement requested", "spare node in service"):
                 phases.append(Phase(name, "kubernetes", skipped="--no-kube"))
+        running = Phase("job running again, away from the bad node", "slurm", self._running_again_probe(node),
+                        after=requeued)
         phases += [
-            Phase("job running again, away from the bad node", "slurm", self._running_again_probe(node)),
+            running,
             Phase("trainer restarted at the right step", "trainer output", self._restart_start_probe()),
             Phase("training progressing past it", "trainer output", self._progress_probe()),
-            Phase("user-visible record (job comment, autoheal events)", "slurm + journal", self._record_probe()),
+            Phase("user-visible record (job comment, autoheal events)", "slurm + journal", self._record_probe(),
+                  after=requeued),
         ]
         return phases
 
@@ -600,6 +611,8 @@ def watch(phases: List[Phase], timeout: float, before_tick: Callable[[], None] =
     while open_phases and clock() < deadline:
         before_tick()
         for p in list(open_phases):
+            if p.after is not None and p.after.at is None and not p.after.skipped:
+                continue  # its cause has not been seen yet
             try:
                 hit = p.probe() if p.probe else None
             except Contradiction as exc:

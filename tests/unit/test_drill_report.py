@@ -254,3 +254,25 @@ def test_a_contradiction_fails_the_phase_at_once():
 
     rep = _watched(wrong, lambda: None)
     assert [p.status for p in rep.phases] == ["failed", "missing"] and rep.exit_code == 1
+
+
+def test_a_phase_is_polled_only_after_the_phase_it_follows():
+    # every probe is a Slurm or API call: polling all of them each tick made ticks 1-2 s long
+    from autoheal.lab.drill import Phase, Waiting, watch
+
+    calls = {"first": 0, "second": 0}
+
+    def first():
+        calls["first"] += 1
+        return (100.0, "seen") if calls["first"] >= 3 else Waiting("not yet")
+
+    def second():
+        calls["second"] += 1
+        return 101.0, "seen"
+
+    a = Phase("first", "slurm", first)
+    b = Phase("second", "slurm", second, after=a)
+    ticks = iter(range(100))
+    watch([a, b], timeout=50, poll=0, clock=lambda: float(next(ticks)), sleep=lambda s: None)
+    assert a.at == 100.0 and b.at == 101.0
+    assert calls == {"first": 3, "second": 1}
