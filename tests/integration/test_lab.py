@@ -190,7 +190,7 @@ def test_lab_env_is_all_autoheal_check_needs_and_clear_heals_every_gpu(plain_lab
             res = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu2", "--gpu", gpu, "--lost"])
             assert res.exit_code == 0, res.output
         code, _data, out = check("gpu2")
-        assert code == 1 and "gpu 2" in out and "gpu 6" in out, out
+        assert code == 1 and "GPU 2 of gpu2" in out and "GPU 6 of gpu2" in out, out
         assert check("gpu1")[0] == 0  # each node sees its own GPUs
     finally:
         res = runner.invoke(lab_cli, ["inject", "--dir", d, "--node", "gpu2", "--clear"])

@@ -142,7 +142,11 @@ def test_api_faults_are_reported_then_retried(kube_env):
                 assert any(f"HTTP {status}" in e for e in res.errors), res.errors
             res = rec.run_pass()  # the fault is gone: the next pass completes the change
             assert res.ok and not res.errors
+            # converged: no writes left (a node resumed a moment ago may still flip IDLE* -> IDLE once in
+            # Slurm, which is a real change to mirror; more than that would be ping-pong)
             idle = rec.run_pass()
+            if idle.planned:
+                idle = rec.run_pass()
             assert idle.planned == [], [a.describe() for a in idle.planned]
         # a write that times out is reported like a 5xx and redone by the next pass
         slow = Reconciler(slurm, kube(env, timeout=1.0), sync_cfg())
