@@ -5,9 +5,14 @@ epilog) and whenever slurmctld answers, every job still RUNNING on the node gets
 and fault:
 
 1. its grace signal: ``autoheal sbatch`` jobs (comment starting with ``hooks.runner_comment``) get
-   ``hooks.runner_signal`` on their batch shell and requeue themselves; other jobs get
-   ``hooks.grace_signal`` on every step. With TERM the requeue itself is the grace (Slurm sends SIGTERM
-   and waits KillWait), so a plain job is requeued at once;
+   ``hooks.runner_signal`` on their batch shell and requeue themselves; other jobs get the warning
+   they asked for at submission (``--signal=[B:]SIG@SECS``, read back from the submit line and the
+   batch script's ``#SBATCH`` lines: Slurm reports it in no job field), delivered as Slurm delivers it
+   near the time limit (SIGCONT, then the signal; with ``B:`` to the batch shell only, else to every
+   step but the batch shell), so that submitit, Lightning & co. checkpoint and requeue themselves.
+   A job that asked for nothing gets ``hooks.grace_signal`` on its steps (never on the batch shell,
+   which a USR1/USR2 would kill); with TERM the requeue itself is the grace (Slurm sends SIGTERM and
+   waits KillWait), so such a job is requeued at once;
 2. a requeue (``scontrol requeue``, with a job comment the user sees) if it still runs on this node
    ``hooks.grace_seconds`` later.
 
@@ -398,35 +403,43 @@ class JobSide:
             self._requeue(key, a, now)
 
     def _signal(self, key: str, a: Dict[str, Any], now: float) -> None:
-        from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+        from autoheal.errors import SlurmError, SlurmUnavailable
 
         job = a["job"]
         runner = a.get("runner")
-        if runner is None:  # known from the listing; a job from the DCGM mapping is looked up once
-            try:
-                info = self.ctx.slurm.get_job(job)
-            except SlurmNotFound:
-                self._update(key, stage=DONE, outcome="gone")
-                return
-            if not (info.running and self.ctx.node in info.nodes):
-                self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
-                return
-            runner = self._is_runner(info)
-            self._update(key, runner=runner)
-        if not runner and _sig(self.h.grace_signal) == "TERM":
+        requested = a.get("requested")  # None: not looked up yet; "": the job asked for no signal
+        if runner is None or (not runner and requested is None):
+            found = self._look_up(key, job, runner)
+            if found is None:
+                return  # gone or no longer here: done
+            runner, requested = found
+        warn = None if runner else _warning(requested)
+        if not runner and warn is None and _sig(self.h.grace_signal) == "TERM":
             # SIGTERM is what `scontrol requeue` sends itself, KillWait seconds before SIGKILL: requeue at
             # once and let Slurm's kill sequence be the grace (a job that exits on SIGTERM would otherwise
             # end before it could be requeued)
             self._update(key, stage=GRACE, deadline=now)
             self._requeue(key, dict(a, runner=runner, stage=GRACE, deadline=now), now)
             return
-        sig = _sig(self.h.runner_signal if runner else self.h.grace_signal)
+        if runner:
+            sig, batch, to = _sig(self.h.runner_signal), True, "batch shell, the runner requeues itself"
+        elif warn is not None:
+            # the job's own --signal, delivered as Slurm delivers it near the time limit
+            # (send_job_warn_signal): SIGCONT first, then the signal, with B: to the batch shell only,
+            # else to every step but the batch shell. The framework checkpoints and requeues itself.
+            sig, batch = warn.signal, warn.batch
+            to = (f"the job's own --signal={warn.spec}: "
+                  + ("batch shell only" if batch else "every step, not the batch shell"))
+        else:
+            # the job asked for nothing: hooks.grace_signal to its steps, never to the batch shell
+            # (a shell without a trap dies of USR1/USR2 and the job ends FAILED, not requeued)
+            sig, batch = _sig(self.h.grace_signal), False
+            to = "hooks.grace_signal, every step, not the batch shell; the job asked for no signal"
         self._update(key, stage=SIGNALLING, signalled_at=now)
         try:
-            if runner:
-                self.ctx.slurm.signal_job(job, sig, batch=True)
-            else:
-                self.ctx.slurm.signal_job(job, sig, full=True)
+            if warn is not None:
+                self.ctx.slurm.signal_job(job, "CONT", batch=batch)
+            self.ctx.slurm.signal_job(job, sig, batch=batch)
         except SlurmUnavailable:
             self._update(key, stage=SIGNAL)  # not sent: send it when slurmctld answers
             raise
@@ -444,10 +457,44 @@ class JobSide:
         # just-restarted slurmctld can make that many seconds)
         self._update(key, stage=GRACE, deadline=self._now(now) + self.h.grace_seconds)
         self._count("signals_total")
-        to = "batch shell, the runner requeues itself" if runner else "every step"
         self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
                         f"requeue in {self.h.grace_seconds:g}s if it still runs here")
+
+    def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:
+        """(runner?, the job's requested warning as ``B:USR2@90`` or "") for a job about to be signalled;
+        None (and the action done) when the job is gone or no longer runs here. SlurmUnavailable
+        propagates: the action stays in its signal stage and is tried again."""
+        from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
+        from autoheal.slurm.parse import requested_signal
+
+        try:
+            info = self.ctx.slurm.get_job(job)
+        except SlurmNotFound:
+            self._update(key, stage=DONE, outcome="gone")
+            return None
+        if not (info.running and self.ctx.node in info.nodes):
+            self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
+            return None
+        if runner is None:
+            runner = self._is_runner(info)
+        requested = ""
+        if not runner:
+            script = ""
+            read = getattr(self.ctx.slurm, "batch_script", None)
+            if read is not None:
+                try:
+                    script = read(job)
+                except SlurmUnavailable:
+                    raise
+                except SlurmError:
+                    # not a batch job, a backend that cannot read scripts: the submit line (23.02+) and
+                    # then hooks.grace_signal decide
+                    script = ""
+            warn = requested_signal(info.submit_line, script, info.command)
+            requested = warn.spec if warn is not None else ""
+        self._update(key, runner=runner, requested=requested)
+        return runner, requested
 
     def _requeue(self, key: str, a: Dict[str, Any], now: float) -> None:
         from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
@@ -508,6 +555,13 @@ def _sig(name: str) -> str:
     """``SIGUSR2`` / ``usr2`` -> ``USR2`` (what scancel takes)."""
     n = str(name).strip().upper()
     return n[3:] if n.startswith("SIG") else n
+
+
+def _warning(spec: Optional[str]):
+    """The WarnSignal a job asked for, from the spec kept in its action; None for none."""
+    from autoheal.slurm.parse import parse_signal_spec
+
+    return parse_signal_spec(spec) if spec else None
 
 
 def _finished(exc: Exception) -> bool:

@@ -99,10 +99,12 @@ class HooksSection:
                                max=60000)
     kernel_log_poll: float = setting(0.2, doc="Seconds between polls of a kernel-log file by xid-watch.",
                                      min=0.05, max=60)
-    grace_signal: str = setting("TERM", doc="Signal xid-watch sends to the steps of jobs on a node it drains "
-                                "(jobs not run by `autoheal sbatch`).")
+    grace_signal: str = setting("TERM", doc="Signal xid-watch sends to the steps (never the batch shell) of "
+                                "jobs on a node drained for a fault that asked for no --signal of their own "
+                                "and are not run by `autoheal sbatch`; a job's own --signal wins. TERM: "
+                                "requeue at once, KillWait is the grace.")
     grace_seconds: float = setting(120.0, doc="Seconds between the grace signal and the requeue (match "
-                                   "KillWait).", min=0, max=3600)
+                                   "KillWait; tell researchers: their --signal=SIG@<this>).", min=0, max=3600)
     runner_comment: str = setting("autoheal-runner", doc="Job comment prefix of jobs run by `autoheal sbatch`: "
                                   "they get runner_signal on their batch shell and requeue themselves.")
     runner_signal: str = setting("USR2", doc="Signal for the batch shell of `autoheal sbatch` jobs.")

@@ -12,7 +12,8 @@ from abc import ABC, abstractmethod
 from typing import Callable, Dict, List, Optional, TypeVar
 
 from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
-                             SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
+                             SlurmJobNotPending, SlurmNotFound, SlurmNotSupported, SlurmRequeueDisabled,
+                             SlurmUnavailable)
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 T = TypeVar("T")
@@ -88,6 +89,12 @@ class SlurmAdapter(ABC):
             if job.job_id == str(job_id) or job.raw_id == str(job_id):
                 return job
         raise SlurmNotFound(f"job {job_id} not found")
+
+    def batch_script(self, job_id: str) -> str:
+        """The job's batch script as Slurm stored it (``scontrol write batch_script ID -``): where a
+        job's ``#SBATCH --signal`` lives, which no job field reports. SlurmNotSupported by backends
+        that cannot read it; SlurmNotFound when the job is gone."""
+        raise SlurmNotSupported(f"the {self.name} backend cannot read a job's batch script")
 
     @abstractmethod
     def show_config(self) -> Dict[str, str]:

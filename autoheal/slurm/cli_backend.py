@@ -113,6 +113,10 @@ class CliSlurm(SlurmAdapter):
                 return job
         raise SlurmNotFound(f"job {job_id} not found")
 
+    def batch_script(self, job_id: str) -> str:
+        # "-" writes to stdout (22.05 and later); root or the job's owner may read it
+        return self._read("scontrol", "write", "batch_script", str(job_id), "-")
+
     def show_config(self) -> Dict[str, str]:
         return parse.parse_show_config(self._read("scontrol", "show", "config"))
 

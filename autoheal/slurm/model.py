@@ -129,6 +129,8 @@ class Job:
     array_job_id: Optional[str] = None
     array_task_id: Optional[str] = None
     raw_id: str = ""  # the numeric job id Slurm uses internally
+    submit_line: str = ""  # the sbatch command line (JSON of 23.02+; empty on 22.05, which does not report it)
+    command: str = ""  # the batch script's path as submitted
 
     @property
     def running(self) -> bool:
@@ -148,6 +150,23 @@ class Job:
         while the description stays, and a plain ``scontrol hold`` leaves no such description."""
         return (self.held and self.state_reason == "JobHeldUser"
                 and self.state_description.strip().lower() == REQUEUE_HELD_DESCRIPTION)
+
+
+@dataclass(frozen=True)
+class WarnSignal:
+    """The warning a job asked for at submission: ``--signal=[{R|B}:]SIG[@SECS]``.
+
+    Slurm keeps it only inside slurmctld (no squeue/scontrol field on 22.05 to 25.11): it is read back
+    from the job's submit line and batch script (``autoheal.slurm.parse.requested_signal``)."""
+
+    signal: str  # a name scancel takes: USR2, TERM, ... (a number when Python does not know it)
+    seconds: int = 60  # Slurm's default when @secs is left out
+    batch: bool = False  # B: only the batch shell; else every step but the batch shell
+
+    @property
+    def spec(self) -> str:
+        """Back in sbatch's spelling: ``B:USR2@90``."""
+        return f"{'B:' if self.batch else ''}{self.signal}@{self.seconds}"
 
 
 #: The reasons Slurm gives a held job.

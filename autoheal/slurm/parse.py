@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from autoheal.errors import SlurmParseError, SlurmUnavailable
 from autoheal.slurm.hostlist import expand
-from autoheal.slurm.model import Job, Node, parse_state
+from autoheal.slurm.model import Job, Node, WarnSignal, parse_state
 
 
 def _loads(text: str, what: str) -> dict:
@@ -119,7 +119,8 @@ def job_from_json(obj: dict) -> Job:
                state_reason=_str(obj.get("state_reason")),
                state_description=_str(obj.get("state_description")), priority=_num(obj.get("priority")),
                array_job_id=str(array_job) if array_job else None,
-               array_task_id=str(array_task) if array_job and array_task is not None else None)
+               array_task_id=str(array_task) if array_job and array_task is not None else None,
+               submit_line=_str(obj.get("submit_line")), command=_str(obj.get("command")))
 
 
 def jobs_from_json(text: str, what: str = "job list") -> List[Job]:
@@ -235,3 +236,115 @@ def parse_show_config(text: str) -> Dict[str, str]:
         if key not in out:
             out[key] = ",".join(v for _i, v in sorted(items) if v and v != "(null)") or "(null)"
     return out
+
+
+# ---- the warning signal a job asked for (--signal) -------------------------------------------------
+_NO_WARNING = frozenset({"KILL", "STOP"})  # cannot be caught: never a warning to deliver
+
+
+def _signal_name(text: str) -> str:
+    """``USR2`` / ``SIGUSR2`` / ``12`` -> ``USR2``; "" when it is no signal. Numbers are Linux numbers."""
+    import signal as _signal
+
+    word = text.strip().upper()
+    if word.isdigit():
+        num = int(word)
+        if not 0 < num < 65:
+            return ""
+        try:
+            word = _signal.Signals(num).name
+        except ValueError:
+            return str(num)
+        if word.startswith("SIGRT"):
+            return str(num)  # a real-time signal: scancel takes the number
+    if word.startswith("SIG"):
+        word = word[3:]
+    if not re.fullmatch(r"[A-Z][A-Z0-9]{1,8}", word) or not hasattr(_signal, "SIG" + word):
+        return ""
+    return word
+
+
+def parse_signal_spec(value: str) -> Optional[WarnSignal]:
+    """``[{R|B}:]SIG[@SECS]`` as sbatch takes it -> WarnSignal; None when unreadable, or KILL/STOP.
+
+    >>> parse_signal_spec("B:USR2@90").spec
+    'B:USR2@90'
+    >>> parse_signal_spec("12").spec
+    'USR2@60'
+    """
+    text = str(value or "").strip()
+    batch = False
+    m = re.match(r"^([RrBb]{1,2}):(.*)$", text)
+    if m:
+        batch = "B" in m.group(1).upper()
+        text = m.group(2)
+    sig, _, secs = text.partition("@")
+    name = _signal_name(sig)
+    if not name or name in _NO_WARNING:
+        return None
+    seconds = 60
+    if secs.strip():
+        if not secs.strip().isdigit():
+            return None
+        seconds = int(secs.strip())
+    return WarnSignal(signal=name, seconds=seconds, batch=batch)
+
+
+def _split_words(text: str, comments: bool = False) -> List[str]:
+    import shlex
+
+    try:
+        return shlex.split(text, comments=comments)
+    except ValueError:  # an unbalanced quote: sbatch would not have taken it either; best effort
+        return text.split("#", 1)[0].split() if comments else text.split()
+
+
+def _signal_from_words(words: List[str]) -> Optional[str]:
+    """The value of the last ``--signal=V`` / ``--signal V`` among option words (the last one wins)."""
+    found = None
+    for i, w in enumerate(words):
+        if w.startswith("--signal="):
+            found = w[len("--signal="):]
+        elif w == "--signal" and i + 1 < len(words):
+            found = words[i + 1]
+    return found
+
+
+def signal_from_script(script: str) -> Optional[str]:
+    """The ``--signal`` of a batch script's ``#SBATCH`` lines, read as sbatch reads them: only the lines
+    before the first command (blank lines and comments may come between), the last one winning."""
+    found = None
+    for i, line in enumerate((script or "").splitlines()):
+        stripped = line.strip()
+        if i == 0 and stripped.startswith("#!"):
+            continue
+        if not stripped or (stripped.startswith("#") and not line.startswith("#SBATCH")):
+            continue
+        if not line.startswith("#SBATCH"):
+            break  # the first command: sbatch stops reading directives here
+        value = _signal_from_words(_split_words(line[len("#SBATCH"):], comments=True))
+        if value is not None:
+            found = value
+    return found
+
+
+def signal_from_submit_line(submit_line: str, command: str = "") -> Optional[str]:
+    """The ``--signal`` of an sbatch command line (``Job.submit_line``), options before the script only
+    (the script's own arguments may say ``--signal`` too)."""
+    words = _split_words(submit_line or "")
+    if command:
+        base = command.rsplit("/", 1)[-1]
+        for i, w in enumerate(words):
+            if i and (w == command or w.rsplit("/", 1)[-1] == base):
+                words = words[:i]
+                break
+    return _signal_from_words(words[1:] if words else words)
+
+
+def requested_signal(submit_line: str = "", script: str = "", command: str = "") -> Optional[WarnSignal]:
+    """The warning a job asked for: its sbatch command line overrides its script's ``#SBATCH`` lines
+    (as in sbatch). None when it asked for none (or for KILL/STOP, which warn nobody)."""
+    value = signal_from_submit_line(submit_line, command)
+    if value is None:
+        value = signal_from_script(script)
+    return parse_signal_spec(value) if value is not None else None

@@ -1,0 +1,43 @@
+"""The framework recipes in sbatch_helpers/examples stay loadable without their frameworks (CI has no
+torch): Python files compile and answer --help, sbatch scripts ask for the signal the recipe promises."""
+
+from __future__ import annotations
+
+import py_compile
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import autoheal.sbatch_helpers as sbh
+from autoheal.slurm.parse import requested_signal
+from autoheal.slurm.model import WarnSignal
+
+EXAMPLES = Path(sbh.__file__).parent / "examples"
+
+
+@pytest.mark.parametrize("name", ["submitit_job.py", "lightning_job.py"])
+def test_python_recipes_compile(name):
+    py_compile.compile(str(EXAMPLES / name), doraise=True)
+
+
+def test_lightning_recipe_help_needs_no_torch():
+    res = subprocess.run([sys.executable, str(EXAMPLES / "lightning_job.py"), "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and "--root" in res.stdout, res.stderr
+
+
+def test_lightning_script_asks_for_usr2_on_its_steps_matching_its_requeue_signal():
+    script = (EXAMPLES / "lightning_job.sbatch").read_text()
+    assert requested_signal(script=script) == WarnSignal("USR2", 120, False)
+    assert "requeue_signal=signal.SIGUSR2" in (EXAMPLES / "lightning_job.py").read_text()
+    assert re.search(r"(?m)^#SBATCH .*--requeue", script) and "--open-mode=append" in script
+
+
+def test_torchrun_script_keeps_torchrun_alive_on_the_runners_signal():
+    script = (EXAMPLES / "torchrun_job.sbatch").read_text()
+    assert requested_signal(script=script) is None  # the runner adds B:USR2@grace itself
+    assert "trap \"\" USR2; exec torchrun" in script
+    assert (EXAMPLES / "ddp_trainer.py").exists()
