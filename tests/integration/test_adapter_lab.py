@@ -93,10 +93,12 @@ def test_requeue_hold_exclude_release_comment_signal(plain_lab):
         node = running.nodes[0]
         slurm.set_job_comment(job, "autoheal: requeued after test on " + node)
         slurm.requeue(job, hold=True)
-        # requeue goes through COMPLETING until the batch shell is gone; slow under load, so be generous
+        # requeue goes through COMPLETING until the batch shell is gone; a process that outlives SIGTERM
+        # (seen once on a fresh CI machine) keeps it there until Slurm's SIGKILL at KillWait (120 s in the
+        # lab's fragment): wait past that bound
         states = []
         held = wait_for(lambda: (lambda j: states.append(j.state) or (j if j.state == "PENDING" else None))(
-            slurm.get_job(job)), 90, "job held after requeuehold")
+            slurm.get_job(job)), 150, "job held after requeuehold")
         assert held.state == "PENDING", states[-5:]
         merged = sorted(set(held.excluded_nodes) | {node})
         slurm.update_job(job, ExcNodeList=",".join(merged))
@@ -124,8 +126,8 @@ def test_job_write_outcomes_are_typed(plain_lab):
         slurm.requeue(job, hold=True)
         with pytest.raises(SlurmJobAlreadyPending):
             slurm.requeue(job)  # a second requeue: already done by someone
-        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)), 90,
-                        "job pending after requeuehold")
+        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(slurm.get_job(job)), 150,
+                        "job pending after requeuehold")  # past KillWait (120 s), see above
         assert held.held and held.requeue_held and held.priority == 0
         slurm.release(job)
         slurm.release(job)  # idempotent
