@@ -15,3 +15,59 @@ def wait_for(pred, timeout: float = 10.0, what: str = "condition", step: float =
             return last
         time.sleep(step)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+_FINAL_STATES = {"CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                 "BOOT_FAIL", "DEADLINE"}
+
+
+def cancel_job(env, job: str, timeout: float = 150.0) -> None:
+    """Cancel ``job`` for good and wait until Slurm says so.
+
+    One ``scancel`` is not enough right after a requeue: while the requeued job is still COMPLETING,
+    Slurm may answer "Job/step already completing" and then put it back to PENDING, and once its node
+    is resumed it runs again (``sleep 600``) and holds that node through the tests that follow (the
+    cascade of one CI run). So scancel is repeated until the job is in a final state or gone."""
+    import subprocess
+
+    deadline = time.monotonic() + timeout
+    state = "?"
+    while time.monotonic() < deadline:
+        subprocess.run(["scancel", str(job)], env=env, capture_output=True, timeout=20)
+        out = subprocess.run(["scontrol", "-o", "show", "job", str(job)], env=env, capture_output=True,
+                             text=True, timeout=20)
+        if out.returncode != 0 and "Invalid job id" in (out.stderr or ""):
+            return  # purged: gone for good
+        fields = dict(tok.split("=", 1) for tok in out.stdout.split() if "=" in tok)
+        state = fields.get("JobState", "?")
+        if state in _FINAL_STATES:
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} still {state} {timeout}s after scancel")
+
+
+def wait_node_idle(env, node: str, timeout: float = 60.0) -> None:
+    """Wait until ``node`` is plain IDLE; on timeout, fail with what Slurm says about it and its jobs."""
+    import subprocess
+
+    def line() -> str:
+        return subprocess.run(["scontrol", "-o", "show", "node", node], env=env, capture_output=True, text=True,
+                              timeout=20).stdout
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if "State=IDLE " in line():
+            return
+        time.sleep(0.2)
+    jobs = subprocess.run(["squeue", "-h", "-w", node, "-o", "%i %T %r %j"], env=env, capture_output=True,
+                          text=True, timeout=20).stdout
+    raise AssertionError(f"{node} not idle after {timeout}s: {line().strip()} | jobs: {jobs.strip() or 'none'}")
+
+
+def cancel_all_jobs(env) -> None:
+    """Cancel every job left in a shared lab, so one test's leftovers never hold nodes the next one needs."""
+    import subprocess
+
+    out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=20)
+    for job in sorted({j.split("_")[0] for j in out.stdout.split()}):
+        cancel_job(env, job)

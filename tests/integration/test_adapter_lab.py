@@ -10,7 +10,7 @@ import pytest
 from autoheal import nodeops
 from autoheal.errors import SlurmError, SlurmNotFound
 from autoheal.reasons import is_ours
-from helpers import wait_for
+from helpers import cancel_job, wait_for
 
 
 def _sbatch(lab, *args, script="sleep 300"):
@@ -21,7 +21,7 @@ def _sbatch(lab, *args, script="sleep 300"):
 
 
 def _scancel(lab, job_id):
-    subprocess.run(["scancel", job_id], env=lab.env, capture_output=True, timeout=20)
+    cancel_job(lab.env, job_id)
 
 
 def test_list_nodes_reports_lab_nodes_and_spare(plain_lab):

@@ -15,7 +15,7 @@ import pytest
 
 from autoheal.lab import procs, wiring
 from autoheal.lab.gpus import inject
-from helpers import wait_for
+from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 
 def sh(handle, *argv, timeout=15):
@@ -100,7 +100,7 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
     waits = [r for r in journal(handle) if r["source"] == "xid-watch" and r["event"] == "error"
              and r.get("outcome") == "waiting for slurmctld"]
     assert len(waits) == 1, waits
-    sh(handle, "scancel", plain)
+    cancel_job(handle.env, plain)
 
     # 2. SIGSTOP at the fault, SIGCONT later: an `autoheal sbatch`-like job that traps the runner signal
     # but does not requeue itself gets the signal once, then a requeue after the grace (10 s in the lab)
@@ -124,13 +124,14 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
     wait_for(lambda: restarts(handle, runner) >= 1, 60, "the requeue after the grace")
     assert marks.read_text().split() == ["USR2"]  # exactly once
     assert len(requeues_by_xid_watch(handle, runner)) == 1
-    sh(handle, "scancel", runner)
+    cancel_job(handle.env, runner)
 
 
 # ---- the healthcheck drained first --------------------------------------------------------------------
 
 @pytest.fixture
 def lab(healing_lab):
+    cancel_all_jobs(healing_lab.env)  # the session's healing lab is shared: start from no jobs
     return healing_lab
 
 
@@ -146,7 +147,7 @@ def heal(handle, node):
     if "DRAIN" in line or "DOWN" in line:
         sh(handle, "scontrol", "update", f"nodename={node}", "state=resume")
     run_hook(handle, node)
-    wait_for(lambda: "State=IDLE " in node_line(handle, node), 60, f"{node} idle again")
+    wait_node_idle(handle.env, node, 60)
 
 
 def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
@@ -168,7 +169,7 @@ def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
     finally:
         if not procs.is_alive(lab.lab.records()[f"xid-watch-{node}"]):
             lab.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node))
-        sh(lab, "scancel", job)
+        cancel_job(lab.env, job)
         heal(lab, node)
 
 
@@ -210,14 +211,14 @@ def test_prolog_with_an_unusable_state_dir_lets_the_job_run(lab, kind):
         assert "DRAIN" not in line and "Prolog error" not in line, line
         wait_for(lambda: [r for r in journal(lab)[before:] if r["source"] == "prolog"
                           and r.get("action") == "hook-trouble"], 15, "the prolog's journal record")
-        sh(lab, "scancel", job)
+        cancel_job(lab.env, job)
         wait_for(lambda: job_fields(lab, job).get("JobState") in ("CANCELLED", ""), 30, "the job to end")
         time.sleep(2)  # the epilog runs as the job ends
         assert "DRAIN" not in node_line(lab, node), node_line(lab, node)
         assert [p for p in os.listdir(state_dir) if p.endswith(".tmp")] == []
     finally:
         if job:
-            sh(lab, "scancel", job)
+            cancel_job(lab.env, job)
         subprocess.run(["umount", str(state_dir)], capture_output=True, timeout=10)
         if os.path.ismount(state_dir):
             subprocess.run(["umount", "-l", str(state_dir)], capture_output=True, timeout=10)

@@ -12,7 +12,7 @@ import pytest
 from autoheal.lab import wiring
 from autoheal.lab.fakenvml import state as gstate
 from autoheal.lab.gpus import inject
-from helpers import wait_for
+from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 
 def run_hook(handle, node: str, module: str = "autoheal.hooks.healthcheck", extra_env=None, timeout=30):
@@ -49,12 +49,13 @@ def heal_node(handle, node):
     if "DRAIN" in node_line(handle, node) or "DOWN" in node_line(handle, node):
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=handle.env, timeout=10)
     run_hook(handle, node)  # forgets our drain record
-    wait_for(lambda: "State=IDLE " in node_line(handle, node), 30, f"{node} idle again")
+    wait_node_idle(handle.env, node, 60)
 
 
 @pytest.fixture
 def lab(healing_lab):
-    """The session's healing lab (hooks and xid-watch wired, 10 s grace, 3 s NVML budget)."""
+    """The session's healing lab (hooks and xid-watch wired, 10 s grace, 3 s NVML budget), with no jobs."""
+    cancel_all_jobs(healing_lab.env)
     return healing_lab
 
 
@@ -182,7 +183,7 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
         after = journal(lab)[before:]
         assert not [r for r in after if r["source"] == "xid-watch" and r["event"] in ("detection", "drain", "signal")], after
     finally:
-        subprocess.run(["scancel", job], env=lab.env, timeout=10)
+        cancel_job(lab.env, job)
         heal_node(lab, "gpu1")
 
 
@@ -219,7 +220,7 @@ def test_prolog_failure_requeues_the_job_onto_another_node(lab):
         f = job_fields(lab, job)
         assert f["NodeList"] == "gpu2", f  # running (its prolog may still be running: Reason=Prolog)
     finally:
-        subprocess.run(["scancel", job], env=lab.env, timeout=10)
+        cancel_job(lab.env, job)
         heal_node(lab, "gpu1")
 
 
@@ -236,7 +237,7 @@ def test_xid_94_requeues_the_job_on_that_gpu_without_draining(lab):
                               timeout=10).stdout
         assert "autoheal: requeued after xid 94 on GPU 0 of gpu2" in text
     finally:
-        subprocess.run(["scancel", job], env=lab.env, timeout=10)
+        cancel_job(lab.env, job)
         heal_node(lab, "gpu2")
 
 

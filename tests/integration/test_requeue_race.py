@@ -27,6 +27,7 @@ import pytest
 from autoheal import nodeops
 from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
+from helpers import cancel_job
 from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab, wait_text
 
 PY = sys.executable
@@ -128,7 +129,7 @@ def _submit_failpoint_job(sblab: SbLab, tmp_path: Path):
 
 
 def _cleanup(sblab: SbLab, jid: str, guard) -> None:
-    subprocess.run(["scancel", jid], env=sblab.env, capture_output=True, timeout=20)
+    cancel_job(sblab.env, jid)
     for n in ("gpu1", "gpu2", "gpu3"):
         if sblab.slurm.get_node(n).drain:
             nodeops.resume(sblab.slurm, n)
