@@ -17,6 +17,15 @@ this small controller-side loop does, every ``interval`` seconds:
   again for ``prune_after`` seconds gets them removed, so exclusions never grow without bound or keep a
   job pending for good.
 
+* **schedule**: a job autoheal requeued (the runner's, or a plain job xid-watch requeued, whose comment
+  says so) becomes eligible again ``cred_expire`` + 1 s after its requeue, but slurmctld only looks at it
+  at its next scheduling pass: on an otherwise quiet cluster that is the next backfill cycle, up to
+  ``bf_interval`` (30 s by default) later. Any job update makes slurmctld schedule at once, so once the
+  job's EligibleTime has passed the guard rewrites its ExcNodeList with the very same list, once per
+  requeue. Measured on the lab (22.05, cred_expire=10): requeue -> running 26 s without, 11 s with.
+  The ExcNodeList is chosen because Slurm refuses it for a job that is no longer pending: a job that
+  started meanwhile is left exactly as it is (a comment rewrite could clobber the runner's newer one).
+
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
 Run one on the slurmctld host (systemd unit in docs/admin-hooks.md); the lab starts one.
@@ -26,14 +35,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
+from autoheal.reasons import is_ours
 from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, node_unhealthy, plan_exclusions,
                                              split_nodes)
 
 RELEASE = "release"
 PRUNE = "prune"
+SCHEDULE = "schedule"
 #: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
 #: intent is all it left) and requeue-failed (it gave up after its retry budget, e.g. slurmctld away).
 UNFINISHED = ("requeueing", "requeue-failed")
@@ -43,7 +54,7 @@ UNFINISHED = ("requeueing", "requeue-failed")
 class GuardAction:
     """One thing the guard will do to one job (pure data: planned, printed with --dry-run, executed)."""
 
-    kind: str  # RELEASE or PRUNE
+    kind: str  # RELEASE, PRUNE or SCHEDULE
     job_id: str
     exclusions: Tuple[str, ...]  # the whole ExcNodeList to set (the user's own first)
     ours: Tuple[str, ...]  # autoheal's part of it, recorded in the comment
@@ -63,6 +74,7 @@ class Sightings:
 
     first_seen: Dict[Tuple[str, int], float] = field(default_factory=dict)
     healthy_since: Dict[str, float] = field(default_factory=dict)
+    scheduled: Set[Tuple[str, int]] = field(default_factory=set)  # (job, restart) already nudged
 
     def stable_view(self, nodes: Mapping[str, object], now: float, prune_after: float) -> Dict[str, object]:
         """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
@@ -98,30 +110,57 @@ def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now:
     nodes = sightings.stable_view(nodes, now, prune_after)
     actions: List[GuardAction] = []
     waiting: List[Tuple[str, int]] = []
+    pending: Set[Tuple[str, int]] = set()
     for job in jobs:
-        if job.state != "PENDING" or not is_runner_comment(job.comment):
+        if job.state != "PENDING":
             continue
-        st = CommentState.parse(job.comment)
-        ours_before = split_nodes(st.excl)
-        excl = plan_exclusions(list(job.excluded_nodes), ours_before, [], nodes)
-        if job.requeue_held and st.state in UNFINISHED:
-            key = (job.job_id, job.restart_count)
-            waiting.append(key)
-            held_for = now - sightings.since(job.job_id, job.restart_count, now)
-            if held_for < release_after:
-                continue  # the runner is probably finishing this itself
-            st.state, st.guard, st.excl = "requeued", "released", ",".join(excl.ours)
-            actions.append(GuardAction(RELEASE, job.job_id, tuple(excl.full), tuple(excl.ours),
-                                       tuple(n for n in ours_before if n not in excl.ours), st.render(),
-                                       f"held by the runner's requeue for {held_for:.0f}s; the runner did "
-                                       f"not release it (killed or cut off from slurmctld)"))
-        elif not job.held and excl.ours != ours_before:
-            removed = tuple(n for n in ours_before if n not in excl.ours)
-            st.guard, st.excl = "pruned", ",".join(excl.ours)
-            actions.append(GuardAction(PRUNE, job.job_id, tuple(excl.full), tuple(excl.ours), removed,
-                                       st.render(), f"{','.join(removed)} healthy again"))
+        pending.add((job.job_id, job.restart_count))
+        before = len(actions)
+        if is_runner_comment(job.comment):
+            _plan_runner_job(job, nodes, sightings, now, release_after, actions, waiting)
+        eligible = job.eligible_time is not None and job.eligible_time <= now
+        if len(actions) > before:
+            if eligible:  # a release or prune is itself an update: slurmctld schedules after it
+                sightings.scheduled.add((job.job_id, job.restart_count))
+        elif _wants_schedule(job, sightings, now):
+            sightings.scheduled.add((job.job_id, job.restart_count))
+            actions.append(GuardAction(SCHEDULE, job.job_id, tuple(job.excluded_nodes), (), (), job.comment,
+                                       f"eligible again for {now - (job.eligible_time or now):.0f}s after its "
+                                       f"requeue; an update makes slurmctld schedule it now"))
     sightings.forget_except(waiting)
+    sightings.scheduled &= pending
     return actions
+
+
+def _wants_schedule(job, sightings: Sightings, now: float) -> bool:
+    """A job autoheal requeued, pending, not held, past its EligibleTime and not nudged yet this requeue."""
+    return (not job.held and job.restart_count >= 1 and job.eligible_time is not None
+            and job.eligible_time <= now and (job.job_id, job.restart_count) not in sightings.scheduled
+            and (is_runner_comment(job.comment) or is_ours(job.comment)))
+
+
+def _plan_runner_job(job, nodes: Mapping[str, object], sightings: Sightings, now: float, release_after: float,
+                     actions: List[GuardAction], waiting: List[Tuple[str, int]]) -> None:
+    """Release or prune one pending runner job (appends to ``actions`` and ``waiting``)."""
+    st = CommentState.parse(job.comment)
+    ours_before = split_nodes(st.excl)
+    excl = plan_exclusions(list(job.excluded_nodes), ours_before, [], nodes)
+    if job.requeue_held and st.state in UNFINISHED:
+        key = (job.job_id, job.restart_count)
+        waiting.append(key)
+        held_for = now - sightings.since(job.job_id, job.restart_count, now)
+        if held_for < release_after:
+            return  # the runner is probably finishing this itself
+        st.state, st.guard, st.excl = "requeued", "released", ",".join(excl.ours)
+        actions.append(GuardAction(RELEASE, job.job_id, tuple(excl.full), tuple(excl.ours),
+                                   tuple(n for n in ours_before if n not in excl.ours), st.render(),
+                                   f"held by the runner's requeue for {held_for:.0f}s; the runner did "
+                                   f"not release it (killed or cut off from slurmctld)"))
+    elif not job.held and excl.ours != ours_before:
+        removed = tuple(n for n in ours_before if n not in excl.ours)
+        st.guard, st.excl = "pruned", ",".join(excl.ours)
+        actions.append(GuardAction(PRUNE, job.job_id, tuple(excl.full), tuple(excl.ours), removed,
+                                   st.render(), f"{','.join(removed)} healthy again"))
 
 
 @dataclass
@@ -153,7 +192,7 @@ class Guard:
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
         jobs = self.slurm.list_jobs(states=["PENDING"])
-        if not any(is_runner_comment(j.comment) for j in jobs):
+        if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs):
             self.sightings.forget_except([])
             return []
         nodes = {n.name: n for n in self.slurm.list_nodes()}
@@ -170,6 +209,9 @@ class Guard:
             except SlurmJobNotPending:
                 # started meanwhile (the runner's own release won the race): nothing left to do
                 return GuardResult(action, False, "job is no longer pending")
+            if action.kind == SCHEDULE:
+                self.say(f"autoheal guard: job {job_id}: {action.why}")
+                return GuardResult(action, True)
             if action.kind == RELEASE:
                 self.slurm.release(job_id)
             self.slurm.set_job_comment(job_id, action.comment)

@@ -39,7 +39,9 @@ def guard(interval, release_after, prune_after, once, dry_run, as_json, config_p
     The guard, running outside every job, finds such jobs by their comment (state=requeueing) and
     by Slurm's own "job requeued in held state", applies the recorded exclusions and releases them.
     Holds placed by users or admins are never touched. It also removes autoheal's exclusions of
-    nodes that are healthy again, so a pending job never waits on a list that only grows.
+    nodes that are healthy again, so a pending job never waits on a list that only grows, and
+    asks slurmctld to schedule a job autoheal requeued as soon as it is eligible again, instead
+    of at the next backfill cycle (an update with the same ExcNodeList; once per requeue).
 
     \b
     Run one on the slurmctld host:   autoheal guard            (a daemon; stop with SIGTERM)

@@ -131,6 +131,7 @@ class Job:
     raw_id: str = ""  # the numeric job id Slurm uses internally
     submit_line: str = ""  # the sbatch command line (JSON of 23.02+; empty on 22.05, which does not report it)
     command: str = ""  # the batch script's path as submitted
+    eligible_time: Optional[int] = None  # epoch seconds; after a requeue: requeue time + cred_expire + 1
 
     @property
     def running(self) -> bool:

@@ -120,7 +120,8 @@ def job_from_json(obj: dict) -> Job:
                state_description=_str(obj.get("state_description")), priority=_num(obj.get("priority")),
                array_job_id=str(array_job) if array_job else None,
                array_task_id=str(array_task) if array_job and array_task is not None else None,
-               submit_line=_str(obj.get("submit_line")), command=_str(obj.get("command")))
+               submit_line=_str(obj.get("submit_line")), command=_str(obj.get("command")),
+               eligible_time=_num(obj.get("eligible_time")) or None)
 
 
 def jobs_from_json(text: str, what: str = "job list") -> List[Job]:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers.comment import CommentState
-from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, Guard, Sightings, plan
+from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, SCHEDULE, Guard, Sightings, plan
 from autoheal.slurm.model import Job, Node
 from slurm_double import MemorySlurm
 
@@ -144,3 +144,72 @@ def test_releases_a_job_whose_runner_gave_up():
     slurm = held_by_requeue(comment=INTENT.replace("state=requeueing", "state=requeue-failed"))
     [res] = Guard(slurm, release_after=0, say=lambda t: None).pass_once()
     assert res.done and not slurm.jobs["9"].held and "gpu2" in slurm.jobs["9"].excluded_nodes
+
+
+# ---- schedule: an eligible requeued job is scheduled at once, not at the next backfill cycle ----------
+
+def requeued(job_id="5", comment="autoheal-runner restarts=1 last=autoheal-drain@gpu2 step=4 state=requeued "
+             "excl=gpu2", restarts=1, eligible=100, excluded=("gpu2",), **kw):
+    fields = dict(state_reason="BeginTime", priority=1)
+    fields.update(kw)
+    return Job(job_id=job_id, raw_id=job_id, state="PENDING", comment=comment, restart_count=restarts,
+               eligible_time=eligible, excluded_nodes=excluded, **fields)
+
+
+def test_schedule_once_per_requeue_after_the_eligible_time():
+    sightings = Sightings()
+    job = requeued()
+    assert plan([job], NODES, sightings, now=99.0, release_after=5) == []  # not eligible yet
+    [act] = plan([job], NODES, sightings, now=100.5, release_after=5)
+    assert act.kind == SCHEDULE and act.exclusions == ("gpu2",) and act.comment == job.comment
+    assert plan([job], NODES, sightings, now=101.5, release_after=5) == []  # once per requeue
+    again = requeued(restarts=2, eligible=200)
+    assert plan([again], NODES, sightings, now=150, release_after=5) == []
+    assert [a.kind for a in plan([again], NODES, sightings, now=201, release_after=5)] == [SCHEDULE]
+
+
+def test_schedule_only_jobs_autoheal_requeued_and_never_held_ones():
+    sightings = Sightings()
+    jobs = [requeued(job_id="1", comment="my own comment"),  # requeued by someone else
+            requeued(job_id="2", restarts=0),  # never requeued: Slurm schedules it as it always does
+            requeued(job_id="3", priority=0, state_reason="JobHeldAdmin"),  # held: not ours to start
+            requeued(job_id="4", eligible=None),
+            requeued(job_id="6", comment="autoheal: requeued after xid 79 on GPU 3 of gpu2: fallen off the bus",
+                     excluded=())]  # a plain job xid-watch requeued
+    assert [(a.kind, a.job_id, a.exclusions) for a in plan(jobs, NODES, sightings, now=500, release_after=5)] \
+        == [(SCHEDULE, "6", ())]
+
+
+def test_schedule_rewrites_the_same_exclusions_and_leaves_the_comment(tmp_path):
+    job = requeued()
+    slurm = MemorySlurm(NODES.values(), [job])
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    said = []
+    guard = Guard(slurm, journal=journal, clock=lambda: 101.0, say=said.append)
+    [res] = guard.pass_once()
+    assert res.done and res.action.kind == SCHEDULE
+    assert slurm.writes() == [("update_job", "5", {"ExcNodeList": "gpu2"})]
+    assert slurm.jobs["5"].comment == job.comment and slurm.jobs["5"].excluded_nodes == ("gpu2",)
+    assert list(journal.read()) == [] and "schedule it now" in said[0]  # a nudge, not an action to record
+    assert guard.pass_once() == [] and len(slurm.writes()) == 1
+
+
+def test_a_job_that_started_meanwhile_is_left_alone():
+    slurm = MemorySlurm(NODES.values(), [requeued()])
+    guard = Guard(slurm, clock=lambda: 101.0, say=lambda s: None)
+    [act] = plan(slurm.list_jobs(), NODES, Sightings(), now=101.0, release_after=5)
+    slurm._set(slurm.jobs["5"], state="RUNNING", nodes=("gpu1",))  # slurmctld started it between read and write
+    res = guard.execute(act)
+    assert not res.done and res.detail == "job is no longer pending"
+    assert slurm.jobs["5"].excluded_nodes == ("gpu2",) and slurm.jobs["5"].state == "RUNNING"
+
+
+def test_a_release_before_the_eligible_time_still_gets_its_schedule_later():
+    slurm = held_by_requeue()
+    guard = Guard(slurm, release_after=0, clock=lambda: 50.0, say=lambda s: None)
+    [res] = guard.pass_once()
+    assert res.action.kind == RELEASE and res.done
+    job = slurm.jobs["9"]
+    slurm._set(job, eligible_time=60)
+    guard.clock = lambda: 61.0
+    assert [r.action.kind for r in guard.pass_once()] == [SCHEDULE]

@@ -110,6 +110,7 @@ def test_2205_squeue_json():
     assert job.name == "wrap" and job.user == "root" and job.comment == "hello"
     assert job.batch_host == "gpu1"
     assert job.requeue is True and job.restart_count == 0
+    assert job.eligible_time == 1796026753  # a plain number in v0.0.38
     assert job.end_time == 1827562753
     assert job.array_job_id is None and job.array_task_id is None
     assert job.excluded_nodes == ()
@@ -265,9 +266,11 @@ def test_2411_lab_squeue_json_running_and_held_job():
     assert run.user == "root" and run.name == "j.sh" and run.comment == ""
     assert run.requeue is True and run.restart_count == 0
     assert run.end_time == 1827567110
+    assert run.eligible_time == 1796031109  # {"set", "infinite", "number"} from 23.02 on
     assert run.array_job_id is None and run.array_task_id is None  # array_job_id 0, array_task_id unset
     held = by["2"]
     assert held.state == "PENDING" and held.nodes == () and held.state_reason == "JobHeldUser"
+    assert held.eligible_time is None  # held: number 0, not a time
     assert held.comment == "autoheal-runner restarts=0" and held.name == "held-job"
     assert held.excluded_nodes == ()
 
