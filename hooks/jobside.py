@@ -49,6 +49,9 @@ MAX_REFUSALS = 5
 #: End states of a job that got hooks.grace_signal and is then requeued all the same: it died of the signal
 #: (FAILED) or handled it and exited (COMPLETED). A cancel, a time limit or OOM are left alone.
 ENDED_ON_SIGNAL = ("FAILED", "COMPLETED")
+#: How long after its grace such a job may stay COMPLETING and still be requeued once it has ended
+#: (Slurm's default MinJobAge: a finished job is forgotten after that).
+ENDING_WAIT = 300.0
 
 _HEALTH_WORDS = None
 
@@ -526,7 +529,7 @@ class JobSide:
                 # it ended after hooks.grace_signal (died of it, or checkpointed and exited): requeue the
                 # finished batch job, as Slurm requeues a preempted one, so it never ends FAILED here
                 ended_on_signal = True
-            elif info.state == "COMPLETING":
+            elif info.state == "COMPLETING" and now < float(a.get("grace_end") or 0) + ENDING_WAIT:
                 self._update(key, deadline=now + FAST_SECONDS)  # ending: requeue it once it has ended
                 return
             elif info.running and now < float(a.get("grace_end") or 0):

@@ -230,3 +230,16 @@ def test_a_job_still_running_through_the_grace_is_requeued_when_it_ends_not_befo
     assert not ctx.slurm.writes("requeue")
     js.step(now=110.5)
     assert ctx.slurm.writes("requeue") == ["requeue 5"] and events(ctx, "requeue")[0]["outcome"] == "requeued"
+
+
+def test_a_job_completing_for_ever_is_not_looked_at_for_ever(tmp_path):
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    js = side(ctx)
+    _fault(ctx, js)
+    ctx.slurm.jobs["5"] = Job("5", "COMPLETING", ("n1",))
+    js.step(now=102.5)
+    js.step(now=110.0 + J.ENDING_WAIT + 1)  # past the grace and Slurm's MinJobAge: give up, no requeue
+    [action] = ctx.store.read()["job_actions"].values()
+    assert action["stage"] == J.DONE and action["outcome"] == "no longer runs here (COMPLETING)"
+    assert not ctx.slurm.writes("requeue")
