@@ -401,7 +401,11 @@ class JobSide:
         stage = a.get("stage")
         if stage == SIGNALLING:
             # a restart found a signal that may have gone out: never send it twice, keep the requeue
-            self._update(key, stage=GRACE, deadline=float(a.get("signalled_at", now)) + self.h.grace_seconds)
+            end = float(a.get("signalled_at", now)) + self.h.grace_seconds
+            if a.get("runner") is False and not a.get("requested"):  # hooks.grace_signal went out: look now
+                self._update(key, stage=GRACE, deadline=min(end, now), fallback=True, grace_end=end)
+            else:
+                self._update(key, stage=GRACE, deadline=end)
             return
         if stage == SIGNAL:
             self._signal(key, a, now)

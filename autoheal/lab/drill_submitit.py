@@ -43,7 +43,6 @@ class SubmititDrill(Drill):
                          step_seconds=step_seconds)
         self.client: Optional[subprocess.Popen] = None
         self.folder = self.workdir / "submitit"
-        self.signal_step: Optional[int] = None
 
     # ---- submission --------------------------------------------------------------------------------
     def submit(self) -> str:
@@ -104,12 +103,9 @@ class SubmititDrill(Drill):
                     self.client.wait(timeout=10)
 
     # ---- probes ------------------------------------------------------------------------------------
-    def _line_probe(self, pattern: str, check=None, after_restart: bool = False) -> Probe:
+    def _line_probe(self, pattern: str, check=None) -> Probe:
         def probe():
-            if after_restart and not self.first_restart_line:
-                return None
-            hit = self.tail.find(pattern, after=self.report.fault_time,
-                                 start=self.first_restart_line if after_restart else 0)
+            hit = self.tail.find(pattern, after=self.report.fault_time)
             if not hit:
                 return None
             t, line, m = hit

@@ -243,3 +243,18 @@ def test_a_job_completing_for_ever_is_not_looked_at_for_ever(tmp_path):
     [action] = ctx.store.read()["job_actions"].values()
     assert action["stage"] == J.DONE and action["outcome"] == "no longer runs here (COMPLETING)"
     assert not ctx.slurm.writes("requeue")
+
+
+def test_after_a_restart_mid_signal_a_job_that_ended_on_grace_signal_is_still_requeued(tmp_path):
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.reason}
+        J.add_action(st, "5", "drain-1", "note", 100.0, runner=False)
+        st["job_actions"]["5@drain-1"].update(stage=J.SIGNALLING, signalled_at=100.0, requested="")
+    ctx.slurm.jobs["5"] = Job("5", "FAILED", ("n1",))  # the signal went out and killed its step
+    js = side(ctx)
+    js.step(now=101.0)
+    js.step(now=103.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 5"] and not ctx.slurm.writes("signal")
