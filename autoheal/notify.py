@@ -39,7 +39,7 @@ RESULTS_MAX = 1000
 
 
 def format_text(rec: Record, cluster: str = "") -> str:
-    """One human line: ``[cluster] gpu1: drain (xid 79 gpu 3...) -> drained``."""
+    """One human line: ``[cluster] gpu1: drain (xid 79 on GPU 3 of gpu1...) -> drained``."""
     where = f"[{cluster}] " if cluster else ""
     parts = [f"{where}{rec.node or rec.host}: {rec.event}"]
     if rec.check:

@@ -46,6 +46,12 @@ FAST_SECONDS = 2.0
 MAX_BACKOFF = 10.0
 #: Attempts at a job write slurmctld refused (not "unavailable") before it is given up and journalled.
 MAX_REFUSALS = 5
+#: End states of a job that got hooks.grace_signal and is then requeued all the same: it died of the signal
+#: (FAILED) or handled it and exited (COMPLETED). A cancel, a time limit or OOM are left alone.
+ENDED_ON_SIGNAL = ("FAILED", "COMPLETED")
+#: How long after its grace such a job may stay COMPLETING and still be requeued once it has ended
+#: (Slurm's default MinJobAge: a finished job is forgotten after that).
+ENDING_WAIT = 300.0
 
 _HEALTH_WORDS = None
 
@@ -395,7 +401,11 @@ class JobSide:
         stage = a.get("stage")
         if stage == SIGNALLING:
             # a restart found a signal that may have gone out: never send it twice, keep the requeue
-            self._update(key, stage=GRACE, deadline=float(a.get("signalled_at", now)) + self.h.grace_seconds)
+            end = float(a.get("signalled_at", now)) + self.h.grace_seconds
+            if a.get("runner") is False and not a.get("requested"):  # hooks.grace_signal went out: look now
+                self._update(key, stage=GRACE, deadline=min(end, now), fallback=True, grace_end=end)
+            else:
+                self._update(key, stage=GRACE, deadline=end)
             return
         if stage == SIGNAL:
             self._signal(key, a, now)
@@ -455,7 +465,15 @@ class JobSide:
             return
         # the grace starts when the signal went out, not when this look at Slurm began (a slow or
         # just-restarted slurmctld can make that many seconds)
-        self._update(key, stage=GRACE, deadline=self._now(now) + self.h.grace_seconds)
+        sent = self._now(now)
+        if not runner and warn is None:
+            # hooks.grace_signal to a job that asked for nothing: a step without a handler dies of it
+            # (USR1, HUP, ...), and a batch script ending on that step ends FAILED within the grace.
+            # Look again every FAST_SECONDS: such a job is requeued as soon as it has ended (issue 15)
+            self._update(key, stage=GRACE, fallback=True, grace_end=sent + self.h.grace_seconds,
+                         deadline=sent + min(FAST_SECONDS, self.h.grace_seconds))
+        else:
+            self._update(key, stage=GRACE, deadline=sent + self.h.grace_seconds)
         self._count("signals_total")
         self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
@@ -509,7 +527,19 @@ class JobSide:
             self._update(key, stage=DONE, outcome="gone")
             return
         note = a.get("note") or requeue_note("")
-        if not (info.running and self.ctx.node in info.nodes):
+        ended_on_signal = False
+        if a.get("fallback") and self.ctx.node in info.nodes:
+            if info.state in ENDED_ON_SIGNAL:
+                # it ended after hooks.grace_signal (died of it, or checkpointed and exited): requeue the
+                # finished batch job, as Slurm requeues a preempted one, so it never ends FAILED here
+                ended_on_signal = True
+            elif info.state == "COMPLETING" and now < float(a.get("grace_end") or 0) + ENDING_WAIT:
+                self._update(key, deadline=now + FAST_SECONDS)  # ending: requeue it once it has ended
+                return
+            elif info.running and now < float(a.get("grace_end") or 0):
+                self._update(key, deadline=min(float(a["grace_end"]), now + FAST_SECONDS))
+                return
+        if not ended_on_signal and not (info.running and self.ctx.node in info.nodes):
             if a.get("requeue_tried"):
                 # our requeue went out while slurmctld was slow to answer and it took it after all
                 self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
@@ -545,9 +575,10 @@ class JobSide:
                 return
             self._update(key, tries=tries, next_try=now + backoff(tries, 30.0), requeue_tried=None)
             return
-        self._update(key, stage=DONE, outcome="requeued")
+        outcome = f"requeued after it ended {info.state} on the grace signal" if ended_on_signal else "requeued"
+        self._update(key, stage=DONE, outcome=outcome)
         self._count("requeues_total")
-        self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", outcome="requeued",
+        self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", outcome=outcome,
                         message=note, severity="action")
 
 

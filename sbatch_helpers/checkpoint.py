@@ -176,10 +176,18 @@ def _check_verify(verify: str) -> str:
     return verify
 
 
+def _launched(env: Mapping[str, str]) -> bool:
+    """Started by a per-process launcher (torchrun, accelerate, deepspeed): it sets ``LOCAL_RANK`` and its
+    own ``RANK``/``WORLD_SIZE``, while every worker of one srun task shares that task's SLURM_PROCID."""
+    return env.get("LOCAL_RANK", "").strip().isdigit()
+
+
 def env_rank(environ: Optional[Mapping[str, str]] = None) -> int:
-    """This process's rank: ``SLURM_PROCID``, else ``RANK``, else 0."""
+    """This process's rank: ``SLURM_PROCID``, else ``RANK``, else 0; under a launcher (``LOCAL_RANK``
+    set, e.g. torchrun) its ``RANK`` first."""
     env = os.environ if environ is None else environ
-    for key in ("SLURM_PROCID", "RANK"):
+    keys = ("RANK", "SLURM_PROCID") if _launched(env) else ("SLURM_PROCID", "RANK")
+    for key in keys:
         value = env.get(key, "").strip()
         if value.isdigit():
             return int(value)
@@ -187,9 +195,11 @@ def env_rank(environ: Optional[Mapping[str, str]] = None) -> int:
 
 
 def env_world_size(environ: Optional[Mapping[str, str]] = None) -> int:
-    """Number of ranks: ``SLURM_NTASKS``, else ``WORLD_SIZE``, else 1."""
+    """Number of ranks: ``SLURM_NTASKS``, else ``WORLD_SIZE``, else 1; under a launcher its
+    ``WORLD_SIZE`` first."""
     env = os.environ if environ is None else environ
-    for key in ("SLURM_NTASKS", "WORLD_SIZE"):
+    keys = ("WORLD_SIZE", "SLURM_NTASKS") if _launched(env) else ("SLURM_NTASKS", "WORLD_SIZE")
+    for key in keys:
         value = env.get(key, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)

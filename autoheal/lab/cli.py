@@ -182,13 +182,16 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
 @click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no fake API, sync or spare pool).")
 @click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
               "drained and requeued, but restarts from scratch.")
+@click.option("--submitit", is_flag=True, help="Run a real submitit Checkpointable job (the recipe in "
+              "sbatch_helpers/examples/submitit_job.py, through autoheal sbatch; with --plain as plain submitit, "
+              "which asks for --signal=USR2@<grace> and requeues itself). Needs submitit installed.")
 @click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw the timeline as a PNG.")
 @click.option("--timeout", default=240.0, show_default=True, type=click.FloatRange(10, 3600),
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_json) -> None:
+def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, keep, plot_file, timeout, as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
     Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
@@ -199,12 +202,20 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_
     Kubernetes, each tied to this fault's node and job. The lab is torn down unless --keep, so drills
     can run again and again in one directory.
 
+    --submitit: the same timeline for a real submitit Checkpointable job (one node): the signal and
+    submitit's checkpoint are read from its log, the resumed step must be the one it pickled.
+
     \b
     Exit 0 every phase observed; 1 a phase missing or contradicted (e.g. resumed from the wrong step);
     2 bad usage or the lab could not start; 3 drill error: a probe raised, so the drill could not tell.
     """
     from autoheal.lab.drill import Drill, plot_timeline
 
+    if submitit:
+        from autoheal.lab.drill_submitit import submitit_available
+
+        if not submitit_available():
+            raise click.UsageError("--submitit needs submitit: pip install submitit")
     the_lab = _lab(lab_dir)
     st = the_lab.load_state()
     restarted = bool(st and st.get("procs"))
@@ -215,7 +226,10 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_
         kwargs["kube"] = True
     try:
         the_lab.up(**kwargs)
-        report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+        drill_cls = Drill
+        if submitit:
+            from autoheal.lab.drill_submitit import SubmititDrill as drill_cls
+        report = drill_cls(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
         if restarted:
             report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
         if not no_kube and not report.kube:

@@ -46,7 +46,7 @@ def filter_jobs(jobs: List[Job], node: Optional[str] = None, states: Optional[Li
 
 #: What a backend may be asked to do; ``SlurmAdapter.capabilities`` says which of them it can.
 OPERATIONS = ("read", "show-config", "drain", "resume", "reboot", "requeue", "release", "update-job",
-              "signal")
+              "signal", "batch-script")
 
 
 class SlurmAdapter(ABC):

@@ -126,6 +126,7 @@ class PyslurmSlurm(SlurmAdapter):
     def capabilities(self):
         caps = super().capabilities()
         caps["reboot"] = ""
+        caps["batch-script"] = ""  # not read through pyslurm (SlurmNotSupported, the base default)
         return caps
 
     def _numeric_id(self, job_id: str) -> int:

@@ -75,7 +75,7 @@ class RestSlurm(SlurmAdapter):
     name = "rest"
 
     #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
-    CLI_ONLY = ("requeue", "reboot", "show-config")
+    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
                  timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):
@@ -257,6 +257,11 @@ class RestSlurm(SlurmAdapter):
 
     def show_config(self) -> Dict[str, str]:
         return self._via_cli("show the running slurm.conf").show_config()
+
+    def batch_script(self, job_id: str) -> str:
+        # No slurmrestd version returns a job's script (xid-watch reads its #SBATCH --signal there):
+        # `scontrol write batch_script ID -`, as for requeue.
+        return self._via_cli("read a job's batch script").batch_script(job_id)
 
     def ping(self) -> bool:
         try:

@@ -18,7 +18,8 @@ Settings that matter:
 - ``report_progress(step)`` after each checkpoint when the job runs under ``autoheal sbatch`` (it is a
   no-op otherwise), so the runner's no-progress rule sees Lightning's checkpoints.
 
-Not run by CI (torch is not installed there); ``python lightning_job.py --help`` needs only Python.
+Not run by the default CI (no torch there): ``pytest -m torch`` runs it on the lab where torch and
+lightning are installed (tests/integration/test_frameworks_torch.py); ``--help`` needs only Python.
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 
-def build_trainer(root_dir: str, max_epochs: int):
+def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0):
     import lightning.pytorch as pl
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
@@ -43,9 +45,24 @@ def build_trainer(root_dir: str, max_epochs: int):
             if report_progress is not None:
                 report_progress(int(trainer.global_step))
 
+    class SayProgress(pl.Callback):
+        """One line at the start (the step it resumed from) and every ``log_every`` steps."""
+
+        def on_train_start(self, trainer, pl_module):
+            print(f"lightning-job: start global_step={trainer.global_step} "
+                  f"node={os.environ.get('SLURMD_NODENAME', '')} restart={os.environ.get('SLURM_RESTART_COUNT', '0')}",
+                  flush=True)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if log_every and trainer.global_step % log_every == 0:
+                print(f"lightning-job: global_step={trainer.global_step}", flush=True)
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            print(f"lightning-job: checkpoint global_step={trainer.global_step}", flush=True)
+
     return pl.Trainer(default_root_dir=root_dir, max_epochs=max_epochs, accelerator="auto",
                       plugins=[SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR2)],
-                      callbacks=[ReportProgress()], enable_progress_bar=False)
+                      callbacks=[ReportProgress(), SayProgress()], enable_progress_bar=False)
 
 
 def main(argv=None) -> int:
@@ -53,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--root", default=os.environ.get("CKPT_DIR", "lightning-runs"),
                     help="default_root_dir: where hpc_ckpt_*.ckpt land (shared filesystem)")
     ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--step-seconds", type=float, default=0.0, help="extra sleep per training step (demos)")
+    ap.add_argument("--log-every", type=int, default=50, help="print the step every N steps (0: never)")
     args = ap.parse_args(argv)
     import lightning.pytorch as pl
     import torch
@@ -64,6 +83,8 @@ def main(argv=None) -> int:
             self.layer = torch.nn.Linear(16, 1)
 
         def training_step(self, batch, _idx):
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
 
@@ -72,7 +93,7 @@ def main(argv=None) -> int:
 
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(4096, 16, generator=gen), torch.randn(4096, 1, generator=gen))
-    trainer = build_trainer(args.root, args.epochs)
+    trainer = build_trainer(args.root, args.epochs, args.log_every)
     trainer.fit(Tiny(), DataLoader(data, batch_size=32))
     print(f"lightning-job: done global_step={trainer.global_step}", flush=True)
     return 0

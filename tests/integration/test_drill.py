@@ -71,3 +71,25 @@ def test_a_second_drill_in_the_same_directory_passes_plain_too(kube_drill):
     assert restarted["status"] == "observed" and "restarted from step 0" in restarted["detail"]
     assert "did not opt in" in restarted["detail"]
     assert not left.exists()
+
+
+def test_submitit_drill_resumes_a_real_submitit_job_from_its_own_checkpoint(tmp_path):
+    """Issue 15: `lab drill --submitit`, the same timeline for a real submitit Checkpointable job; --plain:
+    plain submitit, which gets its own --signal=USR2@<grace> from xid-watch and requeues itself."""
+    import os
+
+    from autoheal.lab.drill_submitit import submitit_available
+
+    if not submitit_available():
+        if os.environ.get("CI"):
+            pytest.fail("CI must install the test extras (submitit)")
+        pytest.skip("submitit not installed (pip install -e .[test])")
+    code, data = _drill(tmp_path / "lab", "--submitit", "--plain", "--no-kube")
+    assert code == 0 and data["ok"], (data["phases"], data["logs"])
+    signal = _phase(data, "grace signal delivered to the job (submitit)")
+    assert "Caught signal SIGUSR2" in signal["detail"], signal
+    saved = int(_phase(data, "submitit checkpoint after the signal")["detail"].split("step=")[1].split()[0])
+    restarted = _phase(data, "trainer restarted")["detail"]
+    assert restarted.startswith(f"resumed from step {saved} on ") and data["node"] not in restarted.split(" on ")[1]
+    record = _phase(data, "user-visible record")["detail"]
+    assert "the job's own --signal=USR2@" in record, record

@@ -137,6 +137,18 @@ def test_rank_from_environment(tmp_path, monkeypatch):
     assert CheckpointManager(tmp_path).is_primary
 
 
+def test_torchrun_workers_take_their_rank_from_torchrun_not_from_the_srun_task():
+    # issue 15, seen on the lab: `srun torchrun --nproc-per-node=2` on 2 nodes; both workers of the first
+    # task said rank 0 of world 2 (SLURM_PROCID/SLURM_NTASKS), so two ranks saved checkpoints
+    from autoheal.sbatch_helpers.checkpoint import env_rank, env_world_size
+
+    task1 = {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}
+    workers = [dict(task1, RANK=str(r), LOCAL_RANK=str(r - 2), WORLD_SIZE="4") for r in (2, 3)]
+    assert [(env_rank(w), env_world_size(w)) for w in workers] == [(2, 4), (3, 4)]
+    # plain srun: the task is the rank, whatever RANK a script exported
+    assert (env_rank(dict(task1, RANK="0", WORLD_SIZE="1")), env_world_size(dict(task1, WORLD_SIZE="1"))) == (1, 2)
+
+
 def test_resave_same_step_replaces_torn_copy(tmp_path):
     mgr = populate(tmp_path, [1])
     torn = tmp_path / "ckpt-00000002"

@@ -276,3 +276,15 @@ def test_a_phase_is_polled_only_after_the_phase_it_follows():
     watch([a, b], timeout=50, poll=0, clock=lambda: float(next(ticks)), sleep=lambda s: None)
     assert a.at == 100.0 and b.at == 101.0
     assert calls == {"first": 3, "second": 1}
+
+
+def test_drill_submitit_without_submitit_is_a_usage_error_before_any_lab_starts(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from autoheal.lab import drill_submitit
+    from autoheal.lab.cli import lab as lab_cli
+
+    monkeypatch.setattr(drill_submitit, "submitit_available", lambda: False)
+    res = CliRunner().invoke(lab_cli, ["drill", "--submitit", "--dir", str(tmp_path / "lab")])
+    assert res.exit_code == 2 and "pip install submitit" in res.output
+    assert not (tmp_path / "lab").exists()

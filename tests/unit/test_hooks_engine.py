@@ -142,3 +142,25 @@ def test_fault_on_our_own_health_drain_keeps_the_reason(tmp_path):
     fault = C.CheckResult("xid", C.FAIL, "xid 79 gpu 3 (0000:3b:00.0): fallen off the bus", C.REPLACE, 3)
     assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
     assert ctx.slurm.calls == []
+
+
+def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
+    # issue 15: docs/admin-hooks.md described a reset/reboot ladder for XID 79; its policy is `replace`
+    # and a lost GPU (the driver's state after XID 79) only asks for a reboot, so the replacement wins
+    xid = "xid 79 on GPU 3 of n1 (0000:3b:00.0): fallen off the bus"
+    results = [C.CheckResult("xid", C.FAIL, xid, C.REPLACE, 3),
+               C.CheckResult("gpu-lost", C.FAIL, "gpu-lost: GPU 3 of n1: GPU is lost", C.REBOOT, 3)]
+    ctx = make_ctx(tmp_path)
+    ctx.slurm = RecordingSlurm("autoheal: " + xid)
+    ctx.slurm.node = Node("n1", "MIXED", frozenset({"DRAIN"}), "autoheal: " + xid)
+    with ctx.store.locked() as st:
+        st["drain"] = {"reason": "autoheal: " + xid, "time": 0}
+    assert engine.maybe_repair(ctx, results, now=1000.0) == []  # the job is still there: nothing yet
+    ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), "autoheal: " + xid)
+    done = engine.maybe_repair(ctx, results, now=1030.0)
+    assert [(a["action"], a["outcome"]) for a in done] == [("replace-node", "reason-updated")]
+    assert ctx.slurm.calls == [("set_reason", "autoheal: replace: " + xid)] and ctx.slurm.reboots == []
+    # the next health checks ask nothing more: no reset, no reboot, no second reason change
+    assert [a["outcome"] for a in engine.maybe_repair(ctx, results, now=1060.0)] == ["already asked"]
+    assert len(ctx.slurm.calls) == 1 and ctx.slurm.reboots == []
+    assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}

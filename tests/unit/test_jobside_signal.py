@@ -196,3 +196,65 @@ def test_a_restart_keeps_the_request_it_read(tmp_path):
     js.step(now=101.0)
     assert ctx.slurm.writes("signal") == ["signal 7 CONT batch", "signal 7 USR1 batch"]
     assert not ctx.slurm.writes("batch_script")
+
+
+@pytest.mark.parametrize("end,requeued", [("FAILED", True), ("COMPLETED", True), ("CANCELLED", False),
+                                          ("TIMEOUT", False)])
+def test_a_job_that_ended_on_grace_signal_is_requeued_at_once(tmp_path, end, requeued):
+    # issue 15: grace_signal USR1 killed the plain job's srun step, its batch script ended, and the job
+    # stayed FAILED: the grace's requeue found it "no longer running" and left it (seen on the lab)
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    js = side(ctx)
+    _fault(ctx, js)
+    assert ctx.slurm.writes("signal") == ["signal 5 USR1 steps"]
+    ctx.slurm.jobs["5"] = Job("5", "COMPLETING", ("n1",))  # the step died; the batch script is ending
+    js.step(now=102.5)
+    assert not ctx.slurm.writes("requeue")
+    ctx.slurm.jobs["5"] = Job("5", end, ("n1",))
+    js.step(now=104.6)  # looked at again every FAST_SECONDS, long before the 10 s grace is over
+    assert ctx.slurm.writes("requeue") == (["requeue 5"] if requeued else [])
+    if requeued:
+        assert events(ctx, "requeue")[0]["outcome"] == f"requeued after it ended {end} on the grace signal"
+    js.step(now=200.0, force=True)
+    assert len(ctx.slurm.writes("requeue")) == (1 if requeued else 0)
+
+
+def test_a_job_still_running_through_the_grace_is_requeued_when_it_ends_not_before(tmp_path):
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    js = side(ctx)
+    _fault(ctx, js)
+    for now in (102.1, 104.2, 106.3, 108.4):
+        js.step(now=now)
+    assert not ctx.slurm.writes("requeue")
+    js.step(now=110.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 5"] and events(ctx, "requeue")[0]["outcome"] == "requeued"
+
+
+def test_a_job_completing_for_ever_is_not_looked_at_for_ever(tmp_path):
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    js = side(ctx)
+    _fault(ctx, js)
+    ctx.slurm.jobs["5"] = Job("5", "COMPLETING", ("n1",))
+    js.step(now=102.5)
+    js.step(now=110.0 + J.ENDING_WAIT + 1)  # past the grace and Slurm's MinJobAge: give up, no requeue
+    [action] = ctx.store.read()["job_actions"].values()
+    assert action["stage"] == J.DONE and action["outcome"] == "no longer runs here (COMPLETING)"
+    assert not ctx.slurm.writes("requeue")
+
+
+def test_after_a_restart_mid_signal_a_job_that_ended_on_grace_signal_is_still_requeued(tmp_path):
+    ctx = _ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("5")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.reason}
+        J.add_action(st, "5", "drain-1", "note", 100.0, runner=False)
+        st["job_actions"]["5@drain-1"].update(stage=J.SIGNALLING, signalled_at=100.0, requested="")
+    ctx.slurm.jobs["5"] = Job("5", "FAILED", ("n1",))  # the signal went out and killed its step
+    js = side(ctx)
+    js.step(now=101.0)
+    js.step(now=103.5)
+    assert ctx.slurm.writes("requeue") == ["requeue 5"] and not ctx.slurm.writes("signal")

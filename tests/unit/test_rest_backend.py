@@ -497,3 +497,17 @@ def test_with_retries_zero_retries():
 ])
 def test_unavailable_if(msg, expected):
     assert base.unavailable_if(msg) is expected
+
+
+def test_batch_script_goes_through_the_cli_fallback_like_requeue():
+    # issue 15: xid-watch reads a job's #SBATCH --signal from its script; slurmrestd has no call for it,
+    # and the REST backend answered SlurmNotSupported even with scontrol installed beside it
+    cli = RecordingCli()
+    slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40", fallback=cli)
+    slurm.batch_script("7")
+    assert cli.calls == [("batch_script", ("7",), {})]
+    assert slurm.capabilities()["batch-script"] == "cli"
+    alone = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40")
+    with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
+        alone.batch_script("7")
+    assert alone.capabilities()["batch-script"] == ""

@@ -187,3 +187,14 @@ def test_missing_pyslurm_names_cli_backend(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     with pytest.raises(SlurmError, match="backend 'cli'"):
         PyslurmSlurm()
+
+
+def test_capabilities_say_what_pyslurm_cannot_do():
+    from autoheal.errors import SlurmNotSupported
+
+    fake, _ = make_fake()
+    slurm = PyslurmSlurm(module=fake)
+    caps = slurm.capabilities()
+    assert caps["reboot"] == caps["batch-script"] == "" and caps["requeue"] == "pyslurm"
+    with pytest.raises(SlurmNotSupported):
+        slurm.batch_script("7")  # xid-watch then goes by the submit line and hooks.grace_signal
