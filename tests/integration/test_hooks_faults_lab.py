@@ -55,8 +55,15 @@ def submit(handle, node, *args, script=None):
     wait_for(lambda: job_fields(handle, job).get("JobState") == "RUNNING", 30, f"job {job} to run")
     # the prolog runs while the job already shows RUNNING; it writes the DCGM mapping last
     mapping = handle.layout.root / "dcgm" / node
-    wait_for(lambda: any(job in f.read_text().split() for f in mapping.glob("*")) if mapping.is_dir() else False,
-             30, f"the prolog of job {job} to finish")
+    try:
+        wait_for(lambda: any(job in f.read_text().split() for f in mapping.glob("*")) if mapping.is_dir()
+                 else False, 60, f"the prolog of job {job} to finish")
+    except AssertionError as exc:  # say why: the job's state, the node's, the node's own log
+        log = handle.layout.root / "log" / f"slurmd-{node}.log"
+        tail = log.read_text().splitlines()[-15:] if log.exists() else []
+        raise AssertionError(f"{exc}\njob: {sh(handle, 'scontrol', '-o', 'show', 'job', job).stdout.strip()}"
+                             f"\nnode: {node_line(handle, node).strip()}\njournal: {journal(handle)[-3:]}"
+                             f"\nslurmd log:\n" + "\n".join(tail)) from None
     return job
 
 
