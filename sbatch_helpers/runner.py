@@ -603,7 +603,10 @@ class Runner(HotSpareRun):
         job_id = self.ident.job_id
         budget = self.opts_budget()
         with Shield(extra=[int(self.grace_sig)]):
-            if not (cause.node_problem and self.opts.exclude_failed and bad):
+            # A hot-spare job resized this run: Slurm 22.05 without accounting refuses every update of it
+            # (until its batch shell is gone), so hold -> exclude -> release would strand it held. The
+            # bad node is drained or down, so Slurm will not pick it while it is unhealthy anyway.
+            if self.resized or not (cause.node_problem and self.opts.exclude_failed and bad):
                 # One call is the whole requeue: nothing to finish if we are killed after it.
                 self._note_restart(next_restart, cause, step, "requeued")
                 try:
@@ -619,18 +622,11 @@ class Runner(HotSpareRun):
             self.comment.restarts, self.comment.last, self.comment.step = next_restart, cause.label(), step
             self.comment.state, self.comment.excl = "requeueing", ",".join(planned.ours)
             self.comment.guard = ""  # a fresh requeue: what the guard did for an earlier one is history
-            if self.resized:
-                # a hot-spare job resized this run: Slurm 22.05 without accounting refuses every update of
-                # it until it is requeued; go on without the intent (recorded once the job is pending)
-                say("the requeue intent cannot be recorded in the comment of a resized job; requeueing "
-                    "without it")
-            else:
-                retry_step(lambda: self.slurm.set_job_comment(job_id, self.comment.render()), budget,
-                           f"record the requeue intent of job {job_id}")
+            retry_step(lambda: self.slurm.set_job_comment(job_id, self.comment.render()), budget,
+                       f"record the requeue intent of job {job_id}")
             outcome, excl = "requeued", planned
             for attempt in range(1, 4):
                 outcome, excl = self._hold_exclude_release(job_id, budget, ours_before, bad, states, planned)
-                self.resized = False  # requeued: the job can be updated again
                 if self._requeue_took(job_id, budget):
                     break
                 # slurmctld restarted from a state saved before our hold: the job runs on as if never
