@@ -182,13 +182,15 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
 @click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no fake API, sync or spare pool).")
 @click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
               "drained and requeued, but restarts from scratch.")
+@click.option("--hot-spare", is_flag=True, help="Submit with `autoheal sbatch --spare-nodes 1` (3 nodes, steps on "
+              "2): the failed node is swapped for the spare inside the allocation, no requeue.")
 @click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw the timeline as a PNG.")
 @click.option("--timeout", default=240.0, show_default=True, type=click.FloatRange(10, 3600),
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_json) -> None:
+def drill(lab_dir, slurm_defaults, no_kube, plain, hot_spare, keep, plot_file, timeout, as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
     Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
@@ -205,6 +207,8 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_
     """
     from autoheal.lab.drill import Drill, plot_timeline
 
+    if plain and hot_spare:
+        raise click.UsageError("--plain and --hot-spare exclude each other (hot spares need autoheal sbatch)")
     the_lab = _lab(lab_dir)
     st = the_lab.load_state()
     restarted = bool(st and st.get("procs"))
@@ -215,7 +219,8 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, keep, plot_file, timeout, as_
         kwargs["kube"] = True
     try:
         the_lab.up(**kwargs)
-        report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+        report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
+                       hot_spare=hot_spare).run()
         if restarted:
             report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
         if not no_kube and not report.kube:
