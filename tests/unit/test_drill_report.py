@@ -26,7 +26,7 @@ def test_all_observed_or_skipped_is_ok_with_totals():
     data = rep.to_dict()
     assert data["ok"] is True
     assert data["totals"] == {"fault_to_drain_s": 0.4, "fault_to_job_running_again_s": 13.5,
-                              "fault_to_replacement_in_service_s": None}
+                              "fault_to_replacement_in_service_s": None, "fault_to_trainer_resumed_s": 14.0}
     assert [p["status"] for p in data["phases"]] == ["observed", "observed", "skipped", "observed", "observed"]
     text = render_timeline(rep)
     assert "drill PASSED" in text and "skipped" in text and "fault -> drain: 0.4 s" in text
