@@ -30,6 +30,8 @@ from autoheal.sbatch_helpers import hotspare as hs
 from autoheal.sbatch_helpers.comment import node_unhealthy
 
 SWAP_REASON = "hot-spare-swap"  # AUTOHEAL_REQUEUE_REASON of a step started on a spare
+#: Seconds before a second look when the step ended non-zero and no node of the job is unhealthy yet.
+RECHECK_SECONDS = 2.0
 
 
 class HotSpareRun:
@@ -89,17 +91,24 @@ class HotSpareRun:
 
         if self.received == signal.SIGTERM:
             return None  # Slurm's kill sequence (cancel, time limit, requeue): never a swap
-        job = self._job()
-        if job is None:
+        # A step that died with its GPU (XID 79 kills the CUDA process) may end before xid-watch has
+        # drained the node: look once more after a moment before calling it the command's own failure.
+        for attempt in range(1 if trigger == "signal" else 2):
+            if attempt:
+                time.sleep(RECHECK_SECONDS)
+            job = self._job()
+            if job is None:
+                return None
+            allocation = list(job.nodes)
+            names = sorted(set(allocation) | set(self.hot.all))
+            unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n)]
+            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host)
+            if decision.kind != hs.NOTHING:
+                break
+        else:
             return None
-        allocation = list(job.nodes)
         if any(n not in allocation for n in self.hot.all):
             self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
-        names = sorted(set(allocation) | set(self.hot.all))
-        unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n)]
-        decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host)
-        if decision.kind == hs.NOTHING:
-            return None
         say(f"hot spares: {trigger}: {decision.kind}: {decision.why}")
         if decision.kind == hs.DROP_SPARES:
             before = self.hot
