@@ -276,3 +276,32 @@ def test_a_phase_is_polled_only_after_the_phase_it_follows():
     watch([a, b], timeout=50, poll=0, clock=lambda: float(next(ticks)), sleep=lambda s: None)
     assert a.at == 100.0 and b.at == 101.0
     assert calls == {"first": 3, "second": 1}
+
+
+def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_path):
+    from autoheal.lab.drill import OutputTail
+
+    drill = Drill(_FakeLab(tmp_path), hot_spare=True)
+    ev = _Recorded()
+    jobs = {"7": Job("7", "RUNNING", ("gpu1", "gpu2", "gpu3"))}
+    ev.get_job = lambda job_id: jobs[job_id]
+    drill.slurm = ev
+    drill.report.job_id, drill.report.fault_time, drill.spare = "7", FAULT, "gpu3"
+    released = drill._released_probe("gpu2")
+    assert isinstance(released(), Waiting)  # the bad node is still in the allocation
+    jobs["7"] = Job("7", "RUNNING", ("gpu1", "gpu3"))
+    assert released()[1].startswith("job 7 RUNNING on gpu1,gpu3 (restart 0); gpu2 IDLE")
+    jobs["7"] = Job("7", "PENDING", (), restart_count=1)
+    with pytest.raises(Contradiction, match="requeued"):
+        released()
+    drill.tail = OutputTail(tmp_path / "job.out")
+    line = ("autoheal-trainer: start step=14 resumed_from=/c/ckpt-14 restart=0 host={} rank={} world=2 steps=9 "
+            "reason=hot-spare-swap")
+    drill.tail.lines = [(FAULT - 5, line.format("gpu2", 1).replace("hot-spare-swap", "none")),
+                        (FAULT + 1, line.format("gpu1", 0)), (FAULT + 1.1, line.format("gpu3", 1))]
+    drill.saved_step = 14
+    assert drill._swap_start_probe(on_spare=True)() == (FAULT + 1.1, "rank 1 started on the spare gpu3 at step 14")
+    assert drill._swap_start_probe()() == (FAULT + 1, "resumed from step 14 (/c/ckpt-14)")
+    drill.saved_step = 15
+    with pytest.raises(Contradiction, match="resumed from step 14"):
+        drill._swap_start_probe()()
