@@ -50,7 +50,7 @@ def initial_sets(nodes: Sequence[str], want_active: int, batch_host: str = "") -
     return NodeSets(tuple(ordered[:n]), tuple(ordered[n:]))
 
 
-SWAP, DROP_SPARES, REQUEUE, NOTHING = "swap", "drop-spares", "requeue", "nothing"
+SWAP, SHRINK, DROP_SPARES, REQUEUE, NOTHING = "swap", "shrink", "drop-spares", "requeue", "nothing"
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,12 @@ class Decision:
     swapped_in: Tuple[str, ...] = field(default=())
 
 
-def judge(sets: NodeSets, allocation: Iterable[str], unhealthy: Iterable[str], batch_host: str = "") -> Decision:
+def judge(sets: NodeSets, allocation: Iterable[str], unhealthy: Iterable[str], batch_host: str = "",
+          min_active: int = 0) -> Decision:
     """Decide from the job's current allocation and the nodes Slurm calls unhealthy (drained, down, not
     responding). An active node missing from the allocation was removed by Slurm (``--no-kill`` after a
-    node failure) and counts as lost."""
+    node failure) and counts as lost. ``min_active`` (``--min-nodes``, an elastic job): with too few
+    spares, go on with fewer active nodes as long as at least that many are left (SHRINK)."""
     alloc = set(allocation)
     sick = set(unhealthy)
     lost = tuple(n for n in sets.active if n not in alloc or n in sick)
@@ -84,6 +86,11 @@ def judge(sets: NodeSets, allocation: Iterable[str], unhealthy: Iterable[str], b
         return Decision(DROP_SPARES, (), drop, NodeSets(sets.active, usable),
                         why=f"idle spare(s) {','.join(bad_spares)} unhealthy: dropped, the step goes on")
     if len(usable) < len(lost):
+        left = tuple(n for n in sets.active if n not in lost) + usable
+        if min_active and len(left) >= min_active:
+            return Decision(SHRINK, lost, drop, NodeSets(left, ()), swapped_in=usable,
+                            why=f"{len(lost)} node(s) lost, {len(usable)} spare(s) left: elastic job goes on on "
+                                f"{len(left)} node(s) (--min-nodes {min_active})")
         return Decision(REQUEUE, lost, drop, why=f"{len(lost)} node(s) lost, {len(usable)} healthy spare(s) "
                         f"left: spares used up")
     take = usable[:len(lost)]

@@ -102,13 +102,21 @@ class HotSpareRun:
             allocation = list(job.nodes)
             names = sorted(set(allocation) | set(self.hot.all))
             unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n)]
-            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host)
+            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host,
+                                int(getattr(self.opts, "min_nodes", 0) or 0))
             if decision.kind != hs.NOTHING:
                 break
         else:
             return None
         if any(n not in allocation for n in self.hot.all):
             self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
+        if self.resized and decision.drop and decision.kind != hs.REQUEUE:
+            # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
+            # second NodeList update waits 5 s in slurmctld, then "the DB index is being set"), so a node
+            # that must leave the allocation cannot: requeue. A node Slurm removed itself needs no update.
+            decision = hs.Decision(hs.REQUEUE, decision.lost, decision.drop,
+                                   why=f"{decision.why}; but the job was resized already and Slurm refuses "
+                                       f"another resize of it, so requeue")
         say(f"hot spares: {trigger}: {decision.kind}: {decision.why}")
         if decision.kind == hs.DROP_SPARES:
             before = self.hot
@@ -188,9 +196,12 @@ class HotSpareRun:
         self.received = None
         self._write_spares()
         lost, took = ",".join(decision.lost), ",".join(decision.swapped_in)
-        self.record("job-hot-swap", f"job {self.ident.job_id}: {lost} swapped for spare {took} inside the "
-                    f"allocation ({trigger}); resuming from checkpoint step {step} on {','.join(self.hot.active)}; "
-                    f"no requeue ({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0],
+        what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
+                f"{lost} lost, elastic job continues on {len(self.hot.active)} node(s)"
+                + (f" (spare {took} taken)" if took else ""))
+        self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); resuming "
+                    f"from checkpoint step {step} on {','.join(self.hot.active)}; no requeue "
+                    f"({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
                     lost=lost, spare=took, active=",".join(self.hot.active), spares=",".join(self.hot.spares),
                     checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps)
         self._next_resume = latest

@@ -719,6 +719,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     p.add_argument("--requeue-margin", type=int, default=15)
     p.add_argument("--spare-nodes", type=int, default=0)
     p.add_argument("--active-nodes", type=int, default=0)
+    p.add_argument("--min-nodes", type=int, default=0)
     p.add_argument("--script", help="the user's script (deleted when the runner exits)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -732,7 +733,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     return RunnerOptions(grace=a.grace, signal=name, max_restarts=a.max_restarts, checkpoint_dir=a.checkpoint_dir,
                          exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
                          script=a.script, command=command, spare_nodes=max(0, a.spare_nodes),
-                         active_nodes=max(0, a.active_nodes))
+                         active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -240,6 +240,7 @@ class WrapperOptions:
     python: str = ""
     allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
     spare_nodes: int = 0  # hot spares inside the allocation (see hotspare.py)
+    min_nodes: int = 0  # with spare_nodes: an elastic job goes on with this many nodes at least
 
 
 # name -> (field, kind); kinds: int, str, bool-true, bool-false, list
@@ -253,6 +254,7 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--notify": ("notify", "list"),
     "--allow-foreign-checkpoint": ("allow_foreign_checkpoint", "true"),
     "--spare-nodes": ("spare_nodes", "int"),
+    "--min-nodes": ("min_nodes", "int"),
 }
 
 
@@ -484,7 +486,7 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
         opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
 
-    active_nodes = _active_nodes(all_opts, opts.spare_nodes, warnings)
+    active_nodes = _active_nodes(all_opts, opts.spare_nodes, warnings, opts.min_nodes)
 
     comment_opt = _has(all_opts, "comment")
     comment = MARKER
@@ -513,16 +515,21 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     return plan
 
 
-def _active_nodes(opts: Sequence[SbatchOption], spare_nodes: int, warnings: List[str]) -> int:
+def _active_nodes(opts: Sequence[SbatchOption], spare_nodes: int, warnings: List[str], min_nodes: int = 0) -> int:
     """With hot spares: the node count the user asked for (one number; 1 when not given). The job asks
     sbatch for that many plus the spares; the runner keeps the spares idle."""
     if not spare_nodes:
+        if min_nodes:
+            raise WrapperError("--min-nodes goes with --spare-nodes (the elastic fallback once the spares are "
+                               "used up); give --spare-nodes 1 or more")
         return 0
     nodes = _has(opts, "nodes")
     value = (nodes.value or "").strip() if nodes else "1"
     if not value.isdigit() or int(value) < 1:
         raise WrapperError(f"--spare-nodes needs a fixed node count, not --nodes={value} (a range or list "
                            f"would leave the runner guessing which nodes are spares)")
+    if min_nodes and not 1 <= min_nodes <= int(value):
+        raise WrapperError(f"--min-nodes {min_nodes}: must be between 1 and the job's --nodes ({value})")
     if _has(opts, "ntasks") and not _has(opts, "ntasks-per-node"):
         warnings.append("--spare-nodes with --ntasks but no --ntasks-per-node: sbatch spreads the tasks over "
                         "the spares too; give --ntasks-per-node so each step runs its tasks on the active nodes")
@@ -540,6 +547,8 @@ def runner_argv(opts: WrapperOptions, active_nodes: int = 0) -> List[str]:
         argv += ["--notify", url]
     if opts.spare_nodes and active_nodes:
         argv += ["--spare-nodes", str(opts.spare_nodes), "--active-nodes", str(active_nodes)]
+        if opts.min_nodes:
+            argv += ["--min-nodes", str(opts.min_nodes)]
     return argv
 
 

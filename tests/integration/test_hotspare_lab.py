@@ -37,12 +37,12 @@ class HsLab:
         self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
         self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
 
-    def submit(self, workdir: Path) -> tuple:
+    def submit(self, workdir: Path, *extra: str) -> tuple:
         script = workdir / "job.sh"
         script.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {workdir}/out.txt\n"
                           f"srun {PY} {TRAINER} --steps 100000 --step-seconds 0.1 --checkpoint-every 10\n")
         res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--spare-nodes", "1", "--grace", "30",
-                              "--parsable", str(script)], cwd=workdir, env=self.env, capture_output=True,
+                              *extra, "--parsable", str(script)], cwd=workdir, env=self.env, capture_output=True,
                              text=True, timeout=60)
         assert res.returncode == 0, res.stderr
         jid = res.stdout.strip().split(";")[0]
@@ -187,4 +187,28 @@ def test_two_faults_first_uses_the_spare_second_requeues(hslab, tmp_path):
         # the requeued run asks for its spare again (NumNodes=2-3) and runs, with or without one
         assert text.count("hot spares: steps run on") == 2, text[-2000:]
     finally:
+        hslab.cleanup(jid, [victim, spare])
+
+
+def test_elastic_job_goes_on_with_fewer_nodes_once_the_spare_is_used(hslab, tmp_path):
+    jid, out, batch, victim, spare = hslab.submit(tmp_path, "--min-nodes", "1")
+    try:
+        inject(hslab.lab, victim, 1, "xid", xid=79)
+        wait_text(out, SWAP_START, 60, count=2)
+        # no spare left: --min-nodes 1 lets it go on alone. The second node dies (slurmd stopped): Slurm
+        # removes it itself; a drained one would need a second resize, which 22.05 without accounting refuses
+        hslab.lab.stop_slurmd(spare)
+        starts = wait_text(out, SWAP_START, 90, count=3)
+        step, _, host = starts[-1]
+        text = out.read_text()
+        assert host == batch and re.search(rf"start step={step} \S+ restart=0 host={batch} rank=0 world=1 ", text)
+        assert int(step) in {int(s) for s in re.findall(r"checkpoint saved step=(\d+)", text)}, starts
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0 and list(job.nodes) == [batch], job
+        recs = hslab.swap_records(jid)
+        assert [r.evidence["kind"] for r in recs] == ["swap", "shrink"], recs
+        wait_text(out, rf"step={int(step) + 5}$", 30)
+    finally:
+        hslab.lab.start_slurmd(spare)
+        wait_for(lambda: hslab.slurm.get_node(spare).responding, 60, f"{spare} responding again")
         hslab.cleanup(jid, [victim, spare])

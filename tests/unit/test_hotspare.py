@@ -118,3 +118,22 @@ def test_wrapper_refuses_a_node_range_and_warns_on_bare_ntasks():
         plan("#!/bin/bash\nsrun x\n", overrides={"spare_nodes": 65})
     p = plan("#!/bin/bash\n#SBATCH -N 2 -n 2\nsrun x\n", overrides={"spare_nodes": 1})
     assert any("--ntasks-per-node" in m for m in p.warnings)
+
+
+def test_elastic_job_goes_on_with_fewer_nodes_down_to_min_nodes():
+    used_up = hs.NodeSets(("g1", "g3"), ())
+    d = hs.judge(used_up, ["g1", "g3"], ["g3"], "g1", min_active=1)
+    assert (d.kind, d.drop, d.after) == (hs.SHRINK, ("g3",), hs.NodeSets(("g1",), ()))
+    assert hs.judge(used_up, ["g1", "g3"], ["g3"], "g1", min_active=2).kind == hs.REQUEUE
+    # one spare left for two lost nodes: takes it and goes on with three of four
+    d = hs.judge(hs.NodeSets(("a", "b", "c", "d"), ("e",)), list("abcde"), ["b", "c"], "a", min_active=3)
+    assert (d.kind, d.after) == (hs.SHRINK, hs.NodeSets(("a", "d", "e"), ()))
+
+
+def test_wrapper_min_nodes_goes_with_spares_and_within_nodes():
+    p = plan("#!/bin/bash\n#SBATCH -N 2\nsrun x\n", overrides={"spare_nodes": 1, "min_nodes": 1})
+    assert "--spare-nodes 1 --active-nodes 2 --min-nodes 1" in p.script
+    with pytest.raises(w.WrapperError, match="goes with --spare-nodes"):
+        plan("#!/bin/bash\n#SBATCH -N 2\nsrun x\n", overrides={"min_nodes": 1})
+    with pytest.raises(w.WrapperError, match="between 1 and the job's --nodes"):
+        plan("#!/bin/bash\n#SBATCH -N 2\nsrun x\n", overrides={"spare_nodes": 1, "min_nodes": 3})
