@@ -12,8 +12,9 @@ The job is submitted with N+K nodes and ``--no-kill``. The runner runs the user'
 On a fault (the grace signal from xid-watch, or the step dying because a node died) :func:`judge` says
 what to do: nothing (no bad node: today's path), drop bad idle spares (the step goes on), swap (the
 step checkpoints and ends, the bad nodes leave the allocation with ``scontrol update JobId=..
-NodeList=..``, a new step starts on the survivors plus spares), or requeue (spares used up, or the bad
-node is the batch host, which cannot leave the allocation while the batch shell runs on it).
+NodeList=..``, a new step starts on the survivors plus spares), shrink (``--min-nodes``: no spare left,
+the step restarts on fewer nodes), or requeue (spares used up, or the bad node is the batch host, which
+cannot leave the allocation while the batch shell runs on it).
 """
 
 from __future__ import annotations

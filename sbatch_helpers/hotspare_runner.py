@@ -11,8 +11,12 @@ states, and:
   for repair at once, and xid-watch, seeing the job gone from it, requeues nothing), and starts the
   user's script again on the survivors plus spares, resuming from the newest valid checkpoint;
 - drop spares: an idle spare went bad; it leaves the allocation, the step goes on;
-- requeue: spares used up (or the batch host failed): today's path, requeue with the node excluded,
-  the job asking for its spares again (``NumNodes=N-(N+K)``).
+- shrink (``--min-nodes M``, an elastic job): no spare left, but at least M nodes: the step restarts
+  on fewer nodes;
+- requeue: spares used up (or the batch host failed, or a second resize would be needed, which Slurm
+  22.05 without accounting refuses): today's path. A job not resized yet is requeued with the node
+  excluded and asks for its spares again (``NumNodes=N-(N+K)``); a resized one, whose updates Slurm
+  refuses while its batch shell lives, with one plain ``scontrol requeue``.
 """
 
 from __future__ import annotations
