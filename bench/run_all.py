@@ -28,7 +28,7 @@ def _bench_json(script: str, *args: str) -> dict:
     return json.loads(res.stdout[res.stdout.index("{"):])
 
 
-def _drills(runs: int, slurm_defaults: bool) -> List[dict]:
+def _drills(runs: int, slurm_defaults: bool, hot_spare: bool = False) -> List[dict]:
     from autoheal.lab.cluster import Lab
     from autoheal.lab.drill import Drill
 
@@ -37,7 +37,7 @@ def _drills(runs: int, slurm_defaults: bool) -> List[dict]:
         lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-drill-")))
         try:
             lab.up(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults, kube=True, install=False)
-            rep = Drill(lab, phase_timeout=400).run()
+            rep = Drill(lab, phase_timeout=400, hot_spare=hot_spare).run()
             out.append({"ok": rep.ok, **rep.totals()})
         finally:
             lab.down()
@@ -72,6 +72,10 @@ def main() -> None:
                      _median(data, "fault_to_job_running_again_s"), "<= 30" if label.startswith("rec") else "-"))
         rows.append((f"drill ({label}): fault -> replacement in service, median s",
                      _median(data, "fault_to_replacement_in_service_s"), "-"))
+    hot = _drills(args.drills, False, hot_spare=True)
+    rows.append(("drill --hot-spare: drills passed", f"{sum(1 for r in hot if r['ok'])}/{len(hot)}", "all"))
+    rows.append(("drill --hot-spare: fault -> trainer resumed (no requeue), median s",
+                 _median(hot, "fault_to_trainer_resumed_s"), "<= 5"))
     rep = _bench_json("bench_drill_repeat.py", "--runs", str(args.repeat))
     again = rep.get("fault_to_job_running_again_s") or {}
     rows.append(("drill repeated in one directory: drills passed",

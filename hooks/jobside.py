@@ -132,6 +132,22 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
     return fid
 
 
+#: ``autoheal sbatch --spare-nodes`` jobs carry ``spares=`` in their runner comment: on a fault their runner
+#: swaps the node for a spare inside the allocation (no requeue); the requeue after the grace stays as the
+#: safety net, and finds the job gone from the node once the swap is made.
+_HOT_SPARE = re.compile(r"\sspares=\S")
+
+
+def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment) -> None:
+    """Note on a new job action that the job is a hot-spare job (its journal line says what comes)."""
+    if runner_comment and _HOT_SPARE.search(str(runner_comment).split("|", 1)[0]):
+        st["job_actions"][key]["hot_spare"] = True
+
+
+def _hot_spare(action: Dict[str, Any]) -> bool:
+    return bool(action.get("hot_spare"))
+
+
 def open_work(st: Dict[str, Any]) -> bool:
     """Work in flight: a drain to make, jobs still to find or to signal/requeue."""
     return bool(st.get("pending_drain")
@@ -282,7 +298,8 @@ class JobSide:
                 if ep and drained:
                     note = requeue_note(ep.get("reason", ""))
                     for j in running:
-                        add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", ""))
+                        if add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", "")):
+                            mark_hot_spare(st, f"{j.job_id}@{ep['id']}", self._is_runner(j) and j.comment)
                 for f in st.get("requeue_faults") or []:
                     if f.get("jobs") is None:
                         f["jobs"] = [j.job_id for j in running]
@@ -431,7 +448,10 @@ class JobSide:
             self._update(key, stage=GRACE, deadline=now)
             self._requeue(key, dict(a, runner=runner, stage=GRACE, deadline=now), now)
             return
-        if runner:
+        if runner and _hot_spare(a):
+            sig, batch = _sig(self.h.runner_signal), True
+            to = "batch shell; a hot-spare job: the runner swaps the node for a spare inside the allocation"
+        elif runner:
             sig, batch, to = _sig(self.h.runner_signal), True, "batch shell, the runner requeues itself"
         elif warn is not None:
             # the job's own --signal, delivered as Slurm delivers it near the time limit

@@ -38,13 +38,20 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
               help="Resume also from checkpoints written by an earlier job that had the same job id (e.g. "
                    "before the cluster's job ids were reset). Refused by default: that is another job's "
                    "model state.")
+@click.option("--spare-nodes", type=click.IntRange(0, 64), default=None, metavar="K",
+              help="Hot spares: ask for K nodes more than --nodes (and --no-kill); your srun lines run on the "
+                   "others, and a node that fails is swapped for a spare in seconds, without a requeue "
+                   "[config sbatch.spare_nodes; default 0]. See the researcher guide.")
+@click.option("--min-nodes", type=click.IntRange(1, 100000), default=None, metavar="M",
+              help="With --spare-nodes: an elastic job; once the spares are used up it goes on with fewer nodes "
+                   "(at least M) instead of being requeued.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the generated script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the plan with --dry-run, else the job id).")
 @config_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
 def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, allow_foreign_checkpoint,
-           dry_run, as_json, config_path, args) -> None:
+           spare_nodes, min_nodes, dry_run, as_json, config_path, args) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -74,6 +81,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
       autoheal sbatch -N 2 --time=4:00:00 train.sh --lr 0.1
       autoheal sbatch --grace 300 --max-restarts 10 --notify https://hooks.example/x train.sh
       autoheal sbatch --dry-run train.sh        # review the command and generated script
+      autoheal sbatch -N 8 --spare-nodes 1 train.sh   # 9 nodes; a failed one is swapped for the spare
 
     Each submission gets a random token (AUTOHEAL_SUBMIT_TOKEN). The default checkpoint folder contains it,
     and checkpoints saved with autoheal.sbatch_helpers.checkpoint record it: a job never resumes a
@@ -88,7 +96,8 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
     overrides: Dict[str, object] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
                                     "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
-                                    "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None}
+                                    "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
+                                    "spare_nodes": spare_nodes, "min_nodes": min_nodes}
     overrides = {k: v for k, v in overrides.items() if v not in (None, [])}
     for key, value in late.items():
         if key == "notify":

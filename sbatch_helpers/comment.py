@@ -29,7 +29,7 @@ def split_nodes(text: str) -> List[str]:
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
 #: Keys after the marker, in the order they are written (``restarts`` comes first, as a number).
-COMMENT_FIELDS = ("last", "step", "resumed", "nodes", "state", "excl", "guard")
+COMMENT_FIELDS = ("last", "step", "resumed", "nodes", "state", "excl", "guard", "spares", "swaps")
 _WORD = re.compile(r"[\s|]+")
 
 
@@ -42,7 +42,10 @@ class CommentState:
     run's nodes; ``state``: running, requeueing (intent written before the hold: the guard may finish
     it), requeued, requeue-failed, completed, failed, cancelled, max-restarts, no-progress; ``excl``: the
     nodes autoheal added to the job's ExcNodeList (the rest of the list is the user's own); ``guard``:
-    what ``autoheal guard`` last did for the job (``released``, ``pruned``).
+    what ``autoheal guard`` last did for the job (``released``, ``pruned``). Hot-spare jobs
+    (``--spare-nodes``) add ``spares`` (the idle spares, ``none`` once all are in use; the key marks such
+    a job for xid-watch) and ``swaps`` (how many swaps this run made, the last as ``gpu2>gpu3``); their
+    ``nodes`` are the active nodes.
     """
 
     restarts: int = 0
@@ -53,6 +56,8 @@ class CommentState:
     state: str = ""
     excl: str = ""
     guard: str = ""
+    spares: str = ""
+    swaps: str = ""
     user_comment: str = ""
 
     @classmethod

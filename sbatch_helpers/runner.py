@@ -46,6 +46,7 @@ from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, S
                              SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
+from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
 from autoheal.sbatch_helpers.wrapper import WrapperOptions
 
 EXIT_REQUEUED = 0
@@ -272,9 +273,10 @@ class RunnerOptions(WrapperOptions):
 
     script: Optional[str] = None
     command: List[str] = field(default_factory=list)
+    active_nodes: int = 0  # with spare_nodes: the nodes the steps run on (hotspare.py)
 
 
-class Runner:
+class Runner(HotSpareRun):
     """One run of the job under the runner (see the module docstring)."""
 
     def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm=None, journal=None, notifier=None,
@@ -323,6 +325,10 @@ class Runner:
 
     def write_comment(self) -> None:
         if self.slurm is None or not self.ident.job_id:
+            return
+        if self.resized:  # hot spares: Slurm may refuse updates of a resized running job (hotspare_runner)
+            say(f"not updating the comment of resized job {self.ident.job_id} (Slurm refuses it until the job "
+                f"is requeued; the journal has the record): {self.comment.render()}")
             return
         try:
             self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
@@ -448,6 +454,8 @@ class Runner:
         self.comment.resumed = self.resume_step
         self.comment.nodes = ",".join(self.job_nodes)
         self.comment.state = "running"
+        if self.opts.spare_nodes:
+            env = self.hot_setup(env)
         self.write_comment()
         say(f"job {self.ident.job_id} run {self.ident.restart_count} on {self.comment.nodes or '?'}: "
             f"checkpoint dir {self.checkpoint_dir}, resume from step {self.resume_step}"
@@ -462,15 +470,31 @@ class Runner:
         deadline = None
         if self.end_time and self.end_time > self.clock():
             deadline = self.end_time - self.opts.grace - self.opts.requeue_margin
-        while not child.leader_done:
-            if self.received is not None:
-                return self.interrupted(child, self.received, deadline_hit=False)
-            if deadline is not None and self.clock() >= deadline:
-                return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
-            time.sleep(POLL)
+        while True:
+            while not child.leader_done:
+                if self.received is not None:
+                    act = self.hot_fault(child, "signal") if self.hot is not None else None
+                    if act == "restart":
+                        child = self.hot_restart(argv)
+                        continue
+                    if act == "continue":
+                        continue
+                    return self.interrupted(child, self.received, deadline_hit=False)
+                if deadline is not None and self.clock() >= deadline:
+                    return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
+                time.sleep(POLL)
+            code = child.status if child.status is not None else 1
+            if self.hot is not None and (self.received is not None or code != 0):
+                # a fault signal while the step was ending, or the step died (its node died)
+                act = self.hot_fault(child, "signal" if self.received is not None else f"exit {code}")
+                if act == "restart":
+                    child = self.hot_restart(argv)
+                    continue
+                if isinstance(act, int):
+                    return act
+            break
         if self.received is not None and child.group_alive:
             return self.interrupted(child, self.received, deadline_hit=False)
-        code = child.status if child.status is not None else 1
         if self.received is not None:  # the signal came while the child was exiting anyway
             return self.interrupted(child, self.received, deadline_hit=False)
         if code == 0:
@@ -579,7 +603,10 @@ class Runner:
         job_id = self.ident.job_id
         budget = self.opts_budget()
         with Shield(extra=[int(self.grace_sig)]):
-            if not (cause.node_problem and self.opts.exclude_failed and bad):
+            # A hot-spare job resized this run: Slurm 22.05 without accounting refuses every update of it
+            # (until its batch shell is gone), so hold -> exclude -> release would strand it held. The
+            # bad node is drained or down, so Slurm will not pick it while it is unhealthy anyway.
+            if self.resized or not (cause.node_problem and self.opts.exclude_failed and bad):
                 # One call is the whole requeue: nothing to finish if we are killed after it.
                 self._note_restart(next_restart, cause, step, "requeued")
                 try:
@@ -659,6 +686,8 @@ class Runner:
             excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
             retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
                        f"exclude {','.join(excl.ours)} from job {job_id}")
+            if self.hot is not None:
+                self.hot_restore_size(job_id)
         except SlurmJobNotPending:
             say(f"warning: job {job_id} is no longer pending; not excluding {','.join(excl.ours)}")
         except (SlurmNotFound, SlurmJobFinished):
@@ -688,6 +717,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     p.add_argument("--no-exclude-failed", dest="exclude_failed", action="store_false")
     p.add_argument("--notify", action="append", default=[])
     p.add_argument("--requeue-margin", type=int, default=15)
+    p.add_argument("--spare-nodes", type=int, default=0)
+    p.add_argument("--active-nodes", type=int, default=0)
+    p.add_argument("--min-nodes", type=int, default=0)
     p.add_argument("--script", help="the user's script (deleted when the runner exits)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -700,7 +732,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
         p.error(f"--signal {a.signal}: unknown signal")
     return RunnerOptions(grace=a.grace, signal=name, max_restarts=a.max_restarts, checkpoint_dir=a.checkpoint_dir,
                          exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
-                         script=a.script, command=command)
+                         script=a.script, command=command, spare_nodes=max(0, a.spare_nodes),
+                         active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

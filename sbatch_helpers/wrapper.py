@@ -239,6 +239,8 @@ class WrapperOptions:
     requeue_margin: int = 15
     python: str = ""
     allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
+    spare_nodes: int = 0  # hot spares inside the allocation (see hotspare.py)
+    min_nodes: int = 0  # with spare_nodes: an elastic job goes on with this many nodes at least
 
 
 # name -> (field, kind); kinds: int, str, bool-true, bool-false, list
@@ -251,6 +253,8 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--no-exclude-failed": ("exclude_failed", "false"),
     "--notify": ("notify", "list"),
     "--allow-foreign-checkpoint": ("allow_foreign_checkpoint", "true"),
+    "--spare-nodes": ("spare_nodes", "int"),
+    "--min-nodes": ("min_nodes", "int"),
 }
 
 
@@ -325,6 +329,8 @@ def check_options(opts: WrapperOptions) -> WrapperOptions:
         raise WrapperError(f"--grace {opts.grace}: must be between 5 and 3600 seconds")
     if not 0 <= opts.max_restarts <= 1000:
         raise WrapperError(f"--max-restarts {opts.max_restarts}: must be between 0 and 1000")
+    if not 0 <= opts.spare_nodes <= 64:
+        raise WrapperError(f"--spare-nodes {opts.spare_nodes}: must be between 0 and 64")
     sig, grace = parse_signal_spec(opts.signal)
     opts = replace(opts, signal=sig, grace=grace if grace is not None else opts.grace)
     for url in opts.notify:
@@ -361,7 +367,8 @@ def defaults_from_config(section) -> WrapperOptions:
         return WrapperOptions()
     return WrapperOptions(grace=section.grace, signal=section.signal, max_restarts=section.max_restarts,
                           checkpoint_dir=section.checkpoint_dir, exclude_failed=section.exclude_failed,
-                          requeue_margin=section.requeue_margin, python=section.python)
+                          requeue_margin=section.requeue_margin, python=section.python,
+                          spare_nodes=section.spare_nodes)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -479,6 +486,8 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
         opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
 
+    active_nodes = _active_nodes(all_opts, opts.spare_nodes, warnings, opts.min_nodes)
+
     comment_opt = _has(all_opts, "comment")
     comment = MARKER
     if comment_opt and comment_opt.value:
@@ -492,16 +501,42 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if not _has(all_opts, "job-name"):
         name = Path(req.script_path).name if req.script_path else "wrap"
         argv.append(f"--job-name={name}")
+    if opts.spare_nodes:
+        # on the command line: wins over the script's #SBATCH --nodes, as in sbatch
+        argv.append(f"--nodes={active_nodes + opts.spare_nodes}")
+        if not _has(all_opts, "no-kill"):
+            argv.append("--no-kill")
     for o in cli_opts:
-        if o.name in ("comment", "wrap"):
+        if o.name in ("comment", "wrap") or (opts.spare_nodes and o.name == "nodes"):
             continue
         argv.extend(o.tokens)
-    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token), options=opts,
+    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token, active_nodes), options=opts,
                       warnings=warnings, parsable=bool(_has(cli_opts, "parsable")), token=token)
     return plan
 
 
-def runner_argv(opts: WrapperOptions) -> List[str]:
+def _active_nodes(opts: Sequence[SbatchOption], spare_nodes: int, warnings: List[str], min_nodes: int = 0) -> int:
+    """With hot spares: the node count the user asked for (one number; 1 when not given). The job asks
+    sbatch for that many plus the spares; the runner keeps the spares idle."""
+    if not spare_nodes:
+        if min_nodes:
+            raise WrapperError("--min-nodes goes with --spare-nodes (the elastic fallback once the spares are "
+                               "used up); give --spare-nodes 1 or more")
+        return 0
+    nodes = _has(opts, "nodes")
+    value = (nodes.value or "").strip() if nodes else "1"
+    if not value.isdigit() or int(value) < 1:
+        raise WrapperError(f"--spare-nodes needs a fixed node count, not --nodes={value} (a range or list "
+                           f"would leave the runner guessing which nodes are spares)")
+    if min_nodes and not 1 <= min_nodes <= int(value):
+        raise WrapperError(f"--min-nodes {min_nodes}: must be between 1 and the job's --nodes ({value})")
+    if _has(opts, "ntasks") and not _has(opts, "ntasks-per-node"):
+        warnings.append("--spare-nodes with --ntasks but no --ntasks-per-node: sbatch spreads the tasks over "
+                        "the spares too; give --ntasks-per-node so each step runs its tasks on the active nodes")
+    return int(value)
+
+
+def runner_argv(opts: WrapperOptions, active_nodes: int = 0) -> List[str]:
     """The runner's options (the script path and the user's arguments follow)."""
     argv = ["--grace", str(opts.grace), "--signal", opts.signal, "--max-restarts", str(opts.max_restarts),
             "--requeue-margin", str(opts.requeue_margin),
@@ -510,10 +545,15 @@ def runner_argv(opts: WrapperOptions) -> List[str]:
         argv += ["--checkpoint-dir", opts.checkpoint_dir]
     for url in opts.notify:
         argv += ["--notify", url]
+    if opts.spare_nodes and active_nodes:
+        argv += ["--spare-nodes", str(opts.spare_nodes), "--active-nodes", str(active_nodes)]
+        if opts.min_nodes:
+            argv += ["--min-nodes", str(opts.min_nodes)]
     return argv
 
 
-def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions, token: str = "") -> str:
+def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptions, token: str = "",
+                    active_nodes: int = 0) -> str:
     """The batch script sbatch stores: the user's #SBATCH header, the embedded script, exec of the runner.
 
     Outside the here-document every line is ours, and every string in it is one :func:`shell_word`.
@@ -542,7 +582,7 @@ def generate_script(req: SubmitRequest, parsed: ParsedScript, opts: WrapperOptio
     body = text + delim + "\n"
     tail = [
         'chmod 700 "$autoheal_script"',
-        "exec " + " ".join(shell_word(a) for a in [python, "-m", RUNNER_MODULE, *runner_argv(opts)])
+        "exec " + " ".join(shell_word(a) for a in [python, "-m", RUNNER_MODULE, *runner_argv(opts, active_nodes)])
         + ' --script "$autoheal_script" --' + "".join(" " + shell_word(a) for a in req.script_args),
     ]
     return "\n".join(lines) + "\n" + body + "\n".join(tail) + "\n"

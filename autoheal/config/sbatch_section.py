@@ -29,6 +29,9 @@ class SbatchSection:
     requeue_margin: int = setting(15, doc="Seconds before the grace window would cross the time limit at "
                                   "which the runner starts checkpoint-then-requeue on its own (in case the "
                                   "Slurm signal comes late or not at all).", min=0, max=3600)
+    spare_nodes: int = setting(0, doc="Hot spares inside the allocation: the job gets this many nodes more "
+                               "than it asks for (and --no-kill), its steps run on the others, and a node "
+                               "that fails is swapped for a spare without a requeue. 0: off.", min=0, max=64)
     python: str = setting("", doc="Python interpreter the generated batch script runs the job runner with "
                           "(must have autoheal installed on the compute nodes). Empty: the interpreter "
                           "running `autoheal sbatch`.", parse=V.path)

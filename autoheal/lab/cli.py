@@ -185,13 +185,16 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
 @click.option("--submitit", is_flag=True, help="Run a real submitit Checkpointable job (the recipe in "
               "sbatch_helpers/examples/submitit_job.py, through autoheal sbatch; with --plain as plain submitit, "
               "which asks for --signal=USR2@<grace> and requeues itself). Needs submitit installed.")
+@click.option("--hot-spare", is_flag=True, help="Submit with `autoheal sbatch --spare-nodes 1` (3 nodes, steps on "
+              "2): the failed node is swapped for the spare inside the allocation, no requeue.")
 @click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw the timeline as a PNG.")
 @click.option("--timeout", default=240.0, show_default=True, type=click.FloatRange(10, 3600),
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, keep, plot_file, timeout, as_json) -> None:
+def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, plot_file, timeout,
+          as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
     Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
@@ -211,6 +214,10 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, keep, plot_file, ti
     """
     from autoheal.lab.drill import Drill, plot_timeline
 
+    if plain and hot_spare:
+        raise click.UsageError("--plain and --hot-spare exclude each other (hot spares need autoheal sbatch)")
+    if submitit and hot_spare:
+        raise click.UsageError("--submitit and --hot-spare exclude each other (the submitit drill runs one node)")
     if submitit:
         from autoheal.lab.drill_submitit import submitit_available
 
@@ -226,10 +233,13 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, keep, plot_file, ti
         kwargs["kube"] = True
     try:
         the_lab.up(**kwargs)
-        drill_cls = Drill
         if submitit:
-            from autoheal.lab.drill_submitit import SubmititDrill as drill_cls
-        report = drill_cls(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+            from autoheal.lab.drill_submitit import SubmititDrill
+
+            report = SubmititDrill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+        else:
+            report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
+                           hot_spare=hot_spare).run()
         if restarted:
             report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
         if not no_kube and not report.kube:

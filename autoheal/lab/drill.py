@@ -95,6 +95,7 @@ class DrillReport:
     opt_in: bool = True
     kube: bool = True
     slurm_defaults: bool = False
+    hot_spare: bool = False
     phases: List[Phase] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     logs: Dict[str, List[str]] = field(default_factory=dict)
@@ -124,12 +125,14 @@ class DrillReport:
     def totals(self) -> Dict[str, Optional[float]]:
         return {"fault_to_drain_s": self.since_fault("drained"),
                 "fault_to_job_running_again_s": self.since_fault("job running again"),
-                "fault_to_replacement_in_service_s": self.since_fault("spare node in service")}
+                "fault_to_replacement_in_service_s": self.since_fault("spare node in service"),
+                "fault_to_trainer_resumed_s": self.since_fault("trainer restarted at the right step")}
 
     def to_dict(self) -> dict:
         return {
             "ok": self.ok, "exit_code": self.exit_code, "node": self.node, "job_id": self.job_id,
             "opt_in": self.opt_in, "kube": self.kube, "slurm_defaults": self.slurm_defaults,
+            "hot_spare": self.hot_spare,
             "fault_time": self.fault_time, "totals": self.totals(), "notes": self.notes, "logs": self.logs,
             "errors": [f"{p.name}: {p.error}" for p in self.errors],
             "phases": [{"phase": p.name, "source": p.source, "detail": p.detail,
@@ -180,7 +183,7 @@ class Drill:
     """Runs one drill on ``lab`` (already up)."""
 
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
-                 phase_timeout: float = 240.0, step_seconds: float = 0.1):
+                 phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False):
         from autoheal.slurm.cli_backend import CliSlurm
 
         self.lab = lab
@@ -194,8 +197,10 @@ class Drill:
         self.phase_timeout = phase_timeout
         self.step_seconds = step_seconds
         self.workdir = self.lay.path("drill", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
-        self.report = DrillReport(opt_in=opt_in, kube=self.kube,
+        self.hot_spare = hot_spare and opt_in
+        self.report = DrillReport(opt_in=opt_in, kube=self.kube, hot_spare=self.hot_spare,
                                   slurm_defaults=bool((lab.load_state() or {}).get("slurm_defaults")))
+        self.spare: Optional[str] = None  # hot spare: the idle spare the runner named
         self.tail: Optional[OutputTail] = None
         self.saved_step: Optional[int] = None
         self.resumed_step: Optional[int] = None
@@ -230,7 +235,8 @@ class Drill:
         script = self._script()
         if self.opt_in:
             argv = [sys.executable, "-m", "autoheal.cli.main", "sbatch", "--parsable",
-                    "--checkpoint-dir", str(self.workdir / "ckpt"), str(script)]
+                    "--checkpoint-dir", str(self.workdir / "ckpt"),
+                    *(["--spare-nodes", "1"] if self.hot_spare else []), str(script)]
         else:
             argv = ["sbatch", "--parsable", "--requeue", "--open-mode=append", str(script)]
         res = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=60, cwd=str(self.workdir))
@@ -248,11 +254,15 @@ class Drill:
             self.tail.poll()
             job = self.slurm.get_job(self.report.job_id)
             ready = self.tail.find(r"checkpoint saved step=(\d+)") if self.opt_in else self.tail.find(r"step=5\b")
-            if job.running and ready and len(job.nodes) == 2:
+            hot = self.tail.find(r"hot spares: steps run on (\S+); idle spare\(s\) (\S+)") if self.hot_spare else None
+            if job.running and ready and len(job.nodes) == (3 if self.hot_spare else 2) and (hot or not self.hot_spare):
                 self.baseline_restarts = job.restart_count
                 # break a node other than the batch host: the batch shell (and the runner) survive, so the
                 # hand-off between xid-watch and the runner is exercised, not just a dead job
                 others = [n for n in job.nodes if n != job.batch_host]
+                if hot:  # an active node (the steps run there), not the idle spare
+                    self.spare = hot[2].group(2)
+                    others = [n for n in hot[2].group(1).split(",") if n != job.batch_host]
                 return others[0] if others else job.nodes[0]
             time.sleep(POLL)
         raise LabError(f"drill job {self.report.job_id} did not start and checkpoint within {timeout:.0f}s; "
@@ -441,6 +451,8 @@ class Drill:
             why = "the job did not opt in (plain sbatch): Slurm's requeue sends SIGTERM, no checkpoint"
             phases += [Phase("grace signal delivered to the trainer", "trainer output", skipped=why),
                        Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
+        if self.hot_spare:
+            return phases + self._hot_spare_phases(node, drained)
         requeued = Phase("job requeued", "slurm", self._requeued_probe(), after=drained)
         phases.append(requeued)
         if self.kube:
@@ -463,6 +475,82 @@ class Drill:
         ]
         return phases
 
+    def _hot_spare_phases(self, node: str, drained: Phase) -> List[Phase]:
+        """After the checkpoint: the node leaves the allocation (no requeue), a new step runs on the
+        survivors and the spare, resuming from the checkpoint."""
+        released = Phase("bad node released from the allocation (no requeue)", "slurm",
+                         self._released_probe(node), after=drained)
+        phases = [released]
+        if self.kube:
+            kube_phases = self._kube_probes(node)
+            for earlier, later in zip([drained] + kube_phases, kube_phases):
+                later.after = earlier
+            phases += kube_phases
+        else:
+            for name in ("Kubernetes: GPUHealthy=False condition and cordon", "opt-out label checked",
+                         "pods evicted", "replacement requested", "spare node in service"):
+                phases.append(Phase(name, "kubernetes", skipped="--no-kube"))
+        phases += [
+            Phase("step restarted on the spare", "trainer output", self._swap_start_probe(on_spare=True)),
+            Phase("trainer restarted at the right step", "trainer output", self._swap_start_probe()),
+            Phase("training progressing past it", "trainer output", self._progress_probe()),
+            Phase("user-visible record (job comment, autoheal events)", "slurm + journal",
+                  self._swap_record_probe(node), after=released),
+        ]
+        return phases
+
+    def _released_probe(self, bad: str) -> Probe:
+        def probe():
+            job = self.slurm.get_job(self.report.job_id)
+            if job.restart_count > self.baseline_restarts:
+                raise Contradiction(f"job {job.job_id} was requeued (restart {job.restart_count}) instead of "
+                                    f"swapping {bad} for the spare")
+            if job.state in ENDED:
+                raise Contradiction(f"job {job.job_id} ended {job.state}")
+            if job.running and bad not in job.nodes:
+                n = self.slurm.get_node(bad)
+                return time.time(), (f"job {job.job_id} RUNNING on {','.join(job.nodes)} (restart "
+                                     f"{job.restart_count}); {bad} {n.state_text}")
+            return Waiting(f"job {job.job_id} {job.state} on {','.join(job.nodes)}")
+        return probe
+
+    def _swap_start_probe(self, on_spare: bool = False) -> Probe:
+        rx = r"start step=(\d+) resumed_from=(\S+) restart=\d+ host=(\S+) rank=(\d+) .*reason=hot-spare-swap"
+
+        def probe():
+            hit = self.tail.find(rx, after=self.report.fault_time)
+            start = 0
+            while hit is not None:
+                t, line, m = hit
+                if (m.group(3) == self.spare) if on_spare else m.group(4) == "0":
+                    break
+                start = self.tail.index_of(t, line) + 1
+                hit = self.tail.find(rx, after=self.report.fault_time, start=start)
+            if hit is None:
+                return None
+            t, line, m = hit
+            step = int(m.group(1))
+            if self.saved_step is not None and step != self.saved_step:
+                raise Contradiction(f"resumed from step {step}, but the checkpoint saved after the signal was "
+                                    f"step {self.saved_step}")
+            if on_spare:
+                return t, f"rank {m.group(4)} started on the spare {m.group(3)} at step {step}"
+            idx = self.tail.index_of(t, line)
+            self.first_restart_line = self.first_restart_line or idx
+            self.resumed_step = step
+            return t, f"resumed from step {step} ({m.group(2)})"
+        return probe
+
+    def _swap_record_probe(self, bad: str) -> Probe:
+        def probe():
+            job = self.slurm.get_job(self.report.job_id)
+            recs = [r for r in self.journal.read(job=self.report.job_id)
+                    if r.time >= self.report.fault_time - 0.5 and r.event == "job-hot-swap"]
+            if recs and re.search(r"\bswaps=1\b", job.comment):
+                return time.time(), f"job comment: {job.comment!r}; journal: {recs[0].message}"
+            return Waiting(f"job comment {job.comment!r}; {len(recs)} job-hot-swap journal records")
+        return probe
+
     def run(self) -> DrillReport:
         self.submit()
         try:
@@ -475,6 +563,8 @@ class Drill:
             self.report.fault_time = fault["time"]
             self.report.phases.append(Phase(f"XID 79 injected on GPU {self.gpu} of {node}", "lab inject",
                                             at=fault["time"], detail=fault["kernel_log"] or ""))
+            if self.hot_spare:
+                self.report.notes.append(f"hot spare: steps on 2 of the job's 3 nodes, idle spare {self.spare}")
             pending = self.phases_for(node)
             self.report.phases.extend(pending)
             self._watch(pending)
@@ -697,6 +787,9 @@ def render_timeline(report: DrillReport) -> str:
     lines.append(f"fault -> drain: {fmt(tot['fault_to_drain_s'])}   fault -> job running again: "
                  f"{fmt(tot['fault_to_job_running_again_s'])}   fault -> replacement in service: "
                  f"{fmt(tot['fault_to_replacement_in_service_s'])}")
+    if data.get("hot_spare"):
+        lines.append(f"hot spare: fault -> training resumed (trainer output): {fmt(tot['fault_to_trainer_resumed_s'])}"
+                     f" (no requeue)")
     for note in data["notes"]:
         lines.append(f"note: {note}")
     if data["ok"]:

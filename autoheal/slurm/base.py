@@ -138,6 +138,15 @@ class SlurmAdapter(ABC):
         """Replace the job's ExcNodeList (Slurm accepts this only while the job is PENDING)."""
         self.update_job(job_id, ExcNodeList=",".join(nodes))
 
+    def shrink_job(self, job_id: str, keep: List[str]) -> None:
+        """Shrink a RUNNING job to the nodes in ``keep`` (``scontrol update JobId=X NodeList=<keep>``):
+        the other nodes leave the allocation at once, the job and its batch shell keep running. Only
+        jobs submitted with ``--no-kill`` survive losing a node this way; steps still running on a
+        dropped node are killed by Slurm."""
+        if not keep:
+            raise SlurmError(f"job {job_id}: refusing to shrink to no node at all")
+        self.update_job(job_id, NodeList=",".join(keep))
+
     @abstractmethod
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         """Send a signal to a job's steps (``batch``: only the batch shell; ``full``: every process)."""
@@ -158,6 +167,9 @@ _JOB_OUTCOMES = (
     ("requested operation is presently disabled", SlurmRequeueDisabled),
     ("requeue of this job is disabled", SlurmRequeueDisabled),
     ("can not be altered now", SlurmJobBusy),
+    # after a running job was resized, until accounting gives it a new record; with
+    # accounting_storage/none (22.05) that never happens: callers bound their retries
+    ("the db index is being set", SlurmJobBusy),
     ("invalid job id", SlurmNotFound),
 )
 

@@ -40,12 +40,13 @@ class CliSlurm(SlurmAdapter):
                    retries=section.retries)
 
     # ---- process plumbing ------------------------------------------------------------------------
-    def run(self, tool: str, *args: str, timeout: Optional[float] = None) -> str:
+    def run(self, tool: str, *args: str, timeout: Optional[float] = None,
+            env: Optional[Dict[str, str]] = None) -> str:
         """Run a Slurm tool; typed errors for timeouts, unreachable controller and refusals."""
         argv = [find_binary(tool, self.bin_dir, self._env.get("PATH")), *args]
         limit = self.timeout if timeout is None else timeout
         try:
-            res = subprocess.run(argv, env=self._env, capture_output=True, text=True, timeout=limit,
+            res = subprocess.run(argv, env=self._env if env is None else env, capture_output=True, text=True, timeout=limit,
                                  stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable(f"{tool} {' '.join(args[:3])}: no answer within {limit:g}s "
@@ -158,6 +159,15 @@ class CliSlurm(SlurmAdapter):
         if not fields:
             return
         self._write("scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in fields.items()))
+
+    def shrink_job(self, job_id: str, keep: List[str]) -> None:
+        if not keep:
+            raise SlurmError(f"job {job_id}: refusing to shrink to no node at all")
+        # scontrol run from inside the job it resizes writes slurm_job_<id>_resize.{sh,csh} into its
+        # working directory (the user's submit directory): not when it does not know it is that job.
+        env = {k: v for k, v in self._env.items() if k not in ("SLURM_JOB_ID", "SLURM_JOBID")}
+        with_retries(lambda: self.run("scontrol", "update", f"jobid={job_id}", f"NodeList={','.join(keep)}",
+                                      env=env), self.retries)
 
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         args = [f"--signal={signal}"]

@@ -26,7 +26,7 @@ def test_all_observed_or_skipped_is_ok_with_totals():
     data = rep.to_dict()
     assert data["ok"] is True
     assert data["totals"] == {"fault_to_drain_s": 0.4, "fault_to_job_running_again_s": 13.5,
-                              "fault_to_replacement_in_service_s": None}
+                              "fault_to_replacement_in_service_s": None, "fault_to_trainer_resumed_s": 14.0}
     assert [p["status"] for p in data["phases"]] == ["observed", "observed", "skipped", "observed", "observed"]
     text = render_timeline(rep)
     assert "drill PASSED" in text and "skipped" in text and "fault -> drain: 0.4 s" in text
@@ -288,3 +288,32 @@ def test_drill_submitit_without_submitit_is_a_usage_error_before_any_lab_starts(
     res = CliRunner().invoke(lab_cli, ["drill", "--submitit", "--dir", str(tmp_path / "lab")])
     assert res.exit_code == 2 and "pip install submitit" in res.output
     assert not (tmp_path / "lab").exists()
+
+
+def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_path):
+    from autoheal.lab.drill import OutputTail
+
+    drill = Drill(_FakeLab(tmp_path), hot_spare=True)
+    ev = _Recorded()
+    jobs = {"7": Job("7", "RUNNING", ("gpu1", "gpu2", "gpu3"))}
+    ev.get_job = lambda job_id: jobs[job_id]
+    drill.slurm = ev
+    drill.report.job_id, drill.report.fault_time, drill.spare = "7", FAULT, "gpu3"
+    released = drill._released_probe("gpu2")
+    assert isinstance(released(), Waiting)  # the bad node is still in the allocation
+    jobs["7"] = Job("7", "RUNNING", ("gpu1", "gpu3"))
+    assert released()[1].startswith("job 7 RUNNING on gpu1,gpu3 (restart 0); gpu2 IDLE")
+    jobs["7"] = Job("7", "PENDING", (), restart_count=1)
+    with pytest.raises(Contradiction, match="requeued"):
+        released()
+    drill.tail = OutputTail(tmp_path / "job.out")
+    line = ("autoheal-trainer: start step=14 resumed_from=/c/ckpt-14 restart=0 host={} rank={} world=2 steps=9 "
+            "reason=hot-spare-swap")
+    drill.tail.lines = [(FAULT - 5, line.format("gpu2", 1).replace("hot-spare-swap", "none")),
+                        (FAULT + 1, line.format("gpu1", 0)), (FAULT + 1.1, line.format("gpu3", 1))]
+    drill.saved_step = 14
+    assert drill._swap_start_probe(on_spare=True)() == (FAULT + 1.1, "rank 1 started on the spare gpu3 at step 14")
+    assert drill._swap_start_probe()() == (FAULT + 1, "resumed from step 14 (/c/ckpt-14)")
+    drill.saved_step = 15
+    with pytest.raises(Contradiction, match="resumed from step 14"):
+        drill._swap_start_probe()()

@@ -159,6 +159,19 @@ def test_runner_gets_its_signal_then_a_requeue_only_if_still_running(tmp_path):
     assert done == {"8": "requeued", "9": "no longer runs here (PENDING)"}
 
 
+def test_hot_spare_job_is_recognised_and_signalled_like_a_runner_job(tmp_path):
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("8", comment="autoheal-runner nodes=gpu1,gpu2 state=running spares=gpu3")
+    ctx.slurm.add_job("9", comment="autoheal-runner nodes=gpu1 state=running | spares=mine")  # user's part
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    side(ctx).step(now=100.0, urgent=True)
+    assert sorted(ctx.slurm.writes("signal")) == ["signal 8 USR2 batch", "signal 9 USR2 batch"]
+    assert not ctx.slurm.writes("requeue")  # the runner swaps (or requeues) itself; the grace requeue waits
+    hot = {a["job"]: bool(a.get("hot_spare")) for a in ctx.store.read()["job_actions"].values()}
+    assert hot == {"8": True, "9": False}
+
+
 def test_slurmctld_down_at_the_fault_drain_and_jobs_wait_and_are_never_given_up(tmp_path):
     # finding 2b: slurmctld dead (or SIGSTOPped) when the XID hit; xid-watch used to log and give up
     ctx = make_ctx(tmp_path, grace_signal="USR1")

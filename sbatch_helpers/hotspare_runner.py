@@ -1,0 +1,269 @@
+"""The job runner's hot-spare part (``autoheal sbatch --spare-nodes K``): swap a failed node for a spare
+inside the allocation, without a requeue.
+
+Mixed into :class:`autoheal.sbatch_helpers.runner.Runner`; the decisions are in ``hotspare.py``. On a
+fault (the grace signal xid-watch sends when it drains one of the job's nodes, or the user's script
+ending non-zero because a step died with its node) the runner reads the job's allocation and node
+states, and:
+
+- swap: forwards the grace signal to the step (it checkpoints and exits), removes the bad nodes from
+  the allocation (``scontrol update JobId=.. NodeList=..`` through the Slurm adapter: the node is free
+  for repair at once, and xid-watch, seeing the job gone from it, requeues nothing), and starts the
+  user's script again on the survivors plus spares, resuming from the newest valid checkpoint;
+- drop spares: an idle spare went bad; it leaves the allocation, the step goes on;
+- shrink (``--min-nodes M``, an elastic job): no spare left, but at least M nodes: the step restarts
+  on fewer nodes;
+- requeue: spares used up (or the batch host failed, or a second resize would be needed, which Slurm
+  22.05 without accounting refuses): today's path. A job not resized yet is requeued with the node
+  excluded and asks for its spares again (``NumNodes=N-(N+K)``); a resized one, whose updates Slurm
+  refuses while its batch shell lives, with one plain ``scontrol requeue``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import shutil
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, Optional, Sequence, Union
+
+from autoheal.sbatch_helpers import causes
+from autoheal.sbatch_helpers import hotspare as hs
+from autoheal.sbatch_helpers.comment import node_unhealthy
+
+SWAP_REASON = "hot-spare-swap"  # AUTOHEAL_REQUEUE_REASON of a step started on a spare
+#: Seconds before a second look when the step ended non-zero and no node of the job is unhealthy yet.
+RECHECK_SECONDS = 2.0
+
+
+class HotSpareRun:
+    """Runner methods for jobs with hot spares (``self.hot`` is None for every other job)."""
+
+    hot: Optional[hs.NodeSets] = None
+    shim_dir: Optional[Path] = None
+    real_srun: str = ""
+    batch_host: str = ""
+    swaps: int = 0
+    resized = False  # this run removed nodes from the allocation (Slurm may refuse comment updates now)
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def hot_setup(self, env: Dict[str, str]) -> Dict[str, str]:
+        """Split the allocation into active nodes and spares, write the srun shim, record both in the
+        comment; returns the user's script's environment."""
+        from autoheal.sbatch_helpers.runner import say
+
+        if not self.job_nodes:
+            say("warning: the job's nodes are unknown (no Slurm access?): running without hot spares")
+            return env
+        job = self._job()
+        self.batch_host = (job.batch_host if job is not None else "") or self.env.get("SLURMD_NODENAME", "")
+        self.hot = hs.initial_sets(self.job_nodes, int(getattr(self.opts, "active_nodes", 0) or 1),
+                                   self.batch_host)
+        self.real_srun = hs.find_srun(self.env.get("PATH", ""))
+        if self.real_srun:
+            self.shim_dir = Path(tempfile.mkdtemp(prefix=f"autoheal-srun-{self.ident.raw_id or 'job'}-"))
+            atexit.register(shutil.rmtree, str(self.shim_dir), True)
+            hs.write_shim(self.shim_dir, self.hot.spares)
+        else:
+            say("warning: srun not found on PATH: the spares cannot be kept out of the job's steps")
+        try:
+            self.swaps = int(self.comment.swaps or 0)
+        except ValueError:
+            self.swaps = 0
+        self._hot_comment()
+        say(f"hot spares: steps run on {','.join(self.hot.active)}; idle spare(s) "
+            f"{','.join(self.hot.spares) or 'none'}")
+        return self._hot_env(env)
+
+    def _hot_env(self, env: Dict[str, str]) -> Dict[str, str]:
+        return hs.step_env(env, self.hot, str(self.shim_dir) if self.shim_dir else "", self.real_srun)
+
+    def _hot_comment(self) -> None:
+        self.comment.nodes = ",".join(self.hot.active)
+        self.comment.spares = hs.comment_spares(self.hot.spares)
+        self.comment.swaps = str(self.swaps) if self.swaps else ""
+
+    # ---- faults ----------------------------------------------------------------------------------
+    def hot_fault(self, child, trigger: str) -> Union[None, str, int]:
+        """A fault signal came, or the user's script ended non-zero. Returns "restart" (a swap was made:
+        start the script again), "continue" (bad idle spares dropped: keep waiting), an exit code (the
+        step died with a node and the job was requeued), or None (not a node problem, or the signal
+        path's requeue: the caller goes on as without spares)."""
+        from autoheal.sbatch_helpers.runner import say
+
+        if self.received == signal.SIGTERM:
+            return None  # Slurm's kill sequence (cancel, time limit, requeue): never a swap
+        # A step that died with its GPU (XID 79 kills the CUDA process) may end before xid-watch has
+        # drained the node: look once more after a moment before calling it the command's own failure.
+        for attempt in range(1 if trigger == "signal" else 2):
+            if attempt:
+                time.sleep(RECHECK_SECONDS)
+            job = self._job()
+            if job is None:
+                return None
+            allocation = list(job.nodes)
+            names = sorted(set(allocation) | set(self.hot.all))
+            unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n)]
+            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host,
+                                int(getattr(self.opts, "min_nodes", 0) or 0))
+            if decision.kind != hs.NOTHING:
+                break
+        else:
+            return None
+        if any(n not in allocation for n in self.hot.all):
+            self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
+        if self.resized and decision.drop and decision.kind != hs.REQUEUE:
+            # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
+            # second NodeList update waits 5 s in slurmctld, then "the DB index is being set"), so a node
+            # that must leave the allocation cannot: requeue. A node Slurm removed itself needs no update.
+            decision = hs.Decision(hs.REQUEUE, decision.lost, decision.drop,
+                                   why=f"{decision.why}; but the job was resized already and Slurm refuses "
+                                       f"another resize of it, so requeue")
+        say(f"hot spares: {trigger}: {decision.kind}: {decision.why}")
+        if decision.kind == hs.DROP_SPARES:
+            before = self.hot
+            self.hot = decision.after
+            self._hot_comment()
+            self.write_comment()  # before the resize (see _hot_swap)
+            if self._hot_shrink(job, decision.drop):
+                self.resized = True
+                self.received = None
+                self._write_spares()
+                self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
+                            f"unhealthy, released from the allocation; the step goes on on "
+                            f"{','.join(self.hot.active)}", "action", node=decision.drop[0],
+                            dropped=",".join(decision.drop), spares=",".join(self.hot.spares))
+                return "continue"
+            self.hot = before
+            self._hot_comment()
+            return None
+        if decision.kind == hs.REQUEUE:
+            if trigger == "signal":
+                return None  # interrupted(): checkpoint, then requeue away from the drained node
+            return self._hot_requeue(child, decision, job)
+        return self._hot_swap(child, decision, job, trigger)
+
+    def _stop_step(self, child) -> float:
+        """Forward the grace signal to the step, wait for it to checkpoint and end; seconds waited."""
+        from autoheal.sbatch_helpers.runner import KILL_AFTER_TERM, say
+
+        started = time.monotonic()
+        if not child.group_alive:
+            return 0.0
+        say(f"forwarding {self.grace_sig.name} to the step, waiting up to {self.opts.grace}s for it to checkpoint")
+        child.signal(int(self.grace_sig))
+        if not child.wait_group(self.opts.grace):
+            child.signal(signal.SIGTERM)
+            if not child.wait_group(KILL_AFTER_TERM):
+                child.signal(signal.SIGKILL)
+                child.wait_group(KILL_AFTER_TERM)
+        return time.monotonic() - started
+
+    def _hot_shrink(self, job, drop: Sequence[str]) -> bool:
+        """Remove ``drop`` from the allocation; False when Slurm refused (the caller falls back)."""
+        from autoheal.errors import SlurmError
+        from autoheal.sbatch_helpers.runner import retry_step, say
+
+        if not drop or self.slurm is None:
+            return bool(not drop)
+        keep = [n for n in job.nodes if n not in drop]
+        try:
+            retry_step(lambda: self.slurm.shrink_job(self.ident.job_id, keep), self.opts_budget(),
+                       f"release {','.join(drop)} from job {self.ident.job_id}")
+        except SlurmError as exc:
+            say(f"warning: cannot release {','.join(drop)} from job {self.ident.job_id}: {exc}")
+            return False
+        return True
+
+    def _hot_swap(self, child, decision: hs.Decision, job, trigger: str) -> Union[None, str, int]:
+        waited = self._stop_step(child)
+        fresh = self._job() or job
+        latest = self._resume_point(self.checkpoint_dir)
+        step = self._progress_step(latest, self.checkpoint_dir)
+        before = (self.hot, self.swaps)
+        self.hot, self.swaps = decision.after, self.swaps + 1
+        # The comment first: once a running job was resized, Slurm 22.05 without accounting refuses
+        # every update of it ("the DB index is being set", after 5 s of retries inside scontrol) until
+        # it ends or is requeued (see hot_fault for a job Slurm resized itself).
+        self._hot_comment()
+        self.comment.resumed, self.comment.state = step, "running"
+        self.write_comment()
+        if not self._hot_shrink(fresh, [n for n in decision.drop if n in fresh.nodes]):
+            self.hot, self.swaps = before
+            self._hot_comment()
+            if trigger == "signal":
+                return None  # the requeue path, away from the node
+            return self._hot_requeue(child, decision, fresh)
+        self.resized = True
+        self.received = None
+        self._write_spares()
+        lost, took = ",".join(decision.lost), ",".join(decision.swapped_in)
+        what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
+                f"{lost} lost, elastic job continues on {len(self.hot.active)} node(s)"
+                + (f" (spare {took} taken)" if took else ""))
+        self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); resuming "
+                    f"from checkpoint step {step} on {','.join(self.hot.active)}; no requeue "
+                    f"({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
+                    lost=lost, spare=took, active=",".join(self.hot.active), spares=",".join(self.hot.spares),
+                    checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps)
+        self._next_resume = latest
+        return "restart"
+
+    def hot_restart(self, argv: Sequence[str]):
+        """The user's script again, on the new active nodes, resuming from the newest valid checkpoint."""
+        from autoheal.sbatch_helpers.runner import Child, build_env
+
+        latest = getattr(self, "_next_resume", None)
+        env = build_env(self.env, checkpoint_dir=self.checkpoint_dir, restart_count=self.ident.restart_count,
+                        resume_from=str(latest) if latest else None, reason=SWAP_REASON,
+                        grace_signal=self.opts.signal)
+        env["AUTOHEAL_SWAP_COUNT"] = str(self.swaps)
+        return Child(argv, self._hot_env(env), reap_all=self.adopt_orphans)
+
+    def _hot_requeue(self, child, decision: hs.Decision, job) -> int:
+        """The step died with a node and no spare can replace it: requeue away from it (as after a drain)."""
+        from autoheal.sbatch_helpers.runner import EXIT_MAX_RESTARTS
+
+        lost_nodes = self._nodes(list(decision.lost))
+        cause = causes.node_problem(lost_nodes) or causes.Cause(
+            causes.NODE_FAILURE, decision.lost[0] if decision.lost else "",
+            "removed from the allocation by Slurm (node failure)")
+        nodes = self._nodes(sorted(set(job.nodes) | set(decision.lost)))
+        latest = self._resume_point(self.checkpoint_dir)
+        step = self._progress_step(latest, self.checkpoint_dir)
+        evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=decision.why,
+                        child_exit=child.status, job_state=job.state)
+        if self.ident.restart_count >= self.opts.max_restarts:
+            self.comment.last, self.comment.step = cause.label(), step
+            return self.finish("max-restarts", EXIT_MAX_RESTARTS,
+                               f"job {self.ident.job_id}: {cause.kind} after {self.ident.restart_count} restarts "
+                               f"(--max-restarts {self.opts.max_restarts}); not requeued, checkpoint step {step}")
+        self.requeueing = True
+        return self.requeue_and_record(self.ident.restart_count + 1, cause, step, nodes, job, evidence)
+
+    def hot_restore_size(self, job_id: str) -> None:
+        """Before a requeued hot-spare job is released: ask for the spares again, as a range, so the job
+        starts with fewer spares rather than wait for all of them (sbatch's --nodes=min-max)."""
+        from autoheal.errors import SlurmError
+        from autoheal.sbatch_helpers.runner import say
+
+        want = int(getattr(self.opts, "active_nodes", 0) or 0)
+        if not want or self.slurm is None:
+            return
+        spec = f"{want}-{want + self.opts.spare_nodes}"
+        try:
+            self.slurm.update_job(job_id, NumNodes=spec)
+        except SlurmError as exc:
+            say(f"warning: cannot ask for the spares again (NumNodes={spec}): {exc}")
+
+    def _write_spares(self) -> None:
+        if self.shim_dir is not None:
+            try:
+                hs.write_spares(self.shim_dir, self.hot.spares)
+            except OSError as exc:
+                from autoheal.sbatch_helpers.runner import say
+
+                say(f"warning: cannot update the srun shim's spares: {exc}")
+

@@ -1,0 +1,214 @@
+"""Hot spares inside the allocation (``autoheal sbatch --spare-nodes 1``) on a real lab cluster.
+
+One lab for the module: 4 nodes x 2 fake GPUs, hooks and xid-watch on every node, and
+``SlurmdTimeout=10`` so that a node whose slurmd died is declared DOWN in ~10-20 s, not ~60-80 s.
+Each test submits the tiny trainer on 2 active nodes + 1 spare and breaks a node that is not the batch
+host (that one cannot leave the allocation: a fault there is a requeue, as without spares).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import autoheal.sbatch_helpers as sbh
+from autoheal.journal import Journal
+from autoheal.lab.cluster import Lab
+from autoheal.lab.gpus import inject
+from autoheal.slurm.cli_backend import CliSlurm
+
+TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
+PY = sys.executable
+SWAP_START = r"autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=0 host=(\S+) .*reason=hot-spare-swap"
+
+
+class HsLab:
+    def __init__(self, lab: Lab):
+        from autoheal.config import load_config
+
+        self.lab = lab
+        self.layout = lab.layout()
+        self.env = lab.slurm_env()
+        self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
+        self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
+
+    def submit(self, workdir: Path, *extra: str) -> tuple:
+        script = workdir / "job.sh"
+        script.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {workdir}/out.txt\n"
+                          f"srun {PY} {TRAINER} --steps 100000 --step-seconds 0.1 --checkpoint-every 10\n")
+        res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--spare-nodes", "1", "--grace", "30",
+                              *extra, "--parsable", str(script)], cwd=workdir, env=self.env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        jid = res.stdout.strip().split(";")[0]
+        out = workdir / "out.txt"
+        active, spares = wait_text(out, r"hot spares: steps run on (\S+); idle spare\(s\) (\S+)", 60)[0]
+        wait_text(out, r"checkpoint saved step=(\d+)", 60, count=2)
+        job = self.slurm.get_job(jid)
+        assert job.running and len(job.nodes) == 3, job
+        victim = next(n for n in active.split(",") if n != job.batch_host)
+        return jid, out, job.batch_host, victim, spares
+
+    def cleanup(self, jid: str, nodes=()) -> None:
+        subprocess.run(["scancel", jid], env=self.env, capture_output=True, timeout=30)
+        self.heal(nodes)
+
+    def heal(self, nodes) -> None:
+        for node in nodes:  # heal: GPUs, the hooks' fault record (else the next prolog sees the XID), Slurm
+            for gpu in range(self.layout.gpus):
+                inject(self.lab, node, gpu, "clear")
+            subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
+                           env=dict(self.env, **self.lab.node_env(node)), capture_output=True, timeout=30)
+            n = self.slurm.get_node(node)
+            if n.drain or n.down:
+                self.slurm.resume(node)
+        wait_for(lambda: all(not self.slurm.get_node(n).drain for n in nodes), 30, "healed nodes back in service")
+
+    def swap_records(self, jid: str):
+        return [r for r in self.journal.read(job=jid) if r.event == "job-hot-swap"]
+
+
+def wait_text(path: Path, pattern: str, timeout: float, count: int = 1) -> list:
+    rx = re.compile(pattern, re.M)
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found = rx.findall(text)
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"{pattern!r} x{count} not in {path} within {timeout}s; output:\n{text[-3000:]}")
+
+
+def wait_for(pred, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = pred()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"{what} not seen within {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def hslab(tmp_path_factory):
+    from conftest import _require_slurm
+
+    _require_slurm()
+    lab = Lab(tmp_path_factory.mktemp("hotsparelab"))
+    try:
+        lab.up(nodes=4, gpus=2, spares=0, hooks=True, xid_watch=True, install=False,
+               extra_conf=["SlurmdTimeout=10"])
+        yield HsLab(lab)
+    finally:
+        lab.down()
+
+
+def _resumed_at_checkpoint(text: str, starts: list) -> int:
+    saved = re.findall(r"preempted step=(\d+) state=\S+ checkpoint=(\S+)", text)
+    assert saved and saved[-1][1] != "none", text[-2000:]
+    step = int(saved[-1][0])
+    assert {int(s) for s, _, _ in starts} == {step}, (starts, saved)
+    return step
+
+
+def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
+    jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    try:
+        inject(hslab.lab, victim, 1, "xid", xid=79)
+        starts = wait_text(out, SWAP_START, 60, count=2)
+        text = out.read_text()
+        step = _resumed_at_checkpoint(text, starts)
+        assert {h for _, _, h in starts} == {batch, spare}, starts
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0, job  # no requeue
+        assert set(job.nodes) == {batch, spare}, job.nodes  # the bad node left the allocation
+        node = hslab.slurm.get_node(victim)
+        assert node.drain and node.reason.startswith("autoheal: xid 79"), node
+        assert "ALLOCATED" not in node.state_text and "MIXED" not in node.state_text, node.state_text
+        recs = hslab.swap_records(jid)
+        assert recs and recs[0].node == victim and recs[0].evidence["spare"] == spare, recs
+        assert recs[0].evidence["checkpoint_step"] == str(step)
+        # the comment was written before the resize (Slurm refuses updates of a resized job without
+        # accounting): it already names the new active nodes and the swap
+        assert re.search(rf"nodes={batch},{spare} .*spares=none swaps=1", job.comment), job.comment
+        wait_text(out, rf"step={step + 5}$", 30)
+    finally:
+        hslab.cleanup(jid, [victim])
+
+
+def test_slurmd_killed_node_down_swaps_in_the_spare(hslab, tmp_path):
+    jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    try:
+        hslab.lab.stop_slurmd(victim)
+        starts = wait_text(out, SWAP_START, 90, count=2)
+        assert {h for _, _, h in starts} == {batch, spare}, starts
+        saved = {int(s) for s in re.findall(r"checkpoint saved step=(\d+)", out.read_text())}
+        assert {int(s) for s, _, _ in starts} <= saved, starts  # the newest checkpoint before the death
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0 and set(job.nodes) == {batch, spare}, job
+        node = hslab.slurm.get_node(victim)
+        assert node.down or not node.responding, node
+        recs = hslab.swap_records(jid)
+        assert recs and recs[0].node == victim and recs[0].evidence["trigger"].startswith("exit"), recs
+    finally:
+        hslab.lab.start_slurmd(victim)
+        wait_for(lambda: hslab.slurm.get_node(victim).responding, 60, f"{victim} responding again")
+        hslab.cleanup(jid, [victim])
+
+
+def test_two_faults_first_uses_the_spare_second_requeues(hslab, tmp_path):
+    jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    try:
+        inject(hslab.lab, victim, 1, "xid", xid=79)
+        wait_text(out, SWAP_START, 60, count=2)
+        hslab.heal([victim])  # repaired meanwhile: the 4-node lab has 3 healthy nodes for the requeued job
+        inject(hslab.lab, spare, 1, "xid", xid=79)  # now active, and no spare left
+        try:
+            again = wait_text(out, r"autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=1 host=(\S+)",
+                              90, count=2)
+        except AssertionError:
+            raise AssertionError(f"not restarted: {hslab.slurm.get_job(jid)}") from None
+        text = out.read_text()
+        saved = re.findall(r"preempted step=(\d+) state=\S+ checkpoint=(\S+)", text)
+        assert len(saved) == 2 and {int(s) for s, _, _ in again} == {int(saved[-1][0])}, (again, saved)
+        assert spare not in {h for _, _, h in again}, again
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 1, job
+        events = [r.event for r in hslab.journal.read(job=jid)]
+        assert "job-hot-swap" in events and "job-requeue" in events, events
+        # the requeued run asks for its spare again (NumNodes=2-3) and runs, with or without one
+        assert text.count("hot spares: steps run on") == 2, text[-2000:]
+    finally:
+        hslab.cleanup(jid, [victim, spare])
+
+
+def test_elastic_job_goes_on_with_fewer_nodes_once_the_spare_is_used(hslab, tmp_path):
+    jid, out, batch, victim, spare = hslab.submit(tmp_path, "--min-nodes", "1")
+    try:
+        inject(hslab.lab, victim, 1, "xid", xid=79)
+        wait_text(out, SWAP_START, 60, count=2)
+        # no spare left: --min-nodes 1 lets it go on alone. The second node dies (slurmd stopped): Slurm
+        # removes it itself; a drained one would need a second resize, which 22.05 without accounting refuses
+        hslab.lab.stop_slurmd(spare)
+        starts = wait_text(out, SWAP_START, 90, count=3)
+        step, _, host = starts[-1]
+        text = out.read_text()
+        assert host == batch and re.search(rf"start step={step} \S+ restart=0 host={batch} rank=0 world=1 ", text)
+        assert int(step) in {int(s) for s in re.findall(r"checkpoint saved step=(\d+)", text)}, starts
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0 and list(job.nodes) == [batch], job
+        recs = hslab.swap_records(jid)
+        assert [r.evidence["kind"] for r in recs] == ["swap", "shrink"], recs
+        wait_text(out, rf"step={int(step) + 5}$", 30)
+    finally:
+        hslab.lab.start_slurmd(spare)
+        wait_for(lambda: hslab.slurm.get_node(spare).responding, 60, f"{spare} responding again")
+        hslab.cleanup(jid, [victim, spare])
