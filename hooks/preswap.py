@@ -161,6 +161,7 @@ def maybe_preswap(ctx, results: Sequence[C.CheckResult], now: Optional[float] = 
     a drain while a sign is left. None: no sign, a real fault beside it, or a node not eligible: the
     caller goes on as without this module. Raises SlurmError like the rest of the pass."""
     from autoheal import nodeops
+    from autoheal.errors import SlurmError
     from autoheal.reasons import PRESWAP, is_preswap, make_reason, strip_reason_suffix
 
     h = ctx.hooks
@@ -171,13 +172,18 @@ def maybe_preswap(ctx, results: Sequence[C.CheckResult], now: Optional[float] = 
     found = signs(results, ctx.store.read(), h, now, ctx.node)
     if not found or faults_beside(results, enabled):
         return None
-    node = ctx.slurm.get_node(ctx.node)
-    current = strip_reason_suffix(node.reason)
-    if node.drain or node.down:
-        if is_preswap(current):  # drained for a sign already: keep it while a sign is left
-            return {"action": ACTION, "outcome": "kept", "reason": current, "signs": [s.text for s in found]}
-        return None  # someone's drain (or our fault drain) is there: today's path
-    ids, why = eligible(ctx.slurm.list_jobs(node=ctx.node), ctx.node, h.runner_comment)
+    try:
+        node = ctx.slurm.get_node(ctx.node)
+        current = strip_reason_suffix(node.reason)
+        if node.drain or node.down:
+            if is_preswap(current):  # drained for a sign already: keep it while a sign is left
+                return {"action": ACTION, "outcome": "kept", "reason": current, "signs": [s.text for s in found]}
+            return None  # someone's drain (or our fault drain) is there: today's path
+        ids, why = eligible(ctx.slurm.list_jobs(node=ctx.node), ctx.node, h.runner_comment)
+    except SlurmError:
+        # slurmctld not answering (or an answer we cannot use): today's path, which for a failing sign
+        # meets the same error in drain_for and says so; a warning alone stays a warning
+        return None
     if not ids:
         return None
     sign = found[0]

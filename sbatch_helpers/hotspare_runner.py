@@ -91,6 +91,7 @@ class HotSpareRun:
     # ---- pre-emptive swap --------------------------------------------------------------------------
     _preswap: Optional[dict] = None
     _preswap_next = 0.0
+    _preswap_given_up: frozenset = frozenset()
 
     def hot_preswap(self, child) -> Union[None, str, int]:
         """Called while the step runs. An active node drained for a pre-emptive swap (the health check saw
@@ -112,7 +113,8 @@ class HotSpareRun:
         ckdir = self.checkpoint_dir
         pending = self._preswap
         if pending is None:
-            found = hs.preswap_targets(self.hot, self._nodes(list(self.hot.active)), self.batch_host)
+            found = [t for t in hs.preswap_targets(self.hot, self._nodes(list(self.hot.active)), self.batch_host)
+                     if t[0] not in self._preswap_given_up]
             if not found:
                 return None
             step = self._progress_step(find_resume_point(ckdir, environ=self.env), ckdir)
@@ -131,10 +133,16 @@ class HotSpareRun:
         if job is None:
             return None
         self._preswap = None
-        decision = hs.judge(self.hot, list(job.nodes), pending["nodes"], self.batch_host)
+        # still drained for it (an admin may have resumed it; a fault reason means the fault path has it)
+        still = [n for n, _ in hs.preswap_targets(self.hot, self._nodes(pending["nodes"]), self.batch_host)]
+        if not still:
+            say(f"hot spares: {','.join(pending['nodes'])} no longer drained for a pre-emptive swap; no swap")
+            return None
+        decision = hs.judge(self.hot, list(job.nodes), still, self.batch_host)
         if decision.kind != hs.SWAP:
-            say(f"hot spares: pre-emptive swap of {','.join(pending['nodes'])} not possible ({decision.why}); "
-                f"the node stays drained, the step goes on")
+            self._preswap_given_up = self._preswap_given_up | set(still)
+            say(f"hot spares: pre-emptive swap of {','.join(still)} not possible ({decision.why}); the node "
+                f"stays drained, the step goes on")
             return None
         body = pending["reason"]
         if body.startswith(PRESWAP_PREFIX):

@@ -249,3 +249,101 @@ def test_the_prolog_or_epilog_drain_of_a_sign_keeps_the_preemptive_reason(tmp_pa
     ctx, _ = ctx_for(tmp_path, slurm, [])
     assert engine.drain_for(ctx, pending_remap())["outcome"].startswith("skipped")
     assert slurm.calls == []
+
+
+def test_maybe_preswap_leaves_a_warning_alone_when_slurmctld_does_not_answer(tmp_path):
+    from autoheal.errors import SlurmUnavailable
+
+    class Down(Slurm):
+        def get_node(self, name):
+            raise SlurmUnavailable("no answer")
+
+    thermal = C.check_clocks(GpuSample(0, ok=True, clock_events=C.CLOCKS_HW_SLOWDOWN), node="n1")[0]
+    ctx, _ = ctx_for(tmp_path, Down([job()]), [thermal])
+    assert P.maybe_preswap(ctx, [thermal]) is None
+
+
+# ---- the runner: notice, wait for the next checkpoint, swap ----------------------------------------------
+
+class RunnerSlurm:
+    def __init__(self, job_, nodes):
+        self.job, self.nodes, self.calls = job_, list(nodes), []
+
+    def get_job(self, job_id):
+        return self.job
+
+    def list_nodes(self):
+        return self.nodes
+
+    def set_job_comment(self, job_id, comment):
+        self.calls.append(("comment", comment))
+
+    def shrink_job(self, job_id, keep):
+        self.calls.append(("shrink", list(keep)))
+
+
+class NoChild:
+    group_alive = False
+
+
+def preswap_runner(tmp_path, reason):
+    from autoheal.journal import Journal
+    from autoheal.sbatch_helpers import hotspare_runner as hsr
+    from autoheal.sbatch_helpers import runner as r
+
+    j = Job("42", "RUNNING", ("g1", "g2", "g3"), comment="autoheal-runner", batch_host="g1", raw_id="42")
+    nodes = [Node("g1", "ALLOCATED"), Node("g2", "ALLOCATED", frozenset({"DRAIN"}), reason), Node("g3", "ALLOCATED")]
+    slurm = RunnerSlurm(j, nodes)
+    journal = Journal(tmp_path / "journal.jsonl", fsync=False)
+    opts = r.RunnerOptions(checkpoint_dir=str(tmp_path / "ck"), grace=10, spare_nodes=1, active_nodes=2)
+    runner = r.Runner(opts, r.JobIdentity("42", "42", 0, submit_dir=str(tmp_path)), slurm=slurm, journal=journal,
+                      env={"PATH": "/usr/bin:/bin"}, sacct=lambda _j: None, adopt_orphans=False)
+    runner.hot, runner.batch_host = hs.NodeSets(("g1", "g2"), ("g3",)), "g1"
+    runner.checkpoint_dir = str(tmp_path / "ck")
+    (tmp_path / "ck").mkdir()
+
+    def poll():
+        runner._preswap_next = 0.0
+        return runner.hot_preswap(NoChild())
+
+    return runner, slurm, journal, poll, hsr
+
+
+def test_runner_swaps_a_preemptively_drained_node_at_the_next_checkpoint(tmp_path):
+    from autoheal.sbatch_helpers.progress import report_progress
+
+    reason = "autoheal: pre-emptive swap: row remap pending on GPU 0 of g2"
+    runner, slurm, journal, poll, _ = preswap_runner(tmp_path, reason)
+    report_progress(10, tmp_path / "ck")
+    assert poll() is None  # noticed at step 10
+    assert [rec.event for rec in journal.read()] == ["job-preswap-pending"]
+    assert poll() is None and slurm.calls == []  # no new checkpoint yet: the step goes on
+    report_progress(20, tmp_path / "ck")
+    assert poll() == "restart"
+    assert ("shrink", ["g1", "g3"]) in slurm.calls
+    assert runner.hot == hs.NodeSets(("g1", "g3"), ()) and runner.swaps == 1 and runner.resized
+    rec = [x for x in journal.read() if x.event == "job-hot-swap"][0]
+    assert rec.node == "g2" and rec.evidence["preemptive"] and rec.evidence["checkpoint_step"] == "20"
+    assert rec.evidence["trigger"] == "pre-emptive swap at checkpoint step 20: row remap pending on GPU 0 of g2"
+    assert rec.severity == "action"  # notified like any swap
+    assert any(c[0] == "comment" and "swaps=1" in c[1] for c in slurm.calls)
+    assert poll() is None  # no spare left (and resized): nothing more
+
+
+def test_runner_does_not_swap_a_node_no_longer_drained_for_it(tmp_path):
+    from autoheal.sbatch_helpers.progress import report_progress
+
+    runner, slurm, journal, poll, _ = preswap_runner(tmp_path, "autoheal: pre-emptive swap: x on GPU 0 of g2")
+    report_progress(10, tmp_path / "ck")
+    assert poll() is None
+    slurm.nodes[1] = Node("g2", "ALLOCATED")  # an admin resumed it meanwhile
+    report_progress(20, tmp_path / "ck")
+    assert poll() is None and not [c for c in slurm.calls if c[0] == "shrink"] and runner.swaps == 0
+
+
+def test_runner_ignores_fault_drains_there_the_fault_path_decides(tmp_path):
+    from autoheal.sbatch_helpers.progress import report_progress
+
+    runner, slurm, journal, poll, _ = preswap_runner(tmp_path, "autoheal: xid 79 on GPU 0 of g2: fallen off the bus")
+    report_progress(10, tmp_path / "ck")
+    assert poll() is None and list(journal.read()) == []
