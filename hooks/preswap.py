@@ -159,7 +159,8 @@ def maybe_preswap(ctx, results: Sequence[C.CheckResult], now: Optional[float] = 
                   dry_run: bool = False) -> Optional[Dict[str, Any]]:
     """Drain for a warning sign when the node runs only hot-spare jobs that can swap it out, or keep such
     a drain while a sign is left. None: no sign, a real fault beside it, or a node not eligible: the
-    caller goes on as without this module. Raises SlurmError like the rest of the pass."""
+    caller goes on as without this module (also when slurmctld does not answer the looks; the drain
+    itself raises SlurmError like ``drain_for``)."""
     from autoheal import nodeops
     from autoheal.errors import SlurmError
     from autoheal.reasons import PRESWAP, is_preswap, make_reason, strip_reason_suffix
@@ -179,7 +180,7 @@ def maybe_preswap(ctx, results: Sequence[C.CheckResult], now: Optional[float] = 
             if is_preswap(current):  # drained for a sign already: keep it while a sign is left
                 return {"action": ACTION, "outcome": "kept", "reason": current, "signs": [s.text for s in found]}
             return None  # someone's drain (or our fault drain) is there: today's path
-        ids, why = eligible(ctx.slurm.list_jobs(node=ctx.node), ctx.node, h.runner_comment)
+        ids, _why = eligible(ctx.slurm.list_jobs(node=ctx.node), ctx.node, h.runner_comment)
     except SlurmError:
         # slurmctld not answering (or an answer we cannot use): today's path, which for a failing sign
         # meets the same error in drain_for and says so; a warning alone stays a warning
