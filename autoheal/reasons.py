@@ -13,6 +13,12 @@ PREFIX = "autoheal: "
 #: Drains that mirror a Kubernetes cordon/taint/condition (written by ``autoheal sync``). The node side
 #: must not adopt these as its own health drains: a GPU fault found on such a node replaces the reason.
 K8S_PREFIX = "autoheal: k8s: "
+#: Drains the health check makes on warning signs (pending row remap, thermal slowdown, ...) of a node
+#: that runs the active step of a hot-spare job (``autoheal sbatch --spare-nodes``): the job keeps running
+#: (DRAIN lets it) and its runner swaps the node for a spare at the next checkpoint. Not a fault: xid-watch
+#: sends no grace signal and requeues nothing for it.
+PRESWAP = "pre-emptive swap"
+PRESWAP_PREFIX = PREFIX + PRESWAP + ": "
 #: Slurm stores reasons of any length, but sinfo -R truncates and reasons travel into Kubernetes
 #: annotations and webhook messages: keep them short enough to read in one line.
 MAX_REASON_LEN = 200
@@ -53,6 +59,11 @@ def is_ours(reason: str | None) -> bool:
 def is_k8s_origin(reason: str | None) -> bool:
     """True for drains ``autoheal sync`` made because of Kubernetes (cordon, taint, condition)."""
     return bool(reason) and reason.strip().startswith(K8S_PREFIX.strip())
+
+
+def is_preswap(reason: str | None) -> bool:
+    """True for the drain reason of a pre-emptive swap (``autoheal: pre-emptive swap: ...``)."""
+    return bool(reason) and strip_reason_suffix(reason).startswith(PRESWAP_PREFIX.strip())
 
 
 def strip_reason_suffix(reason: str | None) -> str:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
+from autoheal.hooks import preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
@@ -172,14 +173,17 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_k8s_origin, is_ours, make_reason, strip_reason_suffix
+    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, make_reason, strip_reason_suffix
 
     reason = make_reason(failure.reason)
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
-    # or sync would never see the fault and the hooks would later "resume" a cordoned node.
-    if (node.drain or node.down) and current and is_ours(current) and not is_k8s_origin(current):
+    # or sync would never see the fault and the hooks would later "resume" a cordoned node. Nor is a
+    # pre-emptive swap's (hooks/preswap.py): a real fault (not one of the warning signs) replaces it, so
+    # xid-watch signals the jobs.
+    replace = is_k8s_origin(current) or (is_preswap(current) and not preswap.is_sign(failure, ctx.hooks))
+    if (node.drain or node.down) and current and is_ours(current) and not replace:
         out = nodeops.Outcome(ctx.node, nodeops.SKIPPED_SAME, current, current, dry_run)
     else:
         out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
@@ -188,7 +192,7 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         with ctx.store.locked() as st:
-            if not st.get("drain"):
+            if not st.get("drain") or is_preswap(st["drain"].get("reason")):
                 st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
                                "check": failure.check, "gpu": failure.gpu}
             st["passes"] = 0
@@ -372,18 +376,27 @@ def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: 
     now = time.time() if now is None else now
     p = observe(ctx, ctx.hooks.nvml_timeout if budget is None else budget, now=now)
     try:
+        # warning signs on a node that runs a hot-spare job's active step: drained for a pre-emptive swap
+        pre = preswap.maybe_preswap(ctx, p.results, now, dry_run) if drain else None
+        if pre is not None:
+            p.actions.append(pre)
         if p.status == C.FAIL:
             with ctx.store.locked() as st:
                 st["passes"] = 0
             failure = C.worst_failure(p.results)
             if drain and failure is not None:
-                p.actions.append(drain_for(ctx, failure, dry_run))
+                if pre is None:
+                    p.actions.append(drain_for(ctx, failure, dry_run))
                 p.actions += maybe_repair(ctx, p.results, now, dry_run)
             p.exit_code = EXIT_FAIL
         elif p.status == C.UNKNOWN:
             with ctx.store.locked() as st:
                 st["passes"] = 0
             p.exit_code = EXIT_UNKNOWN
+        elif pre is not None:  # only warnings, but the node is drained for one of them: not healthy yet
+            with ctx.store.locked() as st:
+                st["passes"] = 0
+            p.exit_code = EXIT_OK
         else:
             with ctx.store.locked() as st:
                 st["passes"] = int(st.get("passes", 0)) + 1

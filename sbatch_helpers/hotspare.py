@@ -182,3 +182,28 @@ def comment_spares(spares: Sequence[str]) -> str:
 
 def parse_comment_nodes(value: str) -> List[str]:
     return [] if value in ("", NONE) else [n for n in value.split(",") if n]
+
+
+def preswap_targets(sets: NodeSets, nodes: Iterable, batch_host: str = "") -> List[Tuple[str, str]]:
+    """Active nodes (never the batch host) the health check drained for a pre-emptive swap, with the
+    reason: ``[("gpu2", "autoheal: pre-emptive swap: row remap pending on GPU 0 of gpu2")]``."""
+    from autoheal.reasons import is_preswap, strip_reason_suffix
+
+    out = []
+    for n in nodes:
+        if n.name in sets.active and n.name != batch_host and (n.drain or n.down) and is_preswap(n.reason):
+            out.append((n.name, strip_reason_suffix(n.reason)))
+    return sorted(out, key=lambda t: sets.active.index(t[0]))
+
+
+def checkpoint_taken(at_notice: str, now: str) -> bool:
+    """A new checkpoint (or progress mark) since the pre-emptive drain was noticed."""
+    return now not in ("", "none") and now != at_notice
+
+
+def preswap_only(node) -> bool:
+    """Drained for a pre-emptive swap and otherwise fine: not a fault (the runner swaps it at a
+    checkpoint, a fault on another node does not count it as lost)."""
+    from autoheal.reasons import is_preswap
+
+    return bool(node.drain and not node.down and node.responding and is_preswap(node.reason))

@@ -33,6 +33,9 @@ from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers import hotspare as hs
 from autoheal.sbatch_helpers.comment import node_unhealthy
 
+#: Seconds between the runner's looks at its active nodes for a pre-emptive-swap drain (one
+#: ``scontrol show node``) and, once one is seen, at the checkpoint directory.
+PRESWAP_POLL = 5.0
 SWAP_REASON = "hot-spare-swap"  # AUTOHEAL_REQUEUE_REASON of a step started on a spare
 #: Seconds before a second look when the step ended non-zero and no node of the job is unhealthy yet.
 RECHECK_SECONDS = 2.0
@@ -85,6 +88,67 @@ class HotSpareRun:
         self.comment.spares = hs.comment_spares(self.hot.spares)
         self.comment.swaps = str(self.swaps) if self.swaps else ""
 
+    # ---- pre-emptive swap --------------------------------------------------------------------------
+    _preswap: Optional[dict] = None
+    _preswap_next = 0.0
+    _preswap_given_up: frozenset = frozenset()
+
+    def hot_preswap(self, child) -> Union[None, str, int]:
+        """Called while the step runs. An active node drained for a pre-emptive swap (the health check saw
+        a warning sign: ``autoheal: pre-emptive swap: ...``) is swapped for a spare at the trainer's next
+        checkpoint, as after a fault. Returns "restart" after the swap, an exit code if the swap failed
+        and the job was requeued, else None (nothing to do, or wait). Without a spare, or once this run
+        resized the job (Slurm 22.05 refuses a second resize), the node is left to today's path."""
+        from autoheal.reasons import PRESWAP_PREFIX
+        from autoheal.sbatch_helpers.checkpoint import find_resume_point
+        from autoheal.sbatch_helpers.runner import say
+
+        if self.hot is None or not self.hot.spares or self.resized:
+            self._preswap = None
+            return None
+        now = time.monotonic()
+        if now < self._preswap_next:
+            return None
+        self._preswap_next = now + PRESWAP_POLL
+        ckdir = self.checkpoint_dir
+        pending = self._preswap
+        if pending is None:
+            found = [t for t in hs.preswap_targets(self.hot, self._nodes(list(self.hot.active)), self.batch_host)
+                     if t[0] not in self._preswap_given_up]
+            if not found:
+                return None
+            step = self._progress_step(find_resume_point(ckdir, environ=self.env), ckdir)
+            node, reason = found[0]
+            self._preswap = {"nodes": [n for n, _ in found], "reason": reason, "step": step}
+            self.record("job-preswap-pending", f"job {self.ident.job_id}: {node} drained ({reason}); swapping it "
+                        f"for a spare at the next checkpoint (now at step {step})", "info", node=node,
+                        reason=reason, checkpoint_step=step)
+            self._preswap_next = 0.0  # from now on look at the checkpoints on every poll
+            return None
+        step = self._progress_step(find_resume_point(ckdir, environ=self.env), ckdir)
+        if not hs.checkpoint_taken(pending["step"], step):
+            self._preswap_next = now + 0.5
+            return None
+        job = self._job()
+        if job is None:
+            return None
+        self._preswap = None
+        # still drained for it (an admin may have resumed it; a fault reason means the fault path has it)
+        still = [n for n, _ in hs.preswap_targets(self.hot, self._nodes(pending["nodes"]), self.batch_host)]
+        if not still:
+            say(f"hot spares: {','.join(pending['nodes'])} no longer drained for a pre-emptive swap; no swap")
+            return None
+        decision = hs.judge(self.hot, list(job.nodes), still, self.batch_host)
+        if decision.kind != hs.SWAP:
+            self._preswap_given_up = self._preswap_given_up | set(still)
+            say(f"hot spares: pre-emptive swap of {','.join(still)} not possible ({decision.why}); the node "
+                f"stays drained, the step goes on")
+            return None
+        body = pending["reason"]
+        if body.startswith(PRESWAP_PREFIX):
+            body = body[len(PRESWAP_PREFIX):]
+        return self._hot_swap(child, decision, job, f"pre-emptive swap at checkpoint step {step}: {body}")
+
     # ---- faults ----------------------------------------------------------------------------------
     def hot_fault(self, child, trigger: str) -> Union[None, str, int]:
         """A fault signal came, or the user's script ended non-zero. Returns "restart" (a swap was made:
@@ -105,7 +169,7 @@ class HotSpareRun:
                 return None
             allocation = list(job.nodes)
             names = sorted(set(allocation) | set(self.hot.all))
-            unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n)]
+            unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n) and not hs.preswap_only(n)]
             decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host,
                                 int(getattr(self.opts, "min_nodes", 0) or 0))
             if decision.kind != hs.NOTHING:
@@ -207,7 +271,8 @@ class HotSpareRun:
                     f"from checkpoint step {step} on {','.join(self.hot.active)}; no requeue "
                     f"({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
                     lost=lost, spare=took, active=",".join(self.hot.active), spares=",".join(self.hot.spares),
-                    checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps)
+                    checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps,
+                    preemptive=trigger.startswith("pre-emptive"))
         self._next_resume = latest
         return "restart"
 

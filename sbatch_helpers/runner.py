@@ -482,6 +482,12 @@ class Runner(HotSpareRun):
                     return self.interrupted(child, self.received, deadline_hit=False)
                 if deadline is not None and self.clock() >= deadline:
                     return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
+                act = self.hot_preswap(child) if self.hot is not None else None
+                if act == "restart":
+                    child = self.hot_restart(argv)
+                    continue
+                if isinstance(act, int):
+                    return act
                 time.sleep(POLL)
             code = child.status if child.status is not None else 1
             if self.hot is not None and (self.received is not None or code != 0):

@@ -22,6 +22,8 @@ CHECK_NAMES = ("gpu-count", "gpu-lost", "xid", "ecc", "remapped-rows", "retired-
 #: signal must be one a job can catch.
 GRACE_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "TSTP", "TTIN",
                  "TTOU", "XCPU")
+#: Warning signs that precede GPU failures, for the pre-emptive swap of hot-spare jobs (hooks/preswap.py).
+PRESWAP_SIGNS = ("remap-pending", "ecc-rate", "xid", "thermal", "pcie", "nvlink")
 _XID_KEY = re.compile(r"[1-9][0-9]{0,5}")
 
 
@@ -128,6 +130,23 @@ class HooksSection:
                                    "repair escalates to the next rung (reset -> reboot -> replace).",
                                    min=60, max=365 * 86400)
 
+    # ---- pre-emptive swap (hot-spare jobs) --------------------------------------------------------
+    preswap_signs: List[str] = setting(default_factory=lambda: list(PRESWAP_SIGNS), doc="Warning signs on which "
+                                       "the healthcheck drains a node that runs the active step of an `autoheal "
+                                       "sbatch --spare-nodes` job with a spare left, with the reason `autoheal: "
+                                       "pre-emptive swap: ...`: the job goes on and its runner swaps the node for "
+                                       "a spare at the next checkpoint. Among: " + ", ".join(PRESWAP_SIGNS)
+                                       + " (remap-pending: row remap / page retirement pending; ecc-rate: XID 92, "
+                                       "high correctable ECC rate; xid: preswap_xids repeated; thermal: thermal/HW "
+                                       "slowdown or temperature_warn; pcie: link degraded; nvlink: link down). "
+                                       "Other nodes are handled as without it. Empty: off.")
+    preswap_xids: List[int] = setting(default_factory=lambda: [63, 64], doc="XIDs whose repetition on one GPU is "
+                                      "a warning sign (sign 'xid'): 63 row remap recorded, 64 row remap failure.")
+    preswap_xid_repeat: int = setting(2, doc="Times one of preswap_xids must be seen on one GPU within "
+                                      "preswap_xid_window to be a warning sign.", min=1, max=10000)
+    preswap_xid_window: float = setting(3600.0, doc="Seconds over which preswap_xids are counted (since the "
+                                        "GPU's last repair).", min=60, max=7 * 86400)
+
     def validate(self) -> None:
         for name in self.disabled_checks:
             if name not in CHECK_NAMES:
@@ -142,6 +161,13 @@ class HooksSection:
             if value not in XID_POLICIES:
                 raise ConfigError(f"hooks.xid_policy.{key}: {value!r} is not allowed; use one of "
                                   + ", ".join(XID_POLICIES))
+        for name in self.preswap_signs:
+            if name not in PRESWAP_SIGNS:
+                raise ConfigError(f"hooks.preswap_signs: unknown warning sign {name!r}; use one of "
+                                  + ", ".join(PRESWAP_SIGNS))
+        for xid in self.preswap_xids:
+            if not (isinstance(xid, int) and not isinstance(xid, bool) and 0 < xid < 1000000):
+                raise ConfigError(f"hooks.preswap_xids: {xid!r} is not an XID number")
         if self.temperature_warn > self.temperature_max:
             raise ConfigError("hooks.temperature_warn: must not exceed hooks.temperature_max")
         for key in ("grace_signal", "runner_signal"):

@@ -212,3 +212,39 @@ def test_elastic_job_goes_on_with_fewer_nodes_once_the_spare_is_used(hslab, tmp_
         hslab.lab.start_slurmd(spare)
         wait_for(lambda: hslab.slurm.get_node(spare).responding, 60, f"{spare} responding again")
         hslab.cleanup(jid, [victim, spare])
+
+
+def test_warning_sign_swaps_the_node_out_at_the_next_checkpoint(hslab, tmp_path):
+    """A pending row remap on an active node: the health check drains it with the pre-emptive reason (no
+    grace signal from xid-watch, the job runs on), the runner swaps it for the spare at the trainer's next
+    checkpoint and the trainer resumes there; no requeue."""
+    jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    try:
+        inject(hslab.lab, victim, 0, "remap-pending")  # also logs XID 63: a warning, no drain by xid-watch
+        # the health check (HealthCheckProgram every 30 s in the lab; run now, as Slurm would)
+        res = subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--node", victim, "--json"],
+                             env=dict(hslab.env, **hslab.lab.node_env(victim)), capture_output=True, text=True,
+                             timeout=60)
+        assert '"preswap-drain"' in res.stdout, res.stdout + res.stderr
+        reason = f"autoheal: pre-emptive swap: row remap pending on GPU 0 of {victim}"
+        node = hslab.slurm.get_node(victim)
+        assert node.drain and node.reason.startswith(reason), node
+        starts = wait_text(out, SWAP_START, 60, count=2)
+        text = out.read_text()
+        step = _resumed_at_checkpoint(text, starts)
+        assert {h for _, _, h in starts} == {batch, spare}, starts
+        notice = re.search(r"drained \(autoheal: pre-emptive swap: [^)]*\); swapping it for a spare at the next "
+                           r"checkpoint \(now at step (\d+)\)", text)
+        assert notice and int(notice.group(1)) < step, text[-3000:]
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0 and set(job.nodes) == {batch, spare}, job
+        node = hslab.slurm.get_node(victim)
+        assert node.drain and node.reason.startswith(reason), node  # drained for repair, the reason says why
+        recs = hslab.swap_records(jid)
+        assert len(recs) == 1 and recs[0].node == victim and recs[0].evidence["preemptive"], recs
+        assert recs[0].evidence["trigger"].startswith("pre-emptive swap at checkpoint step"), recs
+        assert not [r for r in hslab.journal.read(job=jid) if r.event in ("signal", "requeue", "job-requeue")]
+        assert re.search(rf"nodes={batch},{spare} .*spares=none swaps=1", job.comment), job.comment
+        wait_text(out, rf"step={step + 5}$", 30)
+    finally:
+        hslab.cleanup(jid, [victim])
