@@ -26,6 +26,12 @@ PRESWAP_PREFIX = PREFIX + PRESWAP + ": "
 #: annotations and webhook messages: keep them short enough to read in one line.
 MAX_REASON_LEN = 200
 MAX_COMMENT_LEN = 1000
+#: Job comments of jobs run by ``autoheal sbatch`` start with this marker (``autoheal-runner key=value ...
+#: | user comment``): the hooks signal such jobs' batch shell (``hooks.runner_comment`` defaults to it) and
+#: the sbatch wrapper, runner and guard write and read it.
+RUNNER_MARKER = "autoheal-runner"
+#: Between the runner's ``key=value`` state and the user's own ``--comment`` in a runner job comment.
+COMMENT_SEPARATOR = " | "
 
 _WS = re.compile(r"\s+")
 

@@ -146,3 +146,13 @@ def test_hooks_render_what_they_wrote_before(text, origin):
 def test_requeue_comment_is_what_it_was(text):
     assert parse_body(text, Origin.REQUEUED).render(max_len=1000) == make_reason(f"requeued after {text}",
                                                                                  max_len=1000)
+
+
+def test_runner_marker_is_defined_once():
+    from autoheal.config.hooks_section import HooksSection
+    from autoheal.reasons import RUNNER_MARKER
+    from autoheal.sbatch_helpers import comment, wrapper
+
+    assert wrapper.MARKER is RUNNER_MARKER and comment.MARKER is RUNNER_MARKER
+    assert HooksSection().runner_comment == RUNNER_MARKER
+    assert comment.is_runner_comment(comment.CommentState().render())
