@@ -142,7 +142,7 @@ class RestSlurm(SlurmAdapter):
             raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code}: authentication refused "
                              f"(check rest_user and the token)")
         if resp.status_code == 404 and not errors:
-            raise SlurmError(f"slurmrestd {method} {path}: HTTP 404 (endpoint not served by this slurmrestd)")
+            raise SlurmNotSupported(f"slurmrestd {method} {path}: HTTP 404 (endpoint not served by this slurmrestd)")
         if resp.status_code >= 500 and not errors:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
         if errors:
@@ -175,9 +175,7 @@ class RestSlurm(SlurmAdapter):
                     self._request("GET", f"/slurm/{candidate}/ping")
                     self._api = candidate
                     break
-                except SlurmError as exc:
-                    if "endpoint not served" not in str(exc):
-                        raise  # unreachable, auth refused, ...: the version is not the problem
+                except SlurmNotSupported as exc:  # HTTP 404: not this version; unreachable, auth refused... raise
                     last_err = exc
             if self._api is None:
                 raise SlurmError(f"slurmrestd at {self.url} serves none of {', '.join(KNOWN_VERSIONS)} ({last_err})")

@@ -511,3 +511,18 @@ def test_batch_script_goes_through_the_cli_fallback_like_requeue():
     with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
         alone.batch_script("7")
     assert alone.capabilities()["batch-script"] == ""
+
+
+def test_unserved_endpoint_is_typed_not_supported_and_version_probe_stops_on_other_errors(tcp_stub, no_sleep):
+    stub = Stub(versions=("v0.0.38",))
+    url = tcp_stub(stub)
+    slurm = RestSlurm(url, user="autoheal", token=TOKEN, retries=0)
+    with pytest.raises(SlurmNotSupported, match="endpoint not served"):
+        slurm._request("GET", "/slurm/v0.0.38/no-such-endpoint")
+    # a refused token is not "this version is missing": the probe stops at the first answer
+    stub.fail_next = [(401, {"errors": []})]
+    fresh = RestSlurm(url, user="autoheal", token=TOKEN, retries=0)
+    with pytest.raises(SlurmError, match="authentication refused") as caught:
+        fresh.api
+    assert not isinstance(caught.value, SlurmNotSupported)
+    assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.42/ping"
