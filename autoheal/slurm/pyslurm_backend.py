@@ -127,6 +127,7 @@ class PyslurmSlurm(SlurmAdapter):
         caps = super().capabilities()
         caps["reboot"] = ""
         caps["batch-script"] = ""  # not read through pyslurm (SlurmNotSupported, the base default)
+        caps["job-gpus"] = caps["job-history"] = ""  # likewise: no mapping file, no restart cause from sacct
         return caps
 
     def _numeric_id(self, job_id: str) -> int:

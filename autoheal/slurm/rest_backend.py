@@ -75,7 +75,7 @@ class RestSlurm(SlurmAdapter):
     name = "rest"
 
     #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
-    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script")
+    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script", "job-gpus", "job-history")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
                  timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):
@@ -260,6 +260,14 @@ class RestSlurm(SlurmAdapter):
         # No slurmrestd version returns a job's script (xid-watch reads its #SBATCH --signal there):
         # `scontrol write batch_script ID -`, as for requeue.
         return self._via_cli("read a job's batch script").batch_script(job_id)
+
+    def job_gpus(self, job_id: str, node: str, timeout: Optional[float] = None) -> List[int]:
+        # slurmrestd's job record has the GRES but not the per-node indices (IDX) that -d shows
+        return self._via_cli("read a job's GPU indices").job_gpus(job_id, node, timeout=timeout)
+
+    def job_state_history(self, job_id: str) -> Optional[List[str]]:
+        # slurmdbd's REST endpoints need their own token and plugin: sacct as for requeue
+        return self._via_cli("read job accounting").job_state_history(job_id)
 
     def ping(self) -> bool:
         try:

@@ -526,3 +526,17 @@ def test_unserved_endpoint_is_typed_not_supported_and_version_probe_stops_on_oth
         fresh.api
     assert not isinstance(caught.value, SlurmNotSupported)
     assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.42/ping"
+
+
+def test_job_gpus_and_history_go_through_the_cli_fallback():
+    cli = RecordingCli()
+    slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40", fallback=cli)
+    slurm.job_gpus("7", "gpu1", timeout=3)
+    slurm.job_state_history("7")
+    assert cli.calls == [("job_gpus", ("7", "gpu1"), {"timeout": 3}), ("job_state_history", ("7",), {})]
+    assert slurm.capabilities()["job-gpus"] == slurm.capabilities()["job-history"] == "cli"
+    alone = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40")
+    for call in (lambda: alone.job_gpus("7", "gpu1"), lambda: alone.job_state_history("7")):
+        with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
+            call()
+    assert alone.capabilities()["job-gpus"] == alone.capabilities()["job-history"] == ""

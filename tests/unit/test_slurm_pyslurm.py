@@ -198,3 +198,7 @@ def test_capabilities_say_what_pyslurm_cannot_do():
     assert caps["reboot"] == caps["batch-script"] == "" and caps["requeue"] == "pyslurm"
     with pytest.raises(SlurmNotSupported):
         slurm.batch_script("7")  # xid-watch then goes by the submit line and hooks.grace_signal
+    assert caps["job-gpus"] == caps["job-history"] == ""
+    for call in (lambda: slurm.job_gpus("7", "gpu1"), lambda: slurm.job_state_history("7")):
+        with pytest.raises(SlurmNotSupported):
+            call()
