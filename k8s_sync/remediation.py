@@ -249,9 +249,6 @@ def is_daemonset_pod(pod: Dict[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in ((pod.get("metadata") or {}).get("ownerReferences") or []))
 
 
-_is_daemonset_pod = is_daemonset_pod  # the groundwork's name
-
-
 # ---- circuit breaker -----------------------------------------------------------------------------
 @dataclass
 class Breaker:

@@ -52,8 +52,6 @@ nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket op
 power prefer priority profile qos reservation signal sockets-per-node switches thread-spec threads-per-core
 time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap cluster M
 """.split())
-_LONG_OPTIONAL_VALUE = frozenset({"exclusive", "get-user-env", "no-kill", "propagate", "requeue", "export",
-                                  "segment"})
 _SHORT_WITH_VALUE = frozenset("AabBcCDdeFGiJLMmnNopqStwx")
 _SHORT_ALIASES = {"A": "account", "a": "array", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
                   "C": "constraint", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile",
