@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 
-from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, Reason, is_k8s_origin, is_ours, make_reason,
-                              sanitize, strip_reason_suffix)
+from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, Origin, Reason, make_reason, sanitize,
+                              strip_reason_suffix)
 
 __all__ = ["K8S_PREFIX", "ME", "is_k8s_reason", "is_health_reason"]
 ME = "autoheal"
@@ -76,13 +76,14 @@ def same_reason(current: str, desired: str) -> bool:
 
 def is_k8s_reason(reason: str) -> bool:
     """A Slurm reason autoheal wrote because of a Kubernetes signal."""
-    return is_k8s_origin(strip_reason_suffix(reason))
+    parsed = Reason.parse(reason)
+    return parsed is not None and parsed.origin is Origin.K8S
 
 
 def is_health_reason(reason: str) -> bool:
     """A Slurm reason of autoheal's own (hardware/health) drains, i.e. ours but not from Kubernetes."""
-    text = strip_reason_suffix(reason)
-    return is_ours(text) and not is_k8s_reason(text)
+    parsed = Reason.parse(reason)
+    return parsed is not None and parsed.origin is not Origin.K8S
 
 
 _WORD = re.compile(r"[A-Za-z0-9]+")

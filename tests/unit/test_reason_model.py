@@ -156,3 +156,17 @@ def test_runner_marker_is_defined_once():
     assert wrapper.MARKER is RUNNER_MARKER and comment.MARKER is RUNNER_MARKER
     assert HooksSection().runner_comment == RUNNER_MARKER
     assert comment.is_runner_comment(comment.CommentState().render())
+
+
+@given(st.text(max_size=80), st.text(max_size=300))
+def test_k8s_reasons_parse_as_k8s(what, detail):
+    from autoheal.k8s_sync.names import is_health_reason, is_k8s_reason, k8s_reason
+
+    written = k8s_reason(what, detail)
+    assert Reason.parse(written).origin is Origin.K8S
+    assert is_k8s_reason(written) and not is_health_reason(written)
+
+
+@given(st.text(max_size=100))
+def test_preswap_reason_is_what_it_was(text):
+    assert Reason(Origin.PRESWAP, detail=text).render() == make_reason("pre-emptive swap", text)
