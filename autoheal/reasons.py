@@ -207,8 +207,3 @@ def parse_body(body: str, origin: Origin = Origin.HEALTH) -> Reason:
         if found.body() == body:
             return found
     return Reason(origin=origin, detail=body)
-
-
-def parse_reason(reason: Optional[str]) -> Optional[Reason]:
-    """``Reason.parse``: the typed value of a reason read from Slurm, or None when it is not ours."""
-    return Reason.parse(reason)
