@@ -194,6 +194,17 @@ def job_outcome(message: str) -> Optional[type]:
     return None
 
 
+#: Slurm's words for "no such node/job" (slurm_strerror: ESLURM_INVALID_NODE_NAME, ESLURM_INVALID_JOB_ID, and
+#: the tools' own "not found"), shared by the three backends.
+_NOT_FOUND = ("not found", "invalid node name", "invalid job id")
+
+
+def not_found_if(message: str) -> bool:
+    """True when a Slurm error message means the named node or job does not exist."""
+    text = message.lower()
+    return any(s in text for s in _NOT_FOUND)
+
+
 def raise_typed(message: str, default: type = SlurmError) -> None:
     """Raise the typed error for ``message``: unavailable, a job outcome, or ``default``."""
     if unavailable_if(message):

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, unavailable_if, with_retries
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
@@ -62,7 +62,7 @@ class CliSlurm(SlurmAdapter):
             kind = job_outcome(msg)
             if kind is not None:
                 raise kind(f"{tool} {' '.join(args[:2])}: {msg}")
-            if "not found" in msg.lower() or "invalid node name" in msg.lower():
+            if not_found_if(msg):
                 raise SlurmNotFound(f"{tool}: {msg}")
             raise SlurmError(f"{tool} {' '.join(args[:2])}: {msg}")
         return res.stdout

@@ -25,7 +25,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, with_retries
+from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, not_found_if, with_retries
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
@@ -153,7 +153,7 @@ class RestSlurm(SlurmAdapter):
             kind = job_outcome(low)
             if kind is not None:
                 raise kind(f"slurmrestd {method} {path}: {msg}")
-            if "not found" in low or "invalid node name" in low or code in (2017, 2018):
+            if not_found_if(low) or code in (2017, 2018):
                 raise SlurmNotFound(f"slurmrestd {path}: {msg}")
             if resp.status_code >= 500 and "unable to contact" in low:
                 raise SlurmUnavailable(f"slurmrestd {path}: {msg}")

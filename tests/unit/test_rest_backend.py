@@ -540,3 +540,14 @@ def test_job_gpus_and_history_go_through_the_cli_fallback():
         with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
             call()
     assert alone.capabilities()["job-gpus"] == alone.capabilities()["job-history"] == ""
+
+
+@pytest.mark.parametrize("msg,expected", [
+    ("Invalid node name specified", True),
+    ("Invalid job id specified", True),
+    ("scontrol: error: Node gpu9 not found", True),
+    ("Invalid node state specified", False),
+    ("Access/permission denied", False),
+])
+def test_not_found_words_are_shared_by_the_backends(msg, expected):
+    assert base.not_found_if(msg) is expected

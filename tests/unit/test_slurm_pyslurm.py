@@ -165,6 +165,11 @@ def test_rpc_errors_mapped():
     with pytest.raises(SlurmError, match="pyslurm load nodes: Access/permission denied") as err:
         PyslurmSlurm(module=other).list_nodes()
     assert not isinstance(err.value, SlurmNotFound)
+    # "Invalid" alone is not "no such node": the three backends share one list of not-found words
+    state, _ = make_fake(fail="Invalid node state specified")
+    with pytest.raises(SlurmError) as err:
+        PyslurmSlurm(module=state).drain("gpu1", "x")
+    assert not isinstance(err.value, SlurmNotFound)
 
 
 def test_unsupported_reboot():
