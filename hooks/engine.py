@@ -173,9 +173,9 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, make_reason, strip_reason_suffix
+    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
 
-    reason = make_reason(failure.reason)
+    reason = parse_body(failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
@@ -280,7 +280,7 @@ def maybe_repair(ctx, results: List[C.CheckResult], now: float, dry_run: bool = 
 
 
 def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
-    from autoheal.reasons import make_reason
+    from autoheal.reasons import Origin, Reason, parse_body
 
     act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
     if dry_run:
@@ -312,7 +312,7 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
         if pending.get("boot_id") == boot_id():
             act["outcome"] = "waiting: reboot already requested"
             return act
-        reason = make_reason("reboot", r.reason)
+        reason = parse_body(r.reason, Origin.REBOOT).render()
         ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
         with ctx.store.locked() as st:
             S.record_rung(st, r.gpu, "reboot", now)
@@ -327,11 +327,10 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
     # replacement: say so in the reason; the k8s_sync remediation acts on "autoheal: replace: ..."
     from autoheal import nodeops
 
-    reason = make_reason("replace", r.reason)
+    reason = parse_body(r.reason, Origin.REPLACE).render()
     node = ctx.slurm.get_node(ctx.node)
-    from autoheal.reasons import strip_reason_suffix
-
-    if strip_reason_suffix(node.reason).startswith(make_reason("replace")):
+    current = Reason.parse(node.reason)
+    if current is not None and current.rung is Origin.REPLACE:
         act["outcome"] = "already asked"
         return act
     out = nodeops.drain(ctx.slurm, ctx.node, reason)

@@ -86,13 +86,12 @@ def backoff(tries: int, cap: float = MAX_BACKOFF) -> float:
 
 def requeue_note(reason: str) -> str:
     """The job comment of a requeue: ``autoheal: requeued after xid 79 on GPU 1 of gpu1 (...): ...``."""
-    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, make_reason
+    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, Origin, parse_body
 
     body = reason.strip()
     if body.startswith(PREFIX.strip()):
         body = body[len(PREFIX.strip()):].strip()
-    return make_reason(f"requeued after {body}" if body else "requeued after a GPU fault",
-                       max_len=MAX_COMMENT_LEN)
+    return parse_body(body or "a GPU fault", Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
 
 
 # ---- pure changes to the state dict --------------------------------------------------------------------

@@ -182,26 +182,6 @@ def build_env(base: Mapping[str, str], *, checkpoint_dir: str, restart_count: in
 # ---- side effects ----------------------------------------------------------------------------------
 
 
-def read_sacct_states(job_id: str, timeout: float = 10.0, env: Optional[Mapping[str, str]] = None
-                      ) -> Optional[List[str]]:
-    """``sacct -n -P -X -D -j ID -o State``: one state per run, oldest first; None without accounting."""
-    from autoheal.slurm.binaries import maybe_binary
-
-    sacct = maybe_binary("sacct")
-    if not sacct:
-        return None
-    try:
-        res = subprocess.run([sacct, "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", "State"],
-                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                             env=dict(env) if env is not None else None)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if res.returncode != 0:  # "Slurm accounting storage is disabled" and friends
-        return None
-    states = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    return states or None
-
-
 def _set_subreaper() -> None:
     """Become the reaper of orphaned descendants (e.g. srun after the user's bash died on the signal),
     so we can wait for the whole process group, not only its leader."""
@@ -288,7 +268,7 @@ class Runner(HotSpareRun):
         self.journal = journal
         self.notifier = notifier
         self.env = dict(os.environ if env is None else env)
-        self.sacct = sacct or (lambda job_id: read_sacct_states(job_id, env=self.env))
+        self.sacct = sacct or self._job_state_history
         self.clock = clock
         self.adopt_orphans = adopt_orphans
         self.grace_sig = signal.Signals["SIG" + opts.signal]
@@ -336,6 +316,17 @@ class Runner(HotSpareRun):
             say(f"warning: cannot update the job comment: {exc}")
 
     # ---- Slurm reads (best effort) ---------------------------------------------------------------
+    def _job_state_history(self, job_id: str) -> Optional[List[str]]:
+        """The job's state per run from accounting (sacct), None when there is none to ask."""
+        from autoheal.errors import SlurmError
+
+        if self.slurm is None or not job_id:
+            return None
+        try:
+            return self.slurm.job_state_history(job_id)
+        except SlurmError:  # SlurmNotSupported (pyslurm), or a failure: as without accounting
+            return None
+
     def _job(self):
         if self.slurm is None or not self.ident.job_id:
             return None

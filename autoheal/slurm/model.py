@@ -8,7 +8,7 @@ state and a set of flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import FrozenSet, Iterable, List, Optional, Tuple
 
 BASE_STATES = ("ALLOCATED", "COMPLETING", "DOWN", "ERROR", "FUTURE", "IDLE", "MIXED", "UNKNOWN")
@@ -201,13 +201,3 @@ class SlurmVersion:
 
     def __str__(self) -> str:
         return f"{self.major:02d}.{self.minor:02d}.{self.patch}"
-
-
-@dataclass
-class NodeUpdate:
-    """An intended node change, for dry runs and the journal."""
-
-    node: str
-    action: str  # drain | resume | set_reason | reboot
-    reason: str = ""
-    extra: dict = field(default_factory=dict)

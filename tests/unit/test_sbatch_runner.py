@@ -264,3 +264,19 @@ def test_notify_url_receives_the_final_state(tmp_path):
     by_event = {p["autoheal"]["event"]: p for p in posts}
     assert set(by_event) == {"job-restart", "job-max-restarts"}  # the restart Slurm did, then the stop
     assert "exceeds --max-restarts 2" in by_event["job-max-restarts"]["text"]
+
+
+def test_job_history_comes_from_the_adapter_and_a_backend_without_it_is_no_accounting(tmp_path):
+    from autoheal.errors import SlurmNotSupported
+
+    runner, slurm, _ = make(tmp_path)
+    runner = r.Runner(runner.opts, runner.ident, slurm=slurm, env={"PATH": "/usr/bin:/bin"}, adopt_orphans=False)
+    slurm.job_state_history = lambda job_id: ["NODE_FAIL", "REQUEUED"] if job_id == "42" else None
+    assert runner.sacct("42") == ["NODE_FAIL", "REQUEUED"]
+
+    def unsupported(job_id):
+        raise SlurmNotSupported("pyslurm")
+
+    slurm.job_state_history = unsupported
+    assert runner.sacct("42") is None
+    assert r.Runner(runner.opts, runner.ident, slurm=None, env={}, adopt_orphans=False).sacct("42") is None
