@@ -149,6 +149,7 @@ class Monitor:
         self._drained_after: Dict[int, bool] = {}
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
+        self.awaiting: List[str] = []  # nodes that end the soak waiting for a replacement (see finish)
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
 
     # ---- inputs -----------------------------------------------------------------------------------
@@ -312,8 +313,11 @@ class Monitor:
 
     # ---- at the end -------------------------------------------------------------------------------
     def finish(self, final: Snapshot, journal: Sequence[dict], journal_skipped: int,
-               outputs: Dict[str, str], leaked: Sequence[str], user_cancelled: Iterable[str] = (),
-               retired_ok: bool = True) -> List[Violation]:
+               outputs: Dict[str, str], leaked: Sequence[str] = (), user_cancelled: Iterable[str] = (),
+               awaiting_ok: bool = False) -> List[Violation]:
+        """The end-of-soak checks. ``awaiting_ok``: a node drained ``autoheal: replace: ...`` is an
+        acceptable end when its replacement was requested (or there is no Kubernetes side to ask): the
+        spare pool may be empty. Such nodes are listed in ``awaiting``."""
         before = len(self.violations)
         t = final.time
         cancelled = set(user_cancelled)
@@ -335,9 +339,10 @@ class Monitor:
         # 4. acted once
         self._check_acted_once(final, journal, t)
         # 5. no lost work
-        for jid, meta in self.jobs.items():
-            if meta.role == "trainer" and jid in outputs:
-                for msg, ev in check_trainer_output(outputs[jid], meta.steps):
+        for jid, text in outputs.items():
+            meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
+            if meta is not None and meta.role in ("trainer", "array"):
+                for msg, ev in check_trainer_output(text, meta.steps):
                     self._violate("lost-work", f"{jid}-{msg[:40]}", f"job {jid}: {msg}", t, job=jid, **ev)
         # 7. journal
         if journal_skipped:
@@ -357,12 +362,23 @@ class Monitor:
             if node_in_service(n):
                 continue
             kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
-            if kind == "spare" or (kind == "retired" and retired_ok):
+            if kind in ("spare", "retired"):
+                continue
+            requested = {r.get("node") for r in final.replacements}
+            if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(
+                    "autoheal: replace") and (final.kube is None or name in requested):
+                self.awaiting.append(name)
                 continue
             self._violate("end-state", f"node-{name}", f"{name} ends the soak {n.get('state')} "
                           f"({n.get('reason') or 'no reason'}): neither in service nor retired by autoheal", t,
                           node=name, state=n.get("state"), reason=n.get("reason"),
                           faults_on_node=[asdict(f) for f in self.faults if f.node == name])
+        self.check_leaks(leaked, t)
+        return self.violations[before:]
+
+    def check_leaks(self, leaked: Sequence[str], t: float) -> List[Violation]:
+        """8. Processes of the lab still running after it went down."""
+        before = len(self.violations)
         for proc in leaked:
             self._violate("end-state", f"leak-{proc}", f"process left after the lab went down: {proc}", t,
                           process=proc)
