@@ -309,7 +309,7 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
     if rung == C.REBOOT:
         st = ctx.store.read()
         pending = st.get("reboot_requested") or {}
-        if pending.get("boot_id") == boot_id():
+        if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
             act["outcome"] = "waiting: reboot already requested"
             return act
         reason = parse_body(r.reason, Origin.REBOOT).render()
@@ -342,6 +342,21 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
     ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
     return act
+
+
+#: Seconds a reboot request may take to show in Slurm's node flags (REBOOT_REQUESTED) after we made it.
+REBOOT_VISIBLE_SECONDS = 15.0
+
+
+def reboot_still_pending(node, pending: Dict[str, Any], now: float) -> bool:
+    """Our earlier reboot request (same boot id) is still under way: Slurm shows it on the node
+    (REBOOT_REQUESTED / REBOOT_ISSUED), or it was made too recently to show yet. Without that, the
+    request is over although the boot id did not change (an admin cancelled it, or a machine whose
+    "reboot" keeps its boot id, like the lab's): a new fault must get a new reboot, not wait forever."""
+    flags = {str(f).upper() for f in (getattr(node, "flags", None) or ())}
+    if flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}:
+        return True
+    return now - float(pending.get("time") or 0.0) < REBOOT_VISIBLE_SECONDS
 
 
 def pass_lock_timeout(ctx) -> float:
