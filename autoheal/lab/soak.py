@@ -273,16 +273,19 @@ class Soak:
         return node, note
 
     def fire(self, f, snap: Optional[Snapshot]) -> None:
-        from autoheal.lab import gpus as labgpus
-
         spec = KINDS[f.kind]
         node, note = self._resolve(f, snap)
         inj = Injected(f.id, f.kind, spec.group, time.time(), node=node, gpu=f.gpu, note=note)
-        self.injected[f.id] = inj
-        self.monitor.add_fault(inj)
         end = inj.start + f.duration if f.duration else None
         self.log(f"t+{inj.start - self.t0:6.1f} fault {f.id} {f.kind} {node or ''}"
                  f"{'' if f.gpu is None else f' GPU {f.gpu}'} {note}")
+        self._do(f, spec, inj, node, end, snap)
+        # recorded once carried out: a fault whose injection failed (noted by the loop) explains nothing
+        self.injected[f.id] = inj
+        self.monitor.add_fault(inj)
+
+    def _do(self, f, spec, inj: Injected, node: str, end: Optional[float], snap: Optional[Snapshot]) -> None:
+        from autoheal.lab import gpus as labgpus
 
         def ended():
             inj.end = time.time()
@@ -324,6 +327,7 @@ class Soak:
             rule = {"api-5xx": {"status": 503}, "api-429": {"status": 429, "retry_after": 1},
                     "api-slow": {"latency_ms": 1500}}[f.kind]
             added = self._fake_api("POST", "/_fake/faults", dict(rule, path_regex="^/api"))
+            inj.note = (inj.note + f" rule {added['faults'][0]['id']}").strip()
             rid = added["faults"][0]["id"]
             self._at(end, f"{f.kind} over", lambda: (self._fake_api("DELETE", f"/_fake/faults/{rid}"), ended()))
         elif f.kind == "admin-drain":
@@ -331,9 +335,9 @@ class Soak:
             self._run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={inj.reason}"])
             self._at(end, f"admin resumes {node}", lambda: self._admin_resume(inj))
         elif f.kind == "kubectl-cordon":
-            self._core.patch_node(node, {"spec": {"unschedulable": True}})
+            self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}))
             self._at(end, f"uncordon {node}",
-                     lambda: (ended(), self._core.patch_node(node, {"spec": {"unschedulable": False}})))
+                     lambda: (ended(), self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}}))))
         elif f.kind == "user-cancel":
             target = self._cancel_target(snap)
             inj.job = target
@@ -362,6 +366,18 @@ class Soak:
                 return j.job_id
         plain = next((j.job_id for j in self.jobs if j.role == "plain"), "")
         return plain if plain in live and plain not in self.cancelled else ""
+
+    def _kubectl(self, call: Callable[[], object], tries: int = 20) -> None:
+        """A person's kubectl call, tried again through an API window (5xx, 429, slow) like a person
+        would; raises after ``tries`` (the loop notes it)."""
+        for i in range(tries):
+            try:
+                call()
+                return
+            except Exception:
+                if i == tries - 1:
+                    raise
+                time.sleep(1.0)
 
     def _admin_resume(self, inj: Injected) -> None:
         inj.end = time.time()
