@@ -451,7 +451,13 @@ class Monitor:
     # ---- report figures ----------------------------------------------------------------------------
     def recovery(self) -> Dict[str, Dict[str, Optional[float]]]:
         running = [x for xs in self.to_job_running.values() for x in xs]
+        kinds = {f.id: f.kind for f in self.faults}
+        # XIDs reach xid-watch as events (bound: 2 s p95); NVML-only faults wait for the next healthcheck
+        event = [v for fid, v in self.to_drain.items() if kinds.get(fid, "").startswith("xid")]
+        polled = [v for fid, v in self.to_drain.items() if not kinds.get(fid, "").startswith("xid")]
         return {"fault_to_drain_s": percentiles(list(self.to_drain.values())),
+                "fault_to_drain_xid_event_s": percentiles(event),
+                "fault_to_drain_polled_s": percentiles(polled),
                 "fault_to_job_running_again_s": percentiles(running),
                 "fault_to_node_back_or_replaced_s": percentiles(list(self.to_back.values()))}
 

@@ -179,6 +179,7 @@ def test_recovery_times_and_percentiles():
     m.observe(Snapshot(110.0, _nodes(), {"10": _job(nodes=("gpu2",), restarts=1)}))
     rec = m.recovery()
     assert rec["fault_to_drain_s"]["p50"] == 0.5
+    assert rec["fault_to_drain_xid_event_s"]["p50"] == 0.5 and rec["fault_to_drain_polled_s"]["n"] == 0
     assert rec["fault_to_job_running_again_s"]["p50"] == 4.0
     assert rec["fault_to_node_back_or_replaced_s"]["p50"] == 10.0
     m.note_drain_time(1, 0.2)
