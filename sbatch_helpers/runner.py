@@ -55,6 +55,8 @@ EXIT_MAX_RESTARTS = 91
 EXIT_NO_PROGRESS = 92
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL once the grace window is over
 POLL = 0.2
+#: Seconds the final comment (completed, failed, ...) is retried while slurmctld does not answer.
+FINAL_COMMENT_RETRY = 30.0
 #: Seconds the runner keeps retrying one requeue step while slurmctld does not answer. Below the
 #: recommended KillWait (120 s) so the runner ends by itself; past it the guard finishes the requeue.
 REQUEUE_STEP_BUDGET = 60.0
@@ -303,17 +305,29 @@ class Runner(HotSpareRun):
         """The Slurm node this batch shell runs on (the lab runs every node on one host: not hostname)."""
         return self.env.get("SLURMD_NODENAME") or (self.job_nodes[0] if self.job_nodes else "")
 
-    def write_comment(self) -> None:
+    def write_comment(self, retry_for: float = 0.0) -> None:
+        """Best effort; ``retry_for`` seconds of retries (1 s apart) while slurmctld does not answer."""
         if self.slurm is None or not self.ident.job_id:
             return
         if self.resized:  # hot spares: Slurm may refuse updates of a resized running job (hotspare_runner)
             say(f"not updating the comment of resized job {self.ident.job_id} (Slurm refuses it until the job "
                 f"is requeued; the journal has the record): {self.comment.render()}")
             return
-        try:
-            self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
-        except Exception as exc:  # the job must go on without its comment
-            say(f"warning: cannot update the job comment: {exc}")
+        from autoheal.errors import SlurmUnavailable
+
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
+                return
+            except SlurmUnavailable as exc:
+                if time.monotonic() >= deadline:
+                    say(f"warning: cannot update the job comment: {exc}")
+                    return
+                time.sleep(1.0)
+            except Exception as exc:  # the job must go on without its comment
+                say(f"warning: cannot update the job comment: {exc}")
+                return
 
     # ---- Slurm reads (best effort) ---------------------------------------------------------------
     def _job_state_history(self, job_id: str) -> Optional[List[str]]:
@@ -378,7 +392,9 @@ class Runner(HotSpareRun):
 
     def finish(self, state: str, code: int, message: str, severity: str = "error") -> int:
         self.comment.state = state
-        self.write_comment()
+        # the job's last word: a slurmctld restarting right then must not leave "state=running" on an
+        # ended job (the journal would say completed, the comment running)
+        self.write_comment(retry_for=FINAL_COMMENT_RETRY)
         self.record(f"job-{state}", message, severity, final_state=state, restarts=self.ident.restart_count)
         return code
 

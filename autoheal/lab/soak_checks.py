@@ -354,6 +354,13 @@ class Monitor:
                 continue
             restarts = _comment_restarts(j.get("comment", ""))
             recs = [r for r in journal if jid in [str(x) for x in r.get("job_ids") or []]]
+            cstate = _comment_field(j.get("comment", ""), "state")
+            ended = sorted({r["event"][4:] for r in recs if r.get("event", "").startswith("job-")
+                            and r["event"][4:] in CHOSEN_COMMENT_STATES})
+            if j.get("state") in FINAL_STATES and ended and cstate not in ended:
+                self._violate("journal", f"state-{jid}", f"job {jid} ended {j.get('state')}: the journal says "
+                              f"{'/'.join(ended)}, its comment says state={cstate or 'none'}", t, job=jid,
+                              comment=j.get("comment", ""), journal=ended)
             if restarts and not recs:
                 self._violate("journal", f"comment-{jid}", f"job {jid}'s comment counts {restarts} restart(s) but "
                               f"the journal has no record of it", t, job=jid, comment=j.get("comment", ""))

@@ -280,3 +280,29 @@ def test_job_history_comes_from_the_adapter_and_a_backend_without_it_is_no_accou
     slurm.job_state_history = unsupported
     assert runner.sacct("42") is None
     assert r.Runner(runner.opts, runner.ident, slurm=None, env={}, adopt_orphans=False).sacct("42") is None
+
+
+def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch):
+    """Soak finding (issue 12): a job that ended while slurmctld was down kept ``state=running`` in its
+    comment (the journal said job-completed): the final comment is now retried for a while."""
+    from autoheal.errors import SlurmUnavailable
+
+    runner, slurm, _journal = make(tmp_path)
+    monkeypatch.setattr(r.time, "sleep", lambda s: None)
+    fails = {"n": 2}
+    real = slurm.set_job_comment
+
+    def flaky(job_id, comment):
+        if fails["n"]:
+            fails["n"] -= 1
+            raise SlurmUnavailable("scontrol update: no answer within 5s")
+        real(job_id, comment)
+
+    slurm.set_job_comment = flaky
+    assert runner.finish("completed", 0, "done", severity="info") == 0
+    assert "state=completed" in slurm.job.comment and fails["n"] == 0
+    # an outage longer than the retry window gives up (the job must end) without raising
+    monkeypatch.setattr(r, "FINAL_COMMENT_RETRY", 0.0)
+    fails["n"] = 5
+    runner.finish("failed", 1, "boom")
+    assert "state=completed" in slurm.job.comment

@@ -187,3 +187,14 @@ def test_recovery_times_and_percentiles():
     assert percentiles([]) == {"n": 0, "p50": None, "p95": None, "max": None}
     assert percentiles([float(i) for i in range(1, 101)])["p95"] == 95.0
     assert node_in_service(_node("MIXED")) and not node_in_service(_node("IDLE*", responding=False))
+
+
+def test_comment_must_agree_with_the_journal_on_how_a_job_ended():
+    m = _mon()
+    rec = {"event": "job-completed", "job_ids": ["10"], "node": "gpu1"}
+    stale = Snapshot(300.0, _nodes(), {"10": _job("COMPLETED", comment="autoheal-runner nodes=gpu1 state=running")})
+    v = m.finish(stale, [rec], 0, {})
+    assert [x.invariant for x in v] == ["journal"] and "state=running" in v[0].message
+    m = _mon()
+    good = Snapshot(300.0, _nodes(), {"10": _job("COMPLETED", comment="autoheal-runner nodes=gpu1 state=completed")})
+    assert m.finish(good, [rec], 0, {}) == []
