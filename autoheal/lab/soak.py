@@ -180,6 +180,11 @@ class Soak:
         self.jobs.append(JobMeta(jid, "plain", nodes=1))
         self.log(f"workload: {', '.join(f'{j.role} {j.job_id}' for j in self.jobs)}")
 
+    def _sbatch_retry(self, name: str, wrap: str, extra: List[str] = ()) -> str:
+        out: List[str] = []
+        self._person(lambda: out.append(self._sbatch(name, wrap, extra)))
+        return out[-1]
+
     def _short_job(self) -> None:
         try:
             jid = self._sbatch("short", "sleep 3")
@@ -332,28 +337,29 @@ class Soak:
             self._at(end, f"{f.kind} over", lambda: (self._fake_api("DELETE", f"/_fake/faults/{rid}"), ended()))
         elif f.kind == "admin-drain":
             inj.reason = f"admin: soak maintenance {f.id}"
-            self._run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={inj.reason}"])
+            self._scontrol("update", f"nodename={node}", "state=drain", f"reason={inj.reason}")
             self._at(end, f"admin resumes {node}", lambda: self._admin_resume(inj))
         elif f.kind == "kubectl-cordon":
             self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}))
             self._at(end, f"uncordon {node}",
-                     lambda: (ended(), self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}}))))
+                     lambda: (self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}})),
+                              ended()))
         elif f.kind == "user-cancel":
             target = self._cancel_target(snap)
             inj.job = target
             if target:
-                self._run(["scancel", target], check=False)
+                self._person(lambda: self._run(["scancel", target]))
                 self.cancelled.append(target)
             else:
                 inj.note = "no job of the user's to cancel"
         elif f.kind == "user-hold":
-            jid = self._sbatch("held", "sleep 3", ["--hold"])
+            jid = self._sbatch_retry("held", "sleep 3", ["--hold"])
             inj.job = jid
             self.jobs.append(JobMeta(jid, "short", nodes=1))
             self.monitor.jobs[jid] = self.jobs[-1]
-            self._at(end, f"release {jid}", lambda: (ended(), self._run(["scontrol", "release", jid], check=False)))
+            self._at(end, f"release {jid}", lambda: (self._scontrol("release", jid), ended()))
         elif f.kind == "time-limit":
-            jid = self._sbatch("timelimit", "sleep 600", ["--time=1"])
+            jid = self._sbatch_retry("timelimit", "sleep 600", ["--time=1"])
             inj.job = jid
             self.jobs.append(JobMeta(jid, "time-limit", nodes=1))
             self.monitor.jobs[jid] = self.jobs[-1]
@@ -367,29 +373,39 @@ class Soak:
         plain = next((j.job_id for j in self.jobs if j.role == "plain"), "")
         return plain if plain in live and plain not in self.cancelled else ""
 
-    def _kubectl(self, call: Callable[[], object], tries: int = 20) -> None:
-        """A person's kubectl call, tried again through an API window (5xx, 429, slow) like a person
-        would; raises after ``tries`` (the loop notes it)."""
-        for i in range(tries):
+    def _kubectl(self, call: Callable[[], object], within: float = 60.0) -> None:
+        """A person's kubectl call, tried again (1 s apart) through an API window (5xx, 429, slow) like
+        a person would; raises after ``within`` seconds (the loop notes it)."""
+        self._person(call, within)
+
+    def _person(self, call: Callable[[], object], within: float = 60.0) -> None:
+        """A person's command, repeated until it works (slurmctld restarting, the API refusing)."""
+        deadline = time.monotonic() + within
+        while True:
             try:
                 call()
                 return
             except Exception:
-                if i == tries - 1:
+                if time.monotonic() >= deadline:
                     raise
                 time.sleep(1.0)
 
+    def _scontrol(self, *args: str) -> None:
+        self._person(lambda: self._run(["scontrol", *args]))
+
     def _admin_resume(self, inj: Injected) -> None:
-        inj.end = time.time()
         from autoheal.reasons import strip_reason_suffix
 
+        got: list = []
         try:
-            n = self.slurm.get_node(inj.node)
+            self._person(lambda: got.append(self.slurm.get_node(inj.node)))
         except Exception as exc:
             self.notes.append(f"admin could not read {inj.node} to resume it: {exc}")
             return
+        n = got[-1]
         if n.drain and strip_reason_suffix(n.reason) == inj.reason:
-            self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"], check=False)
+            self._scontrol("update", f"nodename={inj.node}", "state=resume")
+        inj.end = time.time()
 
     def _kill(self, proc_name: str) -> None:
         rec = self.lab.records().get(proc_name)
