@@ -111,7 +111,9 @@ class Soak:
         from autoheal.config import load_config
         from autoheal.slurm.cli_backend import CliSlurm
 
-        self.slurm = CliSlurm(env=self.env, timeout=10)
+        # one try, a short timeout: a snapshot while slurmctld is down must fail fast, not hold the loop
+        # (and with it the planned restart of slurmctld)
+        self.slurm = CliSlurm(env=self.env, timeout=5, retries=0)
         self.cfg = load_config(self.lay.autoheal_conf)
         self.workdir = self.lay.path("drill", f"soak-{self.opts.seed}-{os.getpid()}")
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -179,11 +181,6 @@ class Soak:
         jid = self._sbatch("plain", f"sleep {int(work)}", ["--requeue"])
         self.jobs.append(JobMeta(jid, "plain", nodes=1))
         self.log(f"workload: {', '.join(f'{j.role} {j.job_id}' for j in self.jobs)}")
-
-    def _sbatch_retry(self, name: str, wrap: str, extra: List[str] = ()) -> str:
-        out: List[str] = []
-        self._person(lambda: out.append(self._sbatch(name, wrap, extra)))
-        return out[-1]
 
     def _short_job(self) -> None:
         try:
@@ -337,32 +334,41 @@ class Soak:
             self._at(end, f"{f.kind} over", lambda: (self._fake_api("DELETE", f"/_fake/faults/{rid}"), ended()))
         elif f.kind == "admin-drain":
             inj.reason = f"admin: soak maintenance {f.id}"
-            self._scontrol("update", f"nodename={node}", "state=drain", f"reason={inj.reason}")
-            self._at(end, f"admin resumes {node}", lambda: self._admin_resume(inj))
+            self._pending(inj)
+            self._person(f"admin drains {node}", lambda: self._run(["scontrol", "update", f"nodename={node}",
+                                                                     "state=drain", f"reason={inj.reason}"]),
+                         then=lambda: self._started(inj, f.duration, f"admin resumes {node}",
+                                                    lambda: self._admin_resume(inj)))
         elif f.kind == "kubectl-cordon":
-            self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}))
-            self._at(end, f"uncordon {node}",
-                     lambda: (self._kubectl(lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}})),
-                              ended()))
+            def uncordon():
+                self._person(f"uncordon {node}",
+                             lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}}), then=ended)
+
+            self._pending(inj)
+            self._person(f"cordon {node}", lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}),
+                         then=lambda: self._started(inj, f.duration, f"uncordon {node}", uncordon))
         elif f.kind == "user-cancel":
             target = self._cancel_target(snap)
             inj.job = target
             if target:
-                self._person(lambda: self._run(["scancel", target]))
                 self.cancelled.append(target)
+                self._person(f"scancel {target}", lambda: self._run(["scancel", target]))
             else:
                 inj.note = "no job of the user's to cancel"
-        elif f.kind == "user-hold":
-            jid = self._sbatch_retry("held", "sleep 3", ["--hold"])
-            inj.job = jid
-            self.jobs.append(JobMeta(jid, "short", nodes=1))
-            self.monitor.jobs[jid] = self.jobs[-1]
-            self._at(end, f"release {jid}", lambda: (self._scontrol("release", jid), ended()))
-        elif f.kind == "time-limit":
-            jid = self._sbatch_retry("timelimit", "sleep 600", ["--time=1"])
-            inj.job = jid
-            self.jobs.append(JobMeta(jid, "time-limit", nodes=1))
-            self.monitor.jobs[jid] = self.jobs[-1]
+        elif f.kind in ("user-hold", "time-limit"):
+            name, wrap, extra = (("held", "sleep 3", ["--hold"]) if f.kind == "user-hold"
+                                 else ("timelimit", "sleep 600", ["--time=1"]))
+
+            def submitted(jid: str) -> None:
+                inj.job = jid
+                self.jobs.append(JobMeta(jid, "short" if f.kind == "user-hold" else "time-limit", nodes=1))
+                self.monitor.jobs[jid] = self.jobs[-1]
+                if f.kind == "user-hold":
+                    self._started(inj, f.duration, f"release {jid}",
+                                  lambda: self._person(f"release {jid}",
+                                                       lambda: self._run(["scontrol", "release", jid]), then=ended))
+
+            self._person(f"submit {name}", lambda: submitted(self._sbatch(name, wrap, extra)))
 
     def _cancel_target(self, snap: Optional[Snapshot]) -> str:
         """The newest short job still queued or running, else the plain job."""
@@ -373,39 +379,41 @@ class Soak:
         plain = next((j.job_id for j in self.jobs if j.role == "plain"), "")
         return plain if plain in live and plain not in self.cancelled else ""
 
-    def _kubectl(self, call: Callable[[], object], within: float = 60.0) -> None:
-        """A person's kubectl call, tried again (1 s apart) through an API window (5xx, 429, slow) like
-        a person would; raises after ``within`` seconds (the loop notes it)."""
-        self._person(call, within)
+    def _pending(self, inj: Injected) -> None:
+        """A person's change not made yet: it starts (and is checked) only once it worked."""
+        inj.start = float("inf")
 
-    def _person(self, call: Callable[[], object], within: float = 60.0) -> None:
-        """A person's command, repeated until it works (slurmctld restarting, the API refusing)."""
-        deadline = time.monotonic() + within
-        while True:
-            try:
-                call()
+    def _started(self, inj: Injected, duration: float, what: str, undo: Callable[[], None]) -> None:
+        inj.start = time.time()
+        self._at(inj.start + duration, what, undo)
+
+    def _person(self, what: str, call: Callable[[], object], then: Callable[[], object] = lambda: None,
+                within: float = 60.0, _deadline: Optional[float] = None) -> None:
+        """A person's command (scontrol, sbatch, kubectl): tried now and, while slurmctld restarts or the
+        API refuses, again 1 s later through the event queue (never blocking the loop, whose snapshots
+        and daemon restarts must go on), for ``within`` seconds; ``then`` once it worked."""
+        deadline = time.time() + within if _deadline is None else _deadline
+        try:
+            call()
+        except Exception as exc:
+            if time.time() >= deadline:
+                self.notes.append(f"{what}: gave up after {within:.0f} s: {type(exc).__name__}: {exc}"[:300])
                 return
-            except Exception:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
-
-    def _scontrol(self, *args: str) -> None:
-        self._person(lambda: self._run(["scontrol", *args]))
+            self._at(time.time() + 1.0, what, lambda: self._person(what, call, then, within, deadline))
+            return
+        then()
 
     def _admin_resume(self, inj: Injected) -> None:
+        """The admin ends the maintenance: resumes the node if it still has their reason."""
         from autoheal.reasons import strip_reason_suffix
 
-        got: list = []
-        try:
-            self._person(lambda: got.append(self.slurm.get_node(inj.node)))
-        except Exception as exc:
-            self.notes.append(f"admin could not read {inj.node} to resume it: {exc}")
-            return
-        n = got[-1]
-        if n.drain and strip_reason_suffix(n.reason) == inj.reason:
-            self._scontrol("update", f"nodename={inj.node}", "state=resume")
-        inj.end = time.time()
+        def look() -> None:
+            n = self.slurm.get_node(inj.node)
+            if n.drain and strip_reason_suffix(n.reason) == inj.reason:
+                self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
+            inj.end = time.time()
+
+        self._person(f"admin resumes {inj.node}", look)
 
     def _kill(self, proc_name: str) -> None:
         rec = self.lab.records().get(proc_name)

@@ -99,6 +99,10 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
                       log=(lambda s: click.echo(s, err=True)))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    import signal
+
+    # a soak stopped with SIGTERM (a timeout, a CI cancel) still takes its lab down (Soak.run's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))
     report = runner.run()
     if plot_file:
         plot(report, plot_file)
