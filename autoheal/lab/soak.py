@@ -99,6 +99,7 @@ class Soak:
         self.workdir: Path = Path()
         self._core = None
         self._api_url = ""
+        self._ctld_down = False
 
     # ---- lab -----------------------------------------------------------------------------------------
     def start_lab(self) -> None:
@@ -160,7 +161,7 @@ class Soak:
 
     def _sbatch(self, name: str, wrap: str, extra: List[str] = ()) -> str:
         res = self._run(["sbatch", "--parsable", f"--job-name={name}", f"--output={self.workdir}/{name}-%j.out",
-                         *extra, "--wrap", wrap], timeout=30)
+                         *extra, "--wrap", wrap], timeout=15)
         return res.stdout.strip().splitlines()[-1].split(";")[0]
 
     def submit_workload(self) -> None:
@@ -183,6 +184,8 @@ class Soak:
         self.log(f"workload: {', '.join(f'{j.role} {j.job_id}' for j in self.jobs)}")
 
     def _short_job(self) -> None:
+        if self._ctld_down:
+            return  # the last snapshot found slurmctld down: a submission would only hold the loop
         try:
             jid = self._sbatch("short", "sleep 3")
             self.jobs.append(JobMeta(jid, "short", nodes=1))
@@ -485,6 +488,7 @@ class Soak:
                     self.notes.append(f"{what} at t+{now - self.t0:.1f}: {type(exc).__name__}: {exc}")
             if now >= next_snap:
                 snap = self.snapshot()
+                self._ctld_down = snap is None
                 if snap is not None:
                     self._last = snap
                     for v in self.monitor.observe(snap):

@@ -289,13 +289,18 @@ def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch
 
     runner, slurm, _journal = make(tmp_path)
     monkeypatch.setattr(r.time, "sleep", lambda s: None)
+    from autoheal.errors import SlurmError
+
     fails = {"n": 2}
     real = slurm.set_job_comment
 
     def flaky(job_id, comment):
         if fails["n"]:
             fails["n"] -= 1
-            raise SlurmUnavailable("scontrol update: no answer within 5s")
+            if fails["n"]:
+                raise SlurmUnavailable("scontrol update: no answer within 5s")
+            # what an array task's update got from a slurmctld just restarted (seen in the soak)
+            raise SlurmError("scontrol update jobid=4_0: Unexpected message received for job 4_0")
         real(job_id, comment)
 
     slurm.set_job_comment = flaky
@@ -306,3 +311,14 @@ def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch
     fails["n"] = 5
     runner.finish("failed", 1, "boom")
     assert "state=completed" in slurm.job.comment
+    # a refusal is not retried
+    monkeypatch.setattr(r, "FINAL_COMMENT_RETRY", 30.0)
+    calls = []
+
+    def refuse(job_id, comment):
+        calls.append(comment)
+        raise SlurmError("scontrol update: Access/permission denied")
+
+    slurm.set_job_comment = refuse
+    runner.finish("failed", 1, "boom")
+    assert len(calls) == 1
