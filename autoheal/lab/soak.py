@@ -553,7 +553,10 @@ class Soak:
             if "_" in key:
                 base = next(j for j in self.jobs if j.job_id == key.split("_")[0])
                 self.monitor.jobs.setdefault(key, JobMeta(key, "trainer", True, base.steps, 1))
-        self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True)
+        self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True,
+                            recovery_bound=self.recovery_bound())
+        if self.monitor.recovering:
+            self.notes.append(f"still recovering at the end, within the loop's bound: {', '.join(self.monitor.recovering)}")
         if self.monitor.awaiting:
             self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
                               f"{', '.join(self.monitor.awaiting)}")
@@ -577,6 +580,16 @@ class Soak:
         report.timeline = self.monitor.timeline
         report.violations = [v.to_dict() for v in self.monitor.violations]
         return report
+
+    def recovery_bound(self) -> float:
+        """Seconds the loop needs by design to bring a drained node back: a healthcheck to find the
+        fault and one to repair it, ``hooks.resume_after_passes`` passing ones, the cool-down, and 15 s
+        of slack (HealthCheckInterval read from the lab's slurm.conf)."""
+        import re
+
+        m = re.search(r"^HealthCheckInterval=(\d+)", self.lay.slurm_conf.read_text(), re.M)
+        interval = float(m.group(1)) if m else 30.0
+        return (2 + self.cfg.hooks.resume_after_passes) * interval + self.cfg.hooks.resume_cooldown + 15.0
 
     def leaked(self) -> List[str]:
         """Processes still running after ``down`` that belong to this lab (a path under its directory in

@@ -150,6 +150,7 @@ class Monitor:
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
         self.awaiting: List[str] = []  # nodes that end the soak waiting for a replacement (see finish)
+        self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
 
     # ---- inputs -----------------------------------------------------------------------------------
@@ -314,10 +315,13 @@ class Monitor:
     # ---- at the end -------------------------------------------------------------------------------
     def finish(self, final: Snapshot, journal: Sequence[dict], journal_skipped: int,
                outputs: Dict[str, str], leaked: Sequence[str] = (), user_cancelled: Iterable[str] = (),
-               awaiting_ok: bool = False) -> List[Violation]:
+               awaiting_ok: bool = False, recovery_bound: Optional[float] = None) -> List[Violation]:
         """The end-of-soak checks. ``awaiting_ok``: a node drained ``autoheal: replace: ...`` is an
         acceptable end when its replacement was requested (or there is no Kubernetes side to ask): the
-        spare pool may be empty. Such nodes are listed in ``awaiting``."""
+        spare pool may be empty. Such nodes are listed in ``awaiting``. ``recovery_bound``: seconds the
+        loop needs by design to bring a node back (drain, repair, N passing healthchecks, cool-down); a
+        node still drained by autoheal whose last fault is younger than that is still recovering (listed
+        in ``recovering``), not stuck."""
         before = len(self.violations)
         t = final.time
         cancelled = set(user_cancelled)
@@ -370,6 +374,10 @@ class Monitor:
                 continue
             kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
             if kind in ("spare", "retired"):
+                continue
+            latest = max((f.start for f in self.faults if f.node == name and f.start != float("inf")), default=None)
+            if recovery_bound is not None and kind == "health" and latest is not None and t - latest < recovery_bound:
+                self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
                 continue
             requested = {r.get("node") for r in final.replacements}
             if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(

@@ -198,3 +198,14 @@ def test_comment_must_agree_with_the_journal_on_how_a_job_ended():
     m = _mon()
     good = Snapshot(300.0, _nodes(), {"10": _job("COMPLETED", comment="autoheal-runner nodes=gpu1 state=completed")})
     assert m.finish(good, [rec], 0, {}) == []
+
+
+def test_a_node_still_within_its_recovery_bound_is_recovering_not_stuck():
+    m = _mon()
+    m.add_fault(Injected(1, "ecc-dbe", "gpu", 250.0, node="gpu3", gpu=2))
+    final = Snapshot(300.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "autoheal: xid 48 on GPU 2 of gpu3")), {})
+    assert m.finish(final, [], 0, {}, recovery_bound=125.0) == []
+    assert m.recovering and m.recovering[0].startswith("gpu3 (50 s")
+    m = _mon()
+    m.add_fault(Injected(1, "ecc-dbe", "gpu", 100.0, node="gpu3", gpu=2))
+    assert [v.invariant for v in m.finish(final, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
