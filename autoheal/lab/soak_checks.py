@@ -376,7 +376,9 @@ class Monitor:
             if kind in ("spare", "retired"):
                 continue
             latest = max((f.start for f in self.faults if f.node == name and f.start != float("inf")), default=None)
-            if recovery_bound is not None and kind == "health" and latest is not None and t - latest < recovery_bound:
+            # drained by autoheal, or not responding without a reason (a lab reboot under way)
+            if recovery_bound is not None and kind in ("health", "") and latest is not None \
+                    and (kind == "health" or not n.get("reason")) and t - latest < recovery_bound:
                 self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
                 continue
             requested = {r.get("node") for r in final.replacements}

@@ -206,6 +206,10 @@ def test_a_node_still_within_its_recovery_bound_is_recovering_not_stuck():
     final = Snapshot(300.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "autoheal: xid 48 on GPU 2 of gpu3")), {})
     assert m.finish(final, [], 0, {}, recovery_bound=125.0) == []
     assert m.recovering and m.recovering[0].startswith("gpu3 (50 s")
+    rebooting = Snapshot(300.0, _nodes(gpu3=_node("IDLE+NOT_RESPONDING", responding=False)), {})
+    assert m.finish(rebooting, [], 0, {}, recovery_bound=125.0) == []
+    someone = Snapshot(300.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "Duplicate jobid")), {})
+    assert [v.invariant for v in m.finish(someone, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
     m = _mon()
     m.add_fault(Injected(1, "ecc-dbe", "gpu", 100.0, node="gpu3", gpu=2))
     assert [v.invariant for v in m.finish(final, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
