@@ -338,6 +338,9 @@ class Soak:
         elif f.kind == "admin-drain":
             inj.reason = f"admin: soak maintenance {f.id}"
             self._pending(inj)
+            if node not in self._in_service(snap):
+                inj.note = (inj.note + " no node in service: the admin leaves them alone").strip()
+                return
             self._person(f"admin drains {node}", lambda: self._run(["scontrol", "update", f"nodename={node}",
                                                                      "state=drain", f"reason={inj.reason}"]),
                          then=lambda: self._started(inj, f.duration, f"admin resumes {node}",
