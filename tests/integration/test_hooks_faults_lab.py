@@ -115,7 +115,9 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
     script = tmp_path / "runner.sh"
     script.write_text(f"#!/bin/bash\ntrap 'echo USR2 >> {marks}' USR2\nwhile true; do sleep 1; done\n")
     script.chmod(0o755)
-    runner = submit(handle, "gpu2", "--comment=autoheal-runner restarts=0", script=script)
+    # state=running: what the real runner writes once its signal handlers are set (xid-watch signals
+    # only then: a USR2 before them would kill the batch shell)
+    runner = submit(handle, "gpu2", "--comment=autoheal-runner restarts=0 state=running", script=script)
     ctld = lab.records()["slurmctld"]
     os.kill(ctld.pid, signal.SIGSTOP)
     try:
@@ -257,9 +259,15 @@ def test_xid_back_after_a_repair_is_caught_by_xid_watch_and_escalates(lab):
         before = len(journal(lab))
         inject(lab.lab, node, gpu, "xid", xid=48)  # well inside the 120 s dedupe window of the first
         wait_for(lambda: "DRAIN" in node_line(lab, node), 15, "the returning fault to drain gpu3 again")
+
+        def detections():
+            return [r for r in journal(lab)[before:] if r["source"] == "xid-watch" and r["event"] == "detection"
+                    and r["node"] == node]
+
+        # xid-watch drains first and journals after (a slow journal must never delay a drain)
+        det = wait_for(detections, 15, "xid-watch's detection record")
         new = journal(lab)[before:]
-        det = [r for r in new if r["source"] == "xid-watch" and r["event"] == "detection" and r["node"] == node]
-        assert det and "back after a repair" in det[0]["message"], new
+        assert "back after a repair" in det[0]["message"], new
         assert [r for r in new if r["source"] == "xid-watch" and r["event"] == "drain"], new
         # the fault came back after a reset: the next repair is one rung up, a reboot
         run_hook(lab, node)
