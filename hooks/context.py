@@ -10,9 +10,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from autoheal.hooks.state import NodeState, expand
+
+if TYPE_CHECKING:  # imported lazily below: hooks start fast
+    from autoheal.journal import Journal
+    from autoheal.notify import Notifier
+    from autoheal.slurm.base import SlurmAdapter
 
 
 def node_name(explicit: Optional[str] = None) -> str:
@@ -38,9 +43,9 @@ class Context:
         # the hook goes on with an in-memory copy and reports it; it never fails Slurm for it
         self.store = NodeState(expand(self.hooks.state_dir, node), lock_timeout=LOCK_TIMEOUT.get(source, 10.0),
                                fallback=True)
-        self._slurm = None
-        self._journal = None
-        self._notifier = None
+        self._slurm: Optional[SlurmAdapter] = None
+        self._journal: Optional[Journal] = None
+        self._notifier: Optional[Notifier] = None
 
     @classmethod
     def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> "Context":

@@ -415,7 +415,7 @@ def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: 
         p.errors.append(f"slurm: {exc}")
         ctx.record("error", message=f"health pass: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
-    if p.exit_code == EXIT_OK and getattr(ctx.store, "trouble", ""):
+    if p.exit_code == EXIT_OK and bool(getattr(ctx.store, "trouble", "")):
         # healthy, but the pass could not be remembered (passes, cursor): the node cannot be resumed by
         # us and the next pass re-reads the log. Say "could not tell", never "failed".
         p.exit_code = EXIT_UNKNOWN

@@ -145,8 +145,9 @@ class XidWatch:
                 S.bump(st, f'xid_events_total{{xid="{r.evidence.get("xid")}",gpu="{r.gpu}"}}')
                 st.setdefault("counters", {})["last_event_timestamp_seconds"] = now
             fails = [r for r in results if r.status == C.FAIL]
-            if fails:
-                jobside.request_drain(st, C.worst_failure(fails), now)
+            worst = C.worst_failure(fails)
+            if worst is not None:
+                jobside.request_drain(st, worst, now)
             for r in results:
                 if r.status != C.FAIL and r.action == C.REQUEUE:
                     jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None

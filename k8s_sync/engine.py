@@ -17,10 +17,11 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
 from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
@@ -84,7 +85,7 @@ class Reconciler:
         #: Reuse a Slurm read younger than this (seconds) in passes woken early by watch events, so a
         #: storm of Kubernetes updates never turns into a storm of Slurm reads. 0: read every pass.
         self.slurm_max_age = 0.0
-        self._slurm_cache = None
+        self._slurm_cache: Optional[Tuple[float, Dict[str, Node]]] = None
         self.last: Optional[PassResult] = None
         self.notifier = notifier
         self.clock = clock  # epoch seconds (tests pass a fake clock to step through timeouts)
@@ -333,7 +334,7 @@ class Reconciler:
         if kind in R.KINDS:
             return self._write_remediation(action, snap)
         if kind == POD_STATUS:
-            key = ("pod", action.namespace, action.target)
+            key: Tuple[str, ...] = ("pod", action.namespace, action.target)
             obj = self.kube.patch_pod_status(action.namespace, action.target, self._guarded_body(action, snap, key),
                                              action.patch_type)
             self._fresh[key] = obj
@@ -487,7 +488,7 @@ class Reconciler:
             # `autoheal events --node N` finds it; the notification goes out once
             rec = None
             for node in (action.nodes or (action.slurm_node or None,)):
-                evidence = {"k8s_node": kname, "reason": action.reason}
+                evidence: Dict[str, Any] = {"k8s_node": kname, "reason": action.reason}
                 if action.nodes:
                     evidence["nodes"] = list(action.nodes)
                 r = self.journal.record(action.journal, node=node, action=action.kind, outcome="done",

@@ -62,7 +62,7 @@ def _classify(exc: Exception, what: str) -> KubeError:
     headers = getattr(exc, "headers", None) or {}
     try:
         if headers.get("Retry-After"):
-            retry_after = float(headers.get("Retry-After"))
+            retry_after = float(headers["Retry-After"])
     except (TypeError, ValueError):
         retry_after = None
     text = f"{what}: HTTP {status}" + (f": {message}" if message else "") if status else \
@@ -130,7 +130,7 @@ class KubeApi:
 
     @staticmethod
     def _by_name(items: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-        return {(i.get("metadata") or {}).get("name"): i for i in items}
+        return {(i.get("metadata") or {}).get("name", ""): i for i in items}
 
     # ---- reads -----------------------------------------------------------------------------------
     @needs(("", "nodes", "list"))

@@ -107,7 +107,7 @@ def slurm_to_pods(ctx: Context) -> List[Action]:
     out = []
     for name, b in sorted(ctx.bindings.items()):
         pod = ctx.snap.pods.get(b.pod or "")
-        if pod is None:
+        if pod is None or b.pod is None:
             continue
         node = ctx.snap.slurm[name]
         changed, stale = cond.diff_conditions(pod, cond.slurm_pod_conditions(node, prefix),
@@ -158,15 +158,15 @@ def health_to_nodes(ctx: Context) -> List[Action]:
         if cfg.taint_unhealthy:
             want = {"key": cfg.taint_key, "value": names.label_value(code), "effect": cfg.taint_effect} \
                 if drains else None
-            body = cond.taint_patch(knode, cfg.taint_key, want)
-            if body is not None:
-                if drains:
+            taint_body = cond.taint_patch(knode, cfg.taint_key, want)
+            if taint_body is not None:
+                if want is not None:
                     why = f"taint {cfg.taint_key}={want['value']}:{cfg.taint_effect}: {message}"
                     event = ("AutohealTainted", why, "Warning")
                 else:
                     why = f"taint {cfg.taint_key} removed: no autoheal drain left"
                     event = ("AutohealUntainted", why, "Normal")
-                out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "strategic", body,
+                out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "strategic", taint_body,
                                   why=why, event=event))
     return out
 
@@ -221,7 +221,7 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
     mapped = 0
     for name, b in sorted(ctx.bindings.items()):
         knode = ctx.snap.nodes.get(b.node or "")
-        if knode is None:  # no Node: nothing is known about Kubernetes' view -> change nothing
+        if knode is None or b.node is None:  # no Node: nothing is known about Kubernetes' view -> change nothing
             continue
         mapped += 1
         node = ctx.snap.slurm[name]

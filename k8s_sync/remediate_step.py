@@ -20,13 +20,17 @@ resource, label, annotations) is removed.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, register_step
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10+: annotations only
 
 STEP = "remediate"
 NOT_IN_SERVICE = ("DOWN", "UNKNOWN", "FUTURE")
@@ -84,12 +88,12 @@ def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg, sname: str = ""
     return _ann(knode).get(k["replacement"], "")
 
 
-def responding(node) -> bool:
+def responding(node: Optional[Node]) -> TypeGuard[Node]:
     """The Slurm node's slurmd registered and answers (not DOWN/UNKNOWN/FUTURE, no ``*``)."""
     return node is not None and node.state not in NOT_IN_SERVICE and "NOT_RESPONDING" not in node.flags
 
 
-def _in_service(node) -> bool:
+def _in_service(node: Optional[Node]) -> bool:
     """Responding and not held: takes jobs (what ``done`` waits for)."""
     return responding(node) and not (node.drain or node.down)
 
@@ -116,10 +120,10 @@ def remediate(ctx: Context) -> List[Action]:
         sname = slurm_of.get(kname) or cur.slurm_node
         snode = snap.slurm.get(sname)
         held = snode is not None and (snode.drain or snode.down)
-        wants = held and R.wants_replace(snode.reason, cfg)
+        wants = held and snode is not None and R.wants_replace(snode.reason, cfg)
         released = snode is not None and not held  # cleared and resumed in Slurm
         if cur.state in R.ACTIVE:
-            if released and not replacement_of(kname, knode, snap, cfg, sname):
+            if released and snode is not None and not replacement_of(kname, knode, snap, cfg, sname):
                 out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "abandoned",
                                     f"Slurm node {sname} was resumed ({snode.state_text}) before a replacement "
                                     f"arrived"))
@@ -127,7 +131,7 @@ def remediate(ctx: Context) -> List[Action]:
             active.append((kname, cur))
             affected.append(sname or kname)
             continue
-        if held and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
+        if held and snode is not None and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
                 and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
             affected.append(sname)  # retired nodes left the pool; spares were never in it
         opted = bool(_ann(knode).get(k["opted-out"]))
@@ -195,7 +199,7 @@ def remediate(ctx: Context) -> List[Action]:
             event = ("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for replacement{lifted}: "
                      f"{reason}", "Warning")
             journal = "remediation"
-        out.append(_state(kname, sname, step.then, prefix, f"quarantined: {reason}", extra=extra, event=event,
+        out.append(_state(kname, sname, _then(step), prefix, f"quarantined: {reason}", extra=extra, event=event,
                           journal=journal))
     affected_names = sorted(set(affected))
     if breaker.check_trip(len(affected), total, now):
@@ -221,6 +225,13 @@ def remediate(ctx: Context) -> List[Action]:
     for kname, cur in active:
         out.extend(_advance(ctx, kname, cur, settings, now))
     return out
+
+
+def _then(step: R.Step) -> R.NodeRemediation:
+    """The state a step records (``next_step`` gives one with every step but none, wait and report-opt-out)."""
+    if step.then is None:
+        raise ValueError(f"remediation step {step.do!r} carries no state to record")
+    return step.then
 
 
 def snode_reason(snap, sname: str) -> str:
@@ -343,7 +354,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     # done only once the replacement takes jobs: registered, resumed from its spare drain, and answering
     # (a spare just resumed shows `idle*`, not responding, for a while)
     ready = node_ready and _in_service(spare)
-    step = R.next_step(cur, True, snap.jobs.get(sname, 0), evict if cur.state != "quarantined" else pods,
+    step = R.next_step(cur, True, (snap.jobs or {}).get(sname, 0), evict if cur.state != "quarantined" else pods,
                        ready, settings, now, sname, knode)
     cordon = {"spec": {"unschedulable": True},
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
@@ -354,13 +365,13 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
                             f"by hand or remove the label")
         return _opt_out(kname, sname, step.why, prefix, cur.attempts)
     if step.do == "fail":
-        then = step.then
+        then = _then(step)
         _, note = R.retry_due(then, settings, now)
         return [_state(kname, sname, then, prefix, then.reason,
                        event=("AutohealRemediationFailed", f"Node {kname} (Slurm {sname}): remediation failed: "
                               f"{then.reason}; {note}", "Warning"), journal="remediation-failed")]
     if step.do == "cordon":
-        return [_state(kname, sname, step.then, prefix, "cordoned; evicting its pods", extra=cordon,
+        return [_state(kname, sname, _then(step), prefix, "cordoned; evicting its pods", extra=cordon,
                        event=("AutohealCordoned", f"Node {kname} cordoned for replacement (Slurm {sname})",
                               "Normal"))]
     if cur.state in ("draining", "drained") and not (knode.get("spec") or {}).get("unschedulable"):
@@ -369,7 +380,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     if step.do in ("evict", "final-evict"):
         final = step.do == "final-evict"
         if final:  # recorded first: the next pass fails the remediation if pods are still there
-            out.append(_state(kname, sname, step.then, prefix, step.why))
+            out.append(_state(kname, sname, _then(step), prefix, step.why))
         deadline = cur.since + settings.drain_timeout_seconds
         for p in evict:
             meta = p.get("metadata") or {}
@@ -380,7 +391,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
                               deadline=deadline, force=final))
         return out
     if step.do == "request-replacement":
-        return out + _request(ctx, kname, sname, step.then, knode)
+        return out + _request(ctx, kname, sname, _then(step), knode)
     if cur.state == "replacing" and step.do == "wait":
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
@@ -393,7 +404,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
                                     f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
         return out
     if step.do == "retire":
-        acts = [_state(kname, sname, step.then, prefix, f"replaced by {new} (Slurm {new_slurm})",
+        acts = [_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
                        event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
                               f"{new_slurm})", "Normal"), journal="remediation-done")]
         if sname in snap.slurm:

@@ -350,7 +350,7 @@ def wants_replace(reason: str, cfg) -> bool:
     if any(text.startswith(p.strip()) for p in cfg.remediate_reasons if p.strip()):
         return True
     m = _XID.search(text)
-    return bool(m) and int(m.group(1)) in set(cfg.remediate_xids)
+    return m is not None and int(m.group(1)) in set(cfg.remediate_xids)
 
 
 def is_retired(reason: str) -> bool:

@@ -63,7 +63,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) ->
 def _problem(exc: OSError) -> str:
     """Why a file could not be read, for a rejection reason."""
     if isinstance(exc, NotRegularFile):
-        return exc.strerror
+        return exc.strerror or str(exc)
     if isinstance(exc, FileNotFoundError):
         return "missing"
     return f"unreadable ({exc.strerror or exc})"
@@ -561,7 +561,8 @@ class Checkpoint:
 
     def read_shard(self, rank: int) -> bytes:
         for n in self.shard_names():
-            if int(_SHARD_RE.match(n).group(1)) == rank:
+            m = _SHARD_RE.match(n)
+            if m is not None and int(m.group(1)) == rank:
                 return self.read_bytes(n)
         raise KeyError(f"checkpoint {self.name} has no shard for rank {rank}")
 
@@ -839,6 +840,7 @@ class CheckpointManager:
             _fault("shard-written")
         if rank != 0:
             return shard
+        assert meta_json is not None  # built on rank 0
         self._writing.add(staging.name)
         try:
             with _not_saved(step, self.directory):
@@ -863,7 +865,7 @@ class CheckpointManager:
             if not missing:
                 return
             if time.monotonic() >= deadline:
-                ranks = sorted(int(_SHARD_RE.match(n).group(1)) for n in missing)
+                ranks = sorted(int(m.group(1)) for m in map(_SHARD_RE.match, missing) if m is not None)
                 raise ShardTimeout(
                     f"checkpoint {staging.name}: timed out after {timeout:g}s waiting for shards of ranks "
                     f"{ranks} (have {world - len(missing)}/{world}); nothing published"
@@ -995,7 +997,8 @@ class CheckpointManager:
         is_dir = stat.S_ISDIR(st.st_mode)
         other = verify_checkpoint(final, "size") if is_dir else None
         reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
-        if reason:  # another job's checkpoint: never overwritten; kept under a name loading ignores
+        # another job's checkpoint: never overwritten; kept under a name loading ignores
+        if reason and isinstance(other, Checkpoint) and other.owner is not None:
             keep_as = self.directory / f"{final.name}.foreign-{_sanitize(other.owner.token)}-{secrets.token_hex(2)}"
             os.rename(final, keep_as)
             log.warning("checkpoint %s was %s; kept as %s", final, reason.split(":")[0], keep_as.name)
@@ -1033,8 +1036,8 @@ class CheckpointManager:
         now = time.time() if now is None else now
         pointer = read_latest_pointer(self.directory)
         names = os.listdir(self.directory)
-        ckpts = sorted(((parse_name(n), n) for n in names if parse_name(n) is not None), reverse=True)
-        doomed = []
+        ckpts = sorted(((step, n) for n in names if (step := parse_name(n)) is not None), reverse=True)
+        doomed: List[Tuple[int, Path]] = []
         valid_seen = 0
         for step, name in ckpts:
             path = self.directory / name
@@ -1042,7 +1045,7 @@ class CheckpointManager:
                 continue
             found = verify_checkpoint(path, "size")
             ok = isinstance(found, Checkpoint)
-            if ok and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
+            if isinstance(found, Checkpoint) and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
                 continue
             if name == pointer:
                 valid_seen += ok
@@ -1119,7 +1122,7 @@ class CheckpointManager:
             self.rejections = []
             result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             found = result if isinstance(result, Checkpoint) else None
-            if found is None:
+            if not isinstance(result, Checkpoint):
                 self._reject(result)
         if found is None:
             raise NoValidCheckpoint(self._summary(step))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -94,7 +94,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
     """
     cfg = load_cfg(config_path)
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
-    overrides: Dict[str, object] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
+    overrides: Dict[str, Any] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
                                     "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
                                     "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
                                     "spare_nodes": spare_nodes, "min_nodes": min_nodes}
@@ -102,7 +102,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
     for key, value in late.items():
         if key == "notify":
             overrides.setdefault("notify", [])
-            overrides["notify"] = list(overrides["notify"]) + list(value)  # type: ignore[arg-type]
+            overrides["notify"] = list(overrides["notify"]) + list(value)
         else:
             overrides[key] = value
     text, script_path = _script_text(sbatch_args, script, script_args)

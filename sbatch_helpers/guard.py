@@ -245,7 +245,7 @@ class Guard:
 
 
 def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
-                sleep: Callable[[float], None] = time.sleep) -> None:
+                sleep: Callable[[float], object] = time.sleep) -> None:
     """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff."""
     from autoheal.errors import SlurmUnavailable
 

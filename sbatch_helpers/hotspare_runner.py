@@ -27,11 +27,14 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers import hotspare as hs
-from autoheal.sbatch_helpers.comment import node_unhealthy
+from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
+
+if TYPE_CHECKING:
+    from autoheal.sbatch_helpers.runner import JobIdentity, RunnerOptions
 
 #: Seconds between the runner's looks at its active nodes for a pre-emptive-swap drain (one
 #: ``scontrol show node``) and, once one is seen, at the checkpoint directory.
@@ -50,6 +53,38 @@ class HotSpareRun:
     batch_host: str = ""
     swaps: int = 0
     resized = False  # this run removed nodes from the allocation (Slurm may refuse comment updates now)
+
+    if TYPE_CHECKING:  # what these methods use of Runner, which they are mixed into (defined there)
+        opts: RunnerOptions
+        ident: JobIdentity
+        env: Dict[str, str]
+        slurm: Any
+        comment: CommentState
+        job_nodes: List[str]
+        checkpoint_dir: str
+        received: Optional[int]
+        requeueing: bool
+        grace_sig: signal.Signals
+        adopt_orphans: bool
+
+        def record(self, event: str, message: str, severity: str = ..., **evidence: Any) -> None: ...
+        def write_comment(self) -> None: ...
+        def _job(self) -> Any: ...
+        def _nodes(self, names: Sequence[str]) -> List[Any]: ...
+        @staticmethod
+        def _progress_step(checkpoint: Any, ckdir: str) -> str: ...
+        def _resume_point(self, ckdir: str) -> Any: ...
+        def finish(self, state: str, code: int, message: str, severity: str = ...) -> int: ...
+        def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Any, job: Any,
+                               evidence: Dict[str, Any]) -> int: ...
+        def opts_budget(self) -> float: ...
+
+    @property
+    def _sets(self) -> hs.NodeSets:
+        """``self.hot``, in the methods that only run for a job with hot spares."""
+        if self.hot is None:
+            raise RuntimeError("hot-spare step for a job without hot spares")
+        return self.hot
 
     # ---- setup -----------------------------------------------------------------------------------
     def hot_setup(self, env: Dict[str, str]) -> Dict[str, str]:
@@ -81,11 +116,11 @@ class HotSpareRun:
         return self._hot_env(env)
 
     def _hot_env(self, env: Dict[str, str]) -> Dict[str, str]:
-        return hs.step_env(env, self.hot, str(self.shim_dir) if self.shim_dir else "", self.real_srun)
+        return hs.step_env(env, self._sets, str(self.shim_dir) if self.shim_dir else "", self.real_srun)
 
     def _hot_comment(self) -> None:
-        self.comment.nodes = ",".join(self.hot.active)
-        self.comment.spares = hs.comment_spares(self.hot.spares)
+        self.comment.nodes = ",".join(self._sets.active)
+        self.comment.spares = hs.comment_spares(self._sets.spares)
         self.comment.swaps = str(self.swaps) if self.swaps else ""
 
     # ---- pre-emptive swap --------------------------------------------------------------------------
@@ -168,15 +203,15 @@ class HotSpareRun:
             if job is None:
                 return None
             allocation = list(job.nodes)
-            names = sorted(set(allocation) | set(self.hot.all))
+            names = sorted(set(allocation) | set(self._sets.all))
             unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n) and not hs.preswap_only(n)]
-            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host,
+            decision = hs.judge(self._sets, allocation, unhealthy, self.batch_host,
                                 int(getattr(self.opts, "min_nodes", 0) or 0))
             if decision.kind != hs.NOTHING:
                 break
         else:
             return None
-        if any(n not in allocation for n in self.hot.all):
+        if any(n not in allocation for n in self._sets.all):
             self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
         if self.resized and decision.drop and decision.kind != hs.REQUEUE:
             # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
@@ -197,8 +232,8 @@ class HotSpareRun:
                 self._write_spares()
                 self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
                             f"unhealthy, released from the allocation; the step goes on on "
-                            f"{','.join(self.hot.active)}", "action", node=decision.drop[0],
-                            dropped=",".join(decision.drop), spares=",".join(self.hot.spares))
+                            f"{','.join(self._sets.active)}", "action", node=decision.drop[0],
+                            dropped=",".join(decision.drop), spares=",".join(self._sets.spares))
                 return "continue"
             self.hot = before
             self._hot_comment()
@@ -265,12 +300,12 @@ class HotSpareRun:
         self._write_spares()
         lost, took = ",".join(decision.lost), ",".join(decision.swapped_in)
         what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
-                f"{lost} lost, elastic job continues on {len(self.hot.active)} node(s)"
+                f"{lost} lost, elastic job continues on {len(self._sets.active)} node(s)"
                 + (f" (spare {took} taken)" if took else ""))
         self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); resuming "
-                    f"from checkpoint step {step} on {','.join(self.hot.active)}; no requeue "
-                    f"({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
-                    lost=lost, spare=took, active=",".join(self.hot.active), spares=",".join(self.hot.spares),
+                    f"from checkpoint step {step} on {','.join(self._sets.active)}; no requeue "
+                    f"({len(self._sets.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
+                    lost=lost, spare=took, active=",".join(self._sets.active), spares=",".join(self._sets.spares),
                     checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps,
                     preemptive=trigger.startswith("pre-emptive"))
         self._next_resume = latest
@@ -326,7 +361,7 @@ class HotSpareRun:
     def _write_spares(self) -> None:
         if self.shim_dir is not None:
             try:
-                hs.write_spares(self.shim_dir, self.hot.spares)
+                hs.write_spares(self.shim_dir, self._sets.spares)
             except OSError as exc:
                 from autoheal.sbatch_helpers.runner import say
 

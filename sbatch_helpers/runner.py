@@ -47,6 +47,7 @@ from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, S
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
 from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
+from autoheal.sbatch_helpers.preempt import SignalHandler
 from autoheal.sbatch_helpers.wrapper import WrapperOptions
 
 EXIT_REQUEUED = 0
@@ -145,7 +146,7 @@ class Shield:
 
     def __init__(self, extra: Sequence[int] = ()):
         self.signals = tuple(dict.fromkeys(tuple(SHIELDED) + tuple(extra)))
-        self.saved: Dict[int, object] = {}
+        self.saved: Dict[int, SignalHandler] = {}
 
     def __enter__(self) -> "Shield":
         for sig in self.signals:
@@ -280,7 +281,7 @@ class Runner(HotSpareRun):
     """One run of the job under the runner (see the module docstring)."""
 
     def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm=None, journal=None, notifier=None,
-                 env: Optional[Mapping[str, str]] = None, sacct: Callable[[str], Optional[List[str]]] = None,
+                 env: Optional[Mapping[str, str]] = None, sacct: Optional[Callable[[str], Optional[List[str]]]] = None,
                  clock: Callable[[], float] = time.time, adopt_orphans: bool = True):
         self.opts = opts
         self.ident = ident

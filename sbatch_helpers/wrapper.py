@@ -29,7 +29,7 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
 from autoheal.reasons import MAX_COMMENT_LEN, sanitize
@@ -284,9 +284,9 @@ def parse_signal_spec(value: str) -> Tuple[str, Optional[int]]:
     return sig.name[3:], grace
 
 
-def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, object]:
+def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, Any]:
     """``--grace 60 --max-restarts=3 ...`` (as in ``#AUTOHEAL`` lines) -> {field: value}."""
-    out: Dict[str, object] = {}
+    out: Dict[str, Any] = {}
     args = list(args)
     i = 0
     while i < len(args):
@@ -317,7 +317,7 @@ def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, object]:
                 raise WrapperError(f"{where}: {name} expects an integer, got {value!r}") from None
         elif kind == "list":
             out.setdefault(fld, [])
-            out[fld].append(value)  # type: ignore[union-attr]
+            out[fld].append(value)
         else:
             out[fld] = value
     return out
@@ -342,7 +342,7 @@ def check_options(opts: WrapperOptions) -> WrapperOptions:
     return opts
 
 
-def merge_options(defaults: WrapperOptions, *layers: Dict[str, object]) -> WrapperOptions:
+def merge_options(defaults: WrapperOptions, *layers: Dict[str, Any]) -> WrapperOptions:
     """Apply override layers in order (later wins); ``notify`` lists accumulate."""
     merged = replace(defaults, notify=list(defaults.notify))
     for layer in layers:
@@ -355,7 +355,7 @@ def merge_options(defaults: WrapperOptions, *layers: Dict[str, object]) -> Wrapp
                 if grace is not None:
                     merged.grace = grace
             elif key == "notify":
-                merged.notify.extend(v for v in value if v not in merged.notify)  # type: ignore[union-attr]
+                merged.notify.extend(v for v in value if v not in merged.notify)
             else:
                 setattr(merged, key, value)
     return merged
@@ -382,7 +382,7 @@ class SubmitRequest:
     script_text: str
     script_args: List[str]
     sbatch_args: List[str]  # the user's sbatch options from the command line
-    cli_overrides: Dict[str, object] = field(default_factory=dict)
+    cli_overrides: Dict[str, Any] = field(default_factory=dict)
     defaults: WrapperOptions = field(default_factory=WrapperOptions)
     python: str = "python3"
     sbatch: str = "sbatch"
@@ -470,7 +470,7 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if _has(cli_opts, "wait") and _has(cli_opts, "parsable"):
         pass  # both are fine; sbatch handles them
 
-    script_layer: Dict[str, object] = {}
+    script_layer: Dict[str, Any] = {}
     user_signal = _has(parsed.sbatch_options, "signal")
     if user_signal and user_signal.value:
         if user_signal.value.upper().startswith(("B:", "RB:", "BR:")):
@@ -617,7 +617,7 @@ def read_script(path: str) -> str:
         raise WrapperError(f"script {name}: is not UTF-8 text") from None
 
 
-def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, object], Optional[str], List[str]]:
+def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, Any], Optional[str], List[str]]:
     """``[sbatch and wrapper options] SCRIPT [ARGS]`` -> (sbatch args, wrapper overrides, script, args).
 
     Wrapper options may also appear among the sbatch options (before SCRIPT).

@@ -43,7 +43,7 @@ def lookup(conf: Dict[str, str], key: str) -> Optional[str]:
 def preemption_enabled(conf: Dict[str, str]) -> bool:
     """True when PreemptType names a real preemption plugin."""
     ptype = lookup(conf, "PreemptType")
-    return not values.is_null(ptype) and ptype.strip().lower() != "preempt/none"
+    return ptype is not None and not values.is_null(ptype) and ptype.strip().lower() != "preempt/none"
 
 
 def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:

@@ -95,7 +95,7 @@ def check_nvml(expected_gpus: int, timeout: float = 10.0, probe: Callable[[], in
     if not expected_gpus:
         return Finding("nvml", SKIP, "NVML", "", "loads on GPU nodes", why,
                        "hooks.expected_gpus is 0 or unset: not a GPU node", kind="install")
-    result: Dict[str, object] = {}
+    result: Dict[str, int | str] = {}
 
     def run() -> None:
         try:

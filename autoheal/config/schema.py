@@ -77,7 +77,7 @@ def _check_string(key: str, value: str, multiline: bool) -> None:
 def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {show(value)}")
         return from_mapping(tp, value, prefix=key)
@@ -141,8 +141,8 @@ def from_mapping(cls: type, data: dict, prefix: str = "") -> Any:
     given twice under its two spellings (``max_restarts`` and ``max-restarts``)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    given = {}
+    kwargs: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for key, value in data.items():
         full = key_path(prefix, key)
         name = str(key).replace("-", "_")
@@ -185,7 +185,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.extend(describe(tp, key))
             continue
         default = f.default if f.default is not dataclasses.MISSING else (

@@ -19,7 +19,7 @@ from autoheal.slurm.model import Job, Node, WarnSignal, parse_state
 def _loads(text: str, what: str) -> dict:
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         snippet = (text or "").strip()[:60]
         raise SlurmParseError(f"{what}: not valid JSON ({exc.msg} at char {exc.pos}); output began {snippet!r}") from None
     if not isinstance(data, dict):

@@ -19,7 +19,7 @@ from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
 def _import_pyslurm():
     try:
-        import pyslurm  # type: ignore
+        import pyslurm
     except ImportError as exc:
         raise SlurmError(f"slurm.backend = 'pyslurm' but pyslurm cannot be imported ({exc}); "
                          f"install a pyslurm build matching your Slurm, or use backend 'cli'") from None
