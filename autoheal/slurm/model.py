@@ -9,7 +9,7 @@ state and a set of flags.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import FrozenSet, Iterable, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 BASE_STATES = ("ALLOCATED", "COMPLETING", "DOWN", "ERROR", "FUTURE", "IDLE", "MIXED", "UNKNOWN")
 # Suffix characters sinfo/scontrol append to a state name, and the flag each stands for.
@@ -210,4 +210,4 @@ class NodeUpdate:
     node: str
     action: str  # drain | resume | set_reason | reboot
     reason: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: Dict[str, Any] = field(default_factory=dict)
