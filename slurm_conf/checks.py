@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.slurm_conf import values
 from autoheal.slurm_conf.recommendations import Recommendation
@@ -25,7 +25,7 @@ class Finding:
     effect: str = ""
     kind: str = "setting"  # setting | install
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
 
