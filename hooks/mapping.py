@@ -11,7 +11,7 @@ import fcntl
 import os
 import re
 import subprocess
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 _IDX_RE = re.compile(r"\(IDX:([0-9,\-]+)\)")
 
@@ -54,7 +54,7 @@ def indices_from_show_job(text: str, node: str) -> List[int]:
     return []
 
 
-def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float, slurm_env: Optional[dict] = None) -> List[int]:
+def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float, slurm_env: Optional[Dict[str, str]] = None) -> List[int]:
     """The job's GPU indices on this node ([] when nobody can say within ``timeout``)."""
     for key in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
         val = env.get(key, "")
