@@ -63,7 +63,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def parse_name(name: str) -> Optional[int]:
     return step if checkpoint_name(step) == name else None
 
 
-def checkpoint_step(path: Union[str, os.PathLike]) -> int:
+def checkpoint_step(path: Union[str, os.PathLike[str]]) -> int:
     """The step of a checkpoint directory (or of a file inside one); ValueError if it is not one."""
     p = Path(path)
     for candidate in (p, p.parent):
@@ -244,7 +244,7 @@ class Owner:
             return cls(job_id=doc["job_id"], token=doc["token"])
         return None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Dict[str, str]:
         return {"job_id": self.job_id, "token": self.token}
 
     def __str__(self) -> str:
@@ -296,7 +296,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_regular(path: Union[str, os.PathLike]) -> int:
+def _open_regular(path: Union[str, os.PathLike[str]]) -> int:
     """A read-only fd of the regular file ``path``; NotRegularFile for anything else (never opened when
     lstat already tells, so no device open() side effects), FileNotFoundError when missing."""
     st = os.lstat(path)
@@ -313,7 +313,7 @@ def _open_regular(path: Union[str, os.PathLike]) -> int:
         raise
 
 
-def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) -> bytes:
+def _read_regular(path: Union[str, os.PathLike[str]], limit: Optional[int] = None) -> bytes:
     """Up to ``limit`` bytes (all without one) of the regular file ``path``; see :func:`_open_regular`."""
     fd = _open_regular(path)
     with open(fd, "rb", closefd=True) as f:
@@ -332,7 +332,7 @@ def _problem(exc: OSError) -> str:
 # ---------------------------------------------------------------- turning OSError into one-line CheckpointIOError
 
 
-def _show(path: Union[str, os.PathLike, None]) -> str:
+def _show(path: Union[str, os.PathLike[str], None]) -> str:
     """A path for a one-line message (repr when it holds control characters)."""
     text = os.fsdecode(path) if path is not None else "?"
     return repr(text) if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text) else text
@@ -346,7 +346,7 @@ def _cause(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def _io(what: str, path: Union[str, os.PathLike]) -> Iterator[None]:
+def _io(what: str, path: Union[str, os.PathLike[str]]) -> Iterator[None]:
     """Run a filesystem operation; its OSError becomes CheckpointIOError("<what> <path>: <cause>")."""
     try:
         yield
@@ -524,12 +524,12 @@ def _rmtree(path: Path) -> None:
 class Checkpoint:
     """A checkpoint that passed verification."""
 
-    def __init__(self, path: Path, manifest: dict):
+    def __init__(self, path: Path, manifest: Dict[str, Any]):
         self.path = path
         self.manifest = manifest
         self.step: int = manifest["step"]
         md = manifest.get("metadata")
-        self.metadata: dict = md if isinstance(md, dict) else {}
+        self.metadata: Dict[str, Any] = md if isinstance(md, dict) else {}
         #: who saved it (None for checkpoints saved outside autoheal sbatch or by older versions)
         self.owner: Optional[Owner] = Owner.from_json(manifest.get("owner"))
 
@@ -541,7 +541,7 @@ class Checkpoint:
         return self.path.name
 
     @property
-    def files(self) -> list:
+    def files(self) -> List[str]:
         """Names (relative, '/'-separated) of the files the manifest lists."""
         return sorted(self.manifest["files"])
 
@@ -556,7 +556,7 @@ class Checkpoint:
         NotRegularFile instead of blocking)."""
         return _read_regular(self.file(name))
 
-    def shard_names(self) -> list:
+    def shard_names(self) -> List[str]:
         return sorted(n for n in self.manifest["files"] if _SHARD_RE.match(n))
 
     def read_shard(self, rank: int) -> bytes:
@@ -567,7 +567,7 @@ class Checkpoint:
         raise KeyError(f"checkpoint {self.name} has no shard for rank {rank}")
 
 
-def verify_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
+def verify_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
     """Check one checkpoint directory; return it as a :class:`Checkpoint` or a :class:`Rejection`.
 
     Never raises on bad contents (only on a bad ``verify`` argument).
@@ -669,7 +669,7 @@ def _inside(root: Path, relpath: str) -> Path:
     return root / relpath
 
 
-def read_latest_pointer(directory: Union[str, os.PathLike]) -> Optional[str]:
+def read_latest_pointer(directory: Union[str, os.PathLike[str]]) -> Optional[str]:
     """The checkpoint name in ``latest``, or None when absent, not a regular file or not one of our names."""
     try:
         text = _read_regular(Path(directory) / LATEST, 256).decode("utf-8", "replace").strip()
@@ -698,7 +698,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        directory: Union[str, os.PathLike],
+        directory: Union[str, os.PathLike[str]],
         keep: Optional[int] = 3,
         rank: Optional[int] = None,
         *,
@@ -725,8 +725,8 @@ class CheckpointManager:
         if self.owner is not None and not isinstance(self.owner, Owner):
             raise TypeError(f"owner must be an Owner or None, got {type(owner).__name__}")
         self.allow_foreign = env_allow_foreign(environ) if allow_foreign is None else bool(allow_foreign)
-        self.rejections: list = []
-        self._writing: set = set()
+        self.rejections: List[Rejection] = []
+        self._writing: Set[str] = set()
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, keep={self.keep}, rank={self.rank})"
@@ -741,7 +741,7 @@ class CheckpointManager:
         self,
         step: int,
         payload: Union[Payload, Mapping[str, Payload]],
-        metadata: Optional[dict] = None,
+        metadata: Optional[Dict[str, Any]] = None,
         *,
         filename: str = PAYLOAD,
     ) -> Path:
@@ -764,7 +764,7 @@ class CheckpointManager:
         return self.directory / checkpoint_name(step)
 
     @contextlib.contextmanager
-    def saving(self, step: int, metadata: Optional[dict] = None) -> Iterator[Path]:
+    def saving(self, step: int, metadata: Optional[Dict[str, Any]] = None) -> Iterator[Path]:
         """Yield a temporary folder to write files into; on success publish it as checkpoint ``step``.
 
         On an exception the temporary folder is deleted and nothing is published; an OSError (also one
@@ -802,7 +802,7 @@ class CheckpointManager:
         rank: Optional[int] = None,
         *,
         world_size: Optional[int] = None,
-        metadata: Optional[dict] = None,
+        metadata: Optional[Dict[str, Any]] = None,
         timeout: Optional[float] = None,
     ) -> Path:
         """Write this rank's shard of checkpoint ``step``.
@@ -893,7 +893,7 @@ class CheckpointManager:
                     raise
         raise CheckpointError(f"cannot create a temporary folder {base}-* in {_show(self.directory)}")
 
-    def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[dict] = None) -> None:
+    def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[Dict[str, Any]] = None) -> None:
         files = {}
         def walk_error(exc: OSError) -> None:
             raise exc
@@ -1024,7 +1024,7 @@ class CheckpointManager:
 
     # ---- pruning
 
-    def prune(self, now: Optional[float] = None) -> list:
+    def prune(self, now: Optional[float] = None) -> List[Path]:
         """Delete surplus checkpoints and stale leftovers; return the deleted paths.
 
         Keeps the newest ``keep`` checkpoints that verify (by size), the one ``latest`` names, and
@@ -1076,7 +1076,7 @@ class CheckpointManager:
 
     # ---- loading
 
-    def checkpoints(self) -> list:
+    def checkpoints(self) -> List[int]:
         """Steps of the folders named like checkpoints (valid or not), oldest first."""
         try:
             names = os.listdir(self.directory)
@@ -1172,7 +1172,7 @@ def _session_token(environ: Optional[Mapping[str, str]] = None) -> str:
     return _sanitize(".".join(p for p in parts if p)) if any(parts) else "local"
 
 
-def _metadata_json(metadata: Optional[dict]) -> str:
+def _metadata_json(metadata: Optional[Dict[str, Any]]) -> str:
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
@@ -1186,10 +1186,10 @@ def _metadata_json(metadata: Optional[dict]) -> str:
 # ---------------------------------------------------------------- runner-facing helpers
 
 
-def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size", *,
+def find_resume_point(directory: Union[str, os.PathLike[str], None], verify: str = "size", *,
                       owner: Optional[Owner] = _FROM_ENV, allow_foreign: Optional[bool] = None,
                       environ: Optional[Mapping[str, str]] = None,
-                      rejections: Optional[list] = None) -> Optional[Path]:
+                      rejections: Optional[List[Rejection]] = None) -> Optional[Path]:
     """Path of the newest valid checkpoint in ``directory`` (size check by default) that this job may
     resume, or None.
 
@@ -1213,7 +1213,7 @@ def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "s
     return found.path if found else None
 
 
-def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
+def open_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
                     allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None) -> Checkpoint:
     """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad
     or another job's (owner checks as for :class:`CheckpointManager`)."""
@@ -1229,7 +1229,7 @@ def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, ow
     return result
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """``python -m autoheal.sbatch_helpers.checkpoint resume-point DIR [--verify size|sha256]``.
 
     Prints the resume path and exits 0, or prints nothing and exits 1 when there is none.
@@ -1254,7 +1254,7 @@ def main(argv: Optional[list] = None) -> int:
             print(f"autoheal-checkpoint: {exc}", file=sys.stderr)
             return 2
         return 0
-    rejections: list = []
+    rejections: List[Rejection] = []
     found = find_resume_point(args.directory, args.verify, allow_foreign=args.allow_foreign, rejections=rejections)
     for r in rejections:
         print(f"autoheal-checkpoint: skipped {r}", file=sys.stderr)

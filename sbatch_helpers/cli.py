@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
 from autoheal.errors import EXIT_PROBLEM, SlurmError
 from autoheal.sbatch_helpers import wrapper
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
 
 CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
            "help_option_names": ["--help"], "max_content_width": 100}
@@ -50,8 +53,10 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 @config_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
-def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, allow_foreign_checkpoint,
-           spare_nodes, min_nodes, dry_run, as_json, config_path, args) -> None:
+def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Optional[int], signal_name: Optional[str],
+           exclude_failed: Optional[bool], notify: Tuple[str, ...], allow_foreign_checkpoint: Optional[bool],
+           spare_nodes: Optional[int], min_nodes: Optional[int], dry_run: bool, as_json: bool,
+           config_path: Optional[str], args: Tuple[str, ...]) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -127,7 +132,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
         click.echo(out, nl=False)
 
 
-def _script_text(sbatch_args, script: Optional[str], script_args) -> Tuple[str, Optional[str]]:
+def _script_text(sbatch_args: Sequence[str], script: Optional[str], script_args: Sequence[str]) -> Tuple[str, Optional[str]]:
     wrap = None
     opts, _ = wrapper.parse_sbatch_options(sbatch_args)
     for o in opts:
@@ -142,7 +147,7 @@ def _script_text(sbatch_args, script: Optional[str], script_args) -> Tuple[str, 
     return wrapper.read_script(script), os.path.abspath(script)
 
 
-def _submit(plan: wrapper.SubmitPlan, cfg) -> str:
+def _submit(plan: wrapper.SubmitPlan, cfg: Config) -> str:
     from autoheal.slurm.binaries import find_binary
 
     binary = cfg.sbatch.sbatch or find_binary("sbatch", cfg.slurm.bin_dir)

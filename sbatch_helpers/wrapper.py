@@ -29,11 +29,14 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
 from autoheal.reasons import MAX_COMMENT_LEN, sanitize
 from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from autoheal.config.sbatch_section import SbatchSection
 
 MARKER = "autoheal-runner"
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
@@ -361,7 +364,7 @@ def merge_options(defaults: WrapperOptions, *layers: Dict[str, Any]) -> WrapperO
     return merged
 
 
-def defaults_from_config(section) -> WrapperOptions:
+def defaults_from_config(section: Optional[SbatchSection]) -> WrapperOptions:
     """WrapperOptions from a config ``[sbatch]`` section (or None: built-in defaults)."""
     if section is None:
         return WrapperOptions()
@@ -407,7 +410,7 @@ class SubmitPlan:
     parsable: bool = False
     token: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         from dataclasses import asdict
 
         return {"argv": self.argv, "script": self.script, "options": asdict(self.options),
