@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -26,6 +26,9 @@ from autoheal.slurm.model import Node
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.mapping import Binding, map_nodes
+
+if TYPE_CHECKING:
+    from autoheal.config.sync_section import SyncSection
 
 # Action kinds
 POD_STATUS = "pod-status"
@@ -91,7 +94,7 @@ class Context:
     retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
 
 
-def make_context(snap: Snapshot, cfg) -> Context:
+def make_context(snap: Snapshot, cfg: SyncSection) -> Context:
     result = map_nodes(snap.slurm.keys(), snap.nodes, snap.pods, cfg.mapping, cfg.pod_key, cfg.node_label,
                        cfg.namespace)
     return Context(snap, cfg, result.bindings, list(result.problems))
@@ -182,7 +185,7 @@ def _parse_taint_spec(spec: str) -> Tuple[str, Optional[str], Optional[str]]:
     return spec, value, effect
 
 
-def external_causes(knode: Dict[str, Any], cfg) -> List[Tuple[str, str]]:
+def external_causes(knode: Dict[str, Any], cfg: SyncSection) -> List[Tuple[str, str]]:
     """(what, detail) for every external signal on a Node that takes it out of Slurm, in a fixed order
     (cordon, taints, conditions) so the chosen reason is stable across passes."""
     meta = knode.get("metadata") or {}
@@ -285,7 +288,7 @@ def register_step(name: str, fn: StepFn) -> None:
     STEPS[name] = fn
 
 
-def plan(snap: Snapshot, cfg, steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
+def plan(snap: Snapshot, cfg: SyncSection, steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
     """All steps' actions for one snapshot (step name -> actions) and mapping/safety problems."""
     ctx = make_context(snap, cfg)
     out = {}
