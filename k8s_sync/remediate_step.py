@@ -27,10 +27,13 @@ from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
-from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, register_step
+from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10+: annotations only
+
+    from autoheal.config.sync_section import SyncSection
+    from autoheal.k8s_sync.mapping import Binding
 
 STEP = "remediate"
 NOT_IN_SERVICE = ("DOWN", "UNKNOWN", "FUTURE")
@@ -49,7 +52,7 @@ def _labels(obj: Dict[str, Any]) -> Dict[str, str]:
 def _ready(knode: Dict[str, Any]) -> bool:
     for c in ((knode.get("status") or {}).get("conditions") or []):
         if c.get("type") == "Ready":
-            return c.get("status") == "True"
+            return bool(c.get("status") == "True")
     return False
 
 
@@ -68,7 +71,7 @@ def evictable_pods(pods: List[Dict[str, Any]], slurmd_pod: Optional[str]) -> Lis
     return out
 
 
-def cr_name(cfg, kname: str, sname: str) -> str:
+def cr_name(cfg: SyncSection, kname: str, sname: str) -> str:
     """Name of the replacement custom resource for Node ``kname`` (from ``replacement_template``)."""
     try:
         return (R.render_template(cfg.replacement_template, kname, sname, "").get("metadata") or {}).get("name") \
@@ -77,7 +80,7 @@ def cr_name(cfg, kname: str, sname: str) -> str:
         return kname
 
 
-def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg, sname: str = "") -> str:
+def replacement_of(kname: str, knode: Dict[str, Any], snap: Snapshot, cfg: SyncSection, sname: str = "") -> str:
     """The Node name the provider says replaces ``kname`` (custom resource status or annotation)."""
     k = R.keys(cfg.annotation_prefix)
     cr = snap.replacements.get(cr_name(cfg, kname, sname)) if cfg.replacement_action == "custom-resource" else None
@@ -234,12 +237,13 @@ def _then(step: R.Step) -> R.NodeRemediation:
     return step.then
 
 
-def snode_reason(snap, sname: str) -> str:
+def snode_reason(snap: Snapshot, sname: str) -> str:
     node = snap.slurm.get(sname)
     return strip_reason_suffix(node.reason) if node is not None else ""
 
 
-def _state(kname: str, sname: str, then: R.NodeRemediation, prefix: str, why: str, extra=None, event=None,
+def _state(kname: str, sname: str, then: R.NodeRemediation, prefix: str, why: str,
+           extra: Optional[Dict[str, Any]] = None, event: Optional[Tuple[str, str, str]] = None,
            journal: str = "remediation") -> Action:
     body = _deep_merge(then.patch(prefix), extra or {})
     return Action(STEP, NODE_PATCH, kname, sname, "", "merge", body, why=f"{then.state or 'cleared'}: {why}",
@@ -273,7 +277,7 @@ def _opt_out_lifted(kname: str, sname: str, prefix: str, why: str) -> Action:
                          "Normal"), journal="remediation-opt-out-lifted")
 
 
-def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> bool:
+def _leftovers(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], released: bool) -> bool:
     """Anything a past remediation left on a Node that no longer needs one (a crash between writes, an
     operator's retry of a node that healed meanwhile, an older version)."""
     k = R.keys(ctx.cfg.annotation_prefix)
@@ -291,7 +295,7 @@ def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> b
         and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
 
 
-def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation, uncordon: bool, what: str,
+def _cleanup(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], cur: R.NodeRemediation, uncordon: bool, what: str,
              why: str) -> List[Action]:
     """End a remediation the Slurm node no longer needs: delete the stale request (custom resource), then
     one Node patch dropping every remediation annotation and label and, when ``uncordon``, autoheal's own
@@ -336,7 +340,8 @@ def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation
     return out
 
 
-def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: float) -> List[Action]:
+def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.RemediationSettings,
+             now: float) -> List[Action]:
     cfg, snap = ctx.cfg, ctx.snap
     prefix = cfg.annotation_prefix
     knode = snap.nodes[kname]
@@ -414,7 +419,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     return out
 
 
-def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode) -> List[Action]:
+def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode: Dict[str, Any]) -> List[Action]:
     """State ``replacing`` plus the configured request (label: one patch; others: state first)."""
     cfg = ctx.cfg
     prefix = cfg.annotation_prefix
@@ -448,7 +453,8 @@ def _request_effect(ctx: Context, kname: str, sname: str, reason: str) -> List[A
                    why=f"POST replacement request for {kname}")]
 
 
-def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, knode) -> List[Action]:
+def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation,
+                    knode: Dict[str, Any]) -> List[Action]:
     """In ``replacing``: re-issue a request that a crash lost (all requests are idempotent)."""
     cfg = ctx.cfg
     k = R.keys(cfg.annotation_prefix)
@@ -468,7 +474,7 @@ def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation
     return []
 
 
-def candidates(snap, cfg, bindings) -> List[str]:
+def candidates(snap: Snapshot, cfg: SyncSection, bindings: Dict[str, Binding]) -> List[str]:
     """Nodes whose pods the engine must read for this step: active remediations and nodes that ask for
     a replacement (new ones, opted-out ones, failed ones that may be retried)."""
     prefix = cfg.annotation_prefix
@@ -486,7 +492,7 @@ def candidates(snap, cfg, bindings) -> List[str]:
     return sorted(out)
 
 
-def needs_requests(snap, cfg) -> bool:
+def needs_requests(snap: Snapshot, cfg: SyncSection) -> bool:
     """Whether the pass must list the replacement custom resources: some Node carries a remediation
     record or autoheal's cordon (a request may have to be found, re-issued or cleaned up)."""
     k = R.keys(cfg.annotation_prefix)
