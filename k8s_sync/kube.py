@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 
 from autoheal.errors import AutohealError
 
 #: (apiGroup, resource, verb) -> True for every call the adapter can make.
 REQUIRED_PERMISSIONS: Set[Tuple[str, str, str]] = set()
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def needs(*perms: Tuple[str, str, str]) -> Callable:
+def needs(*perms: Tuple[str, str, str]) -> Callable[[F], F]:
     """Declare the RBAC permissions a method uses (collected into REQUIRED_PERMISSIONS)."""
-    def deco(fn: Callable) -> Callable:
+    def deco(fn: F) -> F:
         REQUIRED_PERMISSIONS.update(perms)
         fn.rbac = perms  # type: ignore[attr-defined]
         return fn
@@ -71,7 +72,7 @@ def _classify(exc: Exception, what: str) -> KubeError:
     return cls(text, status, retry_after)
 
 
-def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False):
+def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False) -> Any:
     """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
     try:
         from kubernetes import client, config as kconfig
@@ -127,7 +128,7 @@ class KubeClient(Protocol):
 class KubeApi:
     """The real adapter, over the official client."""
 
-    def __init__(self, client_config, timeout: float = 10.0):
+    def __init__(self, client_config: Any, timeout: float = 10.0) -> None:
         from kubernetes import client
 
         self._client_mod = client
@@ -143,7 +144,7 @@ class KubeApi:
         return cls(load_client_config(kubeconfig, in_cluster), timeout)
 
     # ---- plumbing --------------------------------------------------------------------------------
-    def _raw(self, what: str, fn: Callable, *args, **kwargs) -> Any:
+    def _raw(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
         self.calls[what] = self.calls.get(what, 0) + 1
         kwargs.setdefault("_request_timeout", self.timeout)
         try:
@@ -152,11 +153,12 @@ class KubeApi:
         except Exception as exc:  # ApiException, urllib3 errors, timeouts: all become KubeError
             raise _classify(exc, what) from None
         try:
-            return json.loads(data) if data else {}
+            obj: Dict[str, Any] = json.loads(data) if data else {}  # the API answers with an object
+            return obj
         except ValueError:
             raise KubeError(f"{what}: answer is not JSON") from None
 
-    def _patch(self, what: str, fn: Callable, *args, body: Any, patch_type: str) -> Dict[str, Any]:
+    def _patch(self, what: str, fn: Callable[..., Any], *args: Any, body: Any, patch_type: str) -> Dict[str, Any]:
         return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
 
     @staticmethod
@@ -174,8 +176,8 @@ class KubeApi:
         data = self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=selector or None)
         return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
 
-    def _watch(self, what: str, fn: Callable, *args, resource_version: str, timeout: int,
-               **kwargs) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    def _watch(self, what: str, fn: Callable[..., Any], *args: Any, resource_version: str, timeout: int,
+               **kwargs: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """Events of one watch request from ``resource_version``; Gone on 410 (caller relists)."""
         self.calls[what] = self.calls.get(what, 0) + 1
         try:
@@ -270,7 +272,7 @@ class KubeApi:
         except NotFound:
             return
 
-    def _custom(self):
+    def _custom(self) -> Any:
         return self._client_mod.CustomObjectsApi(self.api_client)
 
     @needs(("autoheal.io", "nodereplacements", "create"))
