@@ -27,14 +27,17 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
+from autoheal.errors import SlurmError
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers import hotspare as hs
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
 
 if TYPE_CHECKING:
-    from autoheal.sbatch_helpers.runner import JobIdentity, RunnerOptions
+    from autoheal.sbatch_helpers.runner import Child, JobIdentity, RunnerOptions
+    from autoheal.slurm.base import SlurmAdapter
+    from autoheal.slurm.model import Job, Node
 
 #: Seconds between the runner's looks at its active nodes for a pre-emptive-swap drain (one
 #: ``scontrol show node``) and, once one is seen, at the checkpoint directory.
@@ -58,7 +61,7 @@ class HotSpareRun:
         opts: RunnerOptions
         ident: JobIdentity
         env: Dict[str, str]
-        slurm: Any
+        slurm: Optional[SlurmAdapter]
         comment: CommentState
         job_nodes: List[str]
         checkpoint_dir: str
@@ -69,15 +72,22 @@ class HotSpareRun:
 
         def record(self, event: str, message: str, severity: str = ..., **evidence: Any) -> None: ...
         def write_comment(self) -> None: ...
-        def _job(self) -> Any: ...
-        def _nodes(self, names: Sequence[str]) -> List[Any]: ...
+        def _job(self) -> Optional[Job]: ...
+        def _nodes(self, names: Sequence[str]) -> List[Node]: ...
         @staticmethod
-        def _progress_step(checkpoint: Any, ckdir: str) -> str: ...
-        def _resume_point(self, ckdir: str) -> Any: ...
+        def _progress_step(checkpoint: Optional[Path], ckdir: str) -> str: ...
+        def _resume_point(self, ckdir: str) -> Optional[Path]: ...
         def finish(self, state: str, code: int, message: str, severity: str = ...) -> int: ...
-        def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Any, job: Any,
-                               evidence: Dict[str, Any]) -> int: ...
+        def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Sequence[Node],
+                               job: Optional[Job], evidence: Dict[str, Any]) -> int: ...
         def opts_budget(self) -> float: ...
+
+    @property
+    def _adapter(self) -> SlurmAdapter:
+        """``self.slurm``, in the steps that only run with one (their callers check it first)."""
+        if self.slurm is None:
+            raise SlurmError("no Slurm access")
+        return self.slurm
 
     @property
     def _sets(self) -> hs.NodeSets:
@@ -124,11 +134,11 @@ class HotSpareRun:
         self.comment.swaps = str(self.swaps) if self.swaps else ""
 
     # ---- pre-emptive swap --------------------------------------------------------------------------
-    _preswap: Optional[dict] = None
+    _preswap: Optional[Dict[str, Any]] = None
     _preswap_next = 0.0
-    _preswap_given_up: frozenset = frozenset()
+    _preswap_given_up: FrozenSet[str] = frozenset()
 
-    def hot_preswap(self, child) -> Union[None, str, int]:
+    def hot_preswap(self, child: Child) -> Union[None, str, int]:
         """Called while the step runs. An active node drained for a pre-emptive swap (the health check saw
         a warning sign: ``autoheal: pre-emptive swap: ...``) is swapped for a spare at the trainer's next
         checkpoint, as after a fault. Returns "restart" after the swap, an exit code if the swap failed
@@ -185,7 +195,7 @@ class HotSpareRun:
         return self._hot_swap(child, decision, job, f"pre-emptive swap at checkpoint step {step}: {body}")
 
     # ---- faults ----------------------------------------------------------------------------------
-    def hot_fault(self, child, trigger: str) -> Union[None, str, int]:
+    def hot_fault(self, child: Child, trigger: str) -> Union[None, str, int]:
         """A fault signal came, or the user's script ended non-zero. Returns "restart" (a swap was made:
         start the script again), "continue" (bad idle spares dropped: keep waiting), an exit code (the
         step died with a node and the job was requeued), or None (not a node problem, or the signal
@@ -244,7 +254,7 @@ class HotSpareRun:
             return self._hot_requeue(child, decision, job)
         return self._hot_swap(child, decision, job, trigger)
 
-    def _stop_step(self, child) -> float:
+    def _stop_step(self, child: Child) -> float:
         """Forward the grace signal to the step, wait for it to checkpoint and end; seconds waited."""
         from autoheal.sbatch_helpers.runner import KILL_AFTER_TERM, say
 
@@ -260,7 +270,7 @@ class HotSpareRun:
                 child.wait_group(KILL_AFTER_TERM)
         return time.monotonic() - started
 
-    def _hot_shrink(self, job, drop: Sequence[str]) -> bool:
+    def _hot_shrink(self, job: Job, drop: Sequence[str]) -> bool:
         """Remove ``drop`` from the allocation; False when Slurm refused (the caller falls back)."""
         from autoheal.errors import SlurmError
         from autoheal.sbatch_helpers.runner import retry_step, say
@@ -269,14 +279,14 @@ class HotSpareRun:
             return bool(not drop)
         keep = [n for n in job.nodes if n not in drop]
         try:
-            retry_step(lambda: self.slurm.shrink_job(self.ident.job_id, keep), self.opts_budget(),
+            retry_step(lambda: self._adapter.shrink_job(self.ident.job_id, keep), self.opts_budget(),
                        f"release {','.join(drop)} from job {self.ident.job_id}")
         except SlurmError as exc:
             say(f"warning: cannot release {','.join(drop)} from job {self.ident.job_id}: {exc}")
             return False
         return True
 
-    def _hot_swap(self, child, decision: hs.Decision, job, trigger: str) -> Union[None, str, int]:
+    def _hot_swap(self, child: Child, decision: hs.Decision, job: Job, trigger: str) -> Union[None, str, int]:
         waited = self._stop_step(child)
         fresh = self._job() or job
         latest = self._resume_point(self.checkpoint_dir)
@@ -311,7 +321,7 @@ class HotSpareRun:
         self._next_resume = latest
         return "restart"
 
-    def hot_restart(self, argv: Sequence[str]):
+    def hot_restart(self, argv: Sequence[str]) -> Child:
         """The user's script again, on the new active nodes, resuming from the newest valid checkpoint."""
         from autoheal.sbatch_helpers.runner import Child, build_env
 
@@ -322,7 +332,7 @@ class HotSpareRun:
         env["AUTOHEAL_SWAP_COUNT"] = str(self.swaps)
         return Child(argv, self._hot_env(env), reap_all=self.adopt_orphans)
 
-    def _hot_requeue(self, child, decision: hs.Decision, job) -> int:
+    def _hot_requeue(self, child: Child, decision: hs.Decision, job: Job) -> int:
         """The step died with a node and no spare can replace it: requeue away from it (as after a drain)."""
         from autoheal.sbatch_helpers.runner import EXIT_MAX_RESTARTS
 
