@@ -54,7 +54,8 @@ def indices_from_show_job(text: str, node: str) -> List[int]:
     return []
 
 
-def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float, slurm_env: Optional[Dict[str, str]] = None) -> List[int]:
+def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float,
+             slurm_env: Optional[Dict[str, str]] = None) -> List[int]:
     """The job's GPU indices on this node ([] when nobody can say within ``timeout``)."""
     for key in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
         val = env.get(key, "")

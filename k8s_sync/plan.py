@@ -288,7 +288,8 @@ def register_step(name: str, fn: StepFn) -> None:
     STEPS[name] = fn
 
 
-def plan(snap: Snapshot, cfg: SyncSection, steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
+def plan(snap: Snapshot, cfg: SyncSection,
+         steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
     """All steps' actions for one snapshot (step name -> actions) and mapping/safety problems."""
     ctx = make_context(snap, cfg)
     out = {}

@@ -295,8 +295,8 @@ def _leftovers(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], rele
         and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
 
 
-def _cleanup(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], cur: R.NodeRemediation, uncordon: bool, what: str,
-             why: str) -> List[Action]:
+def _cleanup(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], cur: R.NodeRemediation, uncordon: bool,
+             what: str, why: str) -> List[Action]:
     """End a remediation the Slurm node no longer needs: delete the stale request (custom resource), then
     one Node patch dropping every remediation annotation and label and, when ``uncordon``, autoheal's own
     cordon. The request goes first: if its deletion fails the record stays and the next pass retries."""

@@ -1045,7 +1045,8 @@ class CheckpointManager:
                 continue
             found = verify_checkpoint(path, "size")
             ok = isinstance(found, Checkpoint)
-            if isinstance(found, Checkpoint) and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
+            # another job's: neither ours to count nor to delete
+            if isinstance(found, Checkpoint) and self.foreign_reason(found):
                 continue
             if name == pointer:
                 valid_seen += ok

@@ -132,7 +132,8 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
         click.echo(out, nl=False)
 
 
-def _script_text(sbatch_args: Sequence[str], script: Optional[str], script_args: Sequence[str]) -> Tuple[str, Optional[str]]:
+def _script_text(sbatch_args: Sequence[str], script: Optional[str],
+                 script_args: Sequence[str]) -> Tuple[str, Optional[str]]:
     wrap = None
     opts, _ = wrapper.parse_sbatch_options(sbatch_args)
     for o in opts:

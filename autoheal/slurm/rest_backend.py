@@ -125,7 +125,8 @@ class RestSlurm(SlurmAdapter):
                    section.retries, fallback=fallback)
 
     # ---- HTTP plumbing ---------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    def _request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+                 params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         url = f"{self.base}{path}"
         try:
             resp = self._session.request(method, url, json=body, params=params, timeout=self.timeout)
