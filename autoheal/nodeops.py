@@ -23,7 +23,6 @@ SKIPPED_SAME = "skipped: already drained with this reason"
 SKIPPED_FOREIGN = "skipped: drained by someone else"
 SKIPPED_NOT_DRAINED = "skipped: not drained"
 SKIPPED_NOT_OURS = "skipped: drain reason is not ours"
-DRY_RUN = "dry-run"
 
 
 @dataclass(frozen=True)

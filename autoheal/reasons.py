@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from dataclasses import dataclass, replace
+from enum import Enum
+from typing import Optional
 
 PREFIX = "autoheal: "
 #: Drains that mirror a Kubernetes cordon/taint/condition (written by ``autoheal sync``). The node side
@@ -23,6 +26,12 @@ PRESWAP_PREFIX = PREFIX + PRESWAP + ": "
 #: annotations and webhook messages: keep them short enough to read in one line.
 MAX_REASON_LEN = 200
 MAX_COMMENT_LEN = 1000
+#: Job comments of jobs run by ``autoheal sbatch`` start with this marker (``autoheal-runner key=value ...
+#: | user comment``): the hooks signal such jobs' batch shell (``hooks.runner_comment`` defaults to it) and
+#: the sbatch wrapper, runner and guard write and read it.
+RUNNER_MARKER = "autoheal-runner"
+#: Between the runner's ``key=value`` state and the user's own ``--comment`` in a runner job comment.
+COMMENT_SEPARATOR = " | "
 
 _WS = re.compile(r"\s+")
 
@@ -71,3 +80,130 @@ def strip_reason_suffix(reason: str | None) -> str:
     if not reason:
         return ""
     return re.sub(r"\s*\[[^\[\]@]+@[^\[\]]+\]\s*$", "", reason).strip()
+
+
+# ---- the reason model --------------------------------------------------------------------------------
+# What autoheal writes into a drain reason or a job comment, as one typed value both sides share: the
+# hooks render it, ``autoheal sync`` parses it back (the XID, the rung). ``render()`` gives exactly the
+# strings earlier releases wrote, and ``parse()`` reads every one of them (sites upgrade with nodes
+# drained): a body that does not follow the fault grammar below is kept verbatim as free text.
+#
+#   autoheal: [<origin>: ]<body>             origin: k8s, pre-emptive swap, reboot, replace, retired,
+#   autoheal: requeued after <body>          spare, spare pool (none = a health drain)
+#   body:  xid <N> on <where>[: <detail>]    <kind>: <where>[: <detail>]    <free text>
+#   where: GPU <i>|a GPU[ of <node>][ (<pci bus>)]
+
+class Origin(str, Enum):
+    """Who wrote a reason and why; the value is the tag written after ``autoheal: ``."""
+
+    HEALTH = ""  # the node's health check or xid-watch: no tag, the fault comes first
+    K8S = "k8s"
+    PRESWAP = PRESWAP
+    REBOOT = "reboot"
+    REPLACE = "replace"
+    RETIRED = "retired"
+    SPARE = "spare"
+    SPARE_POOL = "spare pool"
+    REQUEUED = "requeued after"  # a job comment, not a drain: ``autoheal: requeued after <fault>``
+
+
+#: The recovery rungs a health drain reason can name (the rest of the ladder leaves the reason alone).
+RUNGS = (Origin.REBOOT, Origin.REPLACE)
+_TAGGED = sorted((o for o in Origin if o.value and o is not Origin.REQUEUED), key=lambda o: -len(o.value))
+_NODE = r"[A-Za-z0-9][A-Za-z0-9._-]*"
+_WHERE = rf"(?:GPU (?P<gpu>\d+)|a GPU)(?: of (?P<node>{_NODE}))?(?: \((?P<pci>[^()]+)\))?"
+_XID_BODY = re.compile(rf"xid (?P<xid>\d+) on {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
+_KIND_BODY = re.compile(rf"(?P<kind>[a-z][a-z0-9-]*): {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
+#: How older releases, admins and other tools name an XID in free text (``xid=79``, ``XID 79``, ``xid:79``).
+_LOOSE_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
+
+
+def gpu_where(gpu: Optional[int], node: str = "", pci: str = "") -> str:
+    """``GPU 3 of gpu2 (0000:3b:00.0)``: a GPU index never reads like a node name (``gpu3``)."""
+    label = f"GPU {gpu}" if gpu is not None else "a GPU"
+    if node:
+        label += f" of {node}"
+    return f"{label} ({pci})" if pci else label
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One reason or job comment autoheal writes. A fault (``kind`` set) renders as ``xid 79 on GPU 3 of
+    gpu2 (0000:3b:00.0): fallen off the bus`` or ``nvlink: GPU 1 of n1: link 2 down``; without ``kind``
+    the body is ``detail`` as written (Kubernetes, spare pool, retired and preswap reasons, admin text,
+    and older free-form reasons)."""
+
+    origin: Origin = Origin.HEALTH
+    kind: str = ""
+    xid: Optional[int] = None
+    gpu: Optional[int] = None
+    node: str = ""
+    pci: str = ""
+    detail: str = ""
+
+    def body(self) -> str:
+        """The text after the origin tag, unbounded and unsanitised."""
+        if self.kind == "xid" and self.xid is not None:
+            text = f"xid {self.xid} on {gpu_where(self.gpu, self.node, self.pci)}"
+        elif self.kind:
+            text = f"{self.kind}: {gpu_where(self.gpu, self.node, self.pci)}"
+        else:
+            return self.detail
+        return f"{text}: {self.detail}" if self.detail else text
+
+    def render(self, max_len: int = MAX_REASON_LEN) -> str:
+        """The string written into Slurm: ``autoheal: [<origin>: ]<body>``, sanitised and bounded."""
+        if self.origin is Origin.REQUEUED:
+            return make_reason(f"{Origin.REQUEUED.value} {self.body()}", max_len=max_len)
+        return make_reason(self.origin.value, self.body(), max_len=max_len)
+
+    def with_origin(self, origin: Origin) -> "Reason":
+        return replace(self, origin=origin)
+
+    @property
+    def rung(self) -> Optional[Origin]:
+        """The recovery rung the reason asks for (reboot, replace), or None."""
+        return self.origin if self.origin in RUNGS else None
+
+    @property
+    def named_xid(self) -> Optional[int]:
+        """The XID this reason is about: the fault's, else one named in free text (``autoheal: xid=79
+        gpu=3`` from an older release or an admin)."""
+        if self.xid is not None:
+            return self.xid
+        m = _LOOSE_XID.search(self.detail)
+        return int(m.group(1)) if m else None
+
+    @classmethod
+    def parse(cls, reason: Optional[str]) -> Optional["Reason"]:
+        """The value of a reason read back from Slurm (``[user@time]`` suffix allowed), or None when it is
+        not ours. Never fails on text we did not write in the canonical form: it becomes free text."""
+        text = strip_reason_suffix(reason)
+        if not is_ours(text):
+            return None
+        body = text[len(PREFIX.strip()):].strip()
+        origin = Origin.HEALTH
+        if body.startswith(Origin.REQUEUED.value + " "):
+            origin, body = Origin.REQUEUED, body[len(Origin.REQUEUED.value) + 1:]
+        else:
+            for o in _TAGGED:
+                if body == o.value or body.startswith(o.value + ":"):
+                    origin, body = o, body[len(o.value) + 1:].lstrip(" ")
+                    break
+        return parse_body(body, origin)
+
+
+def parse_body(body: str, origin: Origin = Origin.HEALTH) -> Reason:
+    """A fault text (``xid 79 on GPU 3 of gpu2: ...``, a check result's text) as a Reason. Structure is
+    taken only when rendering it back gives the same text; anything else is free text in ``detail``."""
+    for pattern in (_XID_BODY, _KIND_BODY):
+        m = pattern.match(body)
+        if m is None:
+            continue
+        g = m.groupdict()
+        found = Reason(origin=origin, kind=g.get("kind") or "xid", xid=int(g["xid"]) if g.get("xid") else None,
+                       gpu=int(g["gpu"]) if g["gpu"] is not None else None, node=g["node"] or "",
+                       pci=g["pci"] or "", detail=g["detail"] or "")
+        if found.body() == body:
+            return found
+    return Reason(origin=origin, detail=body)

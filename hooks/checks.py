@@ -45,12 +45,11 @@ class CheckResult:
 
 def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "", node: str = "") -> str:
     """``GPU 3 of gpu2 (0000:3b:00.0)``: a GPU index never reads like a node name (``gpu3``)."""
+    from autoheal.reasons import gpu_where
+
     idx = g.index if g is not None else index
     bus = (g.pci if g is not None and g.pci else "") or pci
-    label = f"GPU {idx}" if idx is not None else "a GPU"
-    if node:
-        label += f" of {node}"
-    return f"{label} ({bus})" if bus else label
+    return gpu_where(idx, node, bus)
 
 
 def _ok(check: str, gpu: Optional[int] = None) -> CheckResult:
@@ -217,8 +216,9 @@ def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Opt
     policy = policy_for(ev.xid, overrides)
     idx = ev.gpu if ev.gpu is not None else gpu
     bus = pci or (ev.pci + ".0" if ev.pci and ev.pci.count(":") == 2 else ev.pci)
-    where = gpu_label(None, idx, bus, node)
-    text = f"xid {ev.xid} on {where}: {describe(ev.xid)}"
+    from autoheal.reasons import Reason
+
+    text = Reason(kind="xid", xid=ev.xid, gpu=idx, node=node, pci=bus, detail=describe(ev.xid)).body()
     evidence = {"xid": ev.xid, "pci": ev.pci, "source": ev.source, "policy": policy}
     if ev.seq is not None:
         evidence["seq"] = ev.seq

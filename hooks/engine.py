@@ -21,6 +21,7 @@ from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, pol
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.slurm.model import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
@@ -176,9 +177,9 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, make_reason, strip_reason_suffix
+    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
 
-    reason = make_reason(failure.reason)
+    reason = parse_body(failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
@@ -283,7 +284,7 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
 
 
 def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
-    from autoheal.reasons import make_reason
+    from autoheal.reasons import Origin, Reason, parse_body
 
     act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
     if dry_run:
@@ -312,10 +313,10 @@ def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bo
     if rung == C.REBOOT:
         st = ctx.store.read()
         pending = st.get("reboot_requested") or {}
-        if pending.get("boot_id") == boot_id():
+        if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
             act["outcome"] = "waiting: reboot already requested"
             return act
-        reason = make_reason("reboot", r.reason)
+        reason = parse_body(r.reason, Origin.REBOOT).render()
         ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
         with ctx.store.locked() as st:
             S.record_rung(st, r.gpu, "reboot", now)
@@ -330,11 +331,10 @@ def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bo
     # replacement: say so in the reason; the k8s_sync remediation acts on "autoheal: replace: ..."
     from autoheal import nodeops
 
-    reason = make_reason("replace", r.reason)
+    reason = parse_body(r.reason, Origin.REPLACE).render()
     node = ctx.slurm.get_node(ctx.node)
-    from autoheal.reasons import strip_reason_suffix
-
-    if strip_reason_suffix(node.reason).startswith(make_reason("replace")):
+    current = Reason.parse(node.reason)
+    if current is not None and current.rung is Origin.REPLACE:
         act["outcome"] = "already asked"
         return act
     out = nodeops.drain(ctx.slurm, ctx.node, reason)
@@ -346,6 +346,21 @@ def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bo
     ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
     return act
+
+
+#: Seconds a reboot request may take to show in Slurm's node flags (REBOOT_REQUESTED) after we made it.
+REBOOT_VISIBLE_SECONDS = 15.0
+
+
+def reboot_still_pending(node: Node, pending: Dict[str, Any], now: float) -> bool:
+    """Our earlier reboot request (same boot id) is still under way: Slurm shows it on the node
+    (REBOOT_REQUESTED / REBOOT_ISSUED), or it was made too recently to show yet. Without that, the
+    request is over although the boot id did not change (an admin cancelled it, or a machine whose
+    "reboot" keeps its boot id, like the lab's): a new fault must get a new reboot, not wait forever."""
+    flags = {str(f).upper() for f in (getattr(node, "flags", None) or ())}
+    if flags & {"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"}:
+        return True
+    return now - float(pending.get("time") or 0.0) < REBOOT_VISIBLE_SECONDS
 
 
 def pass_lock_timeout(ctx: Context) -> float:

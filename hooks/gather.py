@@ -213,11 +213,6 @@ def gather(node: str = "", budget: float = 8.0, cheap: bool = False) -> NodeSamp
     return sample
 
 
-def timed_out(sample: NodeSample) -> bool:
-    """True when a worker may still be stuck in NVML: the process should leave with os._exit."""
-    return bool(sample.init_error.startswith("NVML did not answer")) or any(g.error == "timeout" for g in sample.gpus)
-
-
 def index_by_pci(sample: NodeSample) -> Dict[str, int]:
     """``"0000:3b:00"`` -> NVML index, for mapping kernel-log XIDs to GPUs."""
     from autoheal.hooks.xids import normalize_pci

@@ -90,16 +90,8 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> None:
 
 def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:
     from autoheal.hooks import mapping
-    from autoheal.slurm.binaries import find_binary
 
-    env = dict(os.environ)
-    if ctx.cfg.slurm.slurm_conf:
-        env["SLURM_CONF"] = ctx.cfg.slurm.slurm_conf
-    try:
-        scontrol = find_binary("scontrol", ctx.cfg.slurm.bin_dir)
-    except Exception:
-        scontrol = "scontrol"
-    gpus = mapping.job_gpus(os.environ, ctx.node, scontrol, ctx.hooks.prolog_slurm_timeout, env)
+    gpus = mapping.job_gpus(os.environ, ctx.node, ctx.slurm, ctx.hooks.prolog_slurm_timeout)
     if gpus:
         mapping.add_job(mapping_dir, job, gpus)
 

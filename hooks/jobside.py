@@ -90,13 +90,12 @@ def backoff(tries: int, cap: float = MAX_BACKOFF) -> float:
 
 def requeue_note(reason: str) -> str:
     """The job comment of a requeue: ``autoheal: requeued after xid 79 on GPU 1 of gpu1 (...): ...``."""
-    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, make_reason
+    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, Origin, parse_body
 
     body = reason.strip()
     if body.startswith(PREFIX.strip()):
         body = body[len(PREFIX.strip()):].strip()
-    return make_reason(f"requeued after {body}" if body else "requeued after a GPU fault",
-                       max_len=MAX_COMMENT_LEN)
+    return parse_body(body or "a GPU fault", Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
 
 
 # ---- pure changes to the state dict --------------------------------------------------------------------
@@ -168,6 +167,13 @@ def fingerprint(st: Dict[str, Any]) -> Tuple[Any, ...]:
             tuple(sorted(k for k, a in (st.get("job_actions") or {}).items() if a.get("stage") != DONE)),
             sum(1 for f in st.get("requeue_faults") or [] if f.get("jobs") is None),
             bool(st.get("reboot_requested")))
+
+
+def runner_state(comment: str) -> str:
+    """``state=`` of an ``autoheal-runner ...`` job comment ("" when absent); the user's part after
+    `` | `` is not read."""
+    m = re.search(r"(?:^|\s)state=(\S+)", (comment or "").split(" | ", 1)[0])
+    return m.group(1) if m else ""
 
 
 def migrate(st: Dict[str, Any]) -> None:
@@ -453,6 +459,8 @@ class JobSide:
             self._update(key, stage=GRACE, deadline=now)
             self._requeue(key, dict(a, runner=runner, stage=GRACE, deadline=now), now)
             return
+        if runner and not self._runner_up(key, a, job, now):
+            return
         if runner and _hot_spare(a):
             sig, batch = _sig(self.h.runner_signal), True
             to = "batch shell; a hot-spare job: the runner swaps the node for a spare inside the allocation"
@@ -503,6 +511,30 @@ class JobSide:
         self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
                         f"requeue in {self.h.grace_seconds:g}s if it still runs here")
+
+    def _runner_up(self, key: str, a: Dict[str, Any], job: str, now: float) -> bool:
+        """The runner's grace signal goes to the batch shell, which dies of it until the runner has set
+        its handlers (a job, say an array task, that just started). The runner says it is up with
+        ``state=running`` in the comment: until then wait (1 s steps); if it never says so within the
+        grace, requeue without a signal (nothing ran long enough to checkpoint)."""
+        from autoheal.errors import SlurmNotFound
+
+        try:
+            info = self.ctx.slurm.get_job(job)
+        except SlurmNotFound:
+            self._update(key, stage=DONE, outcome="gone")
+            return False
+        if runner_state(info.comment) == "running":
+            return True
+        if not (info.running and self.ctx.node in info.nodes):
+            self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
+            return False
+        if now - float(a.get("created") or now) < self.h.grace_seconds:
+            self._update(key, next_try=now + 1.0)
+            return False
+        self._update(key, stage=GRACE, deadline=now, note=a.get("note") or "")
+        self._requeue(key, dict(a, stage=GRACE, deadline=now), now)
+        return False
 
     def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:
         """(runner?, the job's requested warning as ``B:USR2@90`` or "") for a job about to be signalled;

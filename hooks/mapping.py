@@ -1,62 +1,29 @@
 """DCGM exporter job mapping: ``<dir>/<gpu index>`` files holding the ids of jobs using that GPU.
 
 The prolog adds the job to its GPUs' files, the epilog removes it. GPU indices come from
-SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES when Slurm sets them, else from ``scontrol -d show job``
-(``GRES=gpu:2(IDX:0-1)``) with a short timeout: the prolog must never block on slurmctld.
+SLURM_JOB_GPUS / CUDA_VISIBLE_DEVICES when Slurm sets them, else from the Slurm adapter (``scontrol -d
+show job``: ``GRES=gpu:2(IDX:0-1)``) with a short timeout: the prolog must never block on slurmctld.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
-import re
-import subprocess
-from typing import Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, List, Mapping
 
-_IDX_RE = re.compile(r"\(IDX:([0-9,\-]+)\)")
+from autoheal.slurm.parse import gpu_indices as parse_indices, job_gpus_from_show_job as indices_from_show_job
 
+if TYPE_CHECKING:
+    from autoheal.slurm.base import SlurmAdapter
 
-def parse_indices(text: str) -> List[int]:
-    """``0-1,4`` -> [0, 1, 4]; anything malformed -> []."""
-    out: List[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                a, b = part.split("-", 1)
-                out.extend(range(int(a), int(b) + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            return []
-    return sorted(set(i for i in out if 0 <= i < 1024))
+__all__ = ["parse_indices", "indices_from_show_job", "job_gpus", "add_job", "remove_job"]
 
 
-def indices_from_show_job(text: str, node: str) -> List[int]:
-    """GPU indices of ``node`` in ``scontrol -d show job`` output (``Nodes=gpu1 ... GRES=gpu:2(IDX:0-1)``)."""
-    from autoheal.slurm.hostlist import expand
+def job_gpus(env: Mapping[str, str], node: str, slurm: SlurmAdapter, timeout: float) -> List[int]:
+    """The job's GPU indices on this node ([] when nobody can say within ``timeout``); ``slurm`` is the
+    Slurm adapter, asked only when the environment does not say."""
+    from autoheal.errors import SlurmError
 
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("Nodes=") or "IDX:" not in line:
-            continue
-        names = line.split()[0].split("=", 1)[1]
-        try:
-            if node not in expand(names):
-                continue
-        except Exception:
-            continue
-        m = _IDX_RE.search(line)
-        if m:
-            return parse_indices(m.group(1))
-    return []
-
-
-def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float,
-             slurm_env: Optional[Dict[str, str]] = None) -> List[int]:
-    """The job's GPU indices on this node ([] when nobody can say within ``timeout``)."""
     for key in ("SLURM_JOB_GPUS", "SLURM_STEP_GPUS", "CUDA_VISIBLE_DEVICES"):
         val = env.get(key, "")
         if val and all(c.isdigit() or c in ",-" for c in val):
@@ -67,11 +34,9 @@ def job_gpus(env: Mapping[str, str], node: str, slurm_bin: str, timeout: float,
     if not job.isdigit():
         return []
     try:
-        res = subprocess.run([slurm_bin, "-d", "show", "job", job], capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL, env=slurm_env)
-    except (OSError, subprocess.TimeoutExpired):
+        return slurm.job_gpus(job, node, timeout=timeout)
+    except SlurmError:
         return []
-    return indices_from_show_job(res.stdout, node) if res.returncode == 0 else []
 
 
 def _update(path: str, job: str, add: bool) -> None:

@@ -166,7 +166,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     itself raises SlurmError like ``drain_for``)."""
     from autoheal import nodeops
     from autoheal.errors import SlurmError
-    from autoheal.reasons import PRESWAP, is_preswap, make_reason, strip_reason_suffix
+    from autoheal.reasons import Origin, Reason, is_preswap, strip_reason_suffix
 
     h = ctx.hooks
     enabled = list(getattr(h, "preswap_signs", ()) or ())
@@ -191,7 +191,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     if not ids:
         return None
     sign = found[0]
-    reason = make_reason(PRESWAP, sign.text)
+    reason = Reason(Origin.PRESWAP, detail=sign.text).render()
     out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
     act = {"action": ACTION, "outcome": out.action, "reason": out.reason, "jobs": ids,
            "signs": [s.text for s in found], "dry_run": dry_run}

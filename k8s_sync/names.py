@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, is_k8s_origin, is_ours, make_reason, sanitize,
+from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, Origin, Reason, make_reason, sanitize,
                               strip_reason_suffix)
 
 __all__ = ["K8S_PREFIX", "ME", "is_k8s_reason", "is_health_reason"]
@@ -76,16 +76,16 @@ def same_reason(current: str, desired: str) -> bool:
 
 def is_k8s_reason(reason: str) -> bool:
     """A Slurm reason autoheal wrote because of a Kubernetes signal."""
-    return is_k8s_origin(strip_reason_suffix(reason))
+    parsed = Reason.parse(reason)
+    return parsed is not None and parsed.origin is Origin.K8S
 
 
 def is_health_reason(reason: str) -> bool:
     """A Slurm reason of autoheal's own (hardware/health) drains, i.e. ours but not from Kubernetes."""
-    text = strip_reason_suffix(reason)
-    return is_ours(text) and not is_k8s_reason(text)
+    parsed = Reason.parse(reason)
+    return parsed is not None and parsed.origin is not Origin.K8S
 
 
-_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
 _WORD = re.compile(r"[A-Za-z0-9]+")
 
 
@@ -93,9 +93,10 @@ def health_reason_code(reason: str) -> str:
     """CamelCase condition reason from an autoheal drain reason: ``XID79`` when an XID is named, else the
     first words (``autoheal: ecc-dbe on gpu 2`` -> ``EccDbeOnGpu``), else ``AutohealDrain``."""
     text = strip_reason_suffix(reason)
-    m = _XID.search(text)
-    if m:
-        return f"XID{int(m.group(1))}"
+    parsed = Reason.parse(text)
+    xid = parsed.named_xid if parsed is not None else Reason(detail=text).named_xid
+    if xid is not None:
+        return f"XID{xid}"
     body = text[len(PREFIX.strip()):] if text.startswith(PREFIX.strip()) else text
     words = _WORD.findall(body.split(":")[0])[:4]
     code = "".join(w[:1].upper() + w[1:].lower() for w in words)

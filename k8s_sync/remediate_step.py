@@ -409,12 +409,15 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
                                     f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
         return out
     if step.do == "retire":
-        acts = [_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
-                       event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
-                              f"{new_slurm})", "Normal"), journal="remediation-done")]
+        # Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
+        # slurmctld away), the record still says replacing and the next pass (any leader) retires again.
+        acts = []
         if sname in snap.slurm:
             acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
                                why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
+        acts.append(_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
+                           event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
+                                  f"{new_slurm})", "Normal"), journal="remediation-done"))
         return out + acts
     return out
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from autoheal.reasons import PREFIX, make_reason, strip_reason_suffix
+from autoheal.reasons import Origin, Reason, strip_reason_suffix
 
 if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection
@@ -254,9 +253,6 @@ def is_daemonset_pod(pod: Dict[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in ((pod.get("metadata") or {}).get("ownerReferences") or []))
 
 
-_is_daemonset_pod = is_daemonset_pod  # the groundwork's name
-
-
 # ---- circuit breaker -----------------------------------------------------------------------------
 @dataclass
 class Breaker:
@@ -341,28 +337,26 @@ class Breaker:
 
 
 # ---- which drains ask for a replacement ------------------------------------------------------------
-_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
-
-
 def wants_replace(reason: str, cfg: SyncSection) -> bool:
     """An autoheal drain reason asking for a replacement: one of ``remediate_reasons`` (``autoheal:
     replace: ...``), or a health drain naming an XID in ``remediate_xids``. Retirements never do."""
-    text = strip_reason_suffix(reason)
-    if not text.startswith(PREFIX.strip()) or text.startswith(make_reason("k8s")) \
-            or text.startswith(make_reason("retired")):
+    parsed = Reason.parse(reason)
+    if parsed is None or parsed.origin in (Origin.K8S, Origin.RETIRED):
         return False
+    text = strip_reason_suffix(reason)
     if any(text.startswith(p.strip()) for p in cfg.remediate_reasons if p.strip()):
         return True
-    m = _XID.search(text)
-    return m is not None and int(m.group(1)) in set(cfg.remediate_xids)
+    return parsed.named_xid is not None and parsed.named_xid in set(cfg.remediate_xids)
 
 
 def is_retired(reason: str) -> bool:
-    return strip_reason_suffix(reason).startswith(make_reason("retired"))
+    parsed = Reason.parse(reason)
+    return parsed is not None and parsed.origin is Origin.RETIRED
 
 
 def retire_reason(replacement: str) -> str:
-    return make_reason("retired", f"replaced by {replacement}" if replacement else "Node deleted for replacement")
+    return Reason(Origin.RETIRED, detail=f"replaced by {replacement}" if replacement
+                  else "Node deleted for replacement").render()
 
 
 def render_template(template: str, node: str, slurm_node: str, reason: str) -> Dict[str, Any]:

@@ -33,7 +33,6 @@ EXTERNAL_REQUEUE = "external-requeue"
 CANCELLED = "cancelled"
 SIGNAL = "signal"  # a grace signal with no other evidence (e.g. scancel --signal by hand)
 NODE_CAUSES = (NODE_FAILURE, AUTOHEAL_DRAIN)
-ALL_CAUSES = (TIME_LIMIT, PREEMPTION, NODE_FAILURE, AUTOHEAL_DRAIN, EXTERNAL_REQUEUE, CANCELLED, SIGNAL)
 #: Slurm may deliver ``--signal`` up to this many seconds before the requested time.
 SIGNAL_EARLY_SLACK = 60
 

@@ -10,8 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Mapping, Sequence
 
-from autoheal.reasons import MAX_COMMENT_LEN, sanitize
-from autoheal.sbatch_helpers.wrapper import COMMENT_SEPARATOR, MARKER
+from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
 
 if TYPE_CHECKING:
     from autoheal.slurm.model import Node

@@ -144,7 +144,7 @@ class HotSpareRun:
         checkpoint, as after a fault. Returns "restart" after the swap, an exit code if the swap failed
         and the job was requeued, else None (nothing to do, or wait). Without a spare, or once this run
         resized the job (Slurm 22.05 refuses a second resize), the node is left to today's path."""
-        from autoheal.reasons import PRESWAP_PREFIX
+        from autoheal.reasons import Origin, Reason
         from autoheal.sbatch_helpers.checkpoint import find_resume_point
         from autoheal.sbatch_helpers.runner import say
 
@@ -189,9 +189,8 @@ class HotSpareRun:
             say(f"hot spares: pre-emptive swap of {','.join(still)} not possible ({decision.why}); the node "
                 f"stays drained, the step goes on")
             return None
-        body = pending["reason"]
-        if body.startswith(PRESWAP_PREFIX):
-            body = body[len(PRESWAP_PREFIX):]
+        parsed = Reason.parse(pending["reason"])
+        body = parsed.body() if parsed is not None and parsed.origin is Origin.PRESWAP else pending["reason"]
         return self._hot_swap(child, decision, job, f"pre-emptive swap at checkpoint step {step}: {body}")
 
     # ---- faults ----------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ EXIT_MAX_RESTARTS = 91
 EXIT_NO_PROGRESS = 92
 KILL_AFTER_TERM = 5.0  # seconds between SIGTERM and SIGKILL once the grace window is over
 POLL = 0.2
+#: Seconds the final comment (completed, failed, ...) is retried while slurmctld does not answer.
+FINAL_COMMENT_RETRY = 30.0
 #: Seconds the runner keeps retrying one requeue step while slurmctld does not answer. Below the
 #: recommended KillWait (120 s) so the runner ends by itself; past it the guard finishes the requeue.
 REQUEUE_STEP_BUDGET = 60.0
@@ -192,26 +194,6 @@ def build_env(base: Mapping[str, str], *, checkpoint_dir: str, restart_count: in
 # ---- side effects ----------------------------------------------------------------------------------
 
 
-def read_sacct_states(job_id: str, timeout: float = 10.0, env: Optional[Mapping[str, str]] = None
-                      ) -> Optional[List[str]]:
-    """``sacct -n -P -X -D -j ID -o State``: one state per run, oldest first; None without accounting."""
-    from autoheal.slurm.binaries import maybe_binary
-
-    sacct = maybe_binary("sacct")
-    if not sacct:
-        return None
-    try:
-        res = subprocess.run([sacct, "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", "State"],
-                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                             env=dict(env) if env is not None else None)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if res.returncode != 0:  # "Slurm accounting storage is disabled" and friends
-        return None
-    states = [ln.strip() for ln in res.stdout.splitlines() if ln.strip()]
-    return states or None
-
-
 def _set_subreaper() -> None:
     """Become the reaper of orphaned descendants (e.g. srun after the user's bash died on the signal),
     so we can wait for the whole process group, not only its leader."""
@@ -299,7 +281,7 @@ class Runner(HotSpareRun):
         self.journal = journal
         self.notifier = notifier
         self.env = dict(os.environ if env is None else env)
-        self.sacct = sacct or (lambda job_id: read_sacct_states(job_id, env=self.env))
+        self.sacct = sacct or self._job_state_history
         self.clock = clock
         self.adopt_orphans = adopt_orphans
         self.grace_sig = signal.Signals["SIG" + opts.signal]
@@ -334,19 +316,45 @@ class Runner(HotSpareRun):
         """The Slurm node this batch shell runs on (the lab runs every node on one host: not hostname)."""
         return self.env.get("SLURMD_NODENAME") or (self.job_nodes[0] if self.job_nodes else "")
 
-    def write_comment(self) -> None:
+    def write_comment(self, retry_for: float = 0.0) -> None:
+        """Best effort; ``retry_for`` seconds of retries (1 s apart) while slurmctld does not answer."""
         if self.slurm is None or not self.ident.job_id:
             return
         if self.resized:  # hot spares: Slurm may refuse updates of a resized running job (hotspare_runner)
             say(f"not updating the comment of resized job {self.ident.job_id} (Slurm refuses it until the job "
                 f"is requeued; the journal has the record): {self.comment.render()}")
             return
-        try:
-            self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
-        except Exception as exc:  # the job must go on without its comment
-            say(f"warning: cannot update the job comment: {exc}")
+        from autoheal.errors import SlurmError, SlurmUnavailable
+
+        deadline = time.monotonic() + retry_for
+        while True:
+            try:
+                self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
+                return
+            except SlurmError as exc:
+                # slurmctld not answering; or, seen for array tasks just after a slurmctld restart,
+                # "Unexpected message received for job 4_0": both pass, so they are retried
+                transient = isinstance(exc, SlurmUnavailable) or "unexpected message" in str(exc).lower()
+                if not transient or time.monotonic() >= deadline:
+                    say(f"warning: cannot update the job comment: {exc}")
+                    return
+                time.sleep(1.0)
+            except Exception as exc:  # the job must go on without its comment
+                say(f"warning: cannot update the job comment: {exc}")
+                return
 
     # ---- Slurm reads (best effort) ---------------------------------------------------------------
+    def _job_state_history(self, job_id: str) -> Optional[List[str]]:
+        """The job's state per run from accounting (sacct), None when there is none to ask."""
+        from autoheal.errors import SlurmError
+
+        if self.slurm is None or not job_id:
+            return None
+        try:
+            return self.slurm.job_state_history(job_id)
+        except SlurmError:  # SlurmNotSupported (pyslurm), or a failure: as without accounting
+            return None
+
     def _job(self) -> Optional[Job]:
         if self.slurm is None or not self.ident.job_id:
             return None
@@ -398,7 +406,9 @@ class Runner(HotSpareRun):
 
     def finish(self, state: str, code: int, message: str, severity: str = "error") -> int:
         self.comment.state = state
-        self.write_comment()
+        # the job's last word: a slurmctld restarting right then must not leave "state=running" on an
+        # ended job (the journal would say completed, the comment running)
+        self.write_comment(retry_for=FINAL_COMMENT_RETRY)
         self.record(f"job-{state}", message, severity, final_state=state, restarts=self.ident.restart_count)
         return code
 

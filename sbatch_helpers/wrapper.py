@@ -32,15 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
-from autoheal.reasons import MAX_COMMENT_LEN, sanitize
+from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
 from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
 
 if TYPE_CHECKING:
     from autoheal.config.sbatch_section import SbatchSection
 
-MARKER = "autoheal-runner"
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
-COMMENT_SEPARATOR = " | "
 # The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;
 # the runner and the user's processes inherit them and checkpoint.py reads them.
 DEFAULT_CHECKPOINT_DIR = "autoheal-checkpoints/%j-{token}"
@@ -57,8 +55,6 @@ nodes ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket op
 power prefer priority profile qos reservation signal sockets-per-node switches thread-spec threads-per-core
 time time-min tmp tres-bind tres-per-task uid wait-all-nodes wckey wrap cluster M
 """.split())
-_LONG_OPTIONAL_VALUE = frozenset({"exclusive", "get-user-env", "no-kill", "propagate", "requeue", "export",
-                                  "segment"})
 _SHORT_WITH_VALUE = frozenset("AabBcCDdeFGiJLMmnNopqStwx")
 _SHORT_ALIASES = {"A": "account", "a": "array", "b": "begin", "B": "extra-node-info", "c": "cpus-per-task",
                   "C": "constraint", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile",

@@ -21,35 +21,16 @@ PATH_KEYS = ("HealthCheckProgram", "Prolog", "Epilog")
 
 
 def detect_version(timeout: float = 10.0) -> str:
-    """The installed Slurm's version, e.g. ``"22.05"``.
-
-    ``scontrol --version`` needs a readable slurm.conf on 22.05 (else it tries configless DNS and
-    dies), and the lab asks before it has written one: fall back to the daemons' ``-V``.
-    """
-    import subprocess
-
+    """The installed Slurm's version, e.g. ``"22.05"`` (asked through the Slurm adapter, which falls back
+    to the daemons' ``-V`` where ``scontrol --version`` cannot answer yet)."""
     from autoheal.errors import SlurmError
-    from autoheal.slurm.binaries import maybe_binary
-    from autoheal.slurm.model import SlurmVersion
+    from autoheal.slurm.cli_backend import CliSlurm
 
-    tried = []
-    for tool, flag in (("scontrol", "--version"), ("slurmctld", "-V"), ("slurmd", "-V")):
-        path = maybe_binary(tool)
-        if not path:
-            continue
-        tried.append(tool)
-        try:
-            res = subprocess.run([path, flag], capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        if res.returncode == 0 and res.stdout.strip():
-            try:
-                v = SlurmVersion.parse(res.stdout)
-            except SlurmError:
-                continue
-            return f"{v.major:02d}.{v.minor:02d}"
-    raise SlurmError(f"cannot detect the Slurm version (tried {', '.join(tried) or 'no Slurm binary found'}); "
-                     f"pass --version, e.g. --version 24.11")
+    try:
+        v = CliSlurm(timeout=timeout, retries=0).installed_version()
+    except SlurmError as exc:
+        raise SlurmError(f"{exc}; pass --version, e.g. --version 24.11") from None
+    return f"{v.major:02d}.{v.minor:02d}"
 
 
 def resolve_version(version: str = AUTO) -> Tuple[str, Tuple[int, int]]:

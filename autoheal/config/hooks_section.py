@@ -12,6 +12,7 @@ from typing import Dict, List
 
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
+from autoheal.reasons import RUNNER_MARKER
 
 #: What an XID policy may say. reset/reboot/replace drain the node and name the first repair rung.
 XID_POLICIES = ("ignore", "warn", "requeue", "drain", "reset", "reboot", "replace")
@@ -107,7 +108,7 @@ class HooksSection:
                                 "requeue at once, KillWait is the grace.")
     grace_seconds: float = setting(120.0, doc="Seconds between the grace signal and the requeue (match "
                                    "KillWait; tell researchers: their --signal=SIG@<this>).", min=0, max=3600)
-    runner_comment: str = setting("autoheal-runner", doc="Job comment prefix of jobs run by `autoheal sbatch`: "
+    runner_comment: str = setting(RUNNER_MARKER, doc="Job comment prefix of jobs run by `autoheal sbatch`: "
                                   "they get runner_signal on their batch shell and requeue themselves.")
     runner_signal: str = setting("USR2", doc="Signal for the batch shell of `autoheal sbatch` jobs.")
     xid_watch_self_check: float = setting(60.0, doc="Seconds between xid-watch's slow self-checks of the "

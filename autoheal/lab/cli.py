@@ -24,7 +24,25 @@ def _lab(lab_dir):
     return Lab(Path(lab_dir) if lab_dir else None)
 
 
-@click.group()
+class _LabGroup(click.Group):
+    """Commands defined in their own modules load only when used (``autoheal.cli`` sits above the lab,
+    so its LazyGroup cannot be imported here)."""
+
+    LAZY = {"soak": ("autoheal.lab.soak_cli", "soak")}
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name in self.LAZY:
+            import importlib
+
+            module, attr = self.LAZY[cmd_name]
+            return getattr(importlib.import_module(module), attr)
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=_LabGroup)
 def lab() -> None:
     """A local lab cluster: munge, slurmctld and one slurmd per node, fake GPUs, fake kernel logs.
 
@@ -33,6 +51,7 @@ def lab() -> None:
       eval "$(autoheal lab env)"       use its Slurm from this shell (sinfo, squeue, sbatch)
       autoheal lab inject --node gpu1 --gpu 3 --xid 79
       autoheal lab status / down
+      autoheal lab soak --seed 7       seeded compound faults, invariants checked
     """
 
 

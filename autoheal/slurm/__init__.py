@@ -26,9 +26,10 @@ def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) 
     notes = []
     if section.backend == "rest":
         if scontrol_found:
-            notes.append(("note", "slurm.backend = 'rest': requeue, reboot, a job's batch script (its --signal) "
-                                  "and `scontrol show config` go through scontrol (slurmrestd has no call for "
-                                  "them); on Slurm 22.05/23.02 (API v0.0.38/39) every write does"))
+            notes.append(("note", "slurm.backend = 'rest': requeue, reboot, a job's batch script (its --signal), "
+                                  "its GPU indices, job accounting (sacct) and `scontrol show config` go through "
+                                  "scontrol/sacct (slurmrestd has no call for them); on Slurm 22.05/23.02 (API "
+                                  "v0.0.38/39) every write does"))
         else:
             notes.append(("error", "slurm.backend = 'rest' and scontrol is not installed here: job requeues "
                                    "(the runner, xid-watch), reading a job's own --signal, the reboot rung and "
@@ -36,6 +37,8 @@ def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) 
     elif section.backend == "pyslurm":
         notes.append(("note", "slurm.backend = 'pyslurm': the reboot rung is not available (pyslurm has no "
                               "reboot call); the ladder goes from reset to replace"))
+        notes.append(("note", "slurm.backend = 'pyslurm': the runner reads no job accounting (sacct) to name "
+                              "a restart's cause; it goes by its own job comment and the node reasons"))
     return notes
 
 

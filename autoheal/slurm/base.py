@@ -46,7 +46,7 @@ def filter_jobs(jobs: List[Job], node: Optional[str] = None, states: Optional[Li
 
 #: What a backend may be asked to do; ``SlurmAdapter.capabilities`` says which of them it can.
 OPERATIONS = ("read", "show-config", "drain", "resume", "reboot", "requeue", "release", "update-job",
-              "signal", "batch-script")
+              "signal", "batch-script", "job-gpus", "job-history")
 
 
 class SlurmAdapter(ABC):
@@ -95,6 +95,17 @@ class SlurmAdapter(ABC):
         job's ``#SBATCH --signal`` lives, which no job field reports. SlurmNotSupported by backends
         that cannot read it; SlurmNotFound when the job is gone."""
         raise SlurmNotSupported(f"the {self.name} backend cannot read a job's batch script")
+
+    def job_gpus(self, job_id: str, node: str, timeout: Optional[float] = None) -> List[int]:
+        """The GPU indices a job holds on ``node`` (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``), []
+        when it holds none there. Not retried: ``timeout`` bounds the one call (the prolog must not
+        block). SlurmNotSupported by backends that cannot tell; SlurmNotFound when the job is gone."""
+        raise SlurmNotSupported(f"the {self.name} backend cannot read a job's GPU indices")
+
+    def job_state_history(self, job_id: str) -> Optional[List[str]]:
+        """The job's state at the end of each of its runs, oldest first, from accounting (``sacct -D``);
+        None when accounting is off or does not know the job. SlurmNotSupported by backends without it."""
+        raise SlurmNotSupported(f"the {self.name} backend cannot read job accounting")
 
     @abstractmethod
     def show_config(self) -> Dict[str, str]:
@@ -181,6 +192,17 @@ def job_outcome(message: str) -> Optional[type]:
         if needle in text:
             return kind
     return None
+
+
+#: Slurm's words for "no such node/job" (slurm_strerror: ESLURM_INVALID_NODE_NAME, ESLURM_INVALID_JOB_ID, and
+#: the tools' own "not found"), shared by the three backends.
+_NOT_FOUND = ("not found", "invalid node name", "invalid job id")
+
+
+def not_found_if(message: str) -> bool:
+    """True when a Slurm error message means the named node or job does not exist."""
+    text = message.lower()
+    return any(s in text for s in _NOT_FOUND)
 
 
 def raise_typed(message: str, default: type = SlurmError) -> None:

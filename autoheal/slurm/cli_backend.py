@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, unavailable_if, with_retries
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
@@ -65,7 +65,7 @@ class CliSlurm(SlurmAdapter):
             kind = job_outcome(msg)
             if kind is not None:
                 raise kind(f"{tool} {' '.join(args[:2])}: {msg}")
-            if "not found" in msg.lower() or "invalid node name" in msg.lower():
+            if not_found_if(msg):
                 raise SlurmNotFound(f"{tool}: {msg}")
             raise SlurmError(f"{tool} {' '.join(args[:2])}: {msg}")
         return res.stdout
@@ -78,6 +78,22 @@ class CliSlurm(SlurmAdapter):
         if self._version is None:
             self._version = SlurmVersion.parse(self.run("scontrol", "--version"))
         return self._version
+
+    def installed_version(self) -> SlurmVersion:
+        """The installed Slurm's version without a cluster: ``scontrol --version``, else the daemons'
+        ``-V`` (22.05's scontrol needs a readable slurm.conf, else it tries configless DNS and dies, and
+        the lab asks before it has written one). SlurmError naming what was tried when none answers."""
+        try:
+            return self.version()
+        except SlurmError as exc:
+            tried = [f"scontrol ({exc})"]
+        for tool in ("slurmctld", "slurmd"):
+            try:
+                self._version = SlurmVersion.parse(self.run(tool, "-V"))
+                return self._version
+            except SlurmError as exc:
+                tried.append(f"{tool} ({exc})")
+        raise SlurmError(f"cannot detect the Slurm version: {'; '.join(tried)}")
 
     def list_nodes(self) -> List[Node]:
         if self.version().at_least(23, 2):
@@ -120,6 +136,19 @@ class CliSlurm(SlurmAdapter):
     def batch_script(self, job_id: str) -> str:
         # "-" writes to stdout (22.05 and later); root or the job's owner may read it
         return self._read("scontrol", "write", "batch_script", str(job_id), "-")
+
+    def job_gpus(self, job_id: str, node: str, timeout: Optional[float] = None) -> List[int]:
+        return parse.job_gpus_from_show_job(self.run("scontrol", "-d", "show", "job", str(job_id),
+                                                     timeout=timeout), node)
+
+    def job_state_history(self, job_id: str) -> Optional[List[str]]:
+        # one line per run (-D: duplicates, i.e. every requeue), the allocation only (-X)
+        try:
+            out = self.run("sacct", "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", "State")
+        except SlurmError:  # not installed, "Slurm accounting storage is disabled", slurmdbd down...
+            return None
+        states = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        return states or None
 
     def show_config(self) -> Dict[str, str]:
         return parse.parse_show_config(self._read("scontrol", "show", "config"))

@@ -8,8 +8,8 @@ state and a set of flags.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import FrozenSet, Iterable, List, Optional, Tuple
 
 BASE_STATES = ("ALLOCATED", "COMPLETING", "DOWN", "ERROR", "FUTURE", "IDLE", "MIXED", "UNKNOWN")
 # Suffix characters sinfo/scontrol append to a state name, and the flag each stands for.
@@ -201,13 +201,3 @@ class SlurmVersion:
 
     def __str__(self) -> str:
         return f"{self.major:02d}.{self.minor:02d}.{self.patch}"
-
-
-@dataclass
-class NodeUpdate:
-    """An intended node change, for dry runs and the journal."""
-
-    node: str
-    action: str  # drain | resume | set_reason | reboot
-    reason: str = ""
-    extra: Dict[str, Any] = field(default_factory=dict)

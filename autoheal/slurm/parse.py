@@ -349,3 +349,43 @@ def requested_signal(submit_line: str = "", script: str = "", command: str = "")
     if value is None:
         value = signal_from_script(script)
     return parse_signal_spec(value) if value is not None else None
+
+
+# ---- a job's GPUs (``scontrol -d show job``) ------------------------------------------------------------
+_IDX_RE = re.compile(r"\(IDX:([0-9,\-]+)\)")
+
+
+def gpu_indices(text: str) -> List[int]:
+    """``0-1,4`` -> [0, 1, 4]; anything malformed -> []."""
+    out: List[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part:
+                a, b = part.split("-", 1)
+                out.extend(range(int(a), int(b) + 1))
+            else:
+                out.append(int(part))
+        except ValueError:
+            return []
+    return sorted(set(i for i in out if 0 <= i < 1024))
+
+
+def job_gpus_from_show_job(text: str, node: str) -> List[int]:
+    """GPU indices of ``node`` in ``scontrol -d show job`` output (``Nodes=gpu1 ... GRES=gpu:2(IDX:0-1)``)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("Nodes=") or "IDX:" not in line:
+            continue
+        names = line.split()[0].split("=", 1)[1]
+        try:
+            if node not in expand(names):
+                continue
+        except Exception:
+            continue
+        m = _IDX_RE.search(line)
+        if m:
+            return gpu_indices(m.group(1))
+    return []

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TypeVar
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmUnavailable
-from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, unavailable_if
+from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
@@ -59,7 +59,7 @@ class PyslurmSlurm(SlurmAdapter):
             kind = job_outcome(msg)  # RPCError carries slurm_strerror's text: the same table as the CLI
             if kind is not None:
                 raise kind(f"pyslurm {what}: {msg}") from None
-            if "not found" in msg.lower() or "invalid" in msg.lower():
+            if not_found_if(msg):
                 raise SlurmNotFound(f"pyslurm {what}: {msg}") from None
             raise SlurmError(f"pyslurm {what}: {msg}") from None
 
@@ -132,6 +132,7 @@ class PyslurmSlurm(SlurmAdapter):
         caps = super().capabilities()
         caps["reboot"] = ""
         caps["batch-script"] = ""  # not read through pyslurm (SlurmNotSupported, the base default)
+        caps["job-gpus"] = caps["job-history"] = ""  # likewise: no mapping file, no restart cause from sacct
         return caps
 
     def _numeric_id(self, job_id: str) -> int:

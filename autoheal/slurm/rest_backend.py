@@ -25,7 +25,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import parse
-from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, with_retries
+from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, not_found_if, with_retries
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class RestSlurm(SlurmAdapter):
     name = "rest"
 
     #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
-    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script")
+    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script", "job-gpus", "job-history")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
                  timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):
@@ -147,7 +147,7 @@ class RestSlurm(SlurmAdapter):
             raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code}: authentication refused "
                              f"(check rest_user and the token)")
         if resp.status_code == 404 and not errors:
-            raise SlurmError(f"slurmrestd {method} {path}: HTTP 404 (endpoint not served by this slurmrestd)")
+            raise SlurmNotSupported(f"slurmrestd {method} {path}: HTTP 404 (endpoint not served by this slurmrestd)")
         if resp.status_code >= 500 and not errors:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
         if errors:
@@ -158,7 +158,7 @@ class RestSlurm(SlurmAdapter):
             kind = job_outcome(low)
             if kind is not None:
                 raise kind(f"slurmrestd {method} {path}: {msg}")
-            if "not found" in low or "invalid node name" in low or code in (2017, 2018):
+            if not_found_if(low) or code in (2017, 2018):
                 raise SlurmNotFound(f"slurmrestd {path}: {msg}")
             if resp.status_code >= 500 and "unable to contact" in low:
                 raise SlurmUnavailable(f"slurmrestd {path}: {msg}")
@@ -180,9 +180,7 @@ class RestSlurm(SlurmAdapter):
                     self._request("GET", f"/slurm/{candidate}/ping")
                     self._api = candidate
                     break
-                except SlurmError as exc:
-                    if "endpoint not served" not in str(exc):
-                        raise  # unreachable, auth refused, ...: the version is not the problem
+                except SlurmNotSupported as exc:  # HTTP 404: not this version; unreachable, auth refused... raise
                     last_err = exc
             if self._api is None:
                 raise SlurmError(f"slurmrestd at {self.url} serves none of {', '.join(KNOWN_VERSIONS)} ({last_err})")
@@ -267,6 +265,14 @@ class RestSlurm(SlurmAdapter):
         # No slurmrestd version returns a job's script (xid-watch reads its #SBATCH --signal there):
         # `scontrol write batch_script ID -`, as for requeue.
         return self._via_cli("read a job's batch script").batch_script(job_id)
+
+    def job_gpus(self, job_id: str, node: str, timeout: Optional[float] = None) -> List[int]:
+        # slurmrestd's job record has the GRES but not the per-node indices (IDX) that -d shows
+        return self._via_cli("read a job's GPU indices").job_gpus(job_id, node, timeout=timeout)
+
+    def job_state_history(self, job_id: str) -> Optional[List[str]]:
+        # slurmdbd's REST endpoints need their own token and plugin: sacct as for requeue
+        return self._via_cli("read job accounting").job_state_history(job_id)
 
     def ping(self) -> bool:
         try:

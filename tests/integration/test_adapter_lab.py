@@ -166,6 +166,24 @@ def test_finished_job_is_still_found_with_its_final_state(plain_lab):
     assert slurm.get_job(ok).job_id == ok
 
 
+def test_job_gpus_and_history_through_the_adapter(plain_lab):
+    """The prolog's DCGM mapping (``scontrol -d show job``) and the runner's restart cause (sacct) are
+    adapter calls; the lab runs without accounting, which the history reports as None (no guess)."""
+    slurm = plain_lab.adapter()
+    job = _sbatch(plain_lab, "-w", "gpu1", "--gres=gpu:2")
+    try:
+        wait_for(lambda: slurm.get_job(job).running, 60, "job running")
+        gpus = slurm.job_gpus(job, "gpu1", timeout=5)
+        assert len(gpus) == 2 and all(0 <= g < 8 for g in gpus)
+        assert slurm.job_gpus(job, "gpu2") == []
+        assert slurm.job_state_history(job) is None
+        assert slurm.capabilities()["job-gpus"] == slurm.capabilities()["job-history"] == "cli"
+    finally:
+        _scancel(plain_lab, job)
+    with pytest.raises(SlurmNotFound):
+        slurm.job_gpus("999999", "gpu1")
+
+
 def test_unknown_node_and_job_are_typed_errors(plain_lab):
     slurm = plain_lab.adapter()
     with pytest.raises(SlurmNotFound):

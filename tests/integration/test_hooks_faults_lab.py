@@ -172,6 +172,10 @@ def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
         assert job_fields(lab, job).get("JobState") == "RUNNING"  # the healthcheck does not move jobs
         lab.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node))
         wait_for(lambda: restarts(lab, job) >= 1, 60, "xid-watch to requeue the job")
+        # xid-watch journals its requeue once slurmctld has answered it, a moment after the restart count
+        # went up (a CI run under load looked in between)
+        wait_for(lambda: requeues_by_xid_watch(lab, job), 15, "xid-watch's requeue record")
+        time.sleep(1)
         assert len(requeues_by_xid_watch(lab, job)) == 1
     finally:
         if not procs.is_alive(lab.lab.records()[f"xid-watch-{node}"]):

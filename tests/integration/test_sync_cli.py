@@ -47,9 +47,15 @@ def test_once_dry_run_writes_nothing_then_once_converges(cli_env):
     assert data["dry_run"] and data["mapped"] == len(cli_env["names"])
     assert any("SlurmNodeStateIdle" in json.dumps(x) or "pod-status" in x for x in data["planned"])
     assert [r for r in list(server.requests) if r["method"] != "GET"] == before
-    p = run(["sync", "--once"], cli_env["env"])
-    assert p.returncode == 0, p.stderr + p.stdout
-    st = run(["sync", "status", "--json"], cli_env["env"])
+    # Slurm may change a node between the sync and the status (a freshly started slurmd goes IDLE* ->
+    # IDLE once; seen in CI): then one more pass must converge, never an ever-growing plan.
+    for _ in range(3):
+        p = run(["sync", "--once"], cli_env["env"])
+        assert p.returncode == 0, p.stderr + p.stdout
+        st = run(["sync", "status", "--json"], cli_env["env"])
+        if st.returncode == 0:
+            break
+        assert len(json.loads(st.stdout)["planned"]) <= 1, st.stdout
     assert st.returncode == 0, st.stdout + st.stderr  # in sync now
     assert json.loads(st.stdout)["planned"] == []
 

@@ -21,6 +21,7 @@ def test_rest_backend_with_scontrol_is_a_note(tmp_path):
     cfg = load_config(_conf(tmp_path, '[slurm]\nbackend = "rest"\nrest_url = "unix:/run/slurmrestd.sock"\n'))
     [(level, text)] = backend_notes(cfg.slurm, scontrol_found=True)
     assert level == "note" and "requeue" in text and "scontrol" in text
+    assert "GPU indices" in text and "sacct" in text
 
 
 def test_rest_backend_without_scontrol_fails_validate(tmp_path):
@@ -44,3 +45,10 @@ def test_cli_backend_has_nothing_to_say(tmp_path):
     assert backend_notes(cfg.slurm, scontrol_found=True) == []
     res = CliRunner().invoke(config, ["validate", str(_conf(tmp_path, ""))])
     assert res.exit_code == 0 and res.stdout.strip().endswith(": ok")
+
+
+def test_pyslurm_backend_notes_say_what_it_cannot_do(tmp_path):
+    cfg = load_config(_conf(tmp_path, '[slurm]\nbackend = "pyslurm"\n'))
+    notes = backend_notes(cfg.slurm, scontrol_found=True)
+    assert [level for level, _ in notes] == ["note", "note"]
+    assert "reboot" in notes[0][1] and "sacct" in notes[1][1]

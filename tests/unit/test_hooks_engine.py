@@ -164,3 +164,25 @@ def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
     assert [a["outcome"] for a in engine.maybe_repair(ctx, results, now=1060.0)] == ["already asked"]
     assert len(ctx.slurm.calls) == 1 and ctx.slurm.reboots == []
     assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}
+
+
+def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_path):
+    """Soak finding (issue 12): a reboot that keeps the boot id (the lab's, or one an admin cancelled)
+    left ``reboot_requested`` set, and a later reboot-class fault on the node, drained again before
+    xid-watch saw it back in service (or on a node without xid-watch), only answered "waiting: reboot
+    already requested": the node stayed drained for good. Slurm's own flags now tell when it is over."""
+    ctx = make_ctx(tmp_path)
+    lost = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 3)]
+    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1000.0)] == ["requested"]
+    lost = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 4)]  # (GPU 3 again would climb to replace)
+    # Slurm shows the request: a pass for another GPU waits for it
+    ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN", "REBOOT_REQUESTED"}), ctx.slurm.node.reason)
+    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1001.0)] == ["waiting: reboot already requested"]
+    # just made, not visible in Slurm yet: still waiting
+    ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), ctx.slurm.node.reason)
+    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1002.0)] == ["waiting: reboot already requested"]
+    # the reboot is over (no flag), the boot id unchanged; a new fault on another GPU: a new reboot
+    other = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 5)]
+    done = engine.maybe_repair(ctx, other, now=1100.0)
+    assert [(a["action"], a["outcome"]) for a in done] == [("reboot-node", "requested")]
+    assert len(ctx.slurm.reboots) == 2

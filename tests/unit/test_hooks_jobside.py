@@ -140,8 +140,8 @@ def test_node_drained_by_the_healthcheck_gets_its_jobs_requeued_once(tmp_path):
 
 def test_runner_gets_its_signal_then_a_requeue_only_if_still_running(tmp_path):
     ctx = make_ctx(tmp_path)
-    ctx.slurm.add_job("8", comment="autoheal-runner restarts=0")
-    ctx.slurm.add_job("9", comment="autoheal-runner restarts=0")
+    ctx.slurm.add_job("8", comment="autoheal-runner restarts=0 state=running")
+    ctx.slurm.add_job("9", comment="autoheal-runner restarts=0 state=running")
     with ctx.store.locked() as st:
         J.request_drain(st, XID79, 100.0)
     js = side(ctx)
@@ -382,3 +382,26 @@ def test_a_requeue_slurmctld_took_while_timing_out_is_journalled_once(tmp_path):
     js.step(now=102.0)
     assert ctx.slurm.writes("requeue") == ["requeue 6"]  # not sent twice
     assert [kw["outcome"] for kw in events(ctx, "requeue")] == ["requeued (slurmctld answered late)"]
+
+
+def test_a_runner_not_up_yet_gets_no_signal_that_would_kill_its_batch_shell(tmp_path):
+    """Soak finding (issue 12): USR2 to the batch shell of a job whose runner has not set its handlers
+    yet (an array task that just started) kills the shell: the job ends FAILED instead of requeued.
+    The runner says it is up with state=running; until then xid-watch waits, and after the grace it
+    requeues without a signal."""
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("4_1", comment="autoheal-runner")  # submitted, runner not up
+    ctx.slurm.add_job("4_2", comment="autoheal-runner restarts=1 state=requeued")  # the last run's state
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.node.drain and not ctx.slurm.writes("signal") and not ctx.slurm.writes("requeue")
+    # 4_1's runner comes up: it gets its signal; 4_2's never does
+    ctx.slurm.jobs["4_1"] = Job("4_1", "RUNNING", ("n1",), comment="autoheal-runner state=running nodes=n1")
+    js.step(now=101.5)
+    assert ctx.slurm.writes("signal") == ["signal 4_1 USR2 batch"]
+    js.step(now=110.5)
+    assert "requeue 4_2" in ctx.slurm.writes("requeue") and "signal 4_2 USR2 batch" not in ctx.slurm.calls
+    assert J.runner_state("autoheal-runner restarts=2 state=running | state=user") == "running"
+    assert J.runner_state("autoheal-runner | state=running") == ""

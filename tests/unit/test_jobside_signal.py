@@ -150,7 +150,7 @@ def test_a_job_that_asked_for_nothing_with_term_is_requeued_at_once(tmp_path):
 
 def test_the_runner_still_gets_runner_signal_on_its_batch_shell_and_its_script_is_not_read(tmp_path):
     ctx = _ctx(tmp_path, {"9": SUBMITIT_SCRIPT})
-    ctx.slurm.add_job("9", comment="autoheal-runner restarts=0")
+    ctx.slurm.add_job("9", comment="autoheal-runner restarts=0 state=running")
     _fault(ctx, side(ctx))
     assert ctx.slurm.writes("signal") == ["signal 9 USR2 batch"]
     assert not ctx.slurm.writes("batch_script")

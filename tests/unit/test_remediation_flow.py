@@ -695,3 +695,31 @@ def test_metrics_count_states_opted_out_nodes_and_the_breaker():
     kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
     r.run_pass()
     assert get("autoheal_sync_remediation_opted_out") == 0
+
+
+def test_done_is_written_only_after_the_old_node_is_retired_in_slurm():
+    """CI saw remediation-state=done while gpu1 still had its XID reason: the record went first and the
+    Slurm retire after it. Killed in between, nothing would ever retire the node. Slurm goes first now."""
+    from autoheal.errors import SlurmUnavailable
+
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    real_drain, real_set = slurm.drain, slurm.set_reason
+
+    def refuse_n1(real):
+        def call(node, reason):
+            if node == "n1" and "retired" in reason:
+                raise SlurmUnavailable("slurmctld not answering (simulated)")
+            return real(node, reason)
+        return call
+
+    slurm.drain, slurm.set_reason = refuse_n1(real_drain), refuse_n1(real_set)
+    for _ in range(4):
+        r.run_pass()
+        assert state(kube, "n1") == "replacing" and "retired" not in slurm.nodes["n1"].reason
+    slurm.drain, slurm.set_reason = real_drain, real_set
+    run_to(r, kube, "n1", "done")
+    assert slurm.nodes["n1"].reason == "autoheal: retired: replaced by spare1"

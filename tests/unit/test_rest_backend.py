@@ -511,3 +511,43 @@ def test_batch_script_goes_through_the_cli_fallback_like_requeue():
     with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
         alone.batch_script("7")
     assert alone.capabilities()["batch-script"] == ""
+
+
+def test_unserved_endpoint_is_typed_not_supported_and_version_probe_stops_on_other_errors(tcp_stub, no_sleep):
+    stub = Stub(versions=("v0.0.38",))
+    url = tcp_stub(stub)
+    slurm = RestSlurm(url, user="autoheal", token=TOKEN, retries=0)
+    with pytest.raises(SlurmNotSupported, match="endpoint not served"):
+        slurm._request("GET", "/slurm/v0.0.38/no-such-endpoint")
+    # a refused token is not "this version is missing": the probe stops at the first answer
+    stub.fail_next = [(401, {"errors": []})]
+    fresh = RestSlurm(url, user="autoheal", token=TOKEN, retries=0)
+    with pytest.raises(SlurmError, match="authentication refused") as caught:
+        fresh.api
+    assert not isinstance(caught.value, SlurmNotSupported)
+    assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.42/ping"
+
+
+def test_job_gpus_and_history_go_through_the_cli_fallback():
+    cli = RecordingCli()
+    slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40", fallback=cli)
+    slurm.job_gpus("7", "gpu1", timeout=3)
+    slurm.job_state_history("7")
+    assert cli.calls == [("job_gpus", ("7", "gpu1"), {"timeout": 3}), ("job_state_history", ("7",), {})]
+    assert slurm.capabilities()["job-gpus"] == slurm.capabilities()["job-history"] == "cli"
+    alone = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40")
+    for call in (lambda: alone.job_gpus("7", "gpu1"), lambda: alone.job_state_history("7")):
+        with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
+            call()
+    assert alone.capabilities()["job-gpus"] == alone.capabilities()["job-history"] == ""
+
+
+@pytest.mark.parametrize("msg,expected", [
+    ("Invalid node name specified", True),
+    ("Invalid job id specified", True),
+    ("scontrol: error: Node gpu9 not found", True),
+    ("Invalid node state specified", False),
+    ("Access/permission denied", False),
+])
+def test_not_found_words_are_shared_by_the_backends(msg, expected):
+    assert base.not_found_if(msg) is expected

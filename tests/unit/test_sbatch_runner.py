@@ -264,3 +264,61 @@ def test_notify_url_receives_the_final_state(tmp_path):
     by_event = {p["autoheal"]["event"]: p for p in posts}
     assert set(by_event) == {"job-restart", "job-max-restarts"}  # the restart Slurm did, then the stop
     assert "exceeds --max-restarts 2" in by_event["job-max-restarts"]["text"]
+
+
+def test_job_history_comes_from_the_adapter_and_a_backend_without_it_is_no_accounting(tmp_path):
+    from autoheal.errors import SlurmNotSupported
+
+    runner, slurm, _ = make(tmp_path)
+    runner = r.Runner(runner.opts, runner.ident, slurm=slurm, env={"PATH": "/usr/bin:/bin"}, adopt_orphans=False)
+    slurm.job_state_history = lambda job_id: ["NODE_FAIL", "REQUEUED"] if job_id == "42" else None
+    assert runner.sacct("42") == ["NODE_FAIL", "REQUEUED"]
+
+    def unsupported(job_id):
+        raise SlurmNotSupported("pyslurm")
+
+    slurm.job_state_history = unsupported
+    assert runner.sacct("42") is None
+    assert r.Runner(runner.opts, runner.ident, slurm=None, env={}, adopt_orphans=False).sacct("42") is None
+
+
+def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch):
+    """Soak finding (issue 12): a job that ended while slurmctld was down kept ``state=running`` in its
+    comment (the journal said job-completed): the final comment is now retried for a while."""
+    from autoheal.errors import SlurmUnavailable
+
+    runner, slurm, _journal = make(tmp_path)
+    monkeypatch.setattr(r.time, "sleep", lambda s: None)
+    from autoheal.errors import SlurmError
+
+    fails = {"n": 2}
+    real = slurm.set_job_comment
+
+    def flaky(job_id, comment):
+        if fails["n"]:
+            fails["n"] -= 1
+            if fails["n"]:
+                raise SlurmUnavailable("scontrol update: no answer within 5s")
+            # what an array task's update got from a slurmctld just restarted (seen in the soak)
+            raise SlurmError("scontrol update jobid=4_0: Unexpected message received for job 4_0")
+        real(job_id, comment)
+
+    slurm.set_job_comment = flaky
+    assert runner.finish("completed", 0, "done", severity="info") == 0
+    assert "state=completed" in slurm.job.comment and fails["n"] == 0
+    # an outage longer than the retry window gives up (the job must end) without raising
+    monkeypatch.setattr(r, "FINAL_COMMENT_RETRY", 0.0)
+    fails["n"] = 5
+    runner.finish("failed", 1, "boom")
+    assert "state=completed" in slurm.job.comment
+    # a refusal is not retried
+    monkeypatch.setattr(r, "FINAL_COMMENT_RETRY", 30.0)
+    calls = []
+
+    def refuse(job_id, comment):
+        calls.append(comment)
+        raise SlurmError("scontrol update: Access/permission denied")
+
+    slurm.set_job_comment = refuse
+    runner.finish("failed", 1, "boom")
+    assert len(calls) == 1

@@ -139,3 +139,24 @@ def test_doctor_from_file_exit_codes(tmp_path):
     r = CliRunner().invoke(doctor, ["--from-file", str(SAMPLES["24.11-lab"]), "--config", str(cfg)])
     assert r.exit_code == 0, r.output
     assert "-> exit 0" in r.output
+
+
+def test_version_detection_is_the_adapters_and_falls_back_to_the_daemons(tmp_path):
+    # 22.05's scontrol dies without a readable slurm.conf: the daemons' -V still tell the version
+    import os
+
+    from autoheal.slurm.cli_backend import CliSlurm
+
+    for name, body in (("scontrol", "echo 'no slurm.conf' >&2; exit 1"), ("slurmctld", "echo 'slurm 23.02.7'")):
+        p = tmp_path / name
+        p.write_text(f"#!/bin/sh\n{body}\n")
+        os.chmod(p, 0o755)
+    v = CliSlurm(bin_dir=str(tmp_path), retries=0).installed_version()
+    assert (v.major, v.minor, v.patch) == (23, 2, 7)
+    (tmp_path / "slurmctld").write_text("#!/bin/sh\nexit 3\n")
+    (tmp_path / "slurmd").write_text("#!/bin/sh\nexit 3\n")
+    os.chmod(tmp_path / "slurmd", 0o755)
+    from autoheal.errors import SlurmError
+
+    with pytest.raises(SlurmError, match="cannot detect the Slurm version: scontrol .*slurmctld .*slurmd"):
+        CliSlurm(bin_dir=str(tmp_path), retries=0).installed_version()

@@ -165,6 +165,11 @@ def test_rpc_errors_mapped():
     with pytest.raises(SlurmError, match="pyslurm load nodes: Access/permission denied") as err:
         PyslurmSlurm(module=other).list_nodes()
     assert not isinstance(err.value, SlurmNotFound)
+    # "Invalid" alone is not "no such node": the three backends share one list of not-found words
+    state, _ = make_fake(fail="Invalid node state specified")
+    with pytest.raises(SlurmError) as err:
+        PyslurmSlurm(module=state).drain("gpu1", "x")
+    assert not isinstance(err.value, SlurmNotFound)
 
 
 def test_unsupported_reboot():
@@ -198,3 +203,7 @@ def test_capabilities_say_what_pyslurm_cannot_do():
     assert caps["reboot"] == caps["batch-script"] == "" and caps["requeue"] == "pyslurm"
     with pytest.raises(SlurmNotSupported):
         slurm.batch_script("7")  # xid-watch then goes by the submit line and hooks.grace_signal
+    assert caps["job-gpus"] == caps["job-history"] == ""
+    for call in (lambda: slurm.job_gpus("7", "gpu1"), lambda: slurm.job_state_history("7")):
+        with pytest.raises(SlurmNotSupported):
+            call()

@@ -1,0 +1,706 @@
+"""``autoheal lab soak``: a seeded campaign of compound faults against the whole loop, invariants live.
+
+The runner starts a clean lab, submits a mixed workload (``autoheal sbatch`` trainers on 2 nodes and on
+1 node with different grace and restart limits, a job array under ``autoheal sbatch``, a plain
+``sbatch`` job, a job that runs into its time limit, short jobs that come and go), then carries out the
+schedule of ``autoheal.lab.soak_plan`` (same seed, same schedule) while taking snapshots of Slurm and
+Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. After the last fault it lets
+the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
+processes left behind, and reports.
+
+Fault targets are resolved when the fault fires: ``@replacement`` is the newest spare in service; a
+node that left (retired, its slurmd stopped) is swapped for a node in service (``note`` says so), and
+an admin's drain goes to a node in service (an admin drains working nodes for maintenance).
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from autoheal.lab.cluster import Lab, LabError
+from autoheal.lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, node_in_service, ours_kind
+from autoheal.lab.soak_plan import KINDS, REPLACEMENT, Schedule, make_schedule
+
+STEP_SECONDS = 0.1
+
+
+@dataclass
+class SoakOptions:
+    seed: int = 1
+    faults: int = 30
+    jobs: int = 3  # autoheal sbatch trainers: the first on 2 nodes, the others on 1
+    kube: bool = True
+    nodes: int = 4
+    spares: int = 2
+    gpus: int = 4
+    gap: tuple = (4.0, 10.0)
+    include: Optional[List[str]] = None
+    exclude: List[str] = field(default_factory=list)
+    settle: float = 150.0  # seconds after the last fault for the loop to finish its work
+    snapshot_every: float = 1.0
+    trainer_seconds: Optional[float] = None  # uninterrupted run time of a trainer [default: 0.6 x the span]
+    short_every: float = 8.0
+
+
+@dataclass
+class SoakReport:
+    seed: int
+    schedule: dict
+    injected: List[dict] = field(default_factory=list)
+    counts: Dict[str, dict] = field(default_factory=dict)
+    recovery: Dict[str, dict] = field(default_factory=dict)
+    restarts: Dict[str, int] = field(default_factory=dict)
+    jobs: Dict[str, dict] = field(default_factory=dict)
+    violations: List[dict] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    wall_seconds: float = 0.0
+    snapshots: int = 0
+    timeline: List[dict] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self, timeline: bool = False) -> dict:
+        out = {k: getattr(self, k) for k in ("seed", "counts", "recovery", "restarts", "jobs", "violations",
+                                               "notes", "wall_seconds", "snapshots", "injected", "schedule")}
+        out["ok"] = self.ok
+        if timeline:
+            out["timeline"] = self.timeline
+        return out
+
+
+class Soak:
+    def __init__(self, lab: Lab, opts: SoakOptions, log: Callable[[str], None] = lambda s: None):
+        self.lab = lab
+        self.opts = opts
+        self.log = log
+        self.schedule: Schedule = make_schedule(opts.seed, opts.faults, [f"gpu{i}" for i in range(1, opts.nodes + 1)],
+                                                opts.gpus, kube=opts.kube, gap=opts.gap, include=opts.include,
+                                                exclude=opts.exclude, spares=opts.spares)
+        self.jobs: List[JobMeta] = []
+        self.events: list = []  # heap of (time, seq, description, callable)
+        self._seq = 0
+        self.t0 = 0.0
+        self.monitor: Optional[Monitor] = None
+        self.injected: Dict[int, Injected] = {}
+        self.cancelled: List[str] = []
+        self.notes: List[str] = []
+        self.workdir: Path = Path()
+        self._core = None
+        self._api_url = ""
+        self._ctld_down = False
+
+    # ---- lab -----------------------------------------------------------------------------------------
+    def start_lab(self) -> None:
+        st = self.lab.load_state()
+        if st and st.get("procs"):
+            self.lab.down()
+        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube)
+        self.lay = self.lab.layout()
+        self.env = self.lab.slurm_env()
+        from autoheal.config import load_config
+        from autoheal.slurm.cli_backend import CliSlurm
+
+        # one try, a short timeout: a snapshot while slurmctld is down must fail fast, not hold the loop
+        # (and with it the planned restart of slurmctld)
+        self.slurm = CliSlurm(env=self.env, timeout=5, retries=0)
+        self.cfg = load_config(self.lay.autoheal_conf)
+        self.workdir = self.lay.path("drill", f"soak-{self.opts.seed}-{os.getpid()}")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.opts.kube:
+            from kubernetes import client, config as kconfig
+
+            cfg = client.Configuration()
+            kconfig.load_kube_config(config_file=self.lab.load_state()["kubeconfig"], client_configuration=cfg)
+            self._api = client.ApiClient(cfg)
+            self._core = client.CoreV1Api(self._api)
+            self._custom = client.CustomObjectsApi(self._api)
+            self._api_url = cfg.host.rstrip("/")
+
+    def _run(self, argv: List[str], timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess:
+        res = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
+                             cwd=str(self.workdir), stdin=subprocess.DEVNULL)
+        if check and res.returncode != 0:
+            raise LabError(f"{' '.join(argv[:4])}...: {res.stderr.strip() or res.stdout.strip()}")
+        return res
+
+    # ---- workload ------------------------------------------------------------------------------------
+    def _trainer_cmd(self, steps: int, every: int = 20) -> str:
+        import autoheal.sbatch_helpers as helpers
+
+        trainer = Path(helpers.__file__).parent / "examples" / "tiny_trainer.py"
+        return " ".join(shlex.quote(a) for a in [sys.executable, str(trainer), "--steps", str(steps),
+                                                 "--step-seconds", str(STEP_SECONDS), "--checkpoint-every",
+                                                 str(every)])
+
+    def _autoheal_sbatch(self, name: str, nodes: int, steps: int, extra: List[str], array: str = "") -> str:
+        out = self.workdir / (f"{name}-%a.out" if array else f"{name}.out")
+        script = self.workdir / f"{name}.sh"
+        script.write_text("\n".join([
+            "#!/bin/bash", f"#SBATCH --job-name={name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --output={out}",
+            f"srun {self._trainer_cmd(steps)}", ""]))
+        ckpt = self.workdir / (f"ckpt-{name}-%a" if array else f"ckpt-{name}")
+        argv = [sys.executable, "-m", "autoheal.cli.main", "sbatch", *extra, "--parsable", "--checkpoint-dir",
+                str(ckpt)]
+        if array:
+            argv.append(f"--array={array}")
+        res = self._run(argv + [str(script)], timeout=60)
+        return res.stdout.strip().splitlines()[-1].split(";")[0]
+
+    def _sbatch(self, name: str, wrap: str, extra: List[str] = ()) -> str:
+        res = self._run(["sbatch", "--parsable", f"--job-name={name}", f"--output={self.workdir}/{name}-%j.out",
+                         *extra, "--wrap", wrap], timeout=15)
+        return res.stdout.strip().splitlines()[-1].split(";")[0]
+
+    def submit_workload(self) -> None:
+        span = self.schedule.span
+        work = self.opts.trainer_seconds or max(30.0, 0.6 * span)
+        steps = int(work / STEP_SECONDS)
+        for i in range(self.opts.jobs):
+            nodes = 2 if i == 0 else 1
+            grace, restarts = (("10", "20") if i % 2 == 0 else ("20", "10"))
+            name = f"trainer{i + 1}"
+            jid = self._autoheal_sbatch(name, nodes, steps, ["--grace", grace, "--max-restarts", restarts])
+            self.jobs.append(JobMeta(jid, "trainer", opted_in=True, steps=steps, nodes=nodes,
+                                     output=str(self.workdir / f"{name}.out")))
+        asteps = max(100, steps // 3)
+        jid = self._autoheal_sbatch("array", 1, asteps, ["--grace", "10", "--max-restarts", "20"], array="0-1")
+        self.jobs.append(JobMeta(jid, "array", opted_in=True, steps=asteps, nodes=1,
+                                 output=str(self.workdir / "array-%a.out")))
+        jid = self._sbatch("plain", f"sleep {int(work)}", ["--requeue"])
+        self.jobs.append(JobMeta(jid, "plain", nodes=1))
+        self.log(f"workload: {', '.join(f'{j.role} {j.job_id}' for j in self.jobs)}")
+
+    def _short_job(self) -> None:
+        if self._ctld_down:
+            return  # the last snapshot found slurmctld down: a submission would only hold the loop
+        try:
+            jid = self._sbatch("short", "sleep 3")
+            self.jobs.append(JobMeta(jid, "short", nodes=1))
+            self.monitor.jobs[jid] = self.jobs[-1]
+        except (LabError, subprocess.TimeoutExpired) as exc:
+            self.notes.append(f"a short job could not be submitted: {exc}")
+
+    # ---- snapshots -----------------------------------------------------------------------------------
+    def snapshot(self) -> Optional[Snapshot]:
+        from autoheal.errors import SlurmError
+        from autoheal.slurm import parse
+
+        now = time.time()
+        try:
+            nodes = self.slurm.list_nodes()
+            jobs = parse.jobs_from_json(self.slurm._read("squeue", "--json", "--states=all"), "squeue --json")
+        except (SlurmError, subprocess.TimeoutExpired, OSError):
+            return None  # slurmctld down for a moment (a planned kill): the next snapshot will tell
+        ours = {j.job_id for j in self.jobs}
+        snap = Snapshot(now)
+        for n in nodes:
+            snap.nodes[n.name] = {"state": n.state_text if hasattr(n, "state_text") else n.state,
+                                  "drain": n.drain, "reason": n.reason or "", "responding": n.responding}
+        for j in jobs:
+            base = j.array_job_id or j.job_id.split("_")[0]
+            if j.job_id not in ours and base not in ours:
+                continue
+            snap.jobs[j.job_id] = {"state": j.state, "reason": j.state_reason or "", "comment": j.comment or "",
+                                   "restarts": j.restart_count, "nodes": list(j.nodes), "held": j.held}
+        if self._core is not None:
+            try:
+                snap.kube = {}
+                for kn in self._api.sanitize_for_serialization(self._core.list_node(_request_timeout=5))["items"]:
+                    meta = kn["metadata"]
+                    ann = meta.get("annotations") or {}
+                    snap.kube[meta["name"]] = {"unschedulable": bool((kn.get("spec") or {}).get("unschedulable")),
+                                               "remediation": ann.get(f"{self.cfg.sync.annotation_prefix}/"
+                                                                      "remediation-state", ""),
+                                               "labels": meta.get("labels") or {}}
+                crs = self._custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements",
+                                                              _request_timeout=5)["items"]
+                snap.replacements = [{"node": (c.get("spec") or {}).get("nodeName") or c["metadata"]["name"],
+                                      "name": c["metadata"]["name"]} for c in crs]
+            except Exception:  # the API in a planned 5xx/429/slow window: no Kubernetes view this time
+                snap.kube = None
+        return snap
+
+    # ---- fault execution -----------------------------------------------------------------------------
+    def _at(self, t: float, what: str, fn: Callable[[], None]) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, what, fn))
+
+    def _in_service(self, snap: Optional[Snapshot]) -> List[str]:
+        if snap is None:
+            return []
+        return sorted(n for n, v in snap.nodes.items() if node_in_service(v))
+
+    def _alive_nodes(self, snap: Optional[Snapshot]) -> List[str]:
+        """Nodes that are still machines of the lab: not retired, not a spare still held."""
+        recs = self.lab.records()
+        out = []
+        for n in self.lay.all_nodes:
+            v = (snap.nodes.get(n) if snap else None) or {}
+            if ours_kind(v.get("reason", ""), self._spare_prefix()) in ("retired", "spare") and v.get("drain"):
+                continue
+            if f"slurmd-{n}" not in recs:
+                continue
+            out.append(n)
+        return out
+
+    def _spare_prefix(self) -> str:
+        return self.cfg.sync.spare_reason_prefix
+
+    def _resolve(self, f, snap: Optional[Snapshot]) -> tuple:
+        node, note = f.node, ""
+        if node == REPLACEMENT:
+            used = [s for s in self.lay.spares if s in self._alive_nodes(snap)]
+            node = used[-1] if used else f.fallback
+            note = f"on replacement {node}" if used else f"no spare in service yet: on {node}"
+        if f.kind == "admin-drain":
+            ok = self._in_service(snap)
+            if node not in ok and ok:
+                new = ok[f.id % len(ok)]
+                note, node = f"{node} not in service: admin drains {new} instead", new
+        elif node and node not in self._alive_nodes(snap):
+            alive = self._alive_nodes(snap)
+            if alive:
+                new = alive[f.id % len(alive)]
+                note, node = f"{node} left the cluster: on {new} instead", new
+        return node, note
+
+    def fire(self, f, snap: Optional[Snapshot]) -> None:
+        spec = KINDS[f.kind]
+        node, note = self._resolve(f, snap)
+        inj = Injected(f.id, f.kind, spec.group, time.time(), node=node, gpu=f.gpu, note=note)
+        end = inj.start + f.duration if f.duration else None
+        self.log(f"t+{inj.start - self.t0:6.1f} fault {f.id} {f.kind} {node or ''}"
+                 f"{'' if f.gpu is None else f' GPU {f.gpu}'} {note}")
+        self._do(f, spec, inj, node, end, snap)
+        # recorded once carried out: a fault whose injection failed (noted by the loop) explains nothing
+        self.injected[f.id] = inj
+        self.monitor.add_fault(inj)
+
+    def _do(self, f, spec, inj: Injected, node: str, end: Optional[float], snap: Optional[Snapshot]) -> None:
+        from autoheal.lab import gpus as labgpus
+
+        def ended():
+            inj.end = time.time()
+
+        if spec.group == "gpu":
+            if f.kind == "flapping":
+                labgpus.inject(self.lab, node, f.gpu, "thermal")
+                inj.count = 3
+                for k, dt in enumerate((2.0, 4.0, 6.0, 8.0, 10.0)):
+                    kind = "clear" if k % 2 == 0 else "thermal"
+                    self._at(inj.start + dt, f"flap {node}", lambda kind=kind: labgpus.inject(self.lab, node, f.gpu, kind))
+                self._at(end, f"flapping over on {node}", lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"),
+                                                                   ended()))
+                return
+            labgpus.inject(self.lab, node, f.gpu, spec.gpu_inject, xid=spec.xid)
+            if end:
+                self._at(end, f"{f.kind} over on {node}",
+                         lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"), ended()))
+            return
+        if f.kind == "kill-slurmd":
+            self._kill(f"slurmd-{node}")
+            self._at(end, f"slurmd-{node} restarted", lambda: (self.lab.start_slurmd(node), ended()))
+        elif f.kind == "kill-slurmctld":
+            self._kill("slurmctld")
+            self._at(end, "slurmctld restarted", lambda: (self.lab.restart_slurmctld(), ended()))
+        elif f.kind == "kill-xid-watch":
+            from autoheal.lab import wiring
+
+            self._kill(f"xid-watch-{node}")
+            self._at(end, f"xid-watch-{node} restarted",
+                     lambda: (self.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node)),
+                              ended()))
+        elif f.kind == "kill-sync":
+            from autoheal.lab import kube as labkube
+
+            self._kill(labkube.SYNC_PROC)
+            self._at(end, "sync restarted", lambda: (labkube.start_sync(self.lab), ended()))
+        elif spec.group == "api":
+            rule = {"api-5xx": {"status": 503}, "api-429": {"status": 429, "retry_after": 1},
+                    "api-slow": {"latency_ms": 1500}}[f.kind]
+            added = self._fake_api("POST", "/_fake/faults", dict(rule, path_regex="^/api"))
+            inj.note = (inj.note + f" rule {added['faults'][0]['id']}").strip()
+            rid = added["faults"][0]["id"]
+            self._at(end, f"{f.kind} over", lambda: (self._fake_api("DELETE", f"/_fake/faults/{rid}"), ended()))
+        elif f.kind == "admin-drain":
+            inj.reason = f"admin: soak maintenance {f.id}"
+            self._pending(inj)
+            if node not in self._in_service(snap):
+                inj.note = (inj.note + " no node in service: the admin leaves them alone").strip()
+                return
+            self._person(f"admin drains {node}", lambda: self._run(["scontrol", "update", f"nodename={node}",
+                                                                     "state=drain", f"reason={inj.reason}"]),
+                         then=lambda: self._started(inj, f.duration, f"admin resumes {node}",
+                                                    lambda: self._admin_resume(inj)))
+        elif f.kind == "kubectl-cordon":
+            def uncordon():
+                self._person(f"uncordon {node}",
+                             lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}}), then=ended)
+
+            self._pending(inj)
+            self._person(f"cordon {node}", lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}),
+                         then=lambda: self._started(inj, f.duration, f"uncordon {node}", uncordon))
+        elif f.kind == "user-cancel":
+            target = self._cancel_target(snap)
+            inj.job = target
+            if target:
+                self.cancelled.append(target)
+                self._person(f"scancel {target}", lambda: self._run(["scancel", target]))
+            else:
+                inj.note = "no job of the user's to cancel"
+        elif f.kind in ("user-hold", "time-limit"):
+            name, wrap, extra = (("held", "sleep 3", ["--hold"]) if f.kind == "user-hold"
+                                 else ("timelimit", "sleep 600", ["--time=1"]))
+
+            def submitted(jid: str) -> None:
+                inj.job = jid
+                self.jobs.append(JobMeta(jid, "short" if f.kind == "user-hold" else "time-limit", nodes=1))
+                self.monitor.jobs[jid] = self.jobs[-1]
+                if f.kind == "user-hold":
+                    self._started(inj, f.duration, f"release {jid}",
+                                  lambda: self._person(f"release {jid}",
+                                                       lambda: self._run(["scontrol", "release", jid]), then=ended))
+
+            self._person(f"submit {name}", lambda: submitted(self._sbatch(name, wrap, extra)))
+
+    def _cancel_target(self, snap: Optional[Snapshot]) -> str:
+        """The newest short job still queued or running, else the plain job."""
+        live = {j for j, v in (snap.jobs if snap else {}).items() if v.get("state") in ("PENDING", "RUNNING")}
+        for j in reversed(self.jobs):
+            if j.role == "short" and j.job_id in live and j.job_id not in self.cancelled:
+                return j.job_id
+        plain = next((j.job_id for j in self.jobs if j.role == "plain"), "")
+        return plain if plain in live and plain not in self.cancelled else ""
+
+    def _pending(self, inj: Injected) -> None:
+        """A person's change not made yet: it starts (and is checked) only once it worked."""
+        inj.start = float("inf")
+
+    def _started(self, inj: Injected, duration: float, what: str, undo: Callable[[], None]) -> None:
+        inj.start = time.time()
+        self._at(inj.start + duration, what, undo)
+
+    def _person(self, what: str, call: Callable[[], object], then: Callable[[], object] = lambda: None,
+                within: float = 60.0, _deadline: Optional[float] = None) -> None:
+        """A person's command (scontrol, sbatch, kubectl): tried now and, while slurmctld restarts or the
+        API refuses, again 1 s later through the event queue (never blocking the loop, whose snapshots
+        and daemon restarts must go on), for ``within`` seconds; ``then`` once it worked."""
+        deadline = time.time() + within if _deadline is None else _deadline
+        try:
+            call()
+        except Exception as exc:
+            if time.time() >= deadline:
+                self.notes.append(f"{what}: gave up after {within:.0f} s: {type(exc).__name__}: {exc}"[:300])
+                return
+            self._at(time.time() + 1.0, what, lambda: self._person(what, call, then, within, deadline))
+            return
+        then()
+
+    def _admin_resume(self, inj: Injected) -> None:
+        """The admin ends the maintenance: resumes the node if it still has their reason."""
+        from autoheal.reasons import strip_reason_suffix
+
+        def look() -> None:
+            n = self.slurm.get_node(inj.node)
+            if n.drain and strip_reason_suffix(n.reason) == inj.reason:
+                self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
+            inj.end = time.time()
+
+        self._person(f"admin resumes {inj.node}", look)
+
+    def _kill(self, proc_name: str) -> None:
+        rec = self.lab.records().get(proc_name)
+        if rec is None:
+            self.notes.append(f"no {proc_name} to kill")
+            return
+        try:
+            os.kill(rec.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        from autoheal.lab import procs
+
+        procs._reap(rec.pid)
+
+    def _fake_api(self, method: str, path: str, body: Optional[dict] = None) -> dict:
+        import urllib.request
+
+        req = urllib.request.Request(self._api_url + path, method=method,
+                                     data=json.dumps(body).encode() if body is not None else None,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return json.loads(resp.read().decode() or "{}")
+
+    # ---- the run -------------------------------------------------------------------------------------
+    def run(self) -> SoakReport:
+        wall0 = time.monotonic()
+        self.start_lab()
+        try:
+            self.submit_workload()
+            self.monitor = Monitor(self.jobs, seed=self.opts.seed, breaker_max=self.cfg.sync.breaker_max_concurrent,
+                                   spare_prefix=self._spare_prefix(),
+                                   opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "")
+            self._wait_running(60.0)
+            self.t0 = time.time()
+            for f in self.schedule.faults:
+                self._at(self.t0 + f.at, f"fault {f.id}", lambda f=f: self.fire(f, self._last))
+            t = self.t0 + self.opts.short_every
+            while t < self.t0 + self.schedule.span:
+                self._at(t, "short job", self._short_job)
+                t += self.opts.short_every
+            self._last: Optional[Snapshot] = self.snapshot()
+            self._loop(until_events=True)
+            self._settle()
+            report = self._finish()
+        finally:
+            self.lab.down()
+        report.violations += [v.to_dict() for v in self.monitor.check_leaks(self.leaked(), time.time())]
+        report.wall_seconds = round(time.monotonic() - wall0, 1)
+        return report
+
+    def _wait_running(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            snap = self.snapshot()
+            if snap and sum(1 for j in snap.jobs.values() if j["state"] == "RUNNING") >= min(3, len(self.jobs)):
+                return
+            time.sleep(0.5)
+        self.notes.append(f"the workload was not running after {timeout:.0f} s; faults start anyway")
+
+    def _loop(self, until_events: bool, deadline: Optional[float] = None, done: Callable[[], bool] = None) -> None:
+        next_snap = 0.0
+        while True:
+            now = time.time()
+            while self.events and self.events[0][0] <= now:
+                _t, _s, what, fn = heapq.heappop(self.events)
+                try:
+                    fn()
+                except Exception as exc:  # an injection failed: say so, the soak goes on
+                    self.notes.append(f"{what} at t+{now - self.t0:.1f}: {type(exc).__name__}: {exc}")
+            if now >= next_snap:
+                snap = self.snapshot()
+                self._ctld_down = snap is None
+                if snap is not None:
+                    self._last = snap
+                    for v in self.monitor.observe(snap):
+                        self.log(f"VIOLATION {v.invariant}: {v.message}")
+                next_snap = time.time() + self.opts.snapshot_every
+            if until_events and not self.events:
+                return
+            if deadline is not None and time.time() >= deadline:
+                return
+            if done is not None and done():
+                return
+            wait = min([next_snap - time.time()] + ([self.events[0][0] - time.time()] if self.events else []))
+            time.sleep(max(0.05, min(wait, 0.5)))
+
+    def _settled(self) -> bool:
+        s = self._last
+        if s is None:
+            return False
+        for j in self.jobs:
+            views = [v for k, v in s.jobs.items() if k == j.job_id or k.split("_")[0] == j.job_id]
+            if j.role in ("trainer", "array", "short", "plain") and any(
+                    v["state"] in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED") for v in views):
+                return False
+        for n, v in s.nodes.items():
+            if node_in_service(v):
+                continue
+            kind = ours_kind(v.get("reason", ""), self._spare_prefix()) if v.get("drain") else ""
+            if kind in ("spare", "retired") or (kind == "" and v.get("drain")):
+                continue
+            return False
+        return True
+
+    def _settle(self) -> None:
+        self.log("faults done: letting the loop settle")
+        self._loop(until_events=False, deadline=time.time() + self.opts.settle, done=self._settled)
+        if not self._settled():
+            self.notes.append(f"not settled {self.opts.settle:.0f} s after the last fault")
+
+    def _finish(self) -> SoakReport:
+        from autoheal.journal import Journal
+
+        final = self.snapshot() or self._last
+        journal = Journal(self.lay.path("journal", "journal.jsonl"))
+        res = journal.read_all()
+        records = [r.to_dict() for r in res.records]
+        for inj in self.injected.values():
+            if inj.group != "gpu":
+                continue
+            drains = [r["time"] for r in records if r.get("event") == "drain" and r.get("node") == inj.node
+                      and r.get("time", 0) >= inj.start - 0.2]
+            if drains:
+                self.monitor.note_drain_time(inj.id, min(drains) - inj.start)
+        outputs = {}
+        for j in self.jobs:
+            if j.role == "trainer":
+                outputs[j.job_id] = _read(j.output)
+            elif j.role == "array":
+                for task in (0, 1):
+                    outputs[f"{j.job_id}_{task}"] = _read(j.output.replace("%a", str(task)))
+        # array tasks are checked against the array's step count
+        for key in list(outputs):
+            if "_" in key:
+                base = next(j for j in self.jobs if j.job_id == key.split("_")[0])
+                self.monitor.jobs.setdefault(key, JobMeta(key, "trainer", True, base.steps, 1))
+        self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True,
+                            recovery_bound=self.recovery_bound())
+        if self.monitor.recovering:
+            self.notes.append(f"still recovering at the end, within the loop's bound: {', '.join(self.monitor.recovering)}")
+        if self.monitor.awaiting:
+            self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
+                              f"{', '.join(self.monitor.awaiting)}")
+        report = SoakReport(seed=self.opts.seed, schedule=self.schedule.to_dict())
+        report.injected = [vars(i) for i in self.injected.values()]
+        counts: Dict[str, dict] = {}
+        for i in self.injected.values():
+            c = counts.setdefault(i.kind, {"injected": 0, "retargeted": 0})
+            c["injected"] += 1
+            c["retargeted"] += 1 if ("instead" in i.note or "no spare" in i.note) else 0
+        report.counts = dict(sorted(counts.items()))
+        report.recovery = self.monitor.recovery()
+        for jid, v in sorted(final.jobs.items()):
+            meta = self.monitor.jobs.get(jid) or self.monitor.jobs.get(jid.split("_")[0])
+            report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "comment": v["comment"],
+                                "restarts": v["restarts"]}
+            if meta and meta.role in ("trainer", "array"):
+                report.restarts[jid] = v["restarts"]
+        report.notes = self.notes
+        report.snapshots = self.monitor.snapshots
+        report.timeline = self.monitor.timeline
+        report.violations = [v.to_dict() for v in self.monitor.violations]
+        return report
+
+    def recovery_bound(self) -> float:
+        """Seconds the loop needs by design to bring a drained node back: a healthcheck to find the
+        fault and one to repair it, ``hooks.resume_after_passes`` passing ones, the cool-down, and 15 s
+        of slack (HealthCheckInterval read from the lab's slurm.conf)."""
+        import re
+
+        m = re.search(r"^HealthCheckInterval=(\d+)", self.lay.slurm_conf.read_text(), re.M)
+        interval = float(m.group(1)) if m else 30.0
+        return (2 + self.cfg.hooks.resume_after_passes) * interval + self.cfg.hooks.resume_cooldown + 15.0
+
+    def leaked(self) -> List[str]:
+        """Processes still running after ``down`` that belong to this lab (a path under its directory in
+        their command line, or a job of its slurm.conf), other than this process and its parents."""
+        from autoheal.lab import procs
+
+        mine = set(procs.ancestors(os.getpid()))
+        root = str(self.lab.root)
+        pids = set(procs.job_processes(str(self.lay.slurm_conf))) | set(procs.step_daemons(self.lab.root))
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                cmd = procs.proc_cmdline(int(entry)) or []
+                if any(root in a for a in cmd):
+                    pids.add(int(entry))
+        out = []
+        for pid in sorted(pids - mine):
+            cmd = procs.proc_cmdline(pid)
+            if cmd:
+                out.append(f"pid {pid}: {' '.join(cmd)[:160]}")
+        return out
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def render(report: SoakReport) -> str:
+    """The human report: faults per kind, recovery percentiles, restarts, violations, verdict."""
+    lines = [f"autoheal lab soak: seed {report.seed}, {len(report.injected)} faults, {report.snapshots} snapshots, "
+             f"{report.wall_seconds:.0f} s"]
+    lines.append("")
+    lines.append(f"{'fault kind':<16} {'injected':>8} {'retargeted':>10}")
+    for kind, c in report.counts.items():
+        lines.append(f"{kind:<16} {c['injected']:>8} {c['retargeted']:>10}")
+    lines.append("")
+    lines.append(f"{'recovery (s)':<34} {'n':>4} {'p50':>7} {'p95':>7} {'max':>7}")
+    for name, p in report.recovery.items():
+        def f(x):
+            return "-" if x is None else f"{x:.1f}"
+        lines.append(f"{name:<34} {p['n']:>4} {f(p['p50']):>7} {f(p['p95']):>7} {f(p['max']):>7}")
+    lines.append("")
+    lines.append("jobs: " + ", ".join(f"{j} {v['role']} {v['state']} restarts={v['restarts']}"
+                                      for j, v in report.jobs.items()))
+    for note in report.notes:
+        lines.append(f"note: {note}")
+    lines.append("")
+    if report.ok:
+        lines.append(f"soak PASSED: 0 violations (replay: --seed {report.seed})")
+    else:
+        lines.append(f"soak FAILED: {len(report.violations)} violation(s) (replay: --seed {report.seed})")
+        for v in report.violations:
+            lines.append(f"  [{v['invariant']}] {v['message']}")
+            lines.append(f"      evidence: {json.dumps(v['evidence'], default=str)[:600]}")
+    return "\n".join(lines)
+
+
+def plot(report: SoakReport, path: str) -> None:
+    """A PNG timeline: one row per node (in service / drained by autoheal / admin / down / retired /
+    spare), fault markers, and one row per job (running or not). Needs matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise LabError("--plot needs matplotlib: pip install 'slurm-autoheal[plot]'") from None
+    tl = report.timeline
+    if not tl:
+        raise LabError("nothing to plot: the soak took no snapshot")
+    t0 = tl[0]["t"]
+    nodes = sorted({n for s in tl for n in s["nodes"]})
+    jobs = sorted({j for s in tl for j in s["jobs"]}, key=lambda x: (len(x), x))[:20]
+    colors = {"in": "tab:green", "health": "tab:red", "k8s": "tab:orange", "admin": "tab:purple",
+              "down": "black", "retired": "tab:gray", "spare": "lightgray"}
+    rows = nodes + [f"job {j}" for j in jobs]
+    fig, ax = plt.subplots(figsize=(12, 0.35 * len(rows) + 2))
+    for i, s in enumerate(tl):
+        x0 = s["t"] - t0
+        width = (tl[i + 1]["t"] - s["t"]) if i + 1 < len(tl) else 1.0
+        for r, n in enumerate(nodes):
+            st = s["nodes"].get(n)
+            if st:
+                ax.barh(len(rows) - 1 - r, width, left=x0, color=colors.get(st, "tab:blue"), height=0.8, linewidth=0)
+        for r, j in enumerate(jobs):
+            st = s["jobs"].get(j)
+            if st:
+                ax.barh(len(rows) - 1 - len(nodes) - r, width, left=x0, height=0.5, linewidth=0,
+                        color="tab:blue" if st == "RUNNING" else "khaki" if st == "PENDING" else "lightgray")
+    for inj in report.injected:
+        x = inj["start"] - t0
+        if inj["node"] in nodes:
+            y = len(rows) - 1 - nodes.index(inj["node"])
+            ax.plot([x], [y], marker="v", color="black", markersize=6)
+            ax.annotate(inj["kind"], (x, y + 0.3), fontsize=6, rotation=45)
+        else:
+            ax.axvline(x, color="gray", linestyle=":", linewidth=0.8)
+            ax.annotate(inj["kind"], (x, len(rows) - 0.4), fontsize=6, rotation=45)
+    for v in report.violations:
+        ax.axvline(v["time"] - t0, color="red", linewidth=1.2)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(list(reversed(rows)), fontsize=7)
+    ax.set_xlabel("seconds since the soak started")
+    ax.set_title(f"autoheal lab soak, seed {report.seed}: {len(report.injected)} faults, "
+                 f"{len(report.violations)} violation(s)  (green in service, red drained by autoheal, orange "
+                 f"k8s drain, purple admin, gray retired)", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,539 @@
+"""The soak's invariants, as pure functions over what was observed (no lab, no I/O).
+
+The runner (``autoheal.lab.soak``) feeds a :class:`Monitor` one :class:`Snapshot` at a time (Slurm's
+nodes and jobs, the Kubernetes Nodes and replacement requests) and, at the end, the journal, the
+trainers' outputs and the processes left over. The monitor records every violation with its evidence,
+and the recovery times the report shows. Every rule is unit-tested on hand-made snapshots.
+
+Invariants (numbers as in issue 12):
+1. ``stranded``: a job held by nobody who asked for it, or pending with a satisfiable request, for longer
+   than a bound; at the end every opted-in job has a final state it chose.
+2. ``admin-touched``: an admin's drain reason and state kept while the admin's drain lasts; a human's
+   cordon kept while it lasts.
+3. ``false-drain``: every drain with an ``autoheal:`` reason maps to an injected fault (or a cordon) on
+   that node.
+4. ``acted-twice``: no more resets, reboots, replacement requests or requeues than faults that could
+   cause them.
+5. ``lost-work``: every finished trainer's final state equals an uninterrupted run's, and every restart
+   resumed from the newest checkpoint saved before it.
+6. ``breaker``: no more nodes in remediation at once than the breaker allows; no replacement of an
+   opted-out node.
+7. ``journal``: no torn line; a job whose comment counts restarts has journal records.
+8. ``end-state``: every node in service or retired/held with an ``autoheal:`` reason; no process left.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from autoheal.reasons import is_ours, strip_reason_suffix
+
+IN_SERVICE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
+#: Final states a user or Slurm chose for a job (not a job we lost).
+FINAL_STATES = ("COMPLETED", "CANCELLED", "TIMEOUT", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "DEADLINE",
+                "BOOT_FAIL", "PREEMPTED")
+#: Runner comment states an opted-in job may end in (its own decisions).
+CHOSEN_COMMENT_STATES = ("completed", "max-restarts", "no-progress", "cancelled", "failed")
+#: Pending reasons that only mean "wait your turn".
+QUEUE_REASONS = ("Resources", "Priority", "BeginTime", "Dependency", "None", "")
+REMEDIATING = ("draining", "replacing")
+
+
+@dataclass
+class Violation:
+    invariant: str
+    message: str
+    time: float
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Snapshot:
+    """What the runner saw at ``time``.
+
+    ``nodes``: name -> {state, drain, reason, responding}; ``jobs``: id -> {state, reason, comment,
+    restarts, nodes (list), held}; ``kube``: Node name -> {unschedulable, remediation, labels} or None
+    without Kubernetes; ``replacements``: [{node, name}] replacement requests seen."""
+
+    time: float
+    nodes: Dict[str, dict] = field(default_factory=dict)
+    jobs: Dict[str, dict] = field(default_factory=dict)
+    kube: Optional[Dict[str, dict]] = None
+    replacements: List[dict] = field(default_factory=list)
+
+
+@dataclass
+class Injected:
+    """A fault as it was carried out: real times (epoch), the resolved target, and what the author did
+    (``reason`` of an admin drain, ``job`` held or cancelled)."""
+
+    id: int
+    kind: str
+    group: str
+    start: float
+    node: str = ""
+    gpu: Optional[int] = None
+    end: Optional[float] = None  # when it cleared or was undone (None: left to autoheal)
+    reason: str = ""
+    job: str = ""
+    count: int = 1  # injections it made (flapping: several)
+    note: str = ""
+
+
+@dataclass
+class JobMeta:
+    """A job of the workload: ``role`` trainer / plain / array / short / time-limit; ``opted_in``:
+    submitted with ``autoheal sbatch``; ``steps``: the trainer's step count."""
+
+    job_id: str
+    role: str
+    opted_in: bool = False
+    steps: int = 0
+    nodes: int = 1
+    output: str = ""
+
+
+def node_in_service(n: dict) -> bool:
+    state = str(n.get("state", "")).upper()
+    return (not n.get("drain") and n.get("responding", True)
+            and any(state.startswith(s) for s in IN_SERVICE_STATES) and "DOWN" not in state)
+
+
+def ours_kind(reason: str, spare_prefix: str = "autoheal: spare") -> str:
+    """What an ``autoheal:`` reason is: '' (not ours), spare, retired, k8s or health."""
+    r = strip_reason_suffix(reason or "")
+    if not is_ours(r):
+        return ""
+    if r.startswith(spare_prefix.strip()):
+        return "spare"
+    if r.startswith("autoheal: retired"):
+        return "retired"
+    if r.startswith("autoheal: k8s:"):
+        return "k8s"
+    return "health"
+
+
+class Monitor:
+    """Invariants checked snapshot by snapshot, then once at the end (``finish``)."""
+
+    def __init__(self, jobs: Sequence[JobMeta], seed: int = 0, held_grace: float = 45.0,
+                 pending_limit: float = 180.0, cause_linger: float = 90.0, breaker_max: int = 2,
+                 spare_prefix: str = "autoheal: spare", opt_out_label: str = ""):
+        self.jobs = {j.job_id: j for j in jobs}
+        self.seed = seed
+        self.held_grace = held_grace
+        self.pending_limit = pending_limit
+        self.cause_linger = cause_linger
+        self.breaker_max = breaker_max
+        self.spare_prefix = spare_prefix
+        self.opt_out_label = opt_out_label
+        self.faults: List[Injected] = []
+        self.violations: List[Violation] = []
+        self._seen_violation = set()
+        self._held_since: Dict[str, float] = {}
+        self._pending_since: Dict[str, float] = {}
+        self._drain_seen: Dict[str, str] = {}  # node -> our reason last seen
+        self.ran_on: Dict[str, List[tuple]] = {}  # job -> [(time, nodes)] when seen running
+        self._running: Dict[str, dict] = {}  # job -> last running view
+        self.last: Optional[Snapshot] = None
+        # recovery times, filled as evidence comes: fault id -> seconds
+        self.to_drain: Dict[int, float] = {}
+        self.to_back: Dict[int, float] = {}
+        self.to_job_running: Dict[int, List[float]] = {}
+        self._job_waits: Dict[tuple, int] = {}  # (fault id, job) -> restarts at the fault
+        self._drained_after: Dict[int, bool] = {}
+        self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
+        self.snapshots = 0
+        self.awaiting: List[str] = []  # nodes that end the soak waiting for a replacement (see finish)
+        self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
+        self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
+
+    # ---- inputs -----------------------------------------------------------------------------------
+    def add_fault(self, f: Injected) -> None:
+        self.faults.append(f)
+        if self.last is not None:
+            for jid, j in self.last.jobs.items():
+                if j.get("state") == "RUNNING" and (f.group == "gpu" or f.kind in ("kill-slurmd", "kill-slurmctld")) \
+                        and (not f.node or f.node in (j.get("nodes") or [])):
+                    self._job_waits[(f.id, jid)] = int(j.get("restarts") or 0)
+
+    def _violate(self, invariant: str, key: str, message: str, t: float, **evidence) -> None:
+        if (invariant, key) in self._seen_violation:
+            return
+        self._seen_violation.add((invariant, key))
+        evidence["seed"] = self.seed
+        self.violations.append(Violation(invariant, message, t, evidence))
+
+    def _user_held(self, job: str, t: float) -> bool:
+        return any(f.kind == "user-hold" and f.job == job and f.start - 1 <= t <= (f.end or t) + 5
+                   for f in self.faults)
+
+    def _causes(self, node: str, t: float) -> List[Injected]:
+        out = []
+        for f in self.faults:
+            if f.node != node or f.group not in ("gpu", "process", "people"):
+                continue
+            if f.kind in ("admin-drain", "user-cancel", "user-hold", "time-limit"):
+                continue
+            end = f.end if f.end is not None else self.resolved.get(f.id)
+            if f.start - 1.0 <= t and (end is None or t <= end + self.cause_linger):
+                out.append(f)
+        return out
+
+    # ---- per snapshot -----------------------------------------------------------------------------
+    def observe(self, s: Snapshot) -> List[Violation]:
+        before = len(self.violations)
+        self.snapshots += 1
+        self.timeline.append({"t": s.time, "nodes": {n: ("in" if node_in_service(v) else
+                                                         ours_kind(v.get("reason", ""), self.spare_prefix) or
+                                                         ("admin" if v.get("drain") else "down"))
+                                                     for n, v in s.nodes.items()},
+                              "jobs": {j: v.get("state") for j, v in s.jobs.items()}})
+        self._check_nodes(s)
+        self._check_jobs(s)
+        if s.kube is not None:
+            self._check_kube(s)
+        self._recovery(s)
+        self.last = s
+        return self.violations[before:]
+
+    def _check_nodes(self, s: Snapshot) -> None:
+        for f in self.faults:
+            if f.kind != "admin-drain" or not f.node or s.time < f.start + 2.0:
+                continue
+            if f.end is not None and s.time >= f.end:
+                continue
+            n = s.nodes.get(f.node)
+            if n is None:
+                continue
+            if not n.get("drain") or strip_reason_suffix(n.get("reason", "")) != f.reason:
+                self._violate("admin-touched", f"drain-{f.id}",
+                              f"{f.node}: the admin's drain ({f.reason!r}) was changed while it lasted",
+                              s.time, node=f.node, state=n.get("state"), reason=n.get("reason"), fault=f.id)
+        for name, n in s.nodes.items():
+            kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
+            reason = strip_reason_suffix(n.get("reason", ""))
+            if kind in ("health", "k8s"):
+                if self._drain_seen.get(name) != reason:
+                    self._drain_seen[name] = reason
+                    if not self._causes(name, s.time):
+                        self._violate("false-drain", f"{name}-{s.time:.1f}",
+                                      f"{name} drained by autoheal ({reason!r}) with no injected fault or cordon "
+                                      f"on it", s.time, node=name, reason=reason, state=n.get("state"),
+                                      faults_on_node=[asdict(f) for f in self.faults if f.node == name])
+            elif not kind or kind == "spare":
+                self._drain_seen.pop(name, None)
+
+    def _check_jobs(self, s: Snapshot) -> None:
+        in_service = {n for n, v in s.nodes.items() if node_in_service(v)}
+        for jid, j in s.jobs.items():
+            meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
+            if meta is None:
+                continue
+            state, reason = j.get("state", ""), str(j.get("reason", "") or "")
+            if state == "RUNNING":
+                self.ran_on.setdefault(jid, []).append((s.time, list(j.get("nodes") or [])))
+            held = state == "PENDING" and (reason.startswith("JobHeld") or j.get("held"))
+            if held and not self._user_held(jid.split("_")[0], s.time) and not self._user_held(jid, s.time):
+                since = self._held_since.setdefault(jid, s.time)
+                if s.time - since > self.held_grace:
+                    self._violate("stranded", f"held-{jid}", f"job {jid} held ({reason}) for "
+                                  f"{s.time - since:.0f} s and nobody asked for it", s.time, job=jid, reason=reason,
+                                  comment=j.get("comment", ""), restarts=j.get("restarts"))
+            else:
+                self._held_since.pop(jid, None)
+            if state == "PENDING" and not held and reason not in QUEUE_REASONS:
+                excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+                usable = in_service - excl
+                if len(usable) >= max(1, meta.nodes):
+                    since = self._pending_since.setdefault(jid, s.time)
+                    if s.time - since > self.pending_limit:
+                        self._violate("stranded", f"pending-{jid}", f"job {jid} pending ({reason}) for "
+                                      f"{s.time - since:.0f} s although {len(usable)} usable node(s) are in service",
+                                      s.time, job=jid, reason=reason, usable=sorted(usable),
+                                      comment=j.get("comment", ""))
+                else:
+                    self._pending_since.pop(jid, None)
+            else:
+                self._pending_since.pop(jid, None)
+
+    def _check_kube(self, s: Snapshot) -> None:
+        for f in self.faults:
+            if f.kind != "kubectl-cordon" or s.time < f.start + 2.0 or (f.end is not None and s.time >= f.end):
+                continue
+            k = (s.kube or {}).get(f.node)
+            if k is not None and not k.get("unschedulable"):
+                self._violate("admin-touched", f"cordon-{f.id}", f"{f.node}: a human's cordon was undone",
+                              s.time, node=f.node, fault=f.id)
+        busy = sorted(n for n, k in (s.kube or {}).items() if k.get("remediation") in REMEDIATING)
+        if len(busy) > self.breaker_max:
+            self._violate("breaker", f"busy-{','.join(busy)}", f"{len(busy)} nodes in remediation at once "
+                          f"(breaker allows {self.breaker_max})", s.time, nodes=busy)
+        if self.opt_out_label:
+            key, _, value = self.opt_out_label.partition("=")
+            for r in s.replacements:
+                labels = ((s.kube or {}).get(r.get("node")) or {}).get("labels") or {}
+                if key in labels and (not value or labels[key] == value):
+                    self._violate("breaker", f"optout-{r.get('node')}", f"replacement requested for opted-out "
+                                  f"node {r.get('node')}", s.time, request=r)
+
+    def _recovery(self, s: Snapshot) -> None:
+        for f in self.faults:
+            if not f.node or f.group != "gpu":
+                continue
+            n = s.nodes.get(f.node)
+            if n is None:
+                continue
+            kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
+            if f.id not in self.to_drain and kind in ("health", "k8s", "retired") and s.time >= f.start:
+                self.to_drain[f.id] = s.time - f.start
+                self._drained_after[f.id] = True
+            if f.id not in self.to_back and self._drained_after.get(f.id):
+                if node_in_service(n) or kind == "retired":
+                    self.to_back[f.id] = s.time - f.start
+                    self.resolved.setdefault(f.id, s.time)
+        for (fid, jid), base in list(self._job_waits.items()):
+            j = s.jobs.get(jid)
+            f = next(x for x in self.faults if x.id == fid)
+            if j is None or j.get("state") in FINAL_STATES:
+                self._job_waits.pop((fid, jid))
+                continue
+            if j.get("state") == "RUNNING" and int(j.get("restarts") or 0) > base:
+                self.to_job_running.setdefault(fid, []).append(s.time - f.start)
+                self._job_waits.pop((fid, jid))
+
+    def note_drain_time(self, fault_id: int, seconds: float) -> None:
+        """A drain time read from the journal (finer than the snapshots): keep the earlier one."""
+        if seconds >= 0 and (fault_id not in self.to_drain or seconds < self.to_drain[fault_id]):
+            self.to_drain[fault_id] = seconds
+
+    # ---- at the end -------------------------------------------------------------------------------
+    def finish(self, final: Snapshot, journal: Sequence[dict], journal_skipped: int,
+               outputs: Dict[str, str], leaked: Sequence[str] = (), user_cancelled: Iterable[str] = (),
+               awaiting_ok: bool = False, recovery_bound: Optional[float] = None) -> List[Violation]:
+        """The end-of-soak checks. ``awaiting_ok``: a node drained ``autoheal: replace: ...`` is an
+        acceptable end when its replacement was requested (or there is no Kubernetes side to ask): the
+        spare pool may be empty. Such nodes are listed in ``awaiting``. ``recovery_bound``: seconds the
+        loop needs by design to bring a node back (drain, repair, N passing healthchecks, cool-down); a
+        node still drained by autoheal whose last fault is younger than that is still recovering (listed
+        in ``recovering``), not stuck."""
+        before = len(self.violations)
+        t = final.time
+        cancelled = set(user_cancelled)
+        # 1. final states
+        for jid, meta in self.jobs.items():
+            views = {k: v for k, v in final.jobs.items() if k == jid or k.split("_")[0] == jid}
+            for vid, j in views.items():
+                state = j.get("state", "")
+                if state not in FINAL_STATES and state != "RUNNING":
+                    self._violate("stranded", f"final-{vid}", f"job {vid} ended the soak {state} "
+                                  f"({j.get('reason')})", t, job=vid, state=state, reason=j.get("reason"),
+                                  comment=j.get("comment", ""))
+                if meta.opted_in and state in FINAL_STATES and state != "COMPLETED" and jid not in cancelled:
+                    cstate = _comment_field(j.get("comment", ""), "state")
+                    if cstate not in CHOSEN_COMMENT_STATES:
+                        self._violate("stranded", f"chosen-{vid}", f"opted-in job {vid} ended {state} with comment "
+                                      f"state {cstate or 'none'}: not a final state it chose", t, job=vid,
+                                      comment=j.get("comment", ""))
+        # 4. acted once
+        self._check_acted_once(final, journal, t)
+        # 5. no lost work
+        for jid, text in outputs.items():
+            meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
+            if meta is not None and meta.role in ("trainer", "array"):
+                for msg, ev in check_trainer_output(text, meta.steps):
+                    self._violate("lost-work", f"{jid}-{msg[:40]}", f"job {jid}: {msg}", t, job=jid, **ev)
+        # 7. journal
+        if journal_skipped:
+            self._violate("journal", "torn", f"the journal has {journal_skipped} line(s) that are not records "
+                          f"(torn or garbage)", t, skipped=journal_skipped)
+        for jid, meta in self.jobs.items():
+            j = final.jobs.get(jid)
+            if not meta.opted_in or j is None:
+                continue
+            restarts = _comment_restarts(j.get("comment", ""))
+            recs = [r for r in journal if jid in [str(x) for x in r.get("job_ids") or []]]
+            cstate = _comment_field(j.get("comment", ""), "state")
+            ended = sorted({r["event"][4:] for r in recs if r.get("event", "").startswith("job-")
+                            and r["event"][4:] in CHOSEN_COMMENT_STATES})
+            if j.get("state") in FINAL_STATES and ended and cstate not in ended:
+                self._violate("journal", f"state-{jid}", f"job {jid} ended {j.get('state')}: the journal says "
+                              f"{'/'.join(ended)}, its comment says state={cstate or 'none'}", t, job=jid,
+                              comment=j.get("comment", ""), journal=ended)
+            if restarts and not recs:
+                self._violate("journal", f"comment-{jid}", f"job {jid}'s comment counts {restarts} restart(s) but "
+                              f"the journal has no record of it", t, job=jid, comment=j.get("comment", ""))
+        # 8. end state
+        for name, n in final.nodes.items():
+            if node_in_service(n):
+                continue
+            kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
+            if kind in ("spare", "retired"):
+                continue
+            latest = max((f.start for f in self.faults if f.node == name and f.start != float("inf")), default=None)
+            # drained by autoheal, or not responding without a reason (a lab reboot under way)
+            if recovery_bound is not None and kind in ("health", "") and latest is not None \
+                    and (kind == "health" or not n.get("reason")) and t - latest < recovery_bound:
+                self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
+                continue
+            requested = {r.get("node") for r in final.replacements}
+            if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(
+                    "autoheal: replace") and (final.kube is None or name in requested):
+                self.awaiting.append(name)
+                continue
+            self._violate("end-state", f"node-{name}", f"{name} ends the soak {n.get('state')} "
+                          f"({n.get('reason') or 'no reason'}): neither in service nor retired by autoheal", t,
+                          node=name, state=n.get("state"), reason=n.get("reason"),
+                          faults_on_node=[asdict(f) for f in self.faults if f.node == name])
+        self.check_leaks(leaked, t)
+        return self.violations[before:]
+
+    def check_leaks(self, leaked: Sequence[str], t: float) -> List[Violation]:
+        """8. Processes of the lab still running after it went down."""
+        before = len(self.violations)
+        for proc in leaked:
+            self._violate("end-state", f"leak-{proc}", f"process left after the lab went down: {proc}", t,
+                          process=proc)
+        return self.violations[before:]
+
+    def _check_acted_once(self, final: Snapshot, journal: Sequence[dict], t: float) -> None:
+        injections: Dict[tuple, int] = {}
+        node_faults: Dict[str, int] = {}
+        for f in self.faults:
+            if f.group == "gpu" and f.node:
+                injections[(f.node, f.gpu)] = injections.get((f.node, f.gpu), 0) + f.count
+                node_faults[f.node] = node_faults.get(f.node, 0) + f.count
+        resets: Dict[tuple, int] = {}
+        reboots: Dict[str, int] = {}
+        replaces: Dict[str, int] = {}
+        for r in journal:
+            if r.get("event") != "remediation-step":
+                continue
+            action, node = r.get("action"), r.get("node", "")
+            if action == "reset-gpu":
+                m = re.search(r"GPU (\d+)", r.get("message", ""))
+                key = (node, int(m.group(1)) if m else None)
+                resets[key] = resets.get(key, 0) + 1
+            elif action == "reboot-node" and r.get("outcome") == "requested":
+                reboots[node] = reboots.get(node, 0) + 1
+            elif action == "replace-node" and r.get("outcome") not in ("already asked",):
+                replaces[node] = replaces.get(node, 0) + 1
+        for (node, gpu), n in resets.items():
+            allowed = injections.get((node, gpu), 0) if gpu is not None else node_faults.get(node, 0)
+            if n > allowed:
+                self._violate("acted-twice", f"reset-{node}-{gpu}", f"GPU {gpu} of {node} reset {n} times for "
+                              f"{allowed} fault(s)", t, node=node, gpu=gpu, resets=n, faults=allowed)
+        for what, counts in (("reboot", reboots), ("replacement", replaces)):
+            for node, n in counts.items():
+                if n > node_faults.get(node, 0):
+                    self._violate("acted-twice", f"{what}-{node}", f"{node}: {n} {what} request(s) for "
+                                  f"{node_faults.get(node, 0)} GPU fault(s)", t, node=node, count=n)
+        per_node: Dict[str, int] = {}
+        for r in final.replacements:
+            per_node[r.get("node", "")] = per_node.get(r.get("node", ""), 0) + 1
+        for node, n in per_node.items():
+            if n > max(1, node_faults.get(node, 0)):
+                self._violate("acted-twice", f"cr-{node}", f"{n} replacement requests for {node}", t, node=node,
+                              requests=[r for r in final.replacements if r.get("node") == node])
+        for jid, meta in self.jobs.items():
+            j = final.jobs.get(jid)
+            if j is None or not meta.opted_in:
+                continue
+            restarts = _comment_restarts(j.get("comment", ""))
+            causes = self.possible_requeue_causes(jid)
+            if restarts > causes:
+                self._violate("acted-twice", f"requeue-{jid}", f"job {jid} restarted {restarts} times but only "
+                              f"{causes} fault(s) hit its nodes", t, job=jid, comment=j.get("comment", ""),
+                              causes=causes)
+
+    def possible_requeue_causes(self, jid: str) -> int:
+        """Faults that could requeue ``jid``: a GPU fault or slurmd kill on a node it was running on at
+        the time (or during the 2 s before), slurmctld kills while it ran, its time limit."""
+        seen = self.ran_on.get(jid, [])
+        n = 0
+        for f in self.faults:
+            if f.group == "gpu" or f.kind in ("kill-slurmd", "admin-drain", "kubectl-cordon"):
+                if any(abs(t - f.start) <= 10.0 and (f.node in nodes) for t, nodes in seen):
+                    n += f.count
+            elif f.kind == "kill-slurmctld":
+                if any(abs(t - f.start) <= 10.0 for t, _ in seen):
+                    n += 1
+        return n
+
+    # ---- report figures ----------------------------------------------------------------------------
+    def recovery(self) -> Dict[str, Dict[str, Optional[float]]]:
+        running = [x for xs in self.to_job_running.values() for x in xs]
+        kinds = {f.id: f.kind for f in self.faults}
+        # XIDs reach xid-watch as events (bound: 2 s p95); NVML-only faults wait for the next healthcheck
+        event = [v for fid, v in self.to_drain.items() if kinds.get(fid, "").startswith("xid")]
+        polled = [v for fid, v in self.to_drain.items() if not kinds.get(fid, "").startswith("xid")]
+        return {"fault_to_drain_s": percentiles(list(self.to_drain.values())),
+                "fault_to_drain_xid_event_s": percentiles(event),
+                "fault_to_drain_polled_s": percentiles(polled),
+                "fault_to_job_running_again_s": percentiles(running),
+                "fault_to_node_back_or_replaced_s": percentiles(list(self.to_back.values()))}
+
+
+def percentiles(values: List[float]) -> Dict[str, Optional[float]]:
+    """n, p50, p95, max (nearest-rank), rounded to 0.01 s; None when there is no value."""
+    if not values:
+        return {"n": 0, "p50": None, "p95": None, "max": None}
+    xs = sorted(values)
+
+    def rank(p: float) -> float:
+        i = max(0, min(len(xs) - 1, int(-(-p * len(xs) // 100)) - 1))
+        return round(xs[i], 2)
+
+    return {"n": len(xs), "p50": rank(50), "p95": rank(95), "max": round(xs[-1], 2)}
+
+
+def _comment_field(comment: str, key: str) -> str:
+    m = re.search(rf"\b{key}=(\S*)", (comment or "").split("|", 1)[0])
+    return m.group(1) if m else ""
+
+
+def _comment_restarts(comment: str) -> int:
+    v = _comment_field(comment, "restarts")
+    return int(v) if v.isdigit() else 0
+
+
+_START = re.compile(r"autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=(\S+) .*rank=0\b")
+_SAVED = re.compile(r"autoheal-trainer: checkpoint saved step=(\d+)")
+_DONE = re.compile(r"autoheal-trainer: done step=(\d+) final_state=(\d+)")
+
+
+def check_trainer_output(text: str, steps: int) -> List[tuple]:
+    """Problems in one trainer job's output (every run appended): a final state that differs from an
+    uninterrupted run's, or a restart that did not resume from the newest checkpoint saved before it.
+    Returns [(message, evidence)]; a job that has not finished yet has nothing to say on its final
+    state."""
+    from autoheal.sbatch_helpers.examples.tiny_trainer import expected_final_state
+
+    out: List[tuple] = []
+    newest: Optional[int] = None
+    runs = 0
+    for line in text.splitlines():
+        m = _START.search(line)
+        if m:
+            runs += 1
+            step = int(m.group(1))
+            if runs > 1 and step != (newest or 0):
+                out.append((f"run {runs} resumed from step {step}, the newest checkpoint was "
+                            f"{newest if newest is not None else 'none'}", {"line": line.strip()}))
+            continue
+        m = _SAVED.search(line)
+        if m:
+            newest = max(newest or 0, int(m.group(1)))
+            continue
+        m = _DONE.search(line)
+        if m:
+            want = expected_final_state(steps)
+            if int(m.group(1)) != steps or int(m.group(2)) != want:
+                out.append((f"final state {m.group(2)} at step {m.group(1)}, an uninterrupted run ends at step "
+                            f"{steps} with {want}", {"line": line.strip()}))
+    return out

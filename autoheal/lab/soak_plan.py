@@ -1,0 +1,184 @@
+"""The soak's fault schedule: a pure function of a seed, so a failing soak can be replayed exactly.
+
+``make_schedule(seed, ...)`` returns the same list of :class:`Fault` for the same arguments. Each fault
+has a kind (``KINDS``), a start offset in seconds from the soak's start, a target (a node, a node and a
+GPU, a lab process, the fake API, a job role) and, for faults that end by themselves or by someone's
+hand (a thermal event, an admin's maintenance, a cordon, an API outage, a killed daemon that systemd
+restarts), how long they last. Overlaps are part of the plan: a second fault on another node at the same
+moment, a fault during the recovery of the previous one on the same node, and a fault on the spare that
+replaced a node (target ``@replacement``, resolved by the runner to the newest spare in service).
+
+Nothing here touches the lab; the runner (``autoheal.lab.soak``) carries the schedule out.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+#: Target of a fault on "the spare that replaced a node": the runner picks the newest spare in service
+#: (or, when none has taken over yet, the node the schedule names in ``fallback``).
+REPLACEMENT = "@replacement"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of fault. ``group``: gpu, process, api or people. ``gpu_inject``/``xid``: what
+    ``autoheal.lab.gpus.inject`` is given. ``clears_after``: (min, max) seconds after which the
+    condition goes away by itself or is undone by its author (None: stays until autoheal repairs or
+    replaces). ``needs_kube``: only with the Kubernetes side. ``drains``: a fault autoheal is expected to
+    drain the node for (a warn-only XID or a process kill is not)."""
+
+    name: str
+    group: str
+    gpu_inject: str = ""
+    xid: Optional[int] = None
+    clears_after: Optional[tuple] = None
+    needs_kube: bool = False
+    drains: bool = False
+    doc: str = ""
+
+
+_KINDS: List[Kind] = [
+    Kind("xid79", "gpu", "xid", 79, drains=True, doc="GPU fell off the bus (replace)"),
+    Kind("xid48", "gpu", "xid", 48, drains=True, doc="double-bit ECC XID (reset)"),
+    Kind("xid63", "gpu", "xid", 63, doc="row remapping event (warn only)"),
+    Kind("xid64", "gpu", "xid", 64, drains=True, doc="row remapping failure XID (replace)"),
+    Kind("xid74", "gpu", "xid", 74, drains=True, doc="NVLink error XID (reset)"),
+    Kind("xid94", "gpu", "xid", 94, doc="contained ECC error (requeue the job, no drain)"),
+    Kind("xid95", "gpu", "xid", 95, drains=True, doc="uncontained ECC error (reset)"),
+    Kind("ecc-dbe", "gpu", "ecc-dbe", drains=True, doc="double-bit ECC count (NVML)"),
+    Kind("remap-failure", "gpu", "remap-failure", drains=True, doc="row-remap failure (NVML)"),
+    Kind("gpu-lost", "gpu", "lost", drains=True, doc="GPU lost (NVML_ERROR_GPU_IS_LOST)"),
+    Kind("thermal", "gpu", "thermal", clears_after=(20.0, 40.0), drains=True, doc="HW thermal slowdown, cools down"),
+    Kind("nvlink-down", "gpu", "nvlink-down", clears_after=(30.0, 50.0), drains=True,
+         doc="an NVLink link down, fixed by a technician"),
+    Kind("pcie-degraded", "gpu", "pcie-degraded", clears_after=(30.0, 50.0), drains=True,
+         doc="PCIe link below its max, reseated by a technician"),
+    Kind("flapping", "gpu", "thermal", clears_after=(12.0, 12.0), drains=True,
+         doc="thermal slowdown injected and cleared 3 times, 2 s apart"),
+    Kind("kill-slurmd", "process", clears_after=(3.0, 8.0), doc="kill -9 a node's slurmd; restarted"),
+    Kind("kill-slurmctld", "process", clears_after=(2.0, 5.0), doc="kill -9 slurmctld; restarted"),
+    Kind("kill-xid-watch", "process", clears_after=(2.0, 6.0), doc="kill -9 a node's xid-watch; restarted"),
+    Kind("kill-sync", "process", clears_after=(2.0, 6.0), needs_kube=True, doc="kill -9 the sync leader; restarted"),
+    Kind("api-5xx", "api", clears_after=(5.0, 15.0), needs_kube=True, doc="the API answers 503 for a while"),
+    Kind("api-429", "api", clears_after=(5.0, 15.0), needs_kube=True, doc="the API answers 429 for a while"),
+    Kind("api-slow", "api", clears_after=(5.0, 15.0), needs_kube=True, doc="the API answers after 1.5 s"),
+    Kind("admin-drain", "people", clears_after=(15.0, 40.0), doc="an admin drains a node with their reason"),
+    Kind("kubectl-cordon", "people", clears_after=(15.0, 40.0), needs_kube=True,
+         doc="someone cordons a Node, uncordons later"),
+    Kind("user-cancel", "people", doc="a user cancels one of their jobs"),
+    Kind("user-hold", "people", clears_after=(5.0, 15.0), doc="a user holds a pending job, releases it later"),
+    Kind("time-limit", "people", doc="a job submitted with a 1-minute limit runs into it"),
+]
+KINDS: Dict[str, Kind] = {k.name: k for k in _KINDS}
+GPU_KINDS = tuple(k.name for k in _KINDS if k.group == "gpu")
+#: Kinds that need a node of their own as target.
+NODE_KINDS = GPU_KINDS + ("kill-slurmd", "kill-xid-watch", "admin-drain", "kubectl-cordon")
+
+
+@dataclass
+class Fault:
+    """One planned fault. ``at``: seconds after the soak's start; ``duration``: seconds until it clears
+    (0: never by itself). ``node``/``gpu``: the target (node may be ``REPLACEMENT``, then ``fallback``
+    names a node to use when no spare is in service). ``overlap``: why it was placed where it is
+    (``single``, ``pair`` with the fault before, ``during-recovery`` of the fault before on its node,
+    ``on-replacement``)."""
+
+    id: int
+    kind: str
+    at: float
+    node: str = ""
+    gpu: Optional[int] = None
+    duration: float = 0.0
+    overlap: str = "single"
+    fallback: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def group(self) -> str:
+        return KINDS[self.kind].group
+
+
+@dataclass
+class Schedule:
+    seed: int
+    faults: List[Fault] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "faults": [f.to_dict() for f in self.faults]}
+
+    @property
+    def span(self) -> float:
+        """Seconds from the start to the last fault's end."""
+        return max((f.at + f.duration for f in self.faults), default=0.0)
+
+
+def kinds_for(kube: bool, include: Optional[Sequence[str]] = None, exclude: Sequence[str] = ()) -> List[str]:
+    """The kinds a soak draws from: all (or ``include``), less those needing Kubernetes without it,
+    less ``exclude``. Unknown names raise ValueError (a typo must not shrink the soak silently)."""
+    for name in list(include or []) + list(exclude):
+        if name not in KINDS:
+            raise ValueError(f"unknown fault kind {name!r}; known: {', '.join(KINDS)}")
+    names = list(include) if include else list(KINDS)
+    return [n for n in names if n not in exclude and (kube or not KINDS[n].needs_kube)]
+
+
+def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: bool = True,
+                  gap: tuple = (4.0, 10.0), include: Optional[Sequence[str]] = None, exclude: Sequence[str] = (),
+                  overlap_rate: float = 0.3, spares: int = 0) -> Schedule:
+    """``count`` faults drawn with ``random.Random(seed)``: every kind in the pool once before any
+    repeats (so a short soak covers the kinds it can), in a seeded order, ``gap`` seconds apart; with
+    probability ``overlap_rate`` a fault is placed instead at the same moment as the one before on
+    another node (``pair``) or 1-3 s after it on the same node (``during-recovery``). With ``spares``, one
+    GPU fault in every eight (after the first) targets the replacement spare. Process kills and API
+    windows never overlap each other (one daemon restart at a time keeps the evidence readable)."""
+    if count < 0:
+        raise ValueError("count must be >= 0")
+    if not nodes:
+        raise ValueError("a schedule needs at least one node")
+    rng = random.Random(seed)
+    pool = kinds_for(kube, include, exclude)
+    if not pool:
+        raise ValueError("no fault kind left to draw from")
+    order: List[str] = []
+    while len(order) < count:
+        batch = list(pool)
+        rng.shuffle(batch)
+        order.extend(batch)
+    order = order[:count]
+    faults: List[Fault] = []
+    t = 0.0
+    gpu_faults = 0
+    for i, kind in enumerate(order):
+        spec = KINDS[kind]
+        prev = faults[-1] if faults else None
+        overlap = "single"
+        node = rng.choice(list(nodes)) if kind in NODE_KINDS else ""
+        if prev is not None and rng.random() < overlap_rate and kind in NODE_KINDS and prev.node \
+                and prev.group in ("gpu", "people") and spec.group in ("gpu", "people"):
+            if rng.random() < 0.5 and len(nodes) > 1:
+                overlap, at = "pair", prev.at
+                node = rng.choice([n for n in nodes if n != prev.node])
+            else:
+                overlap, at = "during-recovery", prev.at + round(rng.uniform(1.0, 3.0), 2)
+                node = prev.node
+            inherited = prev.fallback
+        else:
+            inherited = ""
+            t += round(rng.uniform(*gap), 2)
+            at = t
+        t = max(t, at)
+        fallback = inherited if node == REPLACEMENT else ""
+        if spec.group == "gpu":
+            gpu_faults += 1
+            if spares and gpu_faults > 1 and gpu_faults % 8 == 0 and overlap == "single":
+                fallback, node, overlap = node, REPLACEMENT, "on-replacement"
+        gpu = rng.randrange(gpus) if spec.group == "gpu" else None
+        dur = round(rng.uniform(*spec.clears_after), 2) if spec.clears_after else 0.0
+        faults.append(Fault(id=i + 1, kind=kind, at=round(at, 2), node=node, gpu=gpu, duration=dur,
+                            overlap=overlap, fallback=fallback))
+    return Schedule(seed=seed, faults=faults)

@@ -1,0 +1,215 @@
+"""The soak's invariant checkers on hand-made snapshots: each rule fires on its bad case and only then."""
+
+from __future__ import annotations
+
+from autoheal.lab.soak_checks import (Injected, JobMeta, Monitor, Snapshot, check_trainer_output,
+                                      node_in_service, percentiles)
+from autoheal.sbatch_helpers.examples.tiny_trainer import advance, expected_final_state
+
+SPARE = "autoheal: spare: held for replacement"
+
+
+def _node(state="IDLE", drain=False, reason="", responding=True):
+    return {"state": state, "drain": drain, "reason": reason, "responding": responding}
+
+
+def _nodes(**over):
+    base = {n: _node() for n in ("gpu1", "gpu2", "gpu3", "gpu4")}
+    base["spare1"] = _node("IDLE+DRAIN", True, SPARE)
+    base.update(over)
+    return base
+
+
+def _job(state="RUNNING", reason="None", nodes=("gpu1",), restarts=0, comment=""):
+    return {"state": state, "reason": reason, "nodes": list(nodes), "restarts": restarts, "comment": comment,
+            "held": reason.startswith("JobHeld")}
+
+
+def _mon(**kw):
+    jobs = [JobMeta("10", "trainer", opted_in=True, steps=5, nodes=1), JobMeta("11", "plain", nodes=1)]
+    return Monitor(jobs, seed=42, spare_prefix="autoheal: spare", **kw)
+
+
+def test_false_drain_fires_without_a_cause_and_not_with_one():
+    m = _mon()
+    v = m.observe(Snapshot(100.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 79 on GPU 1")), {}))
+    assert [x.invariant for x in v] == ["false-drain"] and v[0].evidence["seed"] == 42
+    m = _mon()
+    m.add_fault(Injected(1, "xid79", "gpu", 99.0, node="gpu2", gpu=1))
+    assert m.observe(Snapshot(100.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 79")), {})) == []
+    # the spare's own hold and an admin's reason are not autoheal drains to explain
+    assert m.observe(Snapshot(101.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "admin: bios")), {})) == []
+
+
+def test_false_drain_cause_expires_after_the_node_came_back():
+    m = _mon(cause_linger=10.0)
+    m.add_fault(Injected(1, "xid48", "gpu", 99.0, node="gpu2", gpu=1))
+    m.observe(Snapshot(100.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 48")), {}))
+    m.observe(Snapshot(110.0, _nodes(), {}))  # back in service
+    assert m.observe(Snapshot(115.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 48 again")), {})) == []
+    v = m.observe(Snapshot(200.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: something else")), {}))
+    assert [x.invariant for x in v] == ["false-drain"]
+
+
+def test_admin_drain_must_keep_its_reason_while_it_lasts():
+    m = _mon()
+    m.add_fault(Injected(1, "admin-drain", "people", 100.0, node="gpu3", reason="admin: bios update"))
+    ok = _node("IDLE+DRAIN", True, "admin: bios update [root@2026-12-01T10:00:00]")
+    assert m.observe(Snapshot(101.0, _nodes(gpu3=_node()), {})) == []  # within the 2 s it takes to apply
+    assert m.observe(Snapshot(103.0, _nodes(gpu3=ok), {})) == []
+    v = m.observe(Snapshot(104.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "autoheal: xid 79")), {}))
+    assert "admin-touched" in [x.invariant for x in v]
+    m.faults[0].end = 105.0
+    assert [x for x in m.observe(Snapshot(106.0, _nodes(), {})) if x.invariant == "admin-touched"] == []
+
+
+def test_cordon_kept_and_breaker_limit():
+    m = _mon(breaker_max=1)
+    m.add_fault(Injected(1, "kubectl-cordon", "people", 100.0, node="gpu1"))
+    kube = {n: {"unschedulable": False, "remediation": ""} for n in ("gpu1", "gpu2", "gpu3")}
+    kube["gpu1"]["unschedulable"] = True
+    assert m.observe(Snapshot(103.0, _nodes(), {}, kube=kube)) == []
+    kube["gpu1"]["unschedulable"] = False
+    kube["gpu2"]["remediation"] = kube["gpu3"]["remediation"] = "replacing"
+    v = m.observe(Snapshot(104.0, _nodes(), {}, kube=kube))
+    assert sorted(x.invariant for x in v) == ["admin-touched", "breaker"]
+
+
+def test_opt_out_replacement_is_a_violation():
+    m = _mon(opt_out_label="autoheal.io/opt-out=true")
+    kube = {"gpu1": {"unschedulable": True, "remediation": "", "labels": {"autoheal.io/opt-out": "true"}}}
+    v = m.observe(Snapshot(1.0, _nodes(), {}, kube=kube, replacements=[{"node": "gpu1", "name": "gpu1"}]))
+    assert [x.invariant for x in v] == ["breaker"]
+
+
+def test_held_job_is_stranded_after_the_grace_unless_the_user_held_it():
+    m = _mon(held_grace=30.0)
+    held = _job("PENDING", "JobHeldAdmin", nodes=())
+    assert m.observe(Snapshot(100.0, _nodes(), {"10": held})) == []
+    v = m.observe(Snapshot(140.0, _nodes(), {"10": held}))
+    assert [x.invariant for x in v] == ["stranded"]
+    m = _mon(held_grace=30.0)
+    m.add_fault(Injected(1, "user-hold", "people", 99.0, job="11", end=150.0))
+    user = _job("PENDING", "JobHeldUser", nodes=())
+    m.observe(Snapshot(100.0, _nodes(), {"11": user}))
+    assert m.observe(Snapshot(140.0, _nodes(), {"11": user})) == []
+
+
+def test_pending_unsatisfiable_only_counts_while_nodes_are_usable():
+    m = _mon(pending_limit=60.0)
+    pend = _job("PENDING", "ReqNodeNotAvail", nodes=(), comment="autoheal-runner restarts=1 excl=gpu1,gpu2")
+    m.observe(Snapshot(100.0, _nodes(), {"10": pend}))
+    assert [x.invariant for x in m.observe(Snapshot(170.0, _nodes(), {"10": pend}))] == ["stranded"]
+    # every node drained: waiting is right
+    m = _mon(pending_limit=60.0)
+    drained = {n: _node("IDLE+DRAIN", True, "admin: x") for n in ("gpu1", "gpu2", "gpu3", "gpu4", "spare1")}
+    m.observe(Snapshot(100.0, drained, {"10": pend}))
+    assert m.observe(Snapshot(170.0, drained, {"10": pend})) == []
+
+
+def _trainer_text(steps, every, crash_after=None, resume_from=None):
+    lines, state = [], 0
+    lines.append("autoheal-trainer: start step=0 resumed_from=none restart=0 host=gpu1 rank=0 world=1")
+    step = 0
+    stop = crash_after if crash_after is not None else steps
+    while step < stop:
+        state = advance(state, step)
+        step += 1
+        if step % every == 0 and step < steps:
+            lines.append(f"autoheal-trainer: checkpoint saved step={step} path=/x")
+    if crash_after is None:
+        lines.append(f"autoheal-trainer: done step={steps} final_state={state}")
+        return "\n".join(lines)
+    start = resume_from
+    lines.append(f"autoheal-trainer: start step={start} resumed_from=/x restart=1 host=gpu2 rank=0 world=1")
+    state = 0
+    for i in range(start):
+        state = advance(state, i)
+    for i in range(start, steps):
+        state = advance(state, i)
+    lines.append(f"autoheal-trainer: done step={steps} final_state={state}")
+    return "\n".join(lines)
+
+
+def test_trainer_output_checks():
+    assert check_trainer_output(_trainer_text(30, 10), 30) == []
+    assert check_trainer_output(_trainer_text(30, 10, crash_after=25, resume_from=20), 30) == []
+    bad = check_trainer_output(_trainer_text(30, 10, crash_after=25, resume_from=10), 30)
+    assert len(bad) == 1 and "newest checkpoint was 20" in bad[0][0]
+    wrong = f"autoheal-trainer: done step=30 final_state={expected_final_state(30) + 1}"
+    assert "uninterrupted" in check_trainer_output(wrong, 30)[0][0]
+    assert check_trainer_output("autoheal-trainer: step=3", 30) == []  # not finished: nothing to say
+
+
+def test_finish_end_state_journal_leaks_and_requeues():
+    m = _mon()
+    m.observe(Snapshot(100.0, _nodes(), {"10": _job(nodes=("gpu1",)), "11": _job(nodes=("gpu2",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 101.0, node="gpu1", gpu=0))
+    final = Snapshot(300.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: retired: replaced by spare1"),
+                                   gpu4=_node("DOWN+DRAIN", True, "autoheal: xid 48"),
+                                   spare1=_node()),
+                     {"10": _job("COMPLETED", comment="autoheal-runner restarts=2 state=completed"),
+                      "11": _job("PENDING", "JobHeldAdmin", nodes=())})
+    v = m.finish(final, journal=[], journal_skipped=1, outputs={}, leaked=["slurmd -N gpu1 (pid 5)"])
+    kinds = sorted({x.invariant for x in v})
+    assert kinds == ["acted-twice", "end-state", "journal", "stranded"]
+    texts = " | ".join(x.message for x in v)
+    assert "gpu4 ends the soak" in texts and "gpu1 ends" not in texts and "restarted 2 times" in texts
+    assert "no record" in texts and "torn" in texts
+
+
+def test_resets_counted_against_injections():
+    m = _mon()
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu1", gpu=2))
+    rec = {"event": "remediation-step", "action": "reset-gpu", "node": "gpu1", "message": "reset GPU 2 of gpu1 for: x"}
+    final = Snapshot(200.0, _nodes(), {})
+    assert m.finish(final, [rec], 0, {}, []) == []
+    v = m.finish(final, [rec, dict(rec)], 0, {}, [])
+    assert [x.invariant for x in v] == ["acted-twice"]
+
+
+def test_recovery_times_and_percentiles():
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(), {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu1", gpu=0))
+    m.observe(Snapshot(100.5, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 48")),
+                       {"10": _job("PENDING", "Resources", nodes=(), restarts=1)}))
+    m.observe(Snapshot(104.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 48")),
+                       {"10": _job(nodes=("gpu2",), restarts=1)}))
+    m.observe(Snapshot(110.0, _nodes(), {"10": _job(nodes=("gpu2",), restarts=1)}))
+    rec = m.recovery()
+    assert rec["fault_to_drain_s"]["p50"] == 0.5
+    assert rec["fault_to_drain_xid_event_s"]["p50"] == 0.5 and rec["fault_to_drain_polled_s"]["n"] == 0
+    assert rec["fault_to_job_running_again_s"]["p50"] == 4.0
+    assert rec["fault_to_node_back_or_replaced_s"]["p50"] == 10.0
+    m.note_drain_time(1, 0.2)
+    assert m.recovery()["fault_to_drain_s"]["max"] == 0.2
+    assert percentiles([]) == {"n": 0, "p50": None, "p95": None, "max": None}
+    assert percentiles([float(i) for i in range(1, 101)])["p95"] == 95.0
+    assert node_in_service(_node("MIXED")) and not node_in_service(_node("IDLE*", responding=False))
+
+
+def test_comment_must_agree_with_the_journal_on_how_a_job_ended():
+    m = _mon()
+    rec = {"event": "job-completed", "job_ids": ["10"], "node": "gpu1"}
+    stale = Snapshot(300.0, _nodes(), {"10": _job("COMPLETED", comment="autoheal-runner nodes=gpu1 state=running")})
+    v = m.finish(stale, [rec], 0, {})
+    assert [x.invariant for x in v] == ["journal"] and "state=running" in v[0].message
+    m = _mon()
+    good = Snapshot(300.0, _nodes(), {"10": _job("COMPLETED", comment="autoheal-runner nodes=gpu1 state=completed")})
+    assert m.finish(good, [rec], 0, {}) == []
+
+
+def test_a_node_still_within_its_recovery_bound_is_recovering_not_stuck():
+    m = _mon()
+    m.add_fault(Injected(1, "ecc-dbe", "gpu", 250.0, node="gpu3", gpu=2))
+    final = Snapshot(300.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "autoheal: xid 48 on GPU 2 of gpu3")), {})
+    assert m.finish(final, [], 0, {}, recovery_bound=125.0) == []
+    assert m.recovering and m.recovering[0].startswith("gpu3 (50 s")
+    rebooting = Snapshot(300.0, _nodes(gpu3=_node("IDLE+NOT_RESPONDING", responding=False)), {})
+    assert m.finish(rebooting, [], 0, {}, recovery_bound=125.0) == []
+    someone = Snapshot(300.0, _nodes(gpu3=_node("IDLE+DRAIN", True, "Duplicate jobid")), {})
+    assert [v.invariant for v in m.finish(someone, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
+    m = _mon()
+    m.add_fault(Injected(1, "ecc-dbe", "gpu", 100.0, node="gpu3", gpu=2))
+    assert [v.invariant for v in m.finish(final, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
