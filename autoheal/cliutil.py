@@ -9,18 +9,23 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, cast
 
 import click
 
 from autoheal.errors import EXIT_USAGE, AutohealError
 
+if TYPE_CHECKING:
+    from autoheal.config import Config
 
-def json_option(fn: Callable) -> Callable:
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_option(fn: F) -> F:
     return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")(fn)
 
 
-def config_option(fn: Callable) -> Callable:
+def config_option(fn: F) -> F:
     return click.option("--config", "config_path", envvar="AUTOHEAL_CONFIG", type=click.Path(dir_okay=False),
                         help="autoheal config file [env AUTOHEAL_CONFIG; default /etc/autoheal/autoheal.toml].")(fn)
 
@@ -29,11 +34,11 @@ def print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
-def handle_errors(fn: Callable) -> Callable:
+def handle_errors(fn: F) -> F:
     """Turn our typed errors into one line on stderr (or a JSON envelope) and their exit code."""
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
         except AutohealError as exc:
@@ -42,10 +47,10 @@ def handle_errors(fn: Callable) -> Callable:
             click.echo(f"autoheal: error: {exc}", err=True)
             sys.exit(getattr(exc, "exit_code", EXIT_USAGE))
 
-    return wrapper
+    return cast(F, wrapper)
 
 
-def load_cfg(config_path):
+def load_cfg(config_path: Optional[str]) -> Config:
     """Load the config or exit 2 with the one-line reason."""
     from autoheal.config import load_config
 

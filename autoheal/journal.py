@@ -20,10 +20,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from autoheal.errors import JournalError
 from autoheal.reasons import sanitize
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
 
 SEVERITIES = ("info", "action", "error")
 #: Seconds a writer waits for the journal lock (other writers hold it for one write and fsync).
@@ -133,7 +136,7 @@ class Journal:
         self.lock_timeout = lock_timeout
 
     @classmethod
-    def from_config(cls, config) -> "Journal":
+    def from_config(cls, config: Config) -> "Journal":
         return cls(config.journal.path, config.journal.fsync)
 
     def append(self, rec: Record) -> Record:

@@ -26,11 +26,18 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
 from autoheal.journal import SEVERITIES, Journal, Record
 from autoheal.reasons import sanitize
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
+
+    _HandlerBase = urllib.request.AbstractHTTPHandler  # what _DeadlineHandler is mixed into
+else:
+    _HandlerBase = object
 
 #: Records waiting per webhook before new ones are dropped (a dead endpoint must not eat memory).
 QUEUE_MAX = 200
@@ -70,7 +77,8 @@ class _Deadline:
     def remaining(self) -> float:
         return self.end - time.monotonic()
 
-    def create_connection(self, address, timeout: Any = None, source_address=None, *args, **kwargs):
+    def create_connection(self, address: Tuple[str, int], timeout: Any = None,
+                          source_address: Optional[Tuple[str, int]] = None, *args: Any, **kwargs: Any) -> socket.socket:
         """``socket.create_connection`` bounded by what is left of the deadline, and watched."""
         left = self.remaining()
         if self.expired or left <= 0:
@@ -105,19 +113,20 @@ class _Deadline:
             self._watched.clear()
 
 
-class _DeadlineHandler:
+class _DeadlineHandler(_HandlerBase):
     """Mixin for urllib's HTTP(S) handlers: every connection they make goes through the deadline."""
 
     def __init__(self, deadline: _Deadline):
         super().__init__()
         self._deadline = deadline
 
-    def do_open(self, http_class, req, **kwargs):
+    def do_open(self, http_class: Any, req: urllib.request.Request, **kwargs: Any) -> http.client.HTTPResponse:
         deadline = self._deadline
 
-        def connection(host, **kw):
-            conn = http_class(host, **kw)
-            conn._create_connection = deadline.create_connection
+        def connection(host: str, **kw: Any) -> http.client.HTTPConnection:
+            conn: http.client.HTTPConnection = http_class(host, **kw)
+            # http.client's private connect hook (CPython), not in typeshed
+            conn._create_connection = deadline.create_connection  # type: ignore[attr-defined]
             return conn
 
         return super().do_open(connection, req, **kwargs)
@@ -132,11 +141,12 @@ class _HTTPSHandler(_DeadlineHandler, urllib.request.HTTPSHandler):
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
         return None  # urllib then raises HTTPError(code): a redirect is an answer, not a delivery
 
 
-def post_json(url: str, payload: dict, timeout: float) -> int:
+def post_json(url: str, payload: Dict[str, Any], timeout: float) -> int:
     """POST JSON and return the HTTP status; the whole attempt ends within ``timeout`` seconds.
 
     Transport trouble raises OSError (``TimeoutError`` when the deadline passed); a URL urllib cannot
@@ -152,7 +162,7 @@ def post_json(url: str, payload: dict, timeout: float) -> int:
     timer.start()
     try:
         with opener.open(req, timeout=timeout) as resp:  # noqa: S310 (http(s) only, checked by callers)
-            status = resp.status
+            status: int = resp.status
         if deadline.expired:  # the shutdown ended a trickled header block early: not a real answer
             raise TimeoutError(f"no complete answer within {timeout:g}s")
         return status
@@ -205,13 +215,13 @@ class Notifier:
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
         self._pending = 0
-        self._queues: Dict[str, Deque[Tuple[dict, Record]]] = {}
+        self._queues: Dict[str, Deque[Tuple[Dict[str, Any], Record]]] = {}
         self._workers: Dict[str, threading.Thread] = {}
         self._dropped: Dict[str, int] = {}
-        self.results: List[dict] = []
+        self.results: List[Dict[str, Any]] = []
 
     @classmethod
-    def from_config(cls, config, journal: Optional[Journal] = None) -> "Notifier":
+    def from_config(cls, config: Config, journal: Optional[Journal] = None) -> "Notifier":
         n = config.notify
         return cls(n.webhooks, n.timeout, n.retries, n.min_severity, n.cluster_name or "", journal)
 
@@ -240,7 +250,7 @@ class Notifier:
             return True
 
     # ---- workers --------------------------------------------------------------------------------------------
-    def _note(self, result: dict, locked: bool = False) -> None:
+    def _note(self, result: Dict[str, Any], locked: bool = False) -> None:
         """Keep the outcome (for callers and tests), only the newest RESULTS_MAX: the sync daemon runs
         for months."""
         if not locked:
@@ -251,7 +261,7 @@ class Notifier:
         if len(self.results) > RESULTS_MAX:
             del self.results[: len(self.results) - RESULTS_MAX]
 
-    def _enqueue(self, url: str, payload: dict, rec: Record) -> None:
+    def _enqueue(self, url: str, payload: Dict[str, Any], rec: Record) -> None:
         with self._lock:
             queue = self._queues.setdefault(url, deque())
             if len(queue) >= self.queue_max:
@@ -294,7 +304,7 @@ class Notifier:
                                 message=f"webhook {_redact(url)}: {dropped} records dropped, queue full "
                                         f"({self.queue_max} waiting)")
 
-    def _deliver(self, url: str, payload: dict, rec: Record) -> None:
+    def _deliver(self, url: str, payload: Dict[str, Any], rec: Record) -> None:
         error = ""
         for attempt in range(self.retries + 1):
             try:

@@ -62,12 +62,12 @@ def is_ours(reason: str | None) -> bool:
 
     Slurm may append ``[user@time]`` when it prints a reason; the prefix test is unaffected.
     """
-    return bool(reason) and reason.strip().startswith(PREFIX.strip())
+    return reason is not None and reason.strip().startswith(PREFIX.strip())
 
 
 def is_k8s_origin(reason: str | None) -> bool:
     """True for drains ``autoheal sync`` made because of Kubernetes (cordon, taint, condition)."""
-    return bool(reason) and reason.strip().startswith(K8S_PREFIX.strip())
+    return reason is not None and reason.strip().startswith(K8S_PREFIX.strip())
 
 
 def is_preswap(reason: str | None) -> bool:

@@ -35,11 +35,11 @@ class CheckResult:
     gpu: Optional[int] = None
     evidence: Dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "CheckResult":
+    def from_dict(cls, d: Dict[str, Any]) -> "CheckResult":
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 import os
 import sys
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, print_json
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
 
 
 @click.command("check")
@@ -21,7 +26,8 @@ from autoheal.cliutil import config_option, handle_errors, json_option, print_js
 @json_option
 @config_option
 @handle_errors
-def check(node, no_drain, dry_run, verbose, clear_faults, gpu, as_json, config_path):
+def check(node: Optional[str], no_drain: bool, dry_run: bool, verbose: bool, clear_faults: bool, gpu: Optional[int],
+          as_json: bool, config_path: Optional[str]) -> None:
     """Run every GPU health check on this node now, as the healthcheck does.
 
     \b
@@ -58,7 +64,7 @@ def check(node, no_drain, dry_run, verbose, clear_faults, gpu, as_json, config_p
     os._exit(p.exit_code)  # an NVML worker may be stuck in the driver
 
 
-def _clear(ctx, gpu, dry_run, as_json) -> None:
+def _clear(ctx: Context, gpu: Optional[int], dry_run: bool, as_json: bool) -> None:
     from autoheal.hooks.engine import clear_faults
 
     out = clear_faults(ctx, gpu=gpu, dry_run=dry_run)
@@ -81,7 +87,7 @@ def _clear(ctx, gpu, dry_run, as_json) -> None:
 @click.option("--no-kernel-log", is_flag=True, help="Wait on NVML XID events only.")
 @config_option
 @handle_errors
-def xid_watch(node, no_nvml, no_kernel_log, config_path):
+def xid_watch(node: Optional[str], no_nvml: bool, no_kernel_log: bool, config_path: Optional[str]) -> None:
     """Watch for GPU XIDs and drain within seconds (long-running node daemon).
 
     \b

@@ -10,9 +10,15 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from autoheal.hooks.state import NodeState, expand
+
+if TYPE_CHECKING:  # imported lazily below: hooks start fast
+    from autoheal.config import Config
+    from autoheal.journal import Journal
+    from autoheal.notify import Notifier
+    from autoheal.slurm.base import SlurmAdapter
 
 
 def node_name(explicit: Optional[str] = None) -> str:
@@ -29,7 +35,7 @@ LOCK_TIMEOUT = {"prolog": 3.0, "epilog": 3.0, "xid-watch": 5.0}
 class Context:
     """Lazily built collaborators for one run on one node."""
 
-    def __init__(self, config, node: str, source: str):
+    def __init__(self, config: Config, node: str, source: str) -> None:
         self.cfg = config
         self.hooks = config.hooks
         self.node = node
@@ -38,9 +44,9 @@ class Context:
         # the hook goes on with an in-memory copy and reports it; it never fails Slurm for it
         self.store = NodeState(expand(self.hooks.state_dir, node), lock_timeout=LOCK_TIMEOUT.get(source, 10.0),
                                fallback=True)
-        self._slurm = None
-        self._journal = None
-        self._notifier = None
+        self._slurm: Optional[SlurmAdapter] = None
+        self._journal: Optional[Journal] = None
+        self._notifier: Optional[Notifier] = None
 
     @classmethod
     def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> "Context":
@@ -52,7 +58,7 @@ class Context:
         return expand(template, self.node)
 
     @property
-    def slurm(self):
+    def slurm(self) -> SlurmAdapter:
         """CliSlurm with the hooks' timeouts (a hook must never wait long for slurmctld)."""
         if self._slurm is None:
             from autoheal.slurm.cli_backend import CliSlurm
@@ -63,18 +69,18 @@ class Context:
         return self._slurm
 
     @slurm.setter
-    def slurm(self, adapter) -> None:
+    def slurm(self, adapter: SlurmAdapter) -> None:
         self._slurm = adapter
 
     @property
-    def journal(self):
+    def journal(self) -> Journal:
         if self._journal is None:
             from autoheal.journal import Journal
 
             self._journal = Journal.from_config(self.cfg)
         return self._journal
 
-    def record(self, event: str, **fields) -> None:
+    def record(self, event: str, **fields: Any) -> None:
         """Journal and notify actions and errors; never fails the caller and never waits for a webhook
         (deliveries run in the background; ``close`` waits a bounded time for them at exit)."""
         fields.setdefault("node", self.node)
@@ -157,7 +163,7 @@ def gres_gpu_count(text: str, node: str) -> int:
     return total
 
 
-def report_own_trouble(hook: str, ctx: Optional[Context], what: str, err) -> str:
+def report_own_trouble(hook: str, ctx: Optional[Context], what: str, err: BaseException | str) -> str:
     """Say, in one line and without a traceback, that a hook hit trouble of its own (config, state dir,
     a bug): a journal ``error`` record when the journal can be written, and always stderr (slurmd logs
     it). Returns the line. Never raises."""

@@ -10,14 +10,18 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
-from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
+from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, policy_for, read_kernel_log
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
+    from autoheal.slurm.model import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
@@ -38,7 +42,7 @@ class Pass:
     # an earlier one; one logged while this pass ran must still be judged by the next.
     started_usec: int = 0
 
-    def to_dict(self, verbose: bool = False) -> dict:
+    def to_dict(self, verbose: bool = False) -> Dict[str, Any]:
         res = [r.to_dict() for r in self.results if verbose or r.status != C.OK]
         return {"node": self.node, "status": self.status, "exit_code": self.exit_code, "results": res,
                 "actions": self.actions, "errors": self.errors,
@@ -54,7 +58,7 @@ class Pass:
 REPEAT_NOTE_SECONDS = 60.0
 
 
-def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[str, int],
+def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[str, int],
                 now: float, notes: Optional[List[Dict[str, Any]]] = None) -> List[C.CheckResult]:
     """Judge new XIDs once each: dedupe against recent ones (other sources, companion events), count
     application XIDs per GPU, open a fault for every drain-class XID.
@@ -93,7 +97,7 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
                   and float(x.get("time", 0)) < repaired]
         S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
         repeats = 0
-        if C.policy_for(ev.xid, h.xid_policy) == "ignore":
+        if policy_for(ev.xid, h.xid_policy) == "ignore":
             repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)
         r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat, node=ctx.node)
         if before and repaired:
@@ -105,7 +109,7 @@ def xid_results(ctx, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[s
     return out
 
 
-def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
+def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = True,
             now: Optional[float] = None) -> Pass:
     """Gather and judge; update the node state (kernel-log cursor, XIDs, unknown streaks, faults)."""
     now = time.time() if now is None else now
@@ -150,7 +154,7 @@ def observe(ctx, budget: float, cheap: bool = False, read_log: bool = True,
     return p
 
 
-def _escalate_unknown(ctx, st: Dict[str, Any], results: List[C.CheckResult]) -> List[C.CheckResult]:
+def _escalate_unknown(ctx: Context, st: Dict[str, Any], results: List[C.CheckResult]) -> List[C.CheckResult]:
     """A GPU unreadable in N consecutive full passes is failed as unresponsive."""
     streaks: Dict[str, int] = {}
     old = st.get("unknown_runs", {})
@@ -169,7 +173,7 @@ def _escalate_unknown(ctx, st: Dict[str, Any], results: List[C.CheckResult]) -> 
 
 # ---- Slurm side --------------------------------------------------------------------------------------
 
-def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, Any]:
+def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, Any]:
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
@@ -213,7 +217,7 @@ def drain_for(ctx, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, A
     return act
 
 
-def maybe_resume(ctx, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
+def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
     """Resume a drain we made after N consecutive passes and the cooldown; forget it if someone else
     changed the node meanwhile."""
     from autoheal import nodeops
@@ -248,7 +252,7 @@ def maybe_resume(ctx, now: float, dry_run: bool = False) -> Optional[Dict[str, A
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
 
 
-def maybe_repair(ctx, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Dict[str, Any]]:
+def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Dict[str, Any]]:
     """Climb the recovery ladder for failures, only once the node is drained by us and idle."""
     st = ctx.store.read()
     if not st.get("drain"):
@@ -279,7 +283,7 @@ def maybe_repair(ctx, results: List[C.CheckResult], now: float, dry_run: bool = 
     return done
 
 
-def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
+def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
     from autoheal.reasons import Origin, Reason, parse_body
 
     act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
@@ -348,7 +352,7 @@ def _run_rung(ctx, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Di
 REBOOT_VISIBLE_SECONDS = 15.0
 
 
-def reboot_still_pending(node, pending: Dict[str, Any], now: float) -> bool:
+def reboot_still_pending(node: Node, pending: Dict[str, Any], now: float) -> bool:
     """Our earlier reboot request (same boot id) is still under way: Slurm shows it on the node
     (REBOOT_REQUESTED / REBOOT_ISSUED), or it was made too recently to show yet. Without that, the
     request is over although the boot id did not change (an admin cancelled it, or a machine whose
@@ -359,13 +363,13 @@ def reboot_still_pending(node, pending: Dict[str, Any], now: float) -> bool:
     return now - float(pending.get("time") or 0.0) < REBOOT_VISIBLE_SECONDS
 
 
-def pass_lock_timeout(ctx) -> float:
+def pass_lock_timeout(ctx: Context) -> float:
     """How long a pass waits for another one on the same node: the other's NVML budget plus a few
     Slurm calls, and always well inside Slurm's 60 s kill of HealthCheckProgram."""
     return min(40.0, ctx.hooks.nvml_timeout + 4 * ctx.hooks.slurm_timeout + ctx.hooks.reset_timeout / 2)
 
 
-def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run: bool = False,
+def health_pass(ctx: Context, drain: bool = True, budget: Optional[float] = None, dry_run: bool = False,
                 now: Optional[float] = None) -> Pass:
     """The healthcheck: observe, then act. Exit 0 healthy (or warn), 1 failed, 2 could not tell.
 
@@ -384,7 +388,7 @@ def health_pass(ctx, drain: bool = True, budget: Optional[float] = None, dry_run
     return _health_pass(ctx, drain, budget, dry_run, now)
 
 
-def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: Optional[float]) -> Pass:
+def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bool, now: Optional[float]) -> Pass:
     from autoheal.errors import SlurmError, SlurmUnavailable
 
     now = time.time() if now is None else now
@@ -429,7 +433,7 @@ def _health_pass(ctx, drain: bool, budget: Optional[float], dry_run: bool, now: 
         p.errors.append(f"slurm: {exc}")
         ctx.record("error", message=f"health pass: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
-    if p.exit_code == EXIT_OK and getattr(ctx.store, "trouble", ""):
+    if p.exit_code == EXIT_OK and bool(getattr(ctx.store, "trouble", "")):
         # healthy, but the pass could not be remembered (passes, cursor): the node cannot be resumed by
         # us and the next pass re-reads the log. Say "could not tell", never "failed".
         p.exit_code = EXIT_UNKNOWN
@@ -440,7 +444,7 @@ __all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "maybe
            "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
 
 
-def clear_faults(ctx, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:
+def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:
     """Forget open faults and recovery-ladder counts (all, or one GPU's) after an admin repaired the
     node by hand, so the next fault starts again at the cheapest rung. Our drain record is kept: the
     healthcheck still resumes the node once it passes. Returns what was (or would be) cleared."""

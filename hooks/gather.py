@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 CLOCKS_GPU_IDLE = 0x1
 FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -58,11 +58,11 @@ class NodeSample:
     gpus: List[GpuSample] = field(default_factory=list)
     elapsed: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NodeSample":
+    def from_dict(cls, d: Dict[str, Any]) -> "NodeSample":
         gpus = [GpuSample(**g) for g in d.get("gpus", [])]
         rest = {k: v for k, v in d.items() if k != "gpus" and k in cls.__dataclass_fields__}
         return cls(gpus=gpus, **rest)
@@ -72,13 +72,13 @@ _init_lock = threading.Lock()
 _initialised = False
 
 
-def _nvml():
+def _nvml() -> Any:  # pynvml has no type information
     import pynvml  # imported lazily: the CLI's --help must not pay for it
 
     return pynvml
 
 
-def _init(nv) -> None:
+def _init(nv: Any) -> None:
     global _initialised
     with _init_lock:
         if not _initialised:
@@ -86,13 +86,13 @@ def _init(nv) -> None:
             _initialised = True
 
 
-def _err(nv, exc: Exception) -> str:
+def _err(nv: Any, exc: Exception) -> str:
     if isinstance(exc, nv.NVMLError) and getattr(exc, "value", None) == nv.NVML_ERROR_GPU_IS_LOST:
         return "lost"
     return str(exc) or type(exc).__name__
 
 
-def _opt(fn, *args):
+def _opt(fn: Callable[..., Any], *args: Any) -> Any:
     """One optional read: None when unsupported; GPU-lost propagates."""
     nv = _nvml()
     try:
@@ -103,11 +103,11 @@ def _opt(fn, *args):
         return None
 
 
-def _text(v) -> str:
+def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def read_gpu(nv, index: int, sample: GpuSample, cheap: bool = False) -> None:
+def read_gpu(nv: Any, index: int, sample: GpuSample, cheap: bool = False) -> None:
     """Fill ``sample`` for GPU ``index`` (in place, so a timeout keeps what was read)."""
     try:
         h = nv.nvmlDeviceGetHandleByIndex(index)
@@ -179,7 +179,7 @@ def gather(node: str = "", budget: float = 8.0, cheap: bool = False) -> NodeSamp
     done = threading.Event()
     threads: List[threading.Thread] = []
 
-    def per_gpu(nv, g: GpuSample) -> None:
+    def per_gpu(nv: Any, g: GpuSample) -> None:
         read_gpu(nv, g.index, g, cheap)
 
     def run() -> None:

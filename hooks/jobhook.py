@@ -9,11 +9,17 @@ written), never a traceback, and never a "Prolog error" drain autoheal would not
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import os
 import sys
 import time
 
 from autoheal.hooks import checks as C
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
+    from autoheal.hooks.gather import NodeSample
 
 
 def run(kind: str) -> int:
@@ -37,7 +43,7 @@ def run(kind: str) -> int:
         ctx.close()
 
 
-def _run(ctx, kind: str) -> int:
+def _run(ctx: Context, kind: str) -> int:
     from autoheal.hooks import mapping
     from autoheal.hooks.engine import observe
 
@@ -66,7 +72,7 @@ def _run(ctx, kind: str) -> int:
     return 0
 
 
-def _fail(ctx, kind: str, job: str, failure: C.CheckResult) -> None:
+def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> None:
     """A GPU fault: drain first (healing never waits for a record or a webhook), then journal."""
     from autoheal.errors import SlurmError
     from autoheal.hooks.engine import drain_for
@@ -82,7 +88,7 @@ def _fail(ctx, kind: str, job: str, failure: C.CheckResult) -> None:
                message=failure.reason, severity="action", evidence=failure.evidence)
 
 
-def _write_mapping(ctx, job: str, mapping_dir: str) -> None:
+def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:
     from autoheal.hooks import mapping
 
     gpus = mapping.job_gpus(os.environ, ctx.node, ctx.slurm, ctx.hooks.prolog_slurm_timeout)
@@ -90,7 +96,7 @@ def _write_mapping(ctx, job: str, mapping_dir: str) -> None:
         mapping.add_job(mapping_dir, job, gpus)
 
 
-def _baseline(ctx, kind: str, job: str, sample) -> None:
+def _baseline(ctx: Context, kind: str, job: str, sample: NodeSample) -> None:
     """Prolog stores the job's starting ECC counts; epilog fails a GPU whose count rose during the job."""
     counts = {str(g.index): g.ecc_dbe_volatile for g in sample.gpus if g.ecc_dbe_volatile is not None}
     with ctx.store.locked() as st:

@@ -33,10 +33,14 @@ import random
 import re
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
+    from autoheal.slurm.model import Job, WarnSignal
 
 SIGNAL, SIGNALLING, GRACE, DONE = "signal", "signalling", "grace", "done"
 QUIET, WAITING, BUSY = "quiet", "waiting", "busy"
@@ -53,10 +57,10 @@ ENDED_ON_SIGNAL = ("FAILED", "COMPLETED")
 #: (Slurm's default MinJobAge: a finished job is forgotten after that).
 ENDING_WAIT = 300.0
 
-_HEALTH_WORDS = None
+_HEALTH_WORDS: Optional[Set[str]] = None
 
 
-def health_words() -> set:
+def health_words() -> Set[str]:
     global _HEALTH_WORDS
     if _HEALTH_WORDS is None:
         from autoheal.config.hooks_section import CHECK_NAMES
@@ -137,7 +141,7 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
 _HOT_SPARE = re.compile(r"\sspares=\S")
 
 
-def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment) -> None:
+def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None) -> None:
     """Note on a new job action that the job is a hot-spare job (its journal line says what comes)."""
     if runner_comment and _HOT_SPARE.search(str(runner_comment).split("|", 1)[0]):
         st["job_actions"][key]["hot_spare"] = True
@@ -154,7 +158,7 @@ def open_work(st: Dict[str, Any]) -> bool:
                 or any(f.get("jobs") is None for f in st.get("requeue_faults") or []))
 
 
-def fingerprint(st: Dict[str, Any]) -> Tuple:
+def fingerprint(st: Dict[str, Any]) -> Tuple[Any, ...]:
     """What, in the local state, should make xid-watch look at Slurm now when it changes (a drain
     recorded by the healthcheck, a new pending drain, a repair)."""
     d = st.get("drain") or {}
@@ -187,7 +191,8 @@ def migrate(st: Dict[str, Any]) -> None:
 class JobSide:
     """Drives pending drains and job actions to done. ``step()`` is called from xid-watch's loop."""
 
-    def __init__(self, ctx, count: Optional[Callable[[str], None]] = None, rng: Optional[random.Random] = None):
+    def __init__(self, ctx: Context, count: Optional[Callable[[str], None]] = None,
+                 rng: Optional[random.Random] = None) -> None:
         self.ctx = ctx
         self.h = ctx.hooks
         self._count = count or (lambda _name: None)
@@ -199,7 +204,7 @@ class JobSide:
         self.retry_at = 0.0
         self.tries = 0
         # a restart looks at Slurm at once only when the state has something on record
-        self.seen_fp: Optional[Tuple] = fingerprint(S.empty())
+        self.seen_fp: Optional[Tuple[Any, ...]] = fingerprint(S.empty())
         self.last_forced = 0.0
         self.outage_noted = False
         self._t0 = time.monotonic()
@@ -327,7 +332,7 @@ class JobSide:
         """``now`` of this step plus the real time the step has taken so far."""
         return now + max(0.0, time.monotonic() - self._t0)
 
-    def _is_runner(self, job) -> bool:
+    def _is_runner(self, job: Job) -> bool:
         return bool(job.comment) and job.comment.startswith(self.h.runner_comment)
 
     def _drain_pending(self, now: float) -> Optional[C.CheckResult]:
@@ -414,7 +419,7 @@ class JobSide:
                 next_due = min(next_due, max(nd, now + 0.2))
         return next_due
 
-    def _update(self, key: str, **changes) -> None:
+    def _update(self, key: str, **changes: Any) -> None:
         with self.ctx.store.locked() as st:
             a = st.setdefault("job_actions", {}).get(key)
             if a is not None:
@@ -640,7 +645,7 @@ def _sig(name: str) -> str:
     return n[3:] if n.startswith("SIG") else n
 
 
-def _warning(spec: Optional[str]):
+def _warning(spec: Optional[str]) -> Optional[WarnSignal]:
     """The WarnSignal a job asked for, from the spec kept in its action; None for none."""
     from autoheal.slurm.parse import parse_signal_spec
 

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import fcntl
 import os
-from typing import List
+from typing import TYPE_CHECKING, List, Mapping
 
 from autoheal.slurm.parse import gpu_indices as parse_indices, job_gpus_from_show_job as indices_from_show_job
+
+if TYPE_CHECKING:
+    from autoheal.slurm.base import SlurmAdapter
 
 __all__ = ["parse_indices", "indices_from_show_job", "job_gpus", "add_job", "remove_job"]
 
 
-def job_gpus(env: dict, node: str, slurm, timeout: float) -> List[int]:
+def job_gpus(env: Mapping[str, str], node: str, slurm: SlurmAdapter, timeout: float) -> List[int]:
     """The job's GPU indices on this node ([] when nobody can say within ``timeout``); ``slurm`` is the
     Slurm adapter, asked only when the environment does not say."""
     from autoheal.errors import SlurmError

@@ -21,10 +21,13 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
 
 ACTION = "preswap-drain"
 #: Order in which signs name the drain (the most telling first).
@@ -155,7 +158,7 @@ def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], st
     return ids, ""
 
 
-def maybe_preswap(ctx, results: Sequence[C.CheckResult], now: Optional[float] = None,
+def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[float] = None,
                   dry_run: bool = False) -> Optional[Dict[str, Any]]:
     """Drain for a warning sign when the node runs only hot-spare jobs that can swap it out, or keep such
     a drain while a sign is left. None: no sign, a real fault beside it, or a node not eligible: the

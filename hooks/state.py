@@ -173,6 +173,7 @@ def seen_recently(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str,
 def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
                window: float) -> Optional[Dict[str, Any]]:
     """The remembered XID this one duplicates (see ``seen_recently``), or None."""
+    r: Dict[str, Any]
     for r in reversed(state.get("recent_xids", [])):
         if r.get("xid") != xid or now - float(r.get("time", 0)) > window:
             continue

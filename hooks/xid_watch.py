@@ -22,12 +22,15 @@ import signal as _signal
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import LogCursor, XidEvent, read_kernel_log
+
+if TYPE_CHECKING:
+    from autoheal.hooks.context import Context
 
 METRICS_FILE = "autoheal_xid_watch.prom"
 
@@ -35,7 +38,7 @@ METRICS_FILE = "autoheal_xid_watch.prom"
 class XidWatch:
     """One daemon for one node. ``run()`` blocks until ``stop()``."""
 
-    def __init__(self, ctx):
+    def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.h = ctx.hooks
         self.q: "queue.Queue[XidEvent]" = queue.Queue()
@@ -45,7 +48,7 @@ class XidWatch:
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self._retries: Dict[XidEvent, int] = {}
 
-    def stop(self, *_args) -> None:
+    def stop(self, *_args: object) -> None:
         self._stop.set()
 
     # ---- sources -----------------------------------------------------------------------------------
@@ -145,8 +148,9 @@ class XidWatch:
                 S.bump(st, f'xid_events_total{{xid="{r.evidence.get("xid")}",gpu="{r.gpu}"}}')
                 st.setdefault("counters", {})["last_event_timestamp_seconds"] = now
             fails = [r for r in results if r.status == C.FAIL]
-            if fails:
-                jobside.request_drain(st, C.worst_failure(fails), now)
+            worst = C.worst_failure(fails)
+            if worst is not None:
+                jobside.request_drain(st, worst, now)
             for r in results:
                 if r.status != C.FAIL and r.action == C.REQUEUE:
                     jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None

@@ -10,7 +10,7 @@ import errno
 import os
 import re
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 # Default policy (gpu-health-facts.md): ignore | warn | requeue | reset | reboot | replace.
 # reset/reboot/replace drain the node and name the first rung of the recovery ladder.
@@ -127,11 +127,11 @@ class LogCursor:
     inode: int = 0
     offset: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset}
 
     @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "LogCursor":
+    def from_dict(cls, d: Optional[Dict[str, Any]]) -> "LogCursor":
         d = d or {}
         return cls(str(d.get("boot_id", "")), int(d.get("max_seq", -1)), int(d.get("inode", 0)),
                    int(d.get("offset", 0)))

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any, Dict, NoReturn, Optional, Sequence, Tuple
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, load_cfg, print_json
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
+if TYPE_CHECKING:
+    from autoheal.config import Config
+    from autoheal.k8s_sync.kube import KubeApi
+    from autoheal.slurm.base import SlurmAdapter
 
-def _kube(cfg, kubeconfig, in_cluster):
+
+def _kube(cfg: Config, kubeconfig: Optional[str], in_cluster: Optional[bool]) -> KubeApi:
     from autoheal.k8s_sync.kube import KubeApi
 
     return KubeApi.from_settings(kubeconfig or cfg.sync.kubeconfig, in_cluster or cfg.sync.in_cluster,
                                  cfg.sync.request_timeout_seconds)
 
 
-def _slurm(cfg):
+def _slurm(cfg: Config) -> SlurmAdapter:
     from autoheal.slurm import get_adapter
 
     return get_adapter(cfg)
@@ -39,7 +45,8 @@ def _slurm(cfg):
 @json_option
 @click.pass_context
 @handle_errors
-def sync(ctx, kubeconfig, in_cluster, once, dry_run, metrics_port, log_level, config_path, as_json):
+def sync(ctx: click.Context, kubeconfig: Optional[str], in_cluster: bool, once: bool, dry_run: bool,
+         metrics_port: Optional[int], log_level: str, config_path: Optional[str], as_json: bool) -> None:
     """Keep Slurm and Kubernetes views of every node in agreement, both ways.
 
     \b
@@ -135,7 +142,7 @@ def sync(ctx, kubeconfig, in_cluster, once, dry_run, metrics_port, log_level, co
 @json_option
 @click.pass_context
 @handle_errors
-def status(ctx, as_json):
+def status(ctx: click.Context, as_json: bool) -> None:
     """Show the Lease holder and what a pass would change now (a dry run).
 
     Exit 0 when both sides agree, 1 when changes are pending or reads fail, 2 on config errors.
@@ -187,7 +194,7 @@ def status(ctx, as_json):
     sys.exit(EXIT_PROBLEM if (res.read_error or res.planned or res.problems) else EXIT_OK)
 
 
-def breaker_reset_patch() -> dict:
+def breaker_reset_patch() -> Dict[str, Any]:
     """The ConfigMap patch that re-arms the breaker (starts forgotten; nothing is replayed: only nodes
     that still ask for a replacement start, within the limits)."""
     return {"data": {"trippedAt": None, "starts": "[]", "why": None, "nodes": None}}
@@ -197,7 +204,7 @@ def breaker_reset_patch() -> dict:
 @json_option
 @click.pass_context
 @handle_errors
-def breaker(ctx, as_json):
+def breaker(ctx: click.Context, as_json: bool) -> None:
     """Show the remediation circuit breaker; `reset` re-arms it by hand.
 
     \b
@@ -229,7 +236,7 @@ def breaker(ctx, as_json):
 @json_option
 @click.pass_context
 @handle_errors
-def breaker_reset(ctx, dry_run, as_json):
+def breaker_reset(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
     """Re-arm a tripped breaker now (old faults are not replayed: only nodes that still ask for a
     replacement start, within the limits). Writes an Event (AutohealBreakerReset, on the ConfigMap) and a
     journal record under each node that tripped it. Exit 0 done, 1 the API write failed."""
@@ -276,7 +283,8 @@ def _who() -> str:
         return "unknown user"
 
 
-def _record_cli(cfg, kube, event: str, nodes, message: str, k8s_event, evidence) -> None:
+def _record_cli(cfg: Config, kube: KubeApi, event: str, nodes: Sequence[Optional[str]], message: str,
+                k8s_event: Tuple[str, Dict[str, Any], str], evidence: Dict[str, Any]) -> None:
     """An operator's action: one Event (reason, object, kind) and a journal record under each node (the
     host when none); both best effort after the change itself succeeded."""
     import datetime as dt
@@ -304,7 +312,7 @@ def _record_cli(cfg, kube, event: str, nodes, message: str, k8s_event, evidence)
 @json_option
 @click.pass_context
 @handle_errors
-def remediation(ctx, as_json):
+def remediation(ctx: click.Context, as_json: bool) -> None:
     """Show node replacements (step "remediate") and their state; `retry`
     starts a failed one again.
 
@@ -353,7 +361,7 @@ def remediation(ctx, as_json):
 @json_option
 @click.pass_context
 @handle_errors
-def remediation_retry(ctx, node, dry_run, as_json):
+def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: bool) -> None:
     """Start a failed remediation of NODE again (a Kubernetes Node or Slurm node name).
 
     \b
@@ -381,7 +389,7 @@ def remediation_retry(ctx, node, dry_run, as_json):
     kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
     prefix = cfg.sync.annotation_prefix
 
-    def fail(code, message):
+    def fail(code: int, message: str) -> NoReturn:
         if as_json:
             print_json({"ok": False, "node": node, "error": message})
         click.echo(f"autoheal: error: {message}", err=True)

@@ -6,7 +6,7 @@ Objects are plain dicts in the API's JSON form (camelCase), as the adapter retur
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.reasons import sanitize, strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -34,7 +34,8 @@ def _conditions(obj: Dict[str, Any]) -> List[Dict[str, Any]]:
     return list(((obj or {}).get("status") or {}).get("conditions") or [])
 
 
-def diff_conditions(obj: Dict[str, Any], desired: List[Dict[str, str]], owned) -> Tuple[List[dict], List[str]]:
+def diff_conditions(obj: Dict[str, Any], desired: List[Dict[str, str]],
+                    owned: Callable[[str], bool]) -> Tuple[List[Dict[str, Any]], List[str]]:
     """(conditions to add or change, types to remove) to bring the conditions ``owned(type)`` on ``obj``
     to ``desired``; conditions other writers own are never touched."""
     current = {c.get("type"): c for c in _conditions(obj)}
@@ -48,7 +49,7 @@ def diff_conditions(obj: Dict[str, Any], desired: List[Dict[str, str]], owned) -
     return changed, stale
 
 
-def condition_patch(obj: Dict[str, Any], changed: List[dict], stale: List[str], now: str,
+def condition_patch(obj: Dict[str, Any], changed: List[Dict[str, Any]], stale: List[str], now: str,
                     ) -> Tuple[str, Dict[str, Any]]:
     """(patch type, body) writing ``changed`` and removing ``stale`` on a status subresource.
 

@@ -9,11 +9,19 @@ import signal
 import socket
 import threading
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from autoheal.k8s_sync.engine import Reconciler
 from autoheal.k8s_sync.informer import Informer
 from autoheal.k8s_sync.leader import LeaderElector
+
+if TYPE_CHECKING:
+    from autoheal.config.sync_section import SyncSection
+    from autoheal.journal import Journal
+    from autoheal.k8s_sync.kube import KubeClient
+    from autoheal.k8s_sync.metrics import Metrics
+    from autoheal.notify import Notifier
+    from autoheal.slurm.base import SlurmAdapter
 
 log = logging.getLogger("autoheal.sync")
 
@@ -26,8 +34,9 @@ def identity() -> str:
 class SyncDaemon:
     """Wires caches, elector, reconciler and metrics together; ``run()`` blocks until ``stop()``."""
 
-    def __init__(self, slurm, kube, cfg, *, dry_run: bool = False, metrics=None, journal=None,
-                 ident: Optional[str] = None, use_watch: bool = True, notifier=None):
+    def __init__(self, slurm: SlurmAdapter, kube: KubeClient, cfg: SyncSection, *, dry_run: bool = False,
+                 metrics: Optional[Metrics] = None, journal: Optional[Journal] = None,
+                 ident: Optional[str] = None, use_watch: bool = True, notifier: Optional[Notifier] = None) -> None:
         self.cfg = cfg
         self.kube = kube
         self._wake = threading.Event()

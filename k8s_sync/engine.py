@@ -17,18 +17,29 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
 from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync import remediate_step
 from autoheal.k8s_sync.kube import Conflict, KubeError
 from autoheal.k8s_sync.plan import (NODE_PATCH, NODE_STATUS, POD_STATUS, SLURM_DRAIN, SLURM_KINDS, SLURM_RESUME,
-                                    SLURM_SET_REASON, STEPS, Action, Snapshot, make_context)
+                                    SLURM_SET_REASON, STEPS, Action, Context, Snapshot, make_context)
 from autoheal.k8s_sync.ratelimit import TokenBucket
+
+if TYPE_CHECKING:
+    from autoheal.config.sync_section import SyncSection
+    from autoheal.journal import Journal
+    from autoheal.k8s_sync.informer import Informer
+    from autoheal.k8s_sync.kube import KubeClient
+    from autoheal.k8s_sync.leader import LeaderElector
+    from autoheal.k8s_sync.metrics import Metrics
+    from autoheal.notify import Notifier
+    from autoheal.slurm.base import SlurmAdapter
 
 log = logging.getLogger("autoheal.sync")
 
@@ -70,8 +81,11 @@ class PassResult:
 class Reconciler:
     """Runs passes for one config against one Slurm adapter and one Kubernetes adapter."""
 
-    def __init__(self, slurm, kube, cfg, *, dry_run: bool = False, leader=None, nodes_cache=None,
-                 pods_cache=None, journal=None, metrics=None, notifier=None, clock=time.time):
+    def __init__(self, slurm: SlurmAdapter, kube: KubeClient, cfg: SyncSection, *, dry_run: bool = False,
+                 leader: Optional[LeaderElector] = None, nodes_cache: Optional[Informer] = None,
+                 pods_cache: Optional[Informer] = None, journal: Optional[Journal] = None,
+                 metrics: Optional[Metrics] = None, notifier: Optional[Notifier] = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.slurm, self.kube, self.cfg = slurm, kube, cfg
         self.dry_run = dry_run
         self.leader = leader  # LeaderElector or None (always leader)
@@ -84,7 +98,7 @@ class Reconciler:
         #: Reuse a Slurm read younger than this (seconds) in passes woken early by watch events, so a
         #: storm of Kubernetes updates never turns into a storm of Slurm reads. 0: read every pass.
         self.slurm_max_age = 0.0
-        self._slurm_cache = None
+        self._slurm_cache: Optional[Tuple[float, Dict[str, Node]]] = None
         self.last: Optional[PassResult] = None
         self.notifier = notifier
         self.clock = clock  # epoch seconds (tests pass a fake clock to step through timeouts)
@@ -285,7 +299,7 @@ class Reconciler:
                                                     "slurm_node": action.slurm_node})
             self._record(action, snap)
 
-    def _guarded_body(self, action: Action, snap: Snapshot, key) -> Dict[str, Any]:
+    def _guarded_body(self, action: Action, snap: Snapshot, key: Tuple[str, ...]) -> Dict[str, Any]:
         """The body of a resourceVersion-guarded patch, re-based on our own earlier write in this pass.
 
         Two writes to one object in a pass (say the health condition, then the taint list) would
@@ -300,7 +314,7 @@ class Reconciler:
         old = snap.pods.get(action.target) if key[0] == "pod" else snap.nodes.get(action.target)
         field_path = ("spec", "taints") if "spec" in action.body else ("status", "conditions")
 
-        def get(obj):
+        def get(obj: Optional[Dict[str, Any]]) -> Any:
             return ((obj or {}).get(field_path[0]) or {}).get(field_path[1]) or []
 
         if get(fresh) != get(old):
@@ -333,7 +347,7 @@ class Reconciler:
         if kind in R.KINDS:
             return self._write_remediation(action, snap)
         if kind == POD_STATUS:
-            key = ("pod", action.namespace, action.target)
+            key: Tuple[str, ...] = ("pod", action.namespace, action.target)
             obj = self.kube.patch_pod_status(action.namespace, action.target, self._guarded_body(action, snap, key),
                                              action.patch_type)
             self._fresh[key] = obj
@@ -429,7 +443,7 @@ class Reconciler:
             ann[k["replacement"]] = str(new)
         self.kube.patch_node(kname, {"metadata": {"annotations": ann}}, "merge")
 
-    def _summarise_remediation(self, snap: Snapshot, res: PassResult, ctx=None) -> None:
+    def _summarise_remediation(self, snap: Snapshot, res: PassResult, ctx: Optional[Context] = None) -> None:
         breaker = (ctx.breaker_state if ctx is not None else None) or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
         res.breaker = {"tripped": breaker.tripped, "why": breaker.why, "starts_in_window": len(breaker.starts),
                        "max_concurrent": breaker.max_concurrent, "max_percent": breaker.max_percent,
@@ -487,7 +501,7 @@ class Reconciler:
             # `autoheal events --node N` finds it; the notification goes out once
             rec = None
             for node in (action.nodes or (action.slurm_node or None,)):
-                evidence = {"k8s_node": kname, "reason": action.reason}
+                evidence: Dict[str, Any] = {"k8s_node": kname, "reason": action.reason}
                 if action.nodes:
                     evidence["nodes"] = list(action.nodes)
                 r = self.journal.record(action.journal, node=node, action=action.kind, outcome="done",

@@ -77,7 +77,7 @@ class Informer:
             self.rv = meta["resourceVersion"]
         if etype == "BOOKMARK":
             return
-        name = meta.get("name")
+        name = meta.get("name", "")
         with self.lock:
             if etype == "DELETED":
                 self.items.pop(name, None)

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import json
 import socket
-from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 
 from autoheal.errors import AutohealError
 
 #: (apiGroup, resource, verb) -> True for every call the adapter can make.
 REQUIRED_PERMISSIONS: Set[Tuple[str, str, str]] = set()
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def needs(*perms: Tuple[str, str, str]) -> Callable:
+def needs(*perms: Tuple[str, str, str]) -> Callable[[F], F]:
     """Declare the RBAC permissions a method uses (collected into REQUIRED_PERMISSIONS)."""
-    def deco(fn: Callable) -> Callable:
+    def deco(fn: F) -> F:
         REQUIRED_PERMISSIONS.update(perms)
         fn.rbac = perms  # type: ignore[attr-defined]
         return fn
@@ -62,7 +63,7 @@ def _classify(exc: Exception, what: str) -> KubeError:
     headers = getattr(exc, "headers", None) or {}
     try:
         if headers.get("Retry-After"):
-            retry_after = float(headers.get("Retry-After"))
+            retry_after = float(headers["Retry-After"])
     except (TypeError, ValueError):
         retry_after = None
     text = f"{what}: HTTP {status}" + (f": {message}" if message else "") if status else \
@@ -71,7 +72,7 @@ def _classify(exc: Exception, what: str) -> KubeError:
     return cls(text, status, retry_after)
 
 
-def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False):
+def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False) -> Any:
     """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
     try:
         from kubernetes import client, config as kconfig
@@ -93,10 +94,41 @@ _PATCH_TYPES = {"strategic": "application/strategic-merge-patch+json", "merge": 
                 "json": "application/json-patch+json"}
 
 
+class KubeClient(Protocol):
+    """What the sync engine, the leader election and the informers use of Kubernetes: ``KubeApi`` (the
+    real API server) and ``MemoryKube`` (tests, benches) both provide it. Objects are plain dicts as
+    the API serves them; errors are ``KubeError`` and its subclasses."""
+
+    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def watch_nodes(self, resource_version: str, timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
+    def watch_pods(self, namespace: str, selector: str, resource_version: str,
+                   timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
+    def patch_node(self, name: str, body: Dict[str, Any], patch_type: str = ...) -> Dict[str, Any]: ...
+    def patch_node_status(self, name: str, body: Dict[str, Any], patch_type: str = ...) -> Dict[str, Any]: ...
+    def patch_pod_status(self, namespace: str, name: str, body: Dict[str, Any],
+                         patch_type: str = ...) -> Dict[str, Any]: ...
+    def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str,
+                     etype: str = ..., now: str = ..., kind: str = ...) -> Dict[str, Any]: ...
+    def list_node_pods(self, node: str) -> List[Dict[str, Any]]: ...
+    def evict_pod(self, namespace: str, name: str) -> None: ...
+    def delete_node(self, name: str) -> None: ...
+    def create_custom(self, group: str, version: str, namespace: str, plural: str,
+                      body: Dict[str, Any]) -> Dict[str, Any]: ...
+    def delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> None: ...
+    def list_custom(self, group: str, version: str, namespace: str, plural: str) -> Dict[str, Dict[str, Any]]: ...
+    def get_configmap(self, namespace: str, name: str) -> Optional[Dict[str, Any]]: ...
+    def create_configmap(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]: ...
+    def patch_configmap(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]: ...
+    def get_lease(self, namespace: str, name: str) -> Optional[Dict[str, Any]]: ...
+    def create_lease(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]: ...
+    def replace_lease(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]: ...
+
+
 class KubeApi:
     """The real adapter, over the official client."""
 
-    def __init__(self, client_config, timeout: float = 10.0):
+    def __init__(self, client_config: Any, timeout: float = 10.0) -> None:
         from kubernetes import client
 
         self._client_mod = client
@@ -112,7 +144,7 @@ class KubeApi:
         return cls(load_client_config(kubeconfig, in_cluster), timeout)
 
     # ---- plumbing --------------------------------------------------------------------------------
-    def _raw(self, what: str, fn: Callable, *args, **kwargs) -> Any:
+    def _raw(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
         self.calls[what] = self.calls.get(what, 0) + 1
         kwargs.setdefault("_request_timeout", self.timeout)
         try:
@@ -121,16 +153,17 @@ class KubeApi:
         except Exception as exc:  # ApiException, urllib3 errors, timeouts: all become KubeError
             raise _classify(exc, what) from None
         try:
-            return json.loads(data) if data else {}
+            obj: Dict[str, Any] = json.loads(data) if data else {}  # the API answers with an object
+            return obj
         except ValueError:
             raise KubeError(f"{what}: answer is not JSON") from None
 
-    def _patch(self, what: str, fn: Callable, *args, body: Any, patch_type: str) -> Dict[str, Any]:
+    def _patch(self, what: str, fn: Callable[..., Any], *args: Any, body: Any, patch_type: str) -> Dict[str, Any]:
         return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
 
     @staticmethod
     def _by_name(items: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-        return {(i.get("metadata") or {}).get("name"): i for i in items}
+        return {(i.get("metadata") or {}).get("name", ""): i for i in items}
 
     # ---- reads -----------------------------------------------------------------------------------
     @needs(("", "nodes", "list"))
@@ -143,8 +176,8 @@ class KubeApi:
         data = self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=selector or None)
         return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
 
-    def _watch(self, what: str, fn: Callable, *args, resource_version: str, timeout: int,
-               **kwargs) -> Iterator[Tuple[str, Dict[str, Any]]]:
+    def _watch(self, what: str, fn: Callable[..., Any], *args: Any, resource_version: str, timeout: int,
+               **kwargs: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """Events of one watch request from ``resource_version``; Gone on 410 (caller relists)."""
         self.calls[what] = self.calls.get(what, 0) + 1
         try:
@@ -239,7 +272,7 @@ class KubeApi:
         except NotFound:
             return
 
-    def _custom(self):
+    def _custom(self) -> Any:
         return self._client_mod.CustomObjectsApi(self.api_client)
 
     @needs(("autoheal.io", "nodereplacements", "create"))

@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional
 
-from autoheal.k8s_sync.kube import KubeError
+from autoheal.k8s_sync.kube import KubeClient, KubeError
 
 #: Longest poll period of a follower (and of a holder whose renewal failed), in seconds.
 MAX_POLL = 1.0
@@ -54,7 +54,7 @@ def lease_expired(lease: Dict[str, Any], now: float) -> bool:
 class LeaderElector:
     """Acquire and renew a Lease for ``identity``; ``is_leader()`` is safe to call before each write."""
 
-    def __init__(self, kube, namespace: str, name: str, identity: str, duration: float = 15.0,
+    def __init__(self, kube: KubeClient, namespace: str, name: str, identity: str, duration: float = 15.0,
                  wall: Callable[[], float] = time.time, mono: Callable[[], float] = time.monotonic,
                  on_change: Optional[Callable[[bool], None]] = None):
         self.kube, self.namespace, self.name, self.identity = kube, namespace, name, identity

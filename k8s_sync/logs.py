@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from typing import Optional, TextIO
 
 _STD = set(vars(logging.LogRecord("x", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
 
@@ -23,7 +24,7 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(data, default=str, sort_keys=True)
 
 
-def setup(level: str = "info", stream=None) -> logging.Logger:
+def setup(level: str = "info", stream: Optional[TextIO] = None) -> logging.Logger:
     """Route the ``autoheal.sync`` logger to JSON lines on stderr (idempotent)."""
     log = logging.getLogger("autoheal.sync")
     for h in list(log.handlers):

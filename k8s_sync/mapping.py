@@ -80,11 +80,11 @@ def map_nodes(slurm_names: Iterable[str], nodes: Dict[str, Dict[str, Any]], pods
             if value:
                 by_label.setdefault(value, []).append(kname)
         for name in names:
-            cands = by_label.get(name, [])
-            if len(cands) > 1:
-                out.problems.append(f"{name}: Nodes {', '.join(sorted(cands))} carry {node_label}={name}; skipped")
-            elif cands:
-                out.bindings[name] = Binding(name, cands[0])
+            knames = by_label.get(name, [])
+            if len(knames) > 1:
+                out.problems.append(f"{name}: Nodes {', '.join(sorted(knames))} carry {node_label}={name}; skipped")
+            elif knames:
+                out.bindings[name] = Binding(name, knames[0])
         return out
     for name in names:  # node-name
         if name in nodes:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 from autoheal.errors import SlurmNotFound, SlurmUnavailable
 from autoheal.slurm.base import SlurmAdapter
@@ -40,7 +40,7 @@ def _merge(target: Any, patch: Any, strategic: bool) -> Any:
 class MemoryKube:
     """A thread-safe in-memory Kubernetes with the KubeApi method set (no watch: callers relist)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.nodes: Dict[str, Dict[str, Any]] = {}
         self.pods: Dict[Tuple[str, str], Dict[str, Any]] = {}
         self.leases: Dict[Tuple[str, str], Dict[str, Any]] = {}
@@ -52,7 +52,7 @@ class MemoryKube:
         self.configmaps: Dict[Tuple[str, str], Dict[str, Any]] = {}
         self.customs: Dict[Tuple[str, str, str], Dict[str, Any]] = {}  # (plural, namespace, name)
         self.other_pods: Dict[Tuple[str, str], Dict[str, Any]] = {}  # workload pods (not slurmd)
-        self.pdb_blocked: set = set()  # (namespace, name) of pods whose eviction answers 429
+        self.pdb_blocked: Set[Tuple[str, str]] = set()  # (namespace, name) of pods whose eviction answers 429
         self.evictions: List[Tuple[str, str]] = []
         self.deleted_nodes: List[str] = []
         #: method name -> KubeError to raise (fault injection for tests)
@@ -90,7 +90,7 @@ class MemoryKube:
             raise exc
 
     # ---- remediation surface ---------------------------------------------------------------------
-    def list_node_pods(self, node: str):
+    def list_node_pods(self, node: str) -> List[Dict[str, Any]]:
         with self.lock:
             self._check("list_node_pods")
             if self.fail_reads:
@@ -116,7 +116,8 @@ class MemoryKube:
             self.deleted_nodes.append(name)
             self.writes += 1
 
-    def create_custom(self, group, version, namespace, plural, body):
+    def create_custom(self, group: str, version: str, namespace: str, plural: str,
+                      body: Dict[str, Any]) -> Dict[str, Any]:
         with self.lock:
             self._check("create_custom")
             key = (plural, namespace, body["metadata"]["name"])
@@ -125,24 +126,24 @@ class MemoryKube:
                 self.writes += 1
             return copy.deepcopy(self.customs[key])
 
-    def delete_custom(self, group, version, namespace, plural, name):
+    def delete_custom(self, group: str, version: str, namespace: str, plural: str, name: str) -> None:
         with self.lock:
             self._check("delete_custom")
             if self.customs.pop((plural, namespace, name), None) is not None:
                 self.writes += 1
 
-    def list_custom(self, group, version, namespace, plural):
+    def list_custom(self, group: str, version: str, namespace: str, plural: str) -> Dict[str, Dict[str, Any]]:
         with self.lock:
             self._check("list_custom")
             return {k[2]: copy.deepcopy(v) for k, v in self.customs.items() if k[0] == plural and k[1] == namespace}
 
-    def get_configmap(self, namespace, name):
+    def get_configmap(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
         with self.lock:
             self._check("get_configmap")
             cm = self.configmaps.get((namespace, name))
             return copy.deepcopy(cm) if cm else None
 
-    def create_configmap(self, namespace, body):
+    def create_configmap(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]:
         with self.lock:
             key = (namespace, body["metadata"]["name"])
             if key in self.configmaps:
@@ -150,17 +151,17 @@ class MemoryKube:
             self.configmaps[key] = self._bump(copy.deepcopy(body))
             return copy.deepcopy(self.configmaps[key])
 
-    def patch_configmap(self, namespace, name, body):
+    def patch_configmap(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
         return self._apply(self.configmaps, (namespace, name), body, "merge", "all")
 
     # ---- KubeApi surface -------------------------------------------------------------------------
-    def list_nodes(self):
+    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]:
         with self.lock:
             if self.fail_reads:
                 raise KubeError("list_nodes: HTTP 500", 500)
             return copy.deepcopy(self.nodes), str(self.rv)
 
-    def list_pods(self, namespace: str, selector: str):
+    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]:
         key, _, value = (selector or "").partition("=")
         with self.lock:
             if self.fail_reads:
@@ -169,13 +170,16 @@ class MemoryKube:
                    (not key or (p["metadata"].get("labels") or {}).get(key) == value)}
             return out, str(self.rv)
 
-    def watch_nodes(self, resource_version: str, timeout: int) -> Iterator:  # pragma: no cover - unused
+    def watch_nodes(self, resource_version: str,
+                    timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]:  # pragma: no cover - unused
         return iter(())
 
-    def watch_pods(self, namespace, selector, resource_version, timeout) -> Iterator:  # pragma: no cover
+    def watch_pods(self, namespace: str, selector: str, resource_version: str,
+                   timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]:  # pragma: no cover
         return iter(())
 
-    def _apply(self, store: Dict, key, body: Dict[str, Any], patch_type: str, part: Optional[str]):
+    def _apply(self, store: Dict[Any, Dict[str, Any]], key: Any, body: Dict[str, Any], patch_type: str,
+               part: Optional[str]) -> Dict[str, Any]:
         with self.lock:
             obj = store.get(key)
             if obj is None:
@@ -197,29 +201,31 @@ class MemoryKube:
             self.writes += 1
             return copy.deepcopy(new)
 
-    def patch_node(self, name, body, patch_type="strategic"):
+    def patch_node(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
         self._check("patch_node")
         return self._apply(self.nodes, name, body, patch_type, None)
 
-    def patch_node_status(self, name, body, patch_type="strategic"):
+    def patch_node_status(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
         return self._apply(self.nodes, name, body, patch_type, "status")
 
-    def patch_pod_status(self, namespace, name, body, patch_type="strategic"):
+    def patch_pod_status(self, namespace: str, name: str, body: Dict[str, Any],
+                         patch_type: str = "strategic") -> Dict[str, Any]:
         return self._apply(self.pods, (namespace, name), body, patch_type, "status")
 
-    def create_event(self, namespace, node, reason, message, etype="Normal", now="", kind="Node"):
+    def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str, etype: str = "Normal",
+                     now: str = "", kind: str = "Node") -> Dict[str, Any]:
         with self.lock:
             self.events.append({"node": (node.get("metadata") or {}).get("name"), "reason": reason,
                                 "message": message, "type": etype})
             self.writes += 1
             return {}
 
-    def get_lease(self, namespace, name):
+    def get_lease(self, namespace: str, name: str) -> Optional[Dict[str, Any]]:
         with self.lock:
             lease = self.leases.get((namespace, name))
             return copy.deepcopy(lease) if lease else None
 
-    def create_lease(self, namespace, body):
+    def create_lease(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]:
         with self.lock:
             key = (namespace, body["metadata"]["name"])
             if key in self.leases:
@@ -227,7 +233,7 @@ class MemoryKube:
             self.leases[key] = self._bump(copy.deepcopy(body))
             return copy.deepcopy(self.leases[key])
 
-    def replace_lease(self, namespace, name, body):
+    def replace_lease(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
         with self.lock:
             cur = self.leases.get((namespace, name))
             if cur is None:
@@ -286,29 +292,29 @@ class MemorySlurm(SlurmAdapter):
             self._count("set_reason")
             self.nodes[node] = replace(self._get(node), reason=reason)
 
-    def list_jobs(self, node=None, states=None):
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
         with self.lock:
             self._count("list_jobs")
             return [j for j in self.jobs if (node is None or node in j.nodes)
                     and (states is None or j.state in states)]
 
-    def show_config(self):
+    def show_config(self) -> Dict[str, str]:
         return {}
 
     def ping(self) -> bool:
         return not self.fail
 
-    def reboot(self, node, reason, asap=True, nextstate="resume"):
+    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
         raise NotImplementedError
 
-    def requeue(self, job_id, hold=False):
+    def requeue(self, job_id: str, hold: bool = False) -> None:
         raise NotImplementedError
 
-    def release(self, job_id):
+    def release(self, job_id: str) -> None:
         raise NotImplementedError
 
-    def update_job(self, job_id, **fields):
+    def update_job(self, job_id: str, **fields: str) -> None:
         raise NotImplementedError
 
-    def signal_job(self, job_id, signal, batch=False, full=False):
+    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         raise NotImplementedError

@@ -9,13 +9,16 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from autoheal.k8s_sync.engine import PassResult, Reconciler
 
 
 class Metrics:
     """The daemon's metrics in their own registry (several daemons can live in one test process)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry()
@@ -46,7 +49,7 @@ class Metrics:
         self.last_ok = 0.0
         self.last_loop = time.monotonic()
 
-    def observe_pass(self, res, reconciler) -> None:
+    def observe_pass(self, res: PassResult, reconciler: Reconciler) -> None:
         self.last_loop = time.monotonic()
         self.passes.labels("ok" if res.ok else ("read-error" if res.read_error else "error")).inc()
         self.pass_seconds.observe(res.seconds)
@@ -66,7 +69,7 @@ class Metrics:
             self.last_success.set(time.time())
             self.last_ok = time.monotonic()
 
-    def observe_remediation(self, res) -> None:
+    def observe_remediation(self, res: PassResult) -> None:
         """After a pass that read both sides with the remediate step enabled."""
         if res.read_error:
             return
@@ -95,7 +98,7 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 - http.server API
+            def do_GET(self) -> None:  # noqa: N802 - http.server API
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     body, code, ctype = outer.metrics.render(), 200, "text/plain; version=0.0.4"
@@ -103,8 +106,8 @@ class HealthServer:
                     ok = time.monotonic() - outer.metrics.last_loop < max(60.0, 10 * outer.resync)
                     body, code, ctype = (b"ok\n" if ok else b"loop stalled\n"), (200 if ok else 503), "text/plain"
                 elif path == "/readyz":
-                    ok = outer.metrics.last_ok and time.monotonic() - outer.metrics.last_ok < max(30.0,
-                                                                                                  5 * outer.resync)
+                    ok = bool(outer.metrics.last_ok) and time.monotonic() - outer.metrics.last_ok < max(
+                        30.0, 5 * outer.resync)
                     body, code, ctype = (b"ok\n" if ok else b"not ready: no successful read yet/lately\n"), \
                         (200 if ok else 503), "text/plain"
                 else:
@@ -115,7 +118,7 @@ class HealthServer:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, *args):  # access logs would drown the structured log
+            def log_message(self, *args: Any) -> None:  # access logs would drown the structured log
                 pass
 
         self.httpd = ThreadingHTTPServer((address, port), Handler)

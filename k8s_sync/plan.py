@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -26,6 +26,9 @@ from autoheal.slurm.model import Node
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.mapping import Binding, map_nodes
+
+if TYPE_CHECKING:
+    from autoheal.config.sync_section import SyncSection
 
 # Action kinds
 POD_STATUS = "pod-status"
@@ -91,7 +94,7 @@ class Context:
     retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
 
 
-def make_context(snap: Snapshot, cfg) -> Context:
+def make_context(snap: Snapshot, cfg: SyncSection) -> Context:
     result = map_nodes(snap.slurm.keys(), snap.nodes, snap.pods, cfg.mapping, cfg.pod_key, cfg.node_label,
                        cfg.namespace)
     return Context(snap, cfg, result.bindings, list(result.problems))
@@ -107,7 +110,7 @@ def slurm_to_pods(ctx: Context) -> List[Action]:
     out = []
     for name, b in sorted(ctx.bindings.items()):
         pod = ctx.snap.pods.get(b.pod or "")
-        if pod is None:
+        if pod is None or b.pod is None:
             continue
         node = ctx.snap.slurm[name]
         changed, stale = cond.diff_conditions(pod, cond.slurm_pod_conditions(node, prefix),
@@ -158,15 +161,15 @@ def health_to_nodes(ctx: Context) -> List[Action]:
         if cfg.taint_unhealthy:
             want = {"key": cfg.taint_key, "value": names.label_value(code), "effect": cfg.taint_effect} \
                 if drains else None
-            body = cond.taint_patch(knode, cfg.taint_key, want)
-            if body is not None:
-                if drains:
+            taint_body = cond.taint_patch(knode, cfg.taint_key, want)
+            if taint_body is not None:
+                if want is not None:
                     why = f"taint {cfg.taint_key}={want['value']}:{cfg.taint_effect}: {message}"
                     event = ("AutohealTainted", why, "Warning")
                 else:
                     why = f"taint {cfg.taint_key} removed: no autoheal drain left"
                     event = ("AutohealUntainted", why, "Normal")
-                out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "strategic", body,
+                out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "strategic", taint_body,
                                   why=why, event=event))
     return out
 
@@ -182,7 +185,7 @@ def _parse_taint_spec(spec: str) -> Tuple[str, Optional[str], Optional[str]]:
     return spec, value, effect
 
 
-def external_causes(knode: Dict[str, Any], cfg) -> List[Tuple[str, str]]:
+def external_causes(knode: Dict[str, Any], cfg: SyncSection) -> List[Tuple[str, str]]:
     """(what, detail) for every external signal on a Node that takes it out of Slurm, in a fixed order
     (cordon, taints, conditions) so the chosen reason is stable across passes."""
     meta = knode.get("metadata") or {}
@@ -221,7 +224,7 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
     mapped = 0
     for name, b in sorted(ctx.bindings.items()):
         knode = ctx.snap.nodes.get(b.node or "")
-        if knode is None:  # no Node: nothing is known about Kubernetes' view -> change nothing
+        if knode is None or b.node is None:  # no Node: nothing is known about Kubernetes' view -> change nothing
             continue
         mapped += 1
         node = ctx.snap.slurm[name]
@@ -285,7 +288,8 @@ def register_step(name: str, fn: StepFn) -> None:
     STEPS[name] = fn
 
 
-def plan(snap: Snapshot, cfg, steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
+def plan(snap: Snapshot, cfg: SyncSection,
+         steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
     """All steps' actions for one snapshot (step name -> actions) and mapping/safety problems."""
     ctx = make_context(snap, cfg)
     out = {}

@@ -20,13 +20,20 @@ resource, label, annotations) is removed.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
-from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, register_step
+from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
+
+if TYPE_CHECKING:
+    from typing import TypeGuard  # Python 3.10+: annotations only
+
+    from autoheal.config.sync_section import SyncSection
+    from autoheal.k8s_sync.mapping import Binding
 
 STEP = "remediate"
 NOT_IN_SERVICE = ("DOWN", "UNKNOWN", "FUTURE")
@@ -45,7 +52,7 @@ def _labels(obj: Dict[str, Any]) -> Dict[str, str]:
 def _ready(knode: Dict[str, Any]) -> bool:
     for c in ((knode.get("status") or {}).get("conditions") or []):
         if c.get("type") == "Ready":
-            return c.get("status") == "True"
+            return bool(c.get("status") == "True")
     return False
 
 
@@ -64,7 +71,7 @@ def evictable_pods(pods: List[Dict[str, Any]], slurmd_pod: Optional[str]) -> Lis
     return out
 
 
-def cr_name(cfg, kname: str, sname: str) -> str:
+def cr_name(cfg: SyncSection, kname: str, sname: str) -> str:
     """Name of the replacement custom resource for Node ``kname`` (from ``replacement_template``)."""
     try:
         return (R.render_template(cfg.replacement_template, kname, sname, "").get("metadata") or {}).get("name") \
@@ -73,7 +80,7 @@ def cr_name(cfg, kname: str, sname: str) -> str:
         return kname
 
 
-def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg, sname: str = "") -> str:
+def replacement_of(kname: str, knode: Dict[str, Any], snap: Snapshot, cfg: SyncSection, sname: str = "") -> str:
     """The Node name the provider says replaces ``kname`` (custom resource status or annotation)."""
     k = R.keys(cfg.annotation_prefix)
     cr = snap.replacements.get(cr_name(cfg, kname, sname)) if cfg.replacement_action == "custom-resource" else None
@@ -84,12 +91,12 @@ def replacement_of(kname: str, knode: Dict[str, Any], snap, cfg, sname: str = ""
     return _ann(knode).get(k["replacement"], "")
 
 
-def responding(node) -> bool:
+def responding(node: Optional[Node]) -> TypeGuard[Node]:
     """The Slurm node's slurmd registered and answers (not DOWN/UNKNOWN/FUTURE, no ``*``)."""
     return node is not None and node.state not in NOT_IN_SERVICE and "NOT_RESPONDING" not in node.flags
 
 
-def _in_service(node) -> bool:
+def _in_service(node: Optional[Node]) -> bool:
     """Responding and not held: takes jobs (what ``done`` waits for)."""
     return responding(node) and not (node.drain or node.down)
 
@@ -116,10 +123,10 @@ def remediate(ctx: Context) -> List[Action]:
         sname = slurm_of.get(kname) or cur.slurm_node
         snode = snap.slurm.get(sname)
         held = snode is not None and (snode.drain or snode.down)
-        wants = held and R.wants_replace(snode.reason, cfg)
+        wants = held and snode is not None and R.wants_replace(snode.reason, cfg)
         released = snode is not None and not held  # cleared and resumed in Slurm
         if cur.state in R.ACTIVE:
-            if released and not replacement_of(kname, knode, snap, cfg, sname):
+            if released and snode is not None and not replacement_of(kname, knode, snap, cfg, sname):
                 out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "abandoned",
                                     f"Slurm node {sname} was resumed ({snode.state_text}) before a replacement "
                                     f"arrived"))
@@ -127,7 +134,7 @@ def remediate(ctx: Context) -> List[Action]:
             active.append((kname, cur))
             affected.append(sname or kname)
             continue
-        if held and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
+        if held and snode is not None and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
                 and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
             affected.append(sname)  # retired nodes left the pool; spares were never in it
         opted = bool(_ann(knode).get(k["opted-out"]))
@@ -195,7 +202,7 @@ def remediate(ctx: Context) -> List[Action]:
             event = ("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for replacement{lifted}: "
                      f"{reason}", "Warning")
             journal = "remediation"
-        out.append(_state(kname, sname, step.then, prefix, f"quarantined: {reason}", extra=extra, event=event,
+        out.append(_state(kname, sname, _then(step), prefix, f"quarantined: {reason}", extra=extra, event=event,
                           journal=journal))
     affected_names = sorted(set(affected))
     if breaker.check_trip(len(affected), total, now):
@@ -223,12 +230,20 @@ def remediate(ctx: Context) -> List[Action]:
     return out
 
 
-def snode_reason(snap, sname: str) -> str:
+def _then(step: R.Step) -> R.NodeRemediation:
+    """The state a step records (``next_step`` gives one with every step but none, wait and report-opt-out)."""
+    if step.then is None:
+        raise ValueError(f"remediation step {step.do!r} carries no state to record")
+    return step.then
+
+
+def snode_reason(snap: Snapshot, sname: str) -> str:
     node = snap.slurm.get(sname)
     return strip_reason_suffix(node.reason) if node is not None else ""
 
 
-def _state(kname: str, sname: str, then: R.NodeRemediation, prefix: str, why: str, extra=None, event=None,
+def _state(kname: str, sname: str, then: R.NodeRemediation, prefix: str, why: str,
+           extra: Optional[Dict[str, Any]] = None, event: Optional[Tuple[str, str, str]] = None,
            journal: str = "remediation") -> Action:
     body = _deep_merge(then.patch(prefix), extra or {})
     return Action(STEP, NODE_PATCH, kname, sname, "", "merge", body, why=f"{then.state or 'cleared'}: {why}",
@@ -262,7 +277,7 @@ def _opt_out_lifted(kname: str, sname: str, prefix: str, why: str) -> Action:
                          "Normal"), journal="remediation-opt-out-lifted")
 
 
-def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> bool:
+def _leftovers(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], released: bool) -> bool:
     """Anything a past remediation left on a Node that no longer needs one (a crash between writes, an
     operator's retry of a node that healed meanwhile, an older version)."""
     k = R.keys(ctx.cfg.annotation_prefix)
@@ -280,8 +295,8 @@ def _leftovers(ctx: Context, kname: str, sname: str, knode, released: bool) -> b
         and cr_name(ctx.cfg, kname, sname) in ctx.snap.replacements
 
 
-def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation, uncordon: bool, what: str,
-             why: str) -> List[Action]:
+def _cleanup(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], cur: R.NodeRemediation, uncordon: bool,
+             what: str, why: str) -> List[Action]:
     """End a remediation the Slurm node no longer needs: delete the stale request (custom resource), then
     one Node patch dropping every remediation annotation and label and, when ``uncordon``, autoheal's own
     cordon. The request goes first: if its deletion fails the record stays and the next pass retries."""
@@ -325,7 +340,8 @@ def _cleanup(ctx: Context, kname: str, sname: str, knode, cur: R.NodeRemediation
     return out
 
 
-def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: float) -> List[Action]:
+def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.RemediationSettings,
+             now: float) -> List[Action]:
     cfg, snap = ctx.cfg, ctx.snap
     prefix = cfg.annotation_prefix
     knode = snap.nodes[kname]
@@ -343,7 +359,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     # done only once the replacement takes jobs: registered, resumed from its spare drain, and answering
     # (a spare just resumed shows `idle*`, not responding, for a while)
     ready = node_ready and _in_service(spare)
-    step = R.next_step(cur, True, snap.jobs.get(sname, 0), evict if cur.state != "quarantined" else pods,
+    step = R.next_step(cur, True, (snap.jobs or {}).get(sname, 0), evict if cur.state != "quarantined" else pods,
                        ready, settings, now, sname, knode)
     cordon = {"spec": {"unschedulable": True},
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
@@ -354,13 +370,13 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
                             f"by hand or remove the label")
         return _opt_out(kname, sname, step.why, prefix, cur.attempts)
     if step.do == "fail":
-        then = step.then
+        then = _then(step)
         _, note = R.retry_due(then, settings, now)
         return [_state(kname, sname, then, prefix, then.reason,
                        event=("AutohealRemediationFailed", f"Node {kname} (Slurm {sname}): remediation failed: "
                               f"{then.reason}; {note}", "Warning"), journal="remediation-failed")]
     if step.do == "cordon":
-        return [_state(kname, sname, step.then, prefix, "cordoned; evicting its pods", extra=cordon,
+        return [_state(kname, sname, _then(step), prefix, "cordoned; evicting its pods", extra=cordon,
                        event=("AutohealCordoned", f"Node {kname} cordoned for replacement (Slurm {sname})",
                               "Normal"))]
     if cur.state in ("draining", "drained") and not (knode.get("spec") or {}).get("unschedulable"):
@@ -369,7 +385,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
     if step.do in ("evict", "final-evict"):
         final = step.do == "final-evict"
         if final:  # recorded first: the next pass fails the remediation if pods are still there
-            out.append(_state(kname, sname, step.then, prefix, step.why))
+            out.append(_state(kname, sname, _then(step), prefix, step.why))
         deadline = cur.since + settings.drain_timeout_seconds
         for p in evict:
             meta = p.get("metadata") or {}
@@ -380,7 +396,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
                               deadline=deadline, force=final))
         return out
     if step.do == "request-replacement":
-        return out + _request(ctx, kname, sname, step.then, knode)
+        return out + _request(ctx, kname, sname, _then(step), knode)
     if cur.state == "replacing" and step.do == "wait":
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
@@ -399,14 +415,14 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings, now: fl
         if sname in snap.slurm:
             acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
                                why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
-        acts.append(_state(kname, sname, step.then, prefix, f"replaced by {new} (Slurm {new_slurm})",
+        acts.append(_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
                            event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
                                   f"{new_slurm})", "Normal"), journal="remediation-done"))
         return out + acts
     return out
 
 
-def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode) -> List[Action]:
+def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode: Dict[str, Any]) -> List[Action]:
     """State ``replacing`` plus the configured request (label: one patch; others: state first)."""
     cfg = ctx.cfg
     prefix = cfg.annotation_prefix
@@ -440,7 +456,8 @@ def _request_effect(ctx: Context, kname: str, sname: str, reason: str) -> List[A
                    why=f"POST replacement request for {kname}")]
 
 
-def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, knode) -> List[Action]:
+def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation,
+                    knode: Dict[str, Any]) -> List[Action]:
     """In ``replacing``: re-issue a request that a crash lost (all requests are idempotent)."""
     cfg = ctx.cfg
     k = R.keys(cfg.annotation_prefix)
@@ -460,7 +477,7 @@ def _ensure_request(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation
     return []
 
 
-def candidates(snap, cfg, bindings) -> List[str]:
+def candidates(snap: Snapshot, cfg: SyncSection, bindings: Dict[str, Binding]) -> List[str]:
     """Nodes whose pods the engine must read for this step: active remediations and nodes that ask for
     a replacement (new ones, opted-out ones, failed ones that may be retried)."""
     prefix = cfg.annotation_prefix
@@ -478,7 +495,7 @@ def candidates(snap, cfg, bindings) -> List[str]:
     return sorted(out)
 
 
-def needs_requests(snap, cfg) -> bool:
+def needs_requests(snap: Snapshot, cfg: SyncSection) -> bool:
     """Whether the pass must list the replacement custom resources: some Node carries a remediation
     record or autoheal's cordon (a request may have to be found, re-issued or cleaned up)."""
     k = R.keys(cfg.annotation_prefix)

@@ -20,9 +20,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
+
+if TYPE_CHECKING:
+    from autoheal.config.sync_section import SyncSection
 
 STATES = ("quarantined", "draining", "drained", "replacing", "done", "failed")
 ACTIVE = ("quarantined", "draining", "drained", "replacing")
@@ -51,7 +54,7 @@ PENDING_SETTINGS: Dict[str, Any] = {
 }
 
 
-def pending_setting(cfg, name: str) -> Any:
+def pending_setting(cfg: SyncSection, name: str) -> Any:
     return getattr(cfg, name, PENDING_SETTINGS[name])
 
 #: Slurm job states that still hold a node.
@@ -124,7 +127,7 @@ class RemediationSettings:
     max_attempts: int = PENDING_SETTINGS["remediation_max_attempts"]
 
     @classmethod
-    def from_cfg(cls, cfg) -> "RemediationSettings":
+    def from_cfg(cls, cfg: SyncSection) -> "RemediationSettings":
         key, _, value = cfg.opt_out_label.partition("=")
         return cls(key, value, cfg.remediation_grace_seconds, cfg.remediation_drain_timeout_seconds,
                    cfg.remediation_replace_timeout_seconds, float(pending_setting(cfg, "remediation_retry_seconds")),
@@ -144,7 +147,8 @@ def opt_out_pod(pods: List[Dict[str, Any]], cfg: RemediationSettings) -> str:
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
         if labels.get(cfg.opt_out_label) == cfg.opt_out_value:
-            return (pod.get("metadata") or {}).get("namespace", "") + "/" + (pod.get("metadata") or {}).get("name", "")
+            meta = pod.get("metadata") or {}
+            return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
     return ""
 
 
@@ -270,7 +274,7 @@ class Breaker:
     nodes: List[str] = field(default_factory=list)  # the Slurm nodes that made it trip (journal records)
 
     @classmethod
-    def from_cfg(cls, cfg, data: Optional[Dict[str, str]] = None) -> "Breaker":
+    def from_cfg(cls, cfg: SyncSection, data: Optional[Dict[str, str]] = None) -> "Breaker":
         b = cls(cfg.breaker_max_concurrent, cfg.breaker_max_percent, cfg.breaker_rearm_percent,
                 cfg.breaker_window_seconds, cfg.breaker_cooldown_seconds)
         b.load(data or {})
@@ -333,7 +337,7 @@ class Breaker:
 
 
 # ---- which drains ask for a replacement ------------------------------------------------------------
-def wants_replace(reason: str, cfg) -> bool:
+def wants_replace(reason: str, cfg: SyncSection) -> bool:
     """An autoheal drain reason asking for a replacement: one of ``remediate_reasons`` (``autoheal:
     replace: ...``), or a health drain naming an XID in ``remediate_xids``. Retirements never do."""
     parsed = Reason.parse(reason)
@@ -363,7 +367,8 @@ def render_template(template: str, node: str, slurm_node: str, reason: str) -> D
 
     text = template.replace("{node}", esc(node)).replace("{slurm_node}", esc(slurm_node)) \
         .replace("{reason}", esc(reason))
-    return json.loads(text)
+    body: Dict[str, Any] = json.loads(text)  # validated as a JSON object when the config is loaded
+    return body
 
 
 def cr_coordinates(template: str) -> Tuple[str, str, str]:

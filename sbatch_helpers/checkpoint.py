@@ -64,7 +64,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def parse_name(name: str) -> Optional[int]:
     return step if checkpoint_name(step) == name else None
 
 
-def checkpoint_step(path: Union[str, os.PathLike]) -> int:
+def checkpoint_step(path: Union[str, os.PathLike[str]]) -> int:
     """The step of a checkpoint directory (or of a file inside one); ValueError if it is not one."""
     p = Path(path)
     for candidate in (p, p.parent):
@@ -245,7 +245,7 @@ class Owner:
             return cls(job_id=doc["job_id"], token=doc["token"])
         return None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> Dict[str, str]:
         return {"job_id": self.job_id, "token": self.token}
 
     def __str__(self) -> str:
@@ -297,7 +297,7 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_regular(path: Union[str, os.PathLike]) -> int:
+def _open_regular(path: Union[str, os.PathLike[str]]) -> int:
     """A read-only fd of the regular file ``path``; NotRegularFile for anything else (never opened when
     lstat already tells, so no device open() side effects), FileNotFoundError when missing."""
     st = os.lstat(path)
@@ -314,7 +314,7 @@ def _open_regular(path: Union[str, os.PathLike]) -> int:
         raise
 
 
-def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) -> bytes:
+def _read_regular(path: Union[str, os.PathLike[str]], limit: Optional[int] = None) -> bytes:
     """Up to ``limit`` bytes (all without one) of the regular file ``path``; see :func:`_open_regular`."""
     fd = _open_regular(path)
     with open(fd, "rb", closefd=True) as f:
@@ -324,7 +324,7 @@ def _read_regular(path: Union[str, os.PathLike], limit: Optional[int] = None) ->
 def _problem(exc: OSError) -> str:
     """Why a file could not be read, for a rejection reason."""
     if isinstance(exc, NotRegularFile):
-        return exc.strerror
+        return exc.strerror or str(exc)
     if isinstance(exc, FileNotFoundError):
         return "missing"
     return f"unreadable ({exc.strerror or exc})"
@@ -333,7 +333,7 @@ def _problem(exc: OSError) -> str:
 # ---------------------------------------------------------------- turning OSError into one-line CheckpointIOError
 
 
-def _show(path: Union[str, os.PathLike, None]) -> str:
+def _show(path: Union[str, os.PathLike[str], None]) -> str:
     """A path for a one-line message (repr when it holds control characters)."""
     text = os.fsdecode(path) if path is not None else "?"
     return repr(text) if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in text) else text
@@ -347,7 +347,7 @@ def _cause(exc: OSError) -> str:
 
 
 @contextlib.contextmanager
-def _io(what: str, path: Union[str, os.PathLike]) -> Iterator[None]:
+def _io(what: str, path: Union[str, os.PathLike[str]]) -> Iterator[None]:
     """Run a filesystem operation; its OSError becomes CheckpointIOError("<what> <path>: <cause>")."""
     try:
         yield
@@ -530,12 +530,12 @@ def _rmtree(path: Path) -> None:
 class Checkpoint:
     """A checkpoint that passed verification."""
 
-    def __init__(self, path: Path, manifest: dict):
+    def __init__(self, path: Path, manifest: Dict[str, Any]):
         self.path = path
         self.manifest = manifest
         self.step: int = manifest["step"]
         md = manifest.get("metadata")
-        self.metadata: dict = md if isinstance(md, dict) else {}
+        self.metadata: Dict[str, Any] = md if isinstance(md, dict) else {}
         #: who saved it (None for checkpoints saved outside autoheal sbatch or by older versions)
         self.owner: Optional[Owner] = Owner.from_json(manifest.get("owner"))
 
@@ -547,7 +547,7 @@ class Checkpoint:
         return self.path.name
 
     @property
-    def files(self) -> list:
+    def files(self) -> List[str]:
         """Names (relative, '/'-separated) of the files the manifest lists."""
         return sorted(self.manifest["files"])
 
@@ -562,17 +562,18 @@ class Checkpoint:
         NotRegularFile instead of blocking)."""
         return _read_regular(self.file(name))
 
-    def shard_names(self) -> list:
+    def shard_names(self) -> List[str]:
         return sorted(n for n in self.manifest["files"] if _SHARD_RE.match(n))
 
     def read_shard(self, rank: int) -> bytes:
         for n in self.shard_names():
-            if int(_SHARD_RE.match(n).group(1)) == rank:
+            m = _SHARD_RE.match(n)
+            if m is not None and int(m.group(1)) == rank:
                 return self.read_bytes(n)
         raise KeyError(f"checkpoint {self.name} has no shard for rank {rank}")
 
 
-def verify_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
+def verify_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
     """Check one checkpoint directory; return it as a :class:`Checkpoint` or a :class:`Rejection`.
 
     Never raises on bad contents (only on a bad ``verify`` argument).
@@ -674,7 +675,7 @@ def _inside(root: Path, relpath: str) -> Path:
     return root / relpath
 
 
-def read_latest_pointer(directory: Union[str, os.PathLike]) -> Optional[str]:
+def read_latest_pointer(directory: Union[str, os.PathLike[str]]) -> Optional[str]:
     """The checkpoint name in ``latest``, or None when absent, not a regular file or not one of our names."""
     try:
         text = _read_regular(Path(directory) / LATEST, 256).decode("utf-8", "replace").strip()
@@ -703,7 +704,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        directory: Union[str, os.PathLike],
+        directory: Union[str, os.PathLike[str]],
         keep: Optional[int] = 3,
         rank: Optional[int] = None,
         *,
@@ -730,8 +731,8 @@ class CheckpointManager:
         if self.owner is not None and not isinstance(self.owner, Owner):
             raise TypeError(f"owner must be an Owner or None, got {type(owner).__name__}")
         self.allow_foreign = env_allow_foreign(environ) if allow_foreign is None else bool(allow_foreign)
-        self.rejections: list = []
-        self._writing: set = set()
+        self.rejections: List[Rejection] = []
+        self._writing: Set[str] = set()
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, keep={self.keep}, rank={self.rank})"
@@ -746,7 +747,7 @@ class CheckpointManager:
         self,
         step: int,
         payload: Union[Payload, Mapping[str, Payload]],
-        metadata: Optional[dict] = None,
+        metadata: Optional[Dict[str, Any]] = None,
         *,
         filename: str = PAYLOAD,
     ) -> Path:
@@ -769,7 +770,7 @@ class CheckpointManager:
         return self.directory / checkpoint_name(step)
 
     @contextlib.contextmanager
-    def saving(self, step: int, metadata: Optional[dict] = None) -> Iterator[Path]:
+    def saving(self, step: int, metadata: Optional[Dict[str, Any]] = None) -> Iterator[Path]:
         """Yield a temporary folder to write files into; on success publish it as checkpoint ``step``.
 
         On an exception the temporary folder is deleted and nothing is published; an OSError (also one
@@ -807,7 +808,7 @@ class CheckpointManager:
         rank: Optional[int] = None,
         *,
         world_size: Optional[int] = None,
-        metadata: Optional[dict] = None,
+        metadata: Optional[Dict[str, Any]] = None,
         timeout: Optional[float] = None,
     ) -> Path:
         """Write this rank's shard of checkpoint ``step``.
@@ -845,6 +846,7 @@ class CheckpointManager:
             _fault("shard-written")
         if rank != 0:
             return shard
+        assert meta_json is not None  # built on rank 0
         self._writing.add(staging.name)
         try:
             with _not_saved(step, self.directory):
@@ -869,7 +871,7 @@ class CheckpointManager:
             if not missing:
                 return
             if time.monotonic() >= deadline:
-                ranks = sorted(int(_SHARD_RE.match(n).group(1)) for n in missing)
+                ranks = sorted(int(m.group(1)) for m in map(_SHARD_RE.match, missing) if m is not None)
                 raise ShardTimeout(
                     f"checkpoint {staging.name}: timed out after {timeout:g}s waiting for shards of ranks "
                     f"{ranks} (have {world - len(missing)}/{world}); nothing published"
@@ -897,7 +899,7 @@ class CheckpointManager:
                     raise
         raise CheckpointError(f"cannot create a temporary folder {base}-* in {_show(self.directory)}")
 
-    def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[dict] = None) -> None:
+    def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[Dict[str, Any]] = None) -> None:
         files = {}
         def walk_error(exc: OSError) -> None:
             raise exc
@@ -1001,7 +1003,8 @@ class CheckpointManager:
         is_dir = stat.S_ISDIR(st.st_mode)
         other = verify_checkpoint(final, "size") if is_dir else None
         reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
-        if reason:  # another job's checkpoint: never overwritten; kept under a name loading ignores
+        # another job's checkpoint: never overwritten; kept under a name loading ignores
+        if reason and isinstance(other, Checkpoint) and other.owner is not None:
             keep_as = self.directory / f"{final.name}.foreign-{_sanitize(other.owner.token)}-{secrets.token_hex(2)}"
             os.rename(final, keep_as)
             log.warning("checkpoint %s was %s; kept as %s", final, reason.split(":")[0], keep_as.name)
@@ -1027,7 +1030,7 @@ class CheckpointManager:
 
     # ---- pruning
 
-    def prune(self, now: Optional[float] = None) -> list:
+    def prune(self, now: Optional[float] = None) -> List[Path]:
         """Delete surplus checkpoints and stale leftovers; return the deleted paths.
 
         Keeps the newest ``keep`` checkpoints that verify (by size), the one ``latest`` names, and
@@ -1039,8 +1042,8 @@ class CheckpointManager:
         now = time.time() if now is None else now
         pointer = read_latest_pointer(self.directory)
         names = os.listdir(self.directory)
-        ckpts = sorted(((parse_name(n), n) for n in names if parse_name(n) is not None), reverse=True)
-        doomed = []
+        ckpts = sorted(((step, n) for n in names if (step := parse_name(n)) is not None), reverse=True)
+        doomed: List[Tuple[int, Path]] = []
         valid_seen = 0
         for step, name in ckpts:
             path = self.directory / name
@@ -1048,7 +1051,8 @@ class CheckpointManager:
                 continue
             found = verify_checkpoint(path, "size")
             ok = isinstance(found, Checkpoint)
-            if ok and self.foreign_reason(found):  # another job's: neither ours to count nor to delete
+            # another job's: neither ours to count nor to delete
+            if isinstance(found, Checkpoint) and self.foreign_reason(found):
                 continue
             if name == pointer:
                 valid_seen += ok
@@ -1079,7 +1083,7 @@ class CheckpointManager:
 
     # ---- loading
 
-    def checkpoints(self) -> list:
+    def checkpoints(self) -> List[int]:
         """Steps of the folders named like checkpoints (valid or not), oldest first."""
         try:
             names = os.listdir(self.directory)
@@ -1125,7 +1129,7 @@ class CheckpointManager:
             self.rejections = []
             result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
             found = result if isinstance(result, Checkpoint) else None
-            if found is None:
+            if not isinstance(result, Checkpoint):
                 self._reject(result)
         if found is None:
             raise NoValidCheckpoint(self._summary(step))
@@ -1175,7 +1179,7 @@ def _session_token(environ: Optional[Mapping[str, str]] = None) -> str:
     return _sanitize(".".join(p for p in parts if p)) if any(parts) else "local"
 
 
-def _metadata_json(metadata: Optional[dict]) -> str:
+def _metadata_json(metadata: Optional[Dict[str, Any]]) -> str:
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
@@ -1189,10 +1193,10 @@ def _metadata_json(metadata: Optional[dict]) -> str:
 # ---------------------------------------------------------------- runner-facing helpers
 
 
-def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "size", *,
+def find_resume_point(directory: Union[str, os.PathLike[str], None], verify: str = "size", *,
                       owner: Optional[Owner] = _FROM_ENV, allow_foreign: Optional[bool] = None,
                       environ: Optional[Mapping[str, str]] = None,
-                      rejections: Optional[list] = None) -> Optional[Path]:
+                      rejections: Optional[List[Rejection]] = None) -> Optional[Path]:
     """Path of the newest valid checkpoint in ``directory`` (size check by default) that this job may
     resume, or None.
 
@@ -1216,7 +1220,7 @@ def find_resume_point(directory: Union[str, os.PathLike, None], verify: str = "s
     return found.path if found else None
 
 
-def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
+def open_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
                     allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None) -> Checkpoint:
     """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad
     or another job's (owner checks as for :class:`CheckpointManager`)."""
@@ -1232,7 +1236,7 @@ def open_checkpoint(path: Union[str, os.PathLike], verify: str = "sha256", *, ow
     return result
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """``python -m autoheal.sbatch_helpers.checkpoint resume-point DIR [--verify size|sha256]``.
 
     Prints the resume path and exits 0, or prints nothing and exits 1 when there is none.
@@ -1257,7 +1261,7 @@ def main(argv: Optional[list] = None) -> int:
             print(f"autoheal-checkpoint: {exc}", file=sys.stderr)
             return 2
         return 0
-    rejections: list = []
+    rejections: List[Rejection] = []
     found = find_resume_point(args.directory, args.verify, allow_foreign=args.allow_foreign, rejections=rejections)
     for r in rejections:
         print(f"autoheal-checkpoint: skipped {r}", file=sys.stderr)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import Dict, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
 from autoheal.errors import EXIT_PROBLEM, SlurmError
 from autoheal.sbatch_helpers import wrapper
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
 
 CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
            "help_option_names": ["--help"], "max_content_width": 100}
@@ -50,8 +53,10 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 @config_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @handle_errors
-def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, notify, allow_foreign_checkpoint,
-           spare_nodes, min_nodes, dry_run, as_json, config_path, args) -> None:
+def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Optional[int], signal_name: Optional[str],
+           exclude_failed: Optional[bool], notify: Tuple[str, ...], allow_foreign_checkpoint: Optional[bool],
+           spare_nodes: Optional[int], min_nodes: Optional[int], dry_run: bool, as_json: bool,
+           config_path: Optional[str], args: Tuple[str, ...]) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -94,7 +99,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
     """
     cfg = load_cfg(config_path)
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
-    overrides: Dict[str, object] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
+    overrides: Dict[str, Any] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
                                     "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
                                     "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
                                     "spare_nodes": spare_nodes, "min_nodes": min_nodes}
@@ -102,7 +107,7 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
     for key, value in late.items():
         if key == "notify":
             overrides.setdefault("notify", [])
-            overrides["notify"] = list(overrides["notify"]) + list(value)  # type: ignore[arg-type]
+            overrides["notify"] = list(overrides["notify"]) + list(value)
         else:
             overrides[key] = value
     text, script_path = _script_text(sbatch_args, script, script_args)
@@ -127,7 +132,8 @@ def sbatch(max_restarts, checkpoint_dir, grace, signal_name, exclude_failed, not
         click.echo(out, nl=False)
 
 
-def _script_text(sbatch_args, script: Optional[str], script_args) -> Tuple[str, Optional[str]]:
+def _script_text(sbatch_args: Sequence[str], script: Optional[str],
+                 script_args: Sequence[str]) -> Tuple[str, Optional[str]]:
     wrap = None
     opts, _ = wrapper.parse_sbatch_options(sbatch_args)
     for o in opts:
@@ -142,7 +148,7 @@ def _script_text(sbatch_args, script: Optional[str], script_args) -> Tuple[str, 
     return wrapper.read_script(script), os.path.abspath(script)
 
 
-def _submit(plan: wrapper.SubmitPlan, cfg) -> str:
+def _submit(plan: wrapper.SubmitPlan, cfg: Config) -> str:
     from autoheal.slurm.binaries import find_binary
 
     binary = cfg.sbatch.sbatch or find_binary("sbatch", cfg.slurm.bin_dir)

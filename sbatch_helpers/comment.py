@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import List, Mapping, Sequence
+from typing import TYPE_CHECKING, List, Mapping, Sequence
 
 from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
+
+if TYPE_CHECKING:
+    from autoheal.slurm.model import Node
 
 __all__ = ["COMMENT_FIELDS", "CommentState", "Exclusions", "is_runner_comment", "merged_exclusions",
            "node_unhealthy", "plan_exclusions", "split_nodes"]
@@ -96,7 +99,7 @@ def merged_exclusions(user_excluded: Sequence[str], failed: Sequence[str]) -> Li
     return out
 
 
-def node_unhealthy(node) -> bool:
+def node_unhealthy(node: Node) -> bool:
     """A node a requeued job should stay away from: drained, down or not responding."""
     return bool(node.drain or node.down or not node.responding)
 
@@ -114,7 +117,7 @@ class Exclusions:
 
 
 def plan_exclusions(current: Sequence[str], ours_before: Sequence[str], failed: Sequence[str],
-                    node_states: Mapping[str, object]) -> Exclusions:
+                    node_states: Mapping[str, Node]) -> Exclusions:
     """Exclusions for the next run: the user's own kept; ours pruned to nodes still unhealthy, plus
     ``failed``. A node we excluded earlier that is healthy again (resumed, repaired) is dropped, so
     the list never grows without bound and never keeps a job off a fleet that has recovered. A node

@@ -35,10 +35,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
 from autoheal.reasons import is_ours
+
+if TYPE_CHECKING:
+    from autoheal.journal import Journal
+    from autoheal.notify import Notifier
+    from autoheal.slurm.base import SlurmAdapter
+    from autoheal.slurm.model import Job, Node
 from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, node_unhealthy, plan_exclusions,
                                              split_nodes)
 
@@ -76,13 +82,13 @@ class Sightings:
     healthy_since: Dict[str, float] = field(default_factory=dict)
     scheduled: Set[Tuple[str, int]] = field(default_factory=set)  # (job, restart) already nudged
 
-    def stable_view(self, nodes: Mapping[str, object], now: float, prune_after: float) -> Dict[str, object]:
+    def stable_view(self, nodes: Mapping[str, Node], now: float, prune_after: float) -> Dict[str, Node]:
         """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
         as unhealthy: right after a slurmctld restart a drained node can look healthy for a moment (seen
         on the lab), and an exclusion dropped on that glimpse puts a job back on a faulty node."""
         from autoheal.slurm.model import Node
 
-        view: Dict[str, object] = {}
+        view: Dict[str, Node] = {}
         for name, node in nodes.items():
             if node_unhealthy(node):
                 self.healthy_since.pop(name, None)
@@ -103,7 +109,7 @@ class Sightings:
                 del self.first_seen[key]
 
 
-def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now: float,
+def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
          release_after: float, prune_after: float = 0.0) -> List[GuardAction]:
     """What to do this pass (pure but for ``sightings``). ``nodes``: name -> Node for every node Slurm
     knows; a node counts as healthy again only after ``prune_after`` seconds of looking healthy."""
@@ -132,14 +138,14 @@ def plan(jobs: Sequence, nodes: Mapping[str, object], sightings: Sightings, now:
     return actions
 
 
-def _wants_schedule(job, sightings: Sightings, now: float) -> bool:
+def _wants_schedule(job: Job, sightings: Sightings, now: float) -> bool:
     """A job autoheal requeued, pending, not held, past its EligibleTime and not nudged yet this requeue."""
     return (not job.held and job.restart_count >= 1 and job.eligible_time is not None
             and job.eligible_time <= now and (job.job_id, job.restart_count) not in sightings.scheduled
             and (is_runner_comment(job.comment) or is_ours(job.comment)))
 
 
-def _plan_runner_job(job, nodes: Mapping[str, object], sightings: Sightings, now: float, release_after: float,
+def _plan_runner_job(job: Job, nodes: Mapping[str, Node], sightings: Sightings, now: float, release_after: float,
                      actions: List[GuardAction], waiting: List[Tuple[str, int]]) -> None:
     """Release or prune one pending runner job (appends to ``actions`` and ``waiting``)."""
     st = CommentState.parse(job.comment)
@@ -176,7 +182,8 @@ class GuardResult:
 class Guard:
     """One guard loop: ``pass_once()`` reads Slurm, plans and (unless ``dry_run``) acts."""
 
-    def __init__(self, slurm, journal=None, notifier=None, release_after: float = 5.0, dry_run: bool = False,
+    def __init__(self, slurm: SlurmAdapter, journal: Optional[Journal] = None, notifier: Optional[Notifier] = None,
+                 release_after: float = 5.0, dry_run: bool = False,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = print,
                  prune_after: float = 30.0):
         self.slurm = slurm
@@ -245,7 +252,7 @@ class Guard:
 
 
 def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
-                sleep: Callable[[float], None] = time.sleep) -> None:
+                sleep: Callable[[float], object] = time.sleep) -> None:
     """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff."""
     from autoheal.errors import SlurmUnavailable
 

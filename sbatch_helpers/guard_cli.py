@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from typing import Optional
 
 import click
 
@@ -29,7 +30,8 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
 @config_option
 @handle_errors
-def guard(interval, release_after, prune_after, once, dry_run, as_json, config_path) -> None:
+def guard(interval: float, release_after: float, prune_after: float, once: bool, dry_run: bool, as_json: bool,
+          config_path: Optional[str]) -> None:
     """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
 
     \b

@@ -24,7 +24,10 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from autoheal.slurm.model import Node
 
 NONE = "none"  # the comment's ``spares=`` value once every spare is in use (kept: it marks the job)
 SHIM_NAME = "srun"
@@ -184,7 +187,7 @@ def parse_comment_nodes(value: str) -> List[str]:
     return [] if value in ("", NONE) else [n for n in value.split(",") if n]
 
 
-def preswap_targets(sets: NodeSets, nodes: Iterable, batch_host: str = "") -> List[Tuple[str, str]]:
+def preswap_targets(sets: NodeSets, nodes: Iterable[Node], batch_host: str = "") -> List[Tuple[str, str]]:
     """Active nodes (never the batch host) the health check drained for a pre-emptive swap, with the
     reason: ``[("gpu2", "autoheal: pre-emptive swap: row remap pending on GPU 0 of gpu2")]``."""
     from autoheal.reasons import is_preswap, strip_reason_suffix
@@ -201,7 +204,7 @@ def checkpoint_taken(at_notice: str, now: str) -> bool:
     return now not in ("", "none") and now != at_notice
 
 
-def preswap_only(node) -> bool:
+def preswap_only(node: Node) -> bool:
     """Drained for a pre-emptive swap and otherwise fine: not a fault (the runner swaps it at a
     checkpoint, a fault on another node does not count it as lost)."""
     from autoheal.reasons import is_preswap

@@ -27,11 +27,17 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Union
 
+from autoheal.errors import SlurmError
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers import hotspare as hs
-from autoheal.sbatch_helpers.comment import node_unhealthy
+from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
+
+if TYPE_CHECKING:
+    from autoheal.sbatch_helpers.runner import Child, JobIdentity, RunnerOptions
+    from autoheal.slurm.base import SlurmAdapter
+    from autoheal.slurm.model import Job, Node
 
 #: Seconds between the runner's looks at its active nodes for a pre-emptive-swap drain (one
 #: ``scontrol show node``) and, once one is seen, at the checkpoint directory.
@@ -50,6 +56,45 @@ class HotSpareRun:
     batch_host: str = ""
     swaps: int = 0
     resized = False  # this run removed nodes from the allocation (Slurm may refuse comment updates now)
+
+    if TYPE_CHECKING:  # what these methods use of Runner, which they are mixed into (defined there)
+        opts: RunnerOptions
+        ident: JobIdentity
+        env: Dict[str, str]
+        slurm: Optional[SlurmAdapter]
+        comment: CommentState
+        job_nodes: List[str]
+        checkpoint_dir: str
+        received: Optional[int]
+        requeueing: bool
+        grace_sig: signal.Signals
+        adopt_orphans: bool
+
+        def record(self, event: str, message: str, severity: str = ..., **evidence: Any) -> None: ...
+        def write_comment(self) -> None: ...
+        def _job(self) -> Optional[Job]: ...
+        def _nodes(self, names: Sequence[str]) -> List[Node]: ...
+        @staticmethod
+        def _progress_step(checkpoint: Optional[Path], ckdir: str) -> str: ...
+        def _resume_point(self, ckdir: str) -> Optional[Path]: ...
+        def finish(self, state: str, code: int, message: str, severity: str = ...) -> int: ...
+        def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Sequence[Node],
+                               job: Optional[Job], evidence: Dict[str, Any]) -> int: ...
+        def opts_budget(self) -> float: ...
+
+    @property
+    def _adapter(self) -> SlurmAdapter:
+        """``self.slurm``, in the steps that only run with one (their callers check it first)."""
+        if self.slurm is None:
+            raise SlurmError("no Slurm access")
+        return self.slurm
+
+    @property
+    def _sets(self) -> hs.NodeSets:
+        """``self.hot``, in the methods that only run for a job with hot spares."""
+        if self.hot is None:
+            raise RuntimeError("hot-spare step for a job without hot spares")
+        return self.hot
 
     # ---- setup -----------------------------------------------------------------------------------
     def hot_setup(self, env: Dict[str, str]) -> Dict[str, str]:
@@ -81,19 +126,19 @@ class HotSpareRun:
         return self._hot_env(env)
 
     def _hot_env(self, env: Dict[str, str]) -> Dict[str, str]:
-        return hs.step_env(env, self.hot, str(self.shim_dir) if self.shim_dir else "", self.real_srun)
+        return hs.step_env(env, self._sets, str(self.shim_dir) if self.shim_dir else "", self.real_srun)
 
     def _hot_comment(self) -> None:
-        self.comment.nodes = ",".join(self.hot.active)
-        self.comment.spares = hs.comment_spares(self.hot.spares)
+        self.comment.nodes = ",".join(self._sets.active)
+        self.comment.spares = hs.comment_spares(self._sets.spares)
         self.comment.swaps = str(self.swaps) if self.swaps else ""
 
     # ---- pre-emptive swap --------------------------------------------------------------------------
-    _preswap: Optional[dict] = None
+    _preswap: Optional[Dict[str, Any]] = None
     _preswap_next = 0.0
-    _preswap_given_up: frozenset = frozenset()
+    _preswap_given_up: FrozenSet[str] = frozenset()
 
-    def hot_preswap(self, child) -> Union[None, str, int]:
+    def hot_preswap(self, child: Child) -> Union[None, str, int]:
         """Called while the step runs. An active node drained for a pre-emptive swap (the health check saw
         a warning sign: ``autoheal: pre-emptive swap: ...``) is swapped for a spare at the trainer's next
         checkpoint, as after a fault. Returns "restart" after the swap, an exit code if the swap failed
@@ -149,7 +194,7 @@ class HotSpareRun:
         return self._hot_swap(child, decision, job, f"pre-emptive swap at checkpoint step {step}: {body}")
 
     # ---- faults ----------------------------------------------------------------------------------
-    def hot_fault(self, child, trigger: str) -> Union[None, str, int]:
+    def hot_fault(self, child: Child, trigger: str) -> Union[None, str, int]:
         """A fault signal came, or the user's script ended non-zero. Returns "restart" (a swap was made:
         start the script again), "continue" (bad idle spares dropped: keep waiting), an exit code (the
         step died with a node and the job was requeued), or None (not a node problem, or the signal
@@ -167,15 +212,15 @@ class HotSpareRun:
             if job is None:
                 return None
             allocation = list(job.nodes)
-            names = sorted(set(allocation) | set(self.hot.all))
+            names = sorted(set(allocation) | set(self._sets.all))
             unhealthy = [n.name for n in self._nodes(names) if node_unhealthy(n) and not hs.preswap_only(n)]
-            decision = hs.judge(self.hot, allocation, unhealthy, self.batch_host,
+            decision = hs.judge(self._sets, allocation, unhealthy, self.batch_host,
                                 int(getattr(self.opts, "min_nodes", 0) or 0))
             if decision.kind != hs.NOTHING:
                 break
         else:
             return None
-        if any(n not in allocation for n in self.hot.all):
+        if any(n not in allocation for n in self._sets.all):
             self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
         if self.resized and decision.drop and decision.kind != hs.REQUEUE:
             # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
@@ -196,8 +241,8 @@ class HotSpareRun:
                 self._write_spares()
                 self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
                             f"unhealthy, released from the allocation; the step goes on on "
-                            f"{','.join(self.hot.active)}", "action", node=decision.drop[0],
-                            dropped=",".join(decision.drop), spares=",".join(self.hot.spares))
+                            f"{','.join(self._sets.active)}", "action", node=decision.drop[0],
+                            dropped=",".join(decision.drop), spares=",".join(self._sets.spares))
                 return "continue"
             self.hot = before
             self._hot_comment()
@@ -208,7 +253,7 @@ class HotSpareRun:
             return self._hot_requeue(child, decision, job)
         return self._hot_swap(child, decision, job, trigger)
 
-    def _stop_step(self, child) -> float:
+    def _stop_step(self, child: Child) -> float:
         """Forward the grace signal to the step, wait for it to checkpoint and end; seconds waited."""
         from autoheal.sbatch_helpers.runner import KILL_AFTER_TERM, say
 
@@ -224,7 +269,7 @@ class HotSpareRun:
                 child.wait_group(KILL_AFTER_TERM)
         return time.monotonic() - started
 
-    def _hot_shrink(self, job, drop: Sequence[str]) -> bool:
+    def _hot_shrink(self, job: Job, drop: Sequence[str]) -> bool:
         """Remove ``drop`` from the allocation; False when Slurm refused (the caller falls back)."""
         from autoheal.errors import SlurmError
         from autoheal.sbatch_helpers.runner import retry_step, say
@@ -233,14 +278,14 @@ class HotSpareRun:
             return bool(not drop)
         keep = [n for n in job.nodes if n not in drop]
         try:
-            retry_step(lambda: self.slurm.shrink_job(self.ident.job_id, keep), self.opts_budget(),
+            retry_step(lambda: self._adapter.shrink_job(self.ident.job_id, keep), self.opts_budget(),
                        f"release {','.join(drop)} from job {self.ident.job_id}")
         except SlurmError as exc:
             say(f"warning: cannot release {','.join(drop)} from job {self.ident.job_id}: {exc}")
             return False
         return True
 
-    def _hot_swap(self, child, decision: hs.Decision, job, trigger: str) -> Union[None, str, int]:
+    def _hot_swap(self, child: Child, decision: hs.Decision, job: Job, trigger: str) -> Union[None, str, int]:
         waited = self._stop_step(child)
         fresh = self._job() or job
         latest = self._resume_point(self.checkpoint_dir)
@@ -264,18 +309,18 @@ class HotSpareRun:
         self._write_spares()
         lost, took = ",".join(decision.lost), ",".join(decision.swapped_in)
         what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
-                f"{lost} lost, elastic job continues on {len(self.hot.active)} node(s)"
+                f"{lost} lost, elastic job continues on {len(self._sets.active)} node(s)"
                 + (f" (spare {took} taken)" if took else ""))
         self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); resuming "
-                    f"from checkpoint step {step} on {','.join(self.hot.active)}; no requeue "
-                    f"({len(self.hot.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
-                    lost=lost, spare=took, active=",".join(self.hot.active), spares=",".join(self.hot.spares),
+                    f"from checkpoint step {step} on {','.join(self._sets.active)}; no requeue "
+                    f"({len(self._sets.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
+                    lost=lost, spare=took, active=",".join(self._sets.active), spares=",".join(self._sets.spares),
                     checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps,
                     preemptive=trigger.startswith("pre-emptive"))
         self._next_resume = latest
         return "restart"
 
-    def hot_restart(self, argv: Sequence[str]):
+    def hot_restart(self, argv: Sequence[str]) -> Child:
         """The user's script again, on the new active nodes, resuming from the newest valid checkpoint."""
         from autoheal.sbatch_helpers.runner import Child, build_env
 
@@ -286,7 +331,7 @@ class HotSpareRun:
         env["AUTOHEAL_SWAP_COUNT"] = str(self.swaps)
         return Child(argv, self._hot_env(env), reap_all=self.adopt_orphans)
 
-    def _hot_requeue(self, child, decision: hs.Decision, job) -> int:
+    def _hot_requeue(self, child: Child, decision: hs.Decision, job: Job) -> int:
         """The step died with a node and no spare can replace it: requeue away from it (as after a drain)."""
         from autoheal.sbatch_helpers.runner import EXIT_MAX_RESTARTS
 
@@ -325,7 +370,7 @@ class HotSpareRun:
     def _write_spares(self) -> None:
         if self.shim_dir is not None:
             try:
-                hs.write_spares(self.shim_dir, self.hot.spares)
+                hs.write_spares(self.shim_dir, self._sets.spares)
             except OSError as exc:
                 from autoheal.sbatch_helpers.runner import say
 

@@ -20,12 +20,15 @@ import os
 import signal
 import threading
 import time
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from types import FrameType
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 log = logging.getLogger(__name__)
 
 SignalLike = Union[int, str, signal.Signals]
-Callback = Callable[[int], None]
+Callback = Callable[[int], object]  # called with the signal number; what it returns is ignored
+#: What ``signal.signal`` takes and ``signal.getsignal`` returns: a Python handler, SIG_DFL/SIG_IGN, or None.
+SignalHandler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
 ENV_GRACE_SIGNAL = "AUTOHEAL_GRACE_SIGNAL"
 DEFAULT_GRACE_SIGNAL = signal.SIGUSR2
@@ -84,13 +87,13 @@ class _State:
         self.signum: Optional[int] = None
         self.when: Optional[float] = None
         self.callbacks: List[Callback] = []
-        self.previous: Dict[int, object] = {}  # signum -> handler that was installed before ours
+        self.previous: Dict[int, SignalHandler] = {}  # signum -> handler that was installed before ours
 
 
 _state = _State()
 
 
-def _handler(signum: int, frame: object) -> None:
+def _handler(signum: int, frame: Optional[FrameType]) -> None:
     _state.signum = signum
     _state.when = time.time()
     _state.flag.set()

@@ -24,7 +24,7 @@ PROGRESS_FILE = "autoheal-progress.json"
 _MAX_BYTES = 4096
 
 
-def report_progress(step: int, directory: Union[str, os.PathLike, None] = None,
+def report_progress(step: int, directory: Union[str, os.PathLike[str], None] = None,
                     environ: Optional[Mapping[str, str]] = None) -> Optional[Path]:
     """Record that training reached ``step`` (a checkpoint of the framework's own exists for it).
 
@@ -46,7 +46,7 @@ def report_progress(step: int, directory: Union[str, os.PathLike, None] = None,
     return path
 
 
-def read_progress(directory: Union[str, os.PathLike, None]) -> Optional[int]:
+def read_progress(directory: Union[str, os.PathLike[str], None]) -> Optional[int]:
     """The step of the last ``report_progress`` in ``directory``; None when there is none or it is not
     a small regular file holding a step."""
     from autoheal.sbatch_helpers.checkpoint import _read_regular

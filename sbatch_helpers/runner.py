@@ -40,13 +40,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
                              SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
 from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
+from autoheal.sbatch_helpers.preempt import SignalHandler
+
+if TYPE_CHECKING:
+    from autoheal.journal import Journal
+    from autoheal.notify import Notifier
+    from autoheal.sbatch_helpers.checkpoint import Rejection
+    from autoheal.sbatch_helpers.comment import Exclusions
+    from autoheal.slurm.base import SlurmAdapter
+    from autoheal.slurm.model import Job, Node
 from autoheal.sbatch_helpers.wrapper import WrapperOptions
 
 EXIT_REQUEUED = 0
@@ -147,7 +157,7 @@ class Shield:
 
     def __init__(self, extra: Sequence[int] = ()):
         self.signals = tuple(dict.fromkeys(tuple(SHIELDED) + tuple(extra)))
-        self.saved: Dict[int, object] = {}
+        self.saved: Dict[int, SignalHandler] = {}
 
     def __enter__(self) -> "Shield":
         for sig in self.signals:
@@ -157,7 +167,7 @@ class Shield:
                 pass
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, old in self.saved.items():
             try:
                 signal.signal(sig, old)
@@ -261,8 +271,9 @@ class RunnerOptions(WrapperOptions):
 class Runner(HotSpareRun):
     """One run of the job under the runner (see the module docstring)."""
 
-    def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm=None, journal=None, notifier=None,
-                 env: Optional[Mapping[str, str]] = None, sacct: Callable[[str], Optional[List[str]]] = None,
+    def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm: Optional[SlurmAdapter] = None,
+                 journal: Optional[Journal] = None, notifier: Optional[Notifier] = None,
+                 env: Optional[Mapping[str, str]] = None, sacct: Optional[Callable[[str], Optional[List[str]]]] = None,
                  clock: Callable[[], float] = time.time, adopt_orphans: bool = True):
         self.opts = opts
         self.ident = ident
@@ -281,7 +292,7 @@ class Runner(HotSpareRun):
         self.job_nodes: List[str] = []
 
     # ---- records ---------------------------------------------------------------------------------
-    def record(self, event: str, message: str, severity: str = "info", **evidence) -> None:
+    def record(self, event: str, message: str, severity: str = "info", **evidence: Any) -> None:
         say(message)
         rec = None
         # Filed under the node concerned (the faulty one), else the node running this batch shell, so
@@ -344,7 +355,7 @@ class Runner(HotSpareRun):
         except SlurmError:  # SlurmNotSupported (pyslurm), or a failure: as without accounting
             return None
 
-    def _job(self):
+    def _job(self) -> Optional[Job]:
         if self.slurm is None or not self.ident.job_id:
             return None
         try:
@@ -353,7 +364,7 @@ class Runner(HotSpareRun):
             say(f"warning: cannot read job {self.ident.job_id}: {exc}")
             return None
 
-    def _nodes(self, names: Sequence[str]):
+    def _nodes(self, names: Sequence[str]) -> List[Node]:
         if self.slurm is None or not names:
             return []
         try:
@@ -417,7 +428,7 @@ class Runner(HotSpareRun):
                          reason=self.cause.kind if self.cause else None, grace_signal=self.opts.signal)
 
     @staticmethod
-    def _progress_step(checkpoint, ckdir: str) -> str:
+    def _progress_step(checkpoint: Optional[Path], ckdir: str) -> str:
         """The step reached: autoheal's newest valid checkpoint, else the framework's own progress marker
         (`report_progress`), else "none"."""
         from autoheal.sbatch_helpers.checkpoint import checkpoint_step
@@ -431,18 +442,18 @@ class Runner(HotSpareRun):
         marked = read_progress(ckdir)
         return "none" if marked is None else str(marked)
 
-    def _resume_point(self, ckdir: str):
+    def _resume_point(self, ckdir: str) -> Optional[Path]:
         """The newest valid checkpoint this job may resume (another job's with the same id is refused,
         and each checkpoint passed over is named in the job's output)."""
         from autoheal.sbatch_helpers.checkpoint import find_resume_point
 
-        rejected: List = []
+        rejected: List[Rejection] = []
         found = find_resume_point(ckdir, environ=self.env, rejections=rejected)
         for item in rejected:
             say(f"skipped checkpoint {item}")
         return found
 
-    def _on_signal(self, signum, frame) -> None:
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.requeueing:
             return  # Slurm's kill sequence after our own requeue: finish what we are doing
         if self.received is None:
@@ -577,8 +588,9 @@ class Runner(HotSpareRun):
         self.comment.state = state
         self.write_comment()
 
-    def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes, job,
-                           evidence: Dict[str, object]) -> int:
+    def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Sequence[Node],
+                           job: Optional[Job],
+                           evidence: Dict[str, Any]) -> int:
         """Requeue (the checkpoint is already written) and say what happened; the exit code."""
         try:
             outcome, excluded = self.requeue(cause, nodes, job, next_restart, step)
@@ -600,13 +612,14 @@ class Runner(HotSpareRun):
                     f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
         return EXIT_REQUEUED
 
-    def _requeue_failed(self, message: str, evidence: Dict[str, object]) -> int:
+    def _requeue_failed(self, message: str, evidence: Dict[str, Any]) -> int:
         self.comment.state = "requeue-failed"
         self.write_comment()
         self.record("job-requeue-failed", message, "error", **evidence)
         return 1
 
-    def requeue(self, cause: causes.Cause, nodes, job, next_restart: int = 0, step: str = "none"):
+    def requeue(self, cause: causes.Cause, nodes: Sequence[Node], job: Optional[Job], next_restart: int = 0,
+                step: str = "none") -> Tuple[str, List[str]]:
         """Requeue; after a node problem keep the job off the bad nodes while it is pending.
 
         Returns ("requeued" | "already-requeued", nodes autoheal excludes). Every Slurm call is
@@ -626,7 +639,7 @@ class Runner(HotSpareRun):
                 # One call is the whole requeue: nothing to finish if we are killed after it.
                 self._note_restart(next_restart, cause, step, "requeued")
                 try:
-                    retry_step(lambda: self.slurm.requeue(job_id), budget, f"scontrol requeue {job_id}")
+                    retry_step(lambda: self._adapter.requeue(job_id), budget, f"scontrol requeue {job_id}")
                 except SlurmJobAlreadyPending:
                     return "already-requeued", []
                 return "requeued", []
@@ -638,7 +651,7 @@ class Runner(HotSpareRun):
             self.comment.restarts, self.comment.last, self.comment.step = next_restart, cause.label(), step
             self.comment.state, self.comment.excl = "requeueing", ",".join(planned.ours)
             self.comment.guard = ""  # a fresh requeue: what the guard did for an earlier one is history
-            retry_step(lambda: self.slurm.set_job_comment(job_id, self.comment.render()), budget,
+            retry_step(lambda: self._adapter.set_job_comment(job_id, self.comment.render()), budget,
                        f"record the requeue intent of job {job_id}")
             outcome, excl = "requeued", planned
             for attempt in range(1, 4):
@@ -654,7 +667,7 @@ class Runner(HotSpareRun):
             self.write_comment()
         return outcome, excl.ours
 
-    def exclude_while_pending(self, cause: causes.Cause, nodes) -> List[str]:
+    def exclude_while_pending(self, cause: causes.Cause, nodes: Sequence[Node]) -> List[str]:
         """After a requeue someone else made: add the bad nodes to ExcNodeList while the job is pending
         (Slurm's requeue delay leaves the time); nothing when it already runs again or on no node
         problem. Returns autoheal's exclusions now in force."""
@@ -670,12 +683,12 @@ class Runner(HotSpareRun):
         states = {n.name: n for n in self._nodes(sorted(set(bad) | set(ours_before)))}
         with Shield(extra=[int(self.grace_sig)]):
             try:
-                fresh: List = []
-                retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+                fresh: List[Job] = []
+                retry_step(lambda: fresh.append(self._adapter.get_job(job_id)), budget, f"read job {job_id}")
                 if fresh[0].state != "PENDING":
                     return []
                 excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
-                retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
+                retry_step(lambda: self._adapter.set_excluded_nodes(job_id, excl.full), budget,
                            f"exclude {','.join(excl.ours)} from job {job_id}")
             except (SlurmJobNotPending, SlurmNotFound, SlurmJobFinished):
                 return []
@@ -686,21 +699,22 @@ class Runner(HotSpareRun):
             self.write_comment()
         return excl.ours
 
-    def _hold_exclude_release(self, job_id: str, budget: float, ours_before, bad, states, planned):
+    def _hold_exclude_release(self, job_id: str, budget: float, ours_before: List[str], bad: List[str],
+                              states: Dict[str, Node], planned: Exclusions) -> Tuple[str, Exclusions]:
         """requeuehold -> ExcNodeList -> release, each step retried; (outcome, exclusions)."""
         outcome = "requeued"
         try:
-            retry_step(lambda: self.slurm.requeue(job_id, hold=True), budget, f"scontrol requeuehold {job_id}")
+            retry_step(lambda: self._adapter.requeue(job_id, hold=True), budget, f"scontrol requeuehold {job_id}")
         except SlurmJobAlreadyPending:
             outcome = "already-requeued"  # Slurm, xid-watch or the user requeued first: still exclude
         excl = planned
         try:
             # Read the list again now that it is pending: never overwrite a user's exclusion we did not
             # see (the job record may have been unreadable before the hold).
-            fresh: List = []
-            retry_step(lambda: fresh.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+            fresh: List[Job] = []
+            retry_step(lambda: fresh.append(self._adapter.get_job(job_id)), budget, f"read job {job_id}")
             excl = plan_exclusions(list(fresh[0].excluded_nodes), ours_before, bad, states)
-            retry_step(lambda: self.slurm.set_excluded_nodes(job_id, excl.full), budget,
+            retry_step(lambda: self._adapter.set_excluded_nodes(job_id, excl.full), budget,
                        f"exclude {','.join(excl.ours)} from job {job_id}")
             if self.hot is not None:
                 self.hot_restore_size(job_id)
@@ -708,13 +722,13 @@ class Runner(HotSpareRun):
             say(f"warning: job {job_id} is no longer pending; not excluding {','.join(excl.ours)}")
         except (SlurmNotFound, SlurmJobFinished):
             raise SlurmJobFinished(f"job {job_id} is gone") from None
-        retry_step(lambda: self.slurm.release(job_id), budget, f"scontrol release {job_id}")
+        retry_step(lambda: self._adapter.release(job_id), budget, f"scontrol release {job_id}")
         return outcome, excl
 
     def _requeue_took(self, job_id: str, budget: float) -> bool:
         """The job is pending again, or already on its next run (a higher restart count)."""
-        seen: List = []
-        retry_step(lambda: seen.append(self.slurm.get_job(job_id)), budget, f"read job {job_id}")
+        seen: List[Job] = []
+        retry_step(lambda: seen.append(self._adapter.get_job(job_id)), budget, f"read job {job_id}")
         job = seen[0]
         return job.state != "RUNNING" or job.restart_count > self.ident.restart_count
 

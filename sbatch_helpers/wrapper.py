@@ -29,11 +29,14 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.errors import AutohealError
 from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
 from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
+
+if TYPE_CHECKING:
+    from autoheal.config.sbatch_section import SbatchSection
 
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
 # The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;
@@ -280,9 +283,9 @@ def parse_signal_spec(value: str) -> Tuple[str, Optional[int]]:
     return sig.name[3:], grace
 
 
-def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, object]:
+def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, Any]:
     """``--grace 60 --max-restarts=3 ...`` (as in ``#AUTOHEAL`` lines) -> {field: value}."""
-    out: Dict[str, object] = {}
+    out: Dict[str, Any] = {}
     args = list(args)
     i = 0
     while i < len(args):
@@ -313,7 +316,7 @@ def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, object]:
                 raise WrapperError(f"{where}: {name} expects an integer, got {value!r}") from None
         elif kind == "list":
             out.setdefault(fld, [])
-            out[fld].append(value)  # type: ignore[union-attr]
+            out[fld].append(value)
         else:
             out[fld] = value
     return out
@@ -338,7 +341,7 @@ def check_options(opts: WrapperOptions) -> WrapperOptions:
     return opts
 
 
-def merge_options(defaults: WrapperOptions, *layers: Dict[str, object]) -> WrapperOptions:
+def merge_options(defaults: WrapperOptions, *layers: Dict[str, Any]) -> WrapperOptions:
     """Apply override layers in order (later wins); ``notify`` lists accumulate."""
     merged = replace(defaults, notify=list(defaults.notify))
     for layer in layers:
@@ -351,13 +354,13 @@ def merge_options(defaults: WrapperOptions, *layers: Dict[str, object]) -> Wrapp
                 if grace is not None:
                     merged.grace = grace
             elif key == "notify":
-                merged.notify.extend(v for v in value if v not in merged.notify)  # type: ignore[union-attr]
+                merged.notify.extend(v for v in value if v not in merged.notify)
             else:
                 setattr(merged, key, value)
     return merged
 
 
-def defaults_from_config(section) -> WrapperOptions:
+def defaults_from_config(section: Optional[SbatchSection]) -> WrapperOptions:
     """WrapperOptions from a config ``[sbatch]`` section (or None: built-in defaults)."""
     if section is None:
         return WrapperOptions()
@@ -378,7 +381,7 @@ class SubmitRequest:
     script_text: str
     script_args: List[str]
     sbatch_args: List[str]  # the user's sbatch options from the command line
-    cli_overrides: Dict[str, object] = field(default_factory=dict)
+    cli_overrides: Dict[str, Any] = field(default_factory=dict)
     defaults: WrapperOptions = field(default_factory=WrapperOptions)
     python: str = "python3"
     sbatch: str = "sbatch"
@@ -403,7 +406,7 @@ class SubmitPlan:
     parsable: bool = False
     token: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         from dataclasses import asdict
 
         return {"argv": self.argv, "script": self.script, "options": asdict(self.options),
@@ -466,7 +469,7 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if _has(cli_opts, "wait") and _has(cli_opts, "parsable"):
         pass  # both are fine; sbatch handles them
 
-    script_layer: Dict[str, object] = {}
+    script_layer: Dict[str, Any] = {}
     user_signal = _has(parsed.sbatch_options, "signal")
     if user_signal and user_signal.value:
         if user_signal.value.upper().startswith(("B:", "RB:", "BR:")):
@@ -613,7 +616,7 @@ def read_script(path: str) -> str:
         raise WrapperError(f"script {name}: is not UTF-8 text") from None
 
 
-def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, object], Optional[str], List[str]]:
+def split_command_line(args: Sequence[str]) -> Tuple[List[str], Dict[str, Any], Optional[str], List[str]]:
     """``[sbatch and wrapper options] SCRIPT [ARGS]`` -> (sbatch args, wrapper overrides, script, args).
 
     Wrapper options may also appear among the sbatch options (before SCRIPT).

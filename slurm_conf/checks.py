@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.slurm_conf import values
 from autoheal.slurm_conf.recommendations import Recommendation
@@ -25,7 +25,7 @@ class Finding:
     effect: str = ""
     kind: str = "setting"  # setting | install
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
 
 
@@ -43,7 +43,7 @@ def lookup(conf: Dict[str, str], key: str) -> Optional[str]:
 def preemption_enabled(conf: Dict[str, str]) -> bool:
     """True when PreemptType names a real preemption plugin."""
     ptype = lookup(conf, "PreemptType")
-    return not values.is_null(ptype) and ptype.strip().lower() != "preempt/none"
+    return ptype is not None and not values.is_null(ptype) and ptype.strip().lower() != "preempt/none"
 
 
 def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:

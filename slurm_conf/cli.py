@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import TYPE_CHECKING, Dict
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, print_json
 from autoheal.errors import ConfigError, SlurmParseError
 from autoheal.slurm_conf.recommendations import KNOWN_VERSIONS
+
+if TYPE_CHECKING:
+    from autoheal.slurm_conf.doctor import Report
 
 _MARK = {"ok": "ok  ", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
 
@@ -71,7 +74,7 @@ def slurm_conf(version: str, fmt: str, merge_with: str) -> None:
         click.echo("\n".join(fragment.render_conf(version, existing)))
 
 
-def _print_report(report, strict: bool) -> None:
+def _print_report(report: Report, strict: bool) -> None:
     click.echo(f"autoheal doctor: Slurm {report.slurm_version} "
                f"(recommendations for {report.recommendations_for})")
     for kind, title in (("setting", "slurm.conf settings"), ("install", "installation on this node")):

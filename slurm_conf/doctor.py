@@ -8,12 +8,16 @@ Nothing here changes Slurm, the config or the journal.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.errors import SlurmParseError
 from autoheal.slurm_conf import checks, install_checks
 from autoheal.slurm_conf.checks import Finding
 from autoheal.slurm_conf.recommendations import for_version, nearest_known, version_tuple
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
+    from autoheal.slurm import SlurmAdapter
 
 
 @dataclass
@@ -30,7 +34,7 @@ class Report:
     def summary(self) -> Dict[str, int]:
         return {s: sum(1 for f in self.findings if f.status == s) for s in checks.STATUSES}
 
-    def to_dict(self, strict: bool = False) -> dict:
+    def to_dict(self, strict: bool = False) -> Dict[str, Any]:
         code = self.exit_code(strict)
         return {"ok": code == 0, "exit_code": code, "strict": strict, "slurm_version": self.slurm_version,
                 "recommendations_for": self.recommendations_for, "summary": self.summary(),
@@ -60,11 +64,12 @@ def diagnose(conf: Dict[str, str], nodes_gpus: Optional[Dict[str, int]] = None,
     return Report(version, nearest_known(parsed), findings)
 
 
-def gather(adapter) -> tuple:
+def gather(adapter: SlurmAdapter) -> Tuple[Dict[str, str], Optional[Dict[str, int]]]:
     """(show config dict, {node: gpu count} or None when nodes cannot be listed)."""
     from autoheal.errors import SlurmError
 
     conf = adapter.show_config()
+    nodes: Optional[Dict[str, int]]
     try:
         nodes = {n.name: n.gpu_count for n in adapter.list_nodes()}
     except SlurmError:
@@ -72,7 +77,7 @@ def gather(adapter) -> tuple:
     return conf, nodes
 
 
-def installation(conf: Dict[str, str], cfg, config_finding: Finding) -> List[Finding]:
+def installation(conf: Dict[str, str], cfg: Config, config_finding: Finding) -> List[Finding]:
     """This node's installation: hooks, config, NVML and xid-watch (on GPU nodes), journal."""
     found = [config_finding]
     found += install_checks.check_hooks(conf)
@@ -88,6 +93,6 @@ def installation(conf: Dict[str, str], cfg, config_finding: Finding) -> List[Fin
     return found
 
 
-def expected_gpus_of(cfg) -> int:
+def expected_gpus_of(cfg: Optional[Config]) -> int:
     """``hooks.expected_gpus`` when the config defines it, else 0."""
     return int(getattr(getattr(cfg, "hooks", None), "expected_gpus", 0) or 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import textwrap
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.slurm_conf import values
 from autoheal.slurm_conf.recommendations import (KNOWN_VERSIONS, Recommendation, for_version, nearest_known,
@@ -98,7 +98,7 @@ def gres_conf_lines(commented: bool = False) -> List[str]:
     return body
 
 
-def render_json(version: str = AUTO, existing: Optional[Dict[str, str]] = None) -> dict:
+def render_json(version: str = AUTO, existing: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """The fragment as data: version, settings with reasons, gres.conf lines."""
     release, parsed = resolve_version(version)
     recs = for_version(parsed)

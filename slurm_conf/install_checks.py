@@ -8,10 +8,13 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Tuple
 
 from autoheal.slurm_conf import values
 from autoheal.slurm_conf.checks import FAIL, OK, SKIP, WARN, Finding, lookup
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
 
 HOOK_KEYS = ("HealthCheckProgram", "Prolog", "Epilog")
 
@@ -59,7 +62,7 @@ def check_hooks(conf: Dict[str, str]) -> List[Finding]:
     return findings
 
 
-def check_config(config_path: Optional[str]) -> Tuple[Finding, object]:
+def check_config(config_path: Optional[str]) -> Tuple[Finding, Optional[Config]]:
     """The autoheal config validates. Returns (finding, config or None)."""
     from autoheal.config import config_path as resolve, load_config
     from autoheal.errors import ConfigError
@@ -95,7 +98,7 @@ def check_nvml(expected_gpus: int, timeout: float = 10.0, probe: Callable[[], in
     if not expected_gpus:
         return Finding("nvml", SKIP, "NVML", "", "loads on GPU nodes", why,
                        "hooks.expected_gpus is 0 or unset: not a GPU node", kind="install")
-    result: Dict[str, object] = {}
+    result: Dict[str, int | str] = {}
 
     def run() -> None:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.errors import AutohealError
 
@@ -86,7 +86,7 @@ class DataError(AutohealError):
     """The shipped recommendation data is malformed (a packaging bug)."""
 
 
-def _from_table(t: dict) -> Recommendation:
+def _from_table(t: Dict[str, Any]) -> Recommendation:
     known = set(Recommendation.__dataclass_fields__)
     unknown = set(t) - known
     if unknown:

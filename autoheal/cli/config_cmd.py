@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any, Optional
 
 import click
 
@@ -20,7 +21,7 @@ def config() -> None:
 @json_option
 @click.option("--docs", is_flag=True, help="List every setting with its default and what it does.")
 @handle_errors
-def show(config_path, as_json: bool, docs: bool) -> None:
+def show(config_path: Optional[str], as_json: bool, docs: bool) -> None:
     """Print the effective config (file values over defaults)."""
     from autoheal.config import Config, describe, load_config, to_mapping
 
@@ -47,7 +48,7 @@ def show(config_path, as_json: bool, docs: bool) -> None:
         click.echo("")
 
 
-def _toml(value) -> str:
+def _toml(value: Any) -> str:
     import json
 
     if isinstance(value, bool):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from typing import Optional
 
 import click
 
@@ -54,7 +55,8 @@ def _clean(text: str) -> str:
 @config_option
 @json_option
 @handle_errors
-def events(node, job, since, journal_path, config_path, as_json: bool) -> None:
+def events(node: Optional[str], job: Optional[str], since: Optional[str], journal_path: Optional[str],
+           config_path: Optional[str], as_json: bool) -> None:
     """What autoheal saw and did: detections, drains, resumes, requeues, notifications.
 
     Lines that are not records (torn by a crash, garbage, wrong field types) are skipped and counted:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import click
 
@@ -23,7 +23,7 @@ def _module_exists(module: str) -> bool:
 class LazyGroup(click.Group):
     """``lazy_commands`` maps a command name to ``"package.module:attribute"``."""
 
-    def __init__(self, *args, lazy_commands: Optional[Dict[str, str]] = None, **kwargs):
+    def __init__(self, *args: Any, lazy_commands: Optional[Dict[str, str]] = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy_commands = dict(lazy_commands or {})
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Optional, Tuple
 
 import click
 
 from autoheal.cliutil import config_option, handle_errors, json_option, print_json
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
+    from autoheal.nodeops import Outcome
+    from autoheal.slurm import SlurmAdapter
 
 
 @click.group()
@@ -15,7 +21,7 @@ def node() -> None:
     """List nodes, or drain/resume them the way autoheal does (never touching an admin's drain)."""
 
 
-def _slurm(config_path):
+def _slurm(config_path: Optional[str]) -> Tuple[Config, SlurmAdapter]:
     from autoheal.config import load_config
     from autoheal.slurm import get_adapter
 
@@ -27,7 +33,7 @@ def _slurm(config_path):
 @config_option
 @json_option
 @handle_errors
-def list_nodes(config_path, as_json: bool) -> None:
+def list_nodes(config_path: Optional[str], as_json: bool) -> None:
     """Every node with its state and reason; marks the drains that are autoheal's."""
     from autoheal.reasons import is_ours
 
@@ -43,7 +49,7 @@ def list_nodes(config_path, as_json: bool) -> None:
         click.echo(f"{r['name']:<12} {r['state']:<28} {mark} {r['reason']}")
 
 
-def _report(outcome, as_json: bool, journal_cfg) -> None:
+def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:
     from autoheal.journal import Journal
 
     if outcome.changed:
@@ -64,7 +70,7 @@ def _report(outcome, as_json: bool, journal_cfg) -> None:
 @config_option
 @json_option
 @handle_errors
-def drain(name, reason, dry_run, config_path, as_json: bool) -> None:
+def drain(name: str, reason: str, dry_run: bool, config_path: Optional[str], as_json: bool) -> None:
     """Drain NAME with an autoheal reason, unless an admin already drained it (exit 1 then)."""
     from autoheal import nodeops
 
@@ -80,7 +86,7 @@ def drain(name, reason, dry_run, config_path, as_json: bool) -> None:
 @config_option
 @json_option
 @handle_errors
-def resume(name, dry_run, config_path, as_json: bool) -> None:
+def resume(name: str, dry_run: bool, config_path: Optional[str], as_json: bool) -> None:
     """Resume NAME only if autoheal drained it (an admin's drain is left alone: exit 1)."""
     from autoheal import nodeops
 

@@ -72,7 +72,7 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     if "source" in data:
         raise ConfigError(_one_line(f"{source}: unknown key 'source'"))
     try:
-        cfg = from_mapping(Config, data)
+        cfg: Config = from_mapping(Config, data)
     except ConfigError as exc:
         raise ConfigError(_one_line(f"{source}: {exc}")) from None
     except Exception as exc:  # a validator bug: still one line naming the file, never a traceback

@@ -22,16 +22,17 @@ import math
 import re
 import typing
 import unicodedata
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Iterable, Optional
 
 from autoheal.errors import ConfigError
 
 Parser = Callable[[Any], Any]
 
 
-def setting(default: Any = dataclasses.MISSING, *, doc: str, choices=None, min=None, max=None,
+def setting(default: Any = dataclasses.MISSING, *, doc: str, choices: Optional[Iterable[Any]] = None,
+            min: Optional[float] = None, max: Optional[float] = None,
             default_factory: Any = dataclasses.MISSING, parse: Optional[Parser] = None,
-            item: Optional[Parser] = None, multiline: bool = False):
+            item: Optional[Parser] = None, multiline: bool = False) -> Any:
     """A dataclass field with its docstring and validation rules in metadata."""
     meta = {"doc": doc, "choices": tuple(choices) if choices else None, "min": min, "max": max,
             "parse": parse, "item": item, "multiline": multiline}
@@ -74,10 +75,10 @@ def _check_string(key: str, value: str, multiline: bool) -> None:
                               "remove it (it can never be part of a working value)")
 
 
-def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
+def _check_value(key: str, value: Any, tp: Any, meta: Dict[str, Any]) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {show(value)}")
         return from_mapping(tp, value, prefix=key)
@@ -136,13 +137,13 @@ def _check_value(key: str, value: Any, tp: Any, meta: dict) -> Any:
     return value
 
 
-def from_mapping(cls: type, data: dict, prefix: str = "") -> Any:
+def from_mapping(cls: type, data: Dict[Any, Any], prefix: str = "") -> Any:
     """Build ``cls`` from a TOML table, rejecting unknown keys (with a "did you mean") and a setting
     given twice under its two spellings (``max_restarts`` and ``max-restarts``)."""
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs = {}
-    given = {}
+    kwargs: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for key, value in data.items():
         full = key_path(prefix, key)
         name = str(key).replace("-", "_")
@@ -185,7 +186,7 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             out.extend(describe(tp, key))
             continue
         default = f.default if f.default is not dataclasses.MISSING else (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting, show
@@ -13,7 +13,7 @@ from autoheal.errors import ConfigError
 from autoheal.reasons import PREFIX
 
 
-def _list(*items: str):
+def _list(*items: str) -> Callable[[], List[str]]:
     return lambda: list(items)
 
 

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, List, Optional, Tuple
+
 from autoheal.slurm.base import SlurmAdapter
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
+    from autoheal.config.core_sections import SlurmSection
 
 __all__ = ["SlurmAdapter", "Job", "Node", "SlurmVersion", "parse_state", "get_adapter", "backend_notes"]
 
 
-def backend_notes(section, scontrol_found=None) -> list:
+def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) -> List[Tuple[str, str]]:
     """What the configured backend cannot do by itself, as (level, text) lines for `config validate`.
 
     Static (no call to Slurm): level "note" when another route covers it, "error" when a part that
@@ -36,7 +42,7 @@ def backend_notes(section, scontrol_found=None) -> list:
     return notes
 
 
-def get_adapter(config=None) -> SlurmAdapter:
+def get_adapter(config: Optional[Config] = None) -> SlurmAdapter:
     """The backend the config asks for (``[slurm] backend``); imports only what that backend needs."""
     if config is None:
         from autoheal.config import load_config

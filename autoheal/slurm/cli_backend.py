@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
 from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, Node, SlurmVersion
+
+if TYPE_CHECKING:
+    from autoheal.config.core_sections import SlurmSection
 
 
 class CliSlurm(SlurmAdapter):
@@ -35,7 +38,7 @@ class CliSlurm(SlurmAdapter):
         self._version: Optional[SlurmVersion] = None
 
     @classmethod
-    def from_config(cls, section) -> "CliSlurm":
+    def from_config(cls, section: SlurmSection) -> "CliSlurm":
         return cls(bin_dir=section.bin_dir, slurm_conf=section.slurm_conf, timeout=section.timeout,
                    retries=section.retries)
 

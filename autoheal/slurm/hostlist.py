@@ -11,7 +11,9 @@ _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 
 
 def _split_top(expr: str) -> List[str]:
-    parts, depth, cur = [], 0, []
+    parts: List[str] = []
+    depth = 0
+    cur: List[str] = []
     for ch in expr:
         if ch == "[":
             depth += 1

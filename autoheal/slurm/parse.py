@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.errors import SlurmParseError, SlurmUnavailable
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, WarnSignal, parse_state
 
 
-def _loads(text: str, what: str) -> dict:
+def _loads(text: str, what: str) -> Dict[str, Any]:
     try:
         data = json.loads(text)
-    except ValueError as exc:
+    except json.JSONDecodeError as exc:
         snippet = (text or "").strip()[:60]
         raise SlurmParseError(f"{what}: not valid JSON ({exc.msg} at char {exc.pos}); output began {snippet!r}") from None
     if not isinstance(data, dict):
@@ -71,7 +71,7 @@ def _str(value: Any) -> str:
     return str(value)
 
 
-def node_from_json(obj: dict) -> Node:
+def node_from_json(obj: Dict[str, Any]) -> Node:
     """One node object of either JSON layout."""
     if not isinstance(obj, dict) or not obj.get("name"):
         raise SlurmParseError(f"node JSON without a name: {str(obj)[:80]!r}")
@@ -102,7 +102,7 @@ def _job_state(value: Any) -> str:
     return str(value or "UNKNOWN").upper()
 
 
-def job_from_json(obj: dict) -> Job:
+def job_from_json(obj: Dict[str, Any]) -> Job:
     """One job object of either JSON layout."""
     if not isinstance(obj, dict) or _num(obj.get("job_id")) is None:
         raise SlurmParseError(f"job JSON without a job_id: {str(obj)[:80]!r}")
@@ -228,7 +228,7 @@ def parse_show_config(text: str) -> Dict[str, str]:
             out[m.group(1)] = m.group(2).strip()
     if not out:
         raise SlurmParseError("scontrol show config: no Key = value lines found")
-    indexed: Dict[str, List[tuple]] = {}
+    indexed: Dict[str, List[Tuple[int, str]]] = {}
     for key, value in out.items():
         im = _INDEXED_KEY.match(key)
         if im and im.group(1) in _PROGRAM_LIST_KEYS:

@@ -9,24 +9,29 @@ CLI backend unless you have a pyslurm build that matches your Slurm.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TypeVar
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmUnavailable
 from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if
 from autoheal.slurm.hostlist import expand
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
+if TYPE_CHECKING:
+    from autoheal.config.core_sections import SlurmSection
 
-def _import_pyslurm():
+T = TypeVar("T")
+
+
+def _import_pyslurm() -> Any:  # pyslurm has no type information
     try:
-        import pyslurm  # type: ignore
+        import pyslurm
     except ImportError as exc:
         raise SlurmError(f"slurm.backend = 'pyslurm' but pyslurm cannot be imported ({exc}); "
                          f"install a pyslurm build matching your Slurm, or use backend 'cli'") from None
     return pyslurm
 
 
-def _gres_text(value) -> str:
+def _gres_text(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}:{v}" for k, v in value.items())
     return str(value or "")
@@ -37,14 +42,14 @@ class PyslurmSlurm(SlurmAdapter):
 
     name = "pyslurm"
 
-    def __init__(self, module=None):
+    def __init__(self, module: Any = None) -> None:
         self.ps = module or _import_pyslurm()
 
     @classmethod
-    def from_config(cls, section) -> "PyslurmSlurm":
+    def from_config(cls, section: SlurmSection) -> "PyslurmSlurm":
         return cls()
 
-    def _wrap(self, fn, what: str):
+    def _wrap(self, fn: Callable[[], T], what: str) -> T:
         try:
             return fn()
         except self.ps.RPCError as exc:  # pyslurm's error type for failed Slurm calls
@@ -62,7 +67,7 @@ class PyslurmSlurm(SlurmAdapter):
         return SlurmVersion.parse(str(getattr(self.ps, "version", lambda: "")() if callable(
             getattr(self.ps, "version", None)) else getattr(self.ps, "__version__", "")))
 
-    def _node(self, n) -> Node:
+    def _node(self, n: Any) -> Node:
         base, flags = parse_state(str(getattr(n, "state", "") or ""))
         return Node(name=n.name, state=base, flags=flags, reason=str(getattr(n, "reason", "") or ""),
                     reason_user=str(getattr(n, "reason_user", "") or ""),
@@ -75,7 +80,7 @@ class PyslurmSlurm(SlurmAdapter):
         nodes = self._wrap(lambda: self.ps.Nodes.load(), "load nodes")
         return [self._node(n) for n in nodes.values()]
 
-    def _job(self, j) -> Job:
+    def _job(self, j: Any) -> Job:
         array_id = getattr(j, "array_id", None)
         task = getattr(j, "array_task_id", None)
         raw = str(j.id)
@@ -108,7 +113,7 @@ class PyslurmSlurm(SlurmAdapter):
         except Exception:  # any failure means "not answering" for a ping
             return False
 
-    def _modify_node(self, node: str, **changes) -> None:
+    def _modify_node(self, node: str, **changes: Any) -> None:
         self._wrap(lambda: self.ps.Node(node).modify(self.ps.Node(**changes)), f"modify node {node}")
 
     def drain(self, node: str, reason: str) -> None:
@@ -123,7 +128,7 @@ class PyslurmSlurm(SlurmAdapter):
     def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
         raise SlurmNotSupported("the pyslurm backend does not reboot nodes; use the CLI backend")
 
-    def capabilities(self):
+    def capabilities(self) -> Dict[str, str]:
         caps = super().capabilities()
         caps["reboot"] = ""
         caps["batch-script"] = ""  # not read through pyslurm (SlurmNotSupported, the base default)

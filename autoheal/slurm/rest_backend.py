@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from urllib.parse import quote
 
 import requests
@@ -28,6 +28,9 @@ from autoheal.slurm import parse
 from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, not_found_if, with_retries
 from autoheal.slurm.model import Job, Node, SlurmVersion
 
+if TYPE_CHECKING:
+    from autoheal.config.core_sections import SlurmSection
+
 KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
 UNIX_BASE = "http://slurmrestd.local"
 
@@ -37,7 +40,7 @@ class _UnixConnection(HTTPConnection):
         super().__init__("localhost", timeout=timeout)
         self.socket_path = socket_path
 
-    def connect(self):
+    def connect(self) -> None:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         sock.connect(self.socket_path)
@@ -50,7 +53,7 @@ class _UnixPool(HTTPConnectionPool):
         self.socket_path = socket_path
         self._timeout = timeout
 
-    def _new_conn(self):
+    def _new_conn(self) -> _UnixConnection:
         return _UnixConnection(self.socket_path, self._timeout)
 
 
@@ -62,10 +65,11 @@ class UnixSocketAdapter(HTTPAdapter):
         self._timeout = timeout
         super().__init__()
 
-    def get_connection_with_tls_context(self, request, verify, proxies=None, cert=None):  # requests >= 2.32
+    def get_connection_with_tls_context(self, request: Any, verify: Any, proxies: Any = None,
+                                        cert: Any = None) -> _UnixPool:  # requests >= 2.32
         return _UnixPool(self.socket_path, self._timeout)
 
-    def get_connection(self, url, proxies=None):  # older requests
+    def get_connection(self, url: Any, proxies: Any = None) -> _UnixPool:  # older requests
         return _UnixPool(self.socket_path, self._timeout)
 
 
@@ -101,7 +105,7 @@ class RestSlurm(SlurmAdapter):
         return f"RestSlurm(url={self.url!r}, api={self._api or 'auto'})"
 
     @classmethod
-    def from_config(cls, section) -> "RestSlurm":
+    def from_config(cls, section: SlurmSection) -> "RestSlurm":
         token = ""
         if section.rest_token_file:
             try:
@@ -121,7 +125,8 @@ class RestSlurm(SlurmAdapter):
                    section.retries, fallback=fallback)
 
     # ---- HTTP plumbing ---------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: Optional[dict] = None, params: Optional[dict] = None) -> dict:
+    def _request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+                 params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         url = f"{self.base}{path}"
         try:
             resp = self._session.request(method, url, json=body, params=params, timeout=self.timeout)
@@ -130,7 +135,7 @@ class RestSlurm(SlurmAdapter):
         except requests.ConnectionError as exc:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: cannot connect ({type(exc).__name__})") from None
         text = resp.text
-        data: dict = {}
+        data: Dict[str, Any] = {}
         if text.strip():
             try:
                 data = json.loads(text)
@@ -162,7 +167,7 @@ class RestSlurm(SlurmAdapter):
             raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code}")
         return data if isinstance(data, dict) else {}
 
-    def _get(self, path: str, params: Optional[dict] = None) -> dict:
+    def _get(self, path: str, params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         return with_retries(lambda: self._request("GET", path, params=params), self.retries)
 
     @property
@@ -279,7 +284,7 @@ class RestSlurm(SlurmAdapter):
                    for p in pings)
 
     # ---- writes (v0.0.40+) ------------------------------------------------------------------------
-    def _node_update(self, node: str, body: dict, what: str) -> None:
+    def _node_update(self, node: str, body: Dict[str, Any], what: str) -> None:
         if self._writes_via_cli():
             fb = self._via_cli(what)
             if body.get("state") == ["RESUME"]:
@@ -313,7 +318,7 @@ class RestSlurm(SlurmAdapter):
         if self._writes_via_cli():
             return self._via_cli("update jobs").update_job(job_id, **fields)
         self._require_write("update jobs")
-        body: dict = {}
+        body: Dict[str, Any] = {}
         for key, value in fields.items():
             k = key.lower()
             if k in ("excnodelist", "excluded_nodes"):

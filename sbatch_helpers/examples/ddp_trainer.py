@@ -182,7 +182,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
     dist.broadcast(chosen, src=0)  # every rank resumes from rank 0's choice
     step = 0
     if chosen.item() >= 0:
-        if rank != 0:
+        if rank != 0 or found is None:  # rank 0 chose `found` (never None here)
             found = resolve_step(int(chosen.item()), mgr)
         state = _torch_load(found.file(MODEL_FILE))
         model.module.load_state_dict(state["model"])

@@ -29,12 +29,14 @@ import os
 import signal
 import sys
 import time
+from typing import Callable, Optional
 
 
 def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0):
     import lightning.pytorch as pl
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
+    report_progress: Optional[Callable[[int], object]]
     try:
         from autoheal.sbatch_helpers import report_progress
     except ImportError:

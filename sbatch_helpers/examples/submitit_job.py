@@ -43,8 +43,10 @@ import submitit
 try:
     from autoheal.sbatch_helpers import report_progress
 except ImportError:  # autoheal not installed where the job runs: the recipe still works
-    def report_progress(step: int, *args: Any, **kwargs: Any) -> None:
+    def _no_progress(step: int, *args: Any, **kwargs: Any) -> None:
         return None
+
+    report_progress = _no_progress
 
 
 def next_state(state: int, step: int) -> int:
