@@ -279,14 +279,20 @@ class JobSide:
         node = self.ctx.slurm.get_node(node_name)
         drained = node.drain or node.down
         closed = None
+        # A pre-emptive swap's drain is not a fault: the job runs on and its runner swaps the node at the
+        # next checkpoint. Seen while an older fault's episode is still open, the node was resumed in
+        # between (faster than this loop looked): that episode is over, its jobs must not be signalled.
+        from autoheal.reasons import is_preswap
+
+        fault_drain = drained and not (ours is None and is_preswap(node.reason))
         with self.ctx.store.locked() as st:
             migrate(st)
             ep = st.get("episode")
-            if drained and (ep or ours is not None or is_health_reason(node.reason)):
+            if fault_drain and (ep or ours is not None or is_health_reason(node.reason)):
                 if not ep:
                     reason = ours.reason if ours is not None else node.reason
                     ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
-            elif not drained and ep:
+            elif not fault_drain and ep:
                 closed = self._close_episode(st, ep, now)
                 ep = None
             elif not drained and st.get("reboot_requested"):

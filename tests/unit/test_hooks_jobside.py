@@ -405,3 +405,28 @@ def test_a_runner_not_up_yet_gets_no_signal_that_would_kill_its_batch_shell(tmp_
     assert "requeue 4_2" in ctx.slurm.writes("requeue") and "signal 4_2 USR2 batch" not in ctx.slurm.calls
     assert J.runner_state("autoheal-runner restarts=2 state=running | state=user") == "running"
     assert J.runner_state("autoheal-runner | state=running") == ""
+
+
+def test_a_preswap_drain_seen_with_an_old_fault_episode_open_signals_nobody(tmp_path):
+    """Seen in CI: XID 79 on a node (episode open, no jobs), the node repaired and resumed faster than
+    xid-watch looked, then the health check drained it for a pre-emptive swap under a hot-spare job.
+    xid-watch took the new drain for the old fault and sent the runner its grace signal: the runner
+    requeued the job instead of swapping the node at its next checkpoint."""
+    ctx = make_ctx(tmp_path)
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.store.read()["episode"]
+    ctx.slurm.resume("n1")
+    ctx.slurm.add_job("8", comment="autoheal-runner nodes=n1,n2 state=running spares=n3")
+    ctx.slurm.drain("n1", "autoheal: pre-emptive swap: row remap pending on GPU 0 of n1")
+    js.step(now=150.0, force=True)
+    js.step(now=200.0, force=True)
+    assert not ctx.slurm.writes("signal") and not ctx.slurm.writes("requeue")
+    assert ctx.store.read()["episode"] is None
+    # a real fault on top of it still moves the job (the fault's drain replaces the pre-emptive reason)
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 210.0)
+    js.step(now=210.0, urgent=True)
+    assert ctx.slurm.writes("signal") == ["signal 8 USR2 batch"]
