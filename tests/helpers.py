@@ -5,6 +5,22 @@ from __future__ import annotations
 import time
 
 
+def wait_text(path, pattern: str, timeout: float, count: int = 1) -> list:
+    """Wait until ``pattern`` matches ``count`` times in the file ``path``; return the matches."""
+    import re
+
+    rx = re.compile(pattern, re.M)
+    deadline = time.monotonic() + timeout
+    text = ""
+    while time.monotonic() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        found = rx.findall(text)
+        if len(found) >= count:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(f"{pattern!r} x{count} not in {path} within {timeout}s; output:\n{text[-3000:]}")
+
+
 def wait_for(pred, timeout: float = 10.0, what: str = "condition", step: float = 0.1):
     """Poll ``pred`` until it returns something truthy (returned) or fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

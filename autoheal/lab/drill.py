@@ -182,6 +182,9 @@ class OutputTail:
 class Drill:
     """Runs one drill on ``lab`` (already up)."""
 
+    #: A trainer output line that says how far training got (the example trainer's ``... step=N``).
+    PROGRESS_RX = re.compile(r"(?:^|\s)step=(\d+)$")
+
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
                  phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False):
         from autoheal.slurm.cli_backend import CliSlurm
@@ -342,9 +345,8 @@ class Drill:
         def probe():
             if self.resumed_step is None or not self.first_restart_line:
                 return None
-            rx = re.compile(r"(?:^|\s)step=(\d+)$")
             for t, line in self.tail.lines[self.first_restart_line:]:
-                m = rx.search(line.strip())
+                m = self.PROGRESS_RX.search(line.strip())
                 if m and int(m.group(1)) >= self.resumed_step + 5:
                     return t, f"training reached step {m.group(1)}"
             return None

@@ -37,6 +37,8 @@ def submitit_available() -> bool:
 class SubmititDrill(Drill):
     """The drill with a submitit job (one node) instead of the 2-node example trainer."""
 
+    PROGRESS_RX = re.compile(r"submitit-trainer: step=(\d+)")
+
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
                  phase_timeout: float = 240.0, step_seconds: float = 0.1):
         super().__init__(lab, opt_in=opt_in, kube=kube, gpu=gpu, phase_timeout=phase_timeout,
@@ -138,18 +140,6 @@ class SubmititDrill(Drill):
                 raise Contradiction(f"resumed from step {self.resumed_step}, but submitit's checkpoint after the "
                                     f"signal was step {self.saved_step}")
             return t, f"resumed from step {self.resumed_step} on {m.group(2)} (submitit's pickled trainer)"
-        return probe
-
-    def _progress_probe(self) -> Probe:
-        def probe():
-            if self.resumed_step is None or not self.first_restart_line:
-                return None
-            rx = re.compile(r"submitit-trainer: step=(\d+)")
-            for t, line in self.tail.lines[self.first_restart_line:]:
-                m = rx.search(line)
-                if m and int(m.group(1)) >= self.resumed_step + 5:
-                    return t, f"training reached step {m.group(1)}"
-            return None
         return probe
 
     def _record_probe(self) -> Probe:

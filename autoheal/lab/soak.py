@@ -429,7 +429,7 @@ class Soak:
         try:
             os.kill(rec.pid, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            self.notes.append(f"{proc_name} was already gone")
         from autoheal.lab import procs
 
         procs._reap(rec.pid)

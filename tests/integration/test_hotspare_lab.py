@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab
 from autoheal.lab.gpus import inject
 from autoheal.slurm.cli_backend import CliSlurm
+from helpers import cancel_job, wait_for, wait_text
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable
@@ -55,7 +55,7 @@ class HsLab:
         return jid, out, job.batch_host, victim, spares
 
     def cleanup(self, jid: str, nodes=()) -> None:
-        subprocess.run(["scancel", jid], env=self.env, capture_output=True, timeout=30)
+        cancel_job(self.env, jid)
         self.heal(nodes)
 
     def heal(self, nodes) -> None:
@@ -73,28 +73,6 @@ class HsLab:
         return [r for r in self.journal.read(job=jid) if r.event == "job-hot-swap"]
 
 
-def wait_text(path: Path, pattern: str, timeout: float, count: int = 1) -> list:
-    rx = re.compile(pattern, re.M)
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        found = rx.findall(text)
-        if len(found) >= count:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} x{count} not in {path} within {timeout}s; output:\n{text[-3000:]}")
-
-
-def wait_for(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = pred()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not seen within {timeout}s")
 
 
 @pytest.fixture(scope="module")

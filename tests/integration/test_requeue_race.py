@@ -27,8 +27,8 @@ import pytest
 from autoheal import nodeops
 from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
-from helpers import cancel_job
-from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab, wait_text
+from helpers import cancel_job, wait_text
+from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab
 
 PY = sys.executable
 

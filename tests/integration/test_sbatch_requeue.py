@@ -26,6 +26,7 @@ from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.slurm.cli_backend import CliSlurm
+from helpers import wait_text
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable
@@ -74,19 +75,6 @@ class SbLab:
             time.sleep(0.5)
         raise AssertionError(f"job {job_id}: {what} not reached within {timeout}s (last: {job})")
 
-
-def wait_text(path: Path, pattern: str, timeout: float, count: int = 1) -> list:
-    """Wait until ``pattern`` matches ``count`` times in ``path``; return the matches."""
-    rx = re.compile(pattern, re.M)
-    deadline = time.monotonic() + timeout
-    text = ""
-    while time.monotonic() < deadline:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        found = rx.findall(text)
-        if len(found) >= count:
-            return found
-        time.sleep(0.3)
-    raise AssertionError(f"{pattern!r} x{count} not in {path} within {timeout}s; output:\n{text[-3000:]}")
 
 
 @pytest.fixture(scope="module")
