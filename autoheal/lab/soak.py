@@ -506,7 +506,7 @@ class Soak:
             wait = min([next_snap - time.time()] + ([self.events[0][0] - time.time()] if self.events else []))
             time.sleep(max(0.05, min(wait, 0.5)))
 
-    def _settled(self) -> bool:
+    def _jobs_done(self) -> bool:
         s = self._last
         if s is None:
             return False
@@ -515,6 +515,12 @@ class Soak:
             if j.role in ("trainer", "array", "short", "plain") and any(
                     v["state"] in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED") for v in views):
                 return False
+        return True
+
+    def _settled(self) -> bool:
+        s = self._last
+        if s is None or not self._jobs_done():
+            return False
         for n, v in s.nodes.items():
             if node_in_service(v):
                 continue
@@ -527,6 +533,10 @@ class Soak:
     def _settle(self) -> None:
         self.log("faults done: letting the loop settle")
         self._loop(until_events=False, deadline=time.time() + self.opts.settle, done=self._settled)
+        if not self._jobs_done():
+            # "no lost work" is judged on the trainers' final state: a job still running (a loaded machine,
+            # a late restart) gets up to one more settle period to finish, nodes or not
+            self._loop(until_events=False, deadline=time.time() + self.opts.settle, done=self._jobs_done)
         if not self._settled():
             self.notes.append(f"not settled {self.opts.settle:.0f} s after the last fault")
 
