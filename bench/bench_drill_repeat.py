@@ -72,8 +72,8 @@ def measure(runs: int, lab_dir: Path, plain: bool = False, no_kube: bool = False
     def r3(v):
         return None if v is None else round(v, 2)
 
-    return {"dir": str(lab_dir), "saved": str(saved), "runs": runs, "passed": sum(1 for r in rows if r.get("ok")), "plain": plain,
-            "kube": not no_kube,
+    return {"dir": str(lab_dir), "saved": str(saved), "runs": runs, "passed": sum(1 for r in rows if r.get("ok")),
+            "plain": plain, "kube": not no_kube,
             "fault_to_job_running_again_s": {"p50": r3(statistics.median(again)) if again else None,
                                              "p95": r3(percentile(again, 95)), "max": r3(max(again, default=None))},
             "fault_to_drain_s": {"p50": r3(statistics.median(drain)) if drain else None,

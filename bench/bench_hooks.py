@@ -26,7 +26,8 @@ def measure(runs: int = 30) -> dict:
     fakenvml.build_library(tmp / "lib")
     gstate.write_state(tmp / "n1.state", gstate.default_state("n1", 8))
     (tmp / "n1.kmsg").touch()
-    (tmp / "ah.toml").write_text(f'[journal]\npath = "{tmp}/journal.jsonl"\n[hooks]\nstate_dir = "{tmp}/state/{{node}}"\n'
+    (tmp / "ah.toml").write_text(f'[journal]\npath = "{tmp}/journal.jsonl"\n'
+                                 f'[hooks]\nstate_dir = "{tmp}/state/{{node}}"\n'
                                  f'kernel_log = "{tmp}/{{node}}.kmsg"\nexpected_gpus = 8\ndcgm_mapping_dir = ""\n')
     env = dict(os.environ, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
                AUTOHEAL_FAKE_NVML_STATE=str(tmp / "n1.state"), SLURMD_NODENAME="n1", SLURM_JOB_ID="1")

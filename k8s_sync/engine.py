@@ -425,7 +425,8 @@ class Reconciler:
         import urllib.request
 
         kname = action.body.get("node", "")
-        data = _json.dumps({**action.body, "idempotency_key": f"{kname}-{snap.nodes.get(kname, {}).get('metadata', {}).get('uid', '')}"}).encode()
+        uid = snap.nodes.get(kname, {}).get("metadata", {}).get("uid", "")
+        data = _json.dumps({**action.body, "idempotency_key": f"{kname}-{uid}"}).encode()
         req = urllib.request.Request(action.target, data=data, method="POST",
                                      headers={"Content-Type": "application/json", "User-Agent": "autoheal-sync"})
         with urllib.request.urlopen(req, timeout=self.cfg.request_timeout_seconds) as resp:  # noqa: S310

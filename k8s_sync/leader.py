@@ -94,7 +94,7 @@ class LeaderElector:
         self.rounds += 1
         try:
             lease = self.kube.get_lease(self.namespace, self.name)
-            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": int(round(self.duration)),
+            spec = {"holderIdentity": self.identity, "leaseDurationSeconds": round(self.duration),
                     "renewTime": _fmt(now)}
             if lease is None:
                 spec.update(acquireTime=_fmt(now), leaseTransitions=0)

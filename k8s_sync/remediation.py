@@ -6,10 +6,11 @@ stopped: ``<prefix>/remediation-state`` (quarantined -> draining -> drained -> r
 failed), ``-since`` (epoch seconds of entering the state), ``-attempts``, ``-reason``, ``-slurm-node``
 and ``-final-eviction`` (when the last eviction attempt at the drain timeout was made). ``failed`` is
 retried after ``remediation_retry_seconds`` while attempts are left, or by hand (``autoheal sync
-remediation retry NODE``, which clears the state: ``retry_patch``). ``next_step`` says what to do for one node now. A state change is written *with* the
-Node patch it announces (cordon, label: one atomic patch) or *before* a side effect on another object
-(eviction, custom resource, webhook, Slurm), and every side effect is idempotent and re-checked each pass
-(cordon present? request present?), so a crash between two writes neither repeats nor loses an action.
+remediation retry NODE``, which clears the state: ``retry_patch``). ``next_step`` says what to do for one
+node now. A state change is written *with* the Node patch it announces (cordon, label: one atomic patch)
+or *before* a side effect on another object (eviction, custom resource, webhook, Slurm), and every side
+effect is idempotent and re-checked each pass (cordon present? request present?), so a crash between two
+writes neither repeats nor loses an action.
 
 The step is level-triggered: it looks at what Slurm and Kubernetes say *now*, never at a queue of
 past events, so a breaker that re-arms never replays faults that healed meanwhile.
@@ -170,9 +171,10 @@ def retry_due(cur: NodeRemediation, cfg: RemediationSettings, now: float) -> Tup
         return False, (f"no automatic retry left ({cur.attempts} of {cfg.max_attempts} attempts): "
                        "`autoheal sync remediation retry NODE` starts another")
     wait = cur.since + cfg.retry_seconds - now
+    limit = cfg.max_attempts or "unlimited"
     if wait > 0:
-        return False, f"automatic retry in {wait:.0f}s (attempt {cur.attempts + 1} of {cfg.max_attempts or 'unlimited'})"
-    return True, f"retried after {cfg.retry_seconds:.0f}s (attempt {cur.attempts + 1} of {cfg.max_attempts or 'unlimited'})"
+        return False, f"automatic retry in {wait:.0f}s (attempt {cur.attempts + 1} of {limit})"
+    return True, f"retried after {cfg.retry_seconds:.0f}s (attempt {cur.attempts + 1} of {limit})"
 
 
 def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_on_node: List[Dict[str, Any]],

@@ -101,7 +101,8 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
     overrides: Dict[str, Any] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
                                     "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
-                                    "notify": list(notify), "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
+                                    "notify": list(notify),
+                                    "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
                                     "spare_nodes": spare_nodes, "min_nodes": min_nodes}
     overrides = {k: v for k, v in overrides.items() if v not in (None, [])}
     for key, value in late.items():

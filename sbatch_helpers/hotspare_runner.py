@@ -138,7 +138,7 @@ class HotSpareRun:
     _preswap_next = 0.0
     _preswap_given_up: FrozenSet[str] = frozenset()
 
-    def hot_preswap(self, child: Child) -> Union[None, str, int]:
+    def hot_preswap(self, child: Child) -> Union[str, int, None]:
         """Called while the step runs. An active node drained for a pre-emptive swap (the health check saw
         a warning sign: ``autoheal: pre-emptive swap: ...``) is swapped for a spare at the trainer's next
         checkpoint, as after a fault. Returns "restart" after the swap, an exit code if the swap failed
@@ -194,7 +194,7 @@ class HotSpareRun:
         return self._hot_swap(child, decision, job, f"pre-emptive swap at checkpoint step {step}: {body}")
 
     # ---- faults ----------------------------------------------------------------------------------
-    def hot_fault(self, child: Child, trigger: str) -> Union[None, str, int]:
+    def hot_fault(self, child: Child, trigger: str) -> Union[str, int, None]:
         """A fault signal came, or the user's script ended non-zero. Returns "restart" (a swap was made:
         start the script again), "continue" (bad idle spares dropped: keep waiting), an exit code (the
         step died with a node and the job was requeued), or None (not a node problem, or the signal
@@ -285,7 +285,7 @@ class HotSpareRun:
             return False
         return True
 
-    def _hot_swap(self, child: Child, decision: hs.Decision, job: Job, trigger: str) -> Union[None, str, int]:
+    def _hot_swap(self, child: Child, decision: hs.Decision, job: Job, trigger: str) -> Union[str, int, None]:
         waited = self._stop_step(child)
         fresh = self._job() or job
         latest = self._resume_point(self.checkpoint_dir)

@@ -21,8 +21,8 @@ class SbatchSection:
     max_restarts: int = setting(5, doc="Stop requeueing after this many restarts.", min=0, max=1000)
     checkpoint_dir: str = setting("", doc="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j (job id, "
                                   "123 or 123_4 for array tasks), %A, %a, %x (job name) and %u (user) are "
-                                  "expanded at run time. Empty: <submit dir>/autoheal-checkpoints/%j-<token>, the token made at "
-                                  "submission (a job id that comes back never shares a folder).",
+                                  "expanded at run time. Empty: <submit dir>/autoheal-checkpoints/%j-<token>, "
+                                  "the token made at submission (a job id that comes back never shares a folder).",
                                   parse=V.path)
     exclude_failed: bool = setting(True, doc="After a node problem, add the failed node to the job's "
                                    "excluded nodes before it restarts (merged with the user's own --exclude).")

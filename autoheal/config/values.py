@@ -58,7 +58,7 @@ def http_url(value: str) -> str:
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"{show(value)} must start with http:// or https://")
     try:
-        parts.port  # raises for a port out of range or not a number
+        _ = parts.port  # raises for a port out of range or not a number
         host = parts.hostname
     except ValueError as exc:
         raise ValueError(f"{show(value)}: {exc}") from None

@@ -49,8 +49,8 @@ class CliSlurm(SlurmAdapter):
         argv = [find_binary(tool, self.bin_dir, self._env.get("PATH")), *args]
         limit = self.timeout if timeout is None else timeout
         try:
-            res = subprocess.run(argv, env=self._env if env is None else env, capture_output=True, text=True, timeout=limit,
-                                 stdin=subprocess.DEVNULL)
+            res = subprocess.run(argv, env=self._env if env is None else env, capture_output=True, text=True,
+                                 timeout=limit, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             raise SlurmUnavailable(f"{tool} {' '.join(args[:3])}: no answer within {limit:g}s "
                                    f"(slurmctld down or unreachable?)") from None

@@ -21,7 +21,8 @@ def _loads(text: str, what: str) -> Dict[str, Any]:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         snippet = (text or "").strip()[:60]
-        raise SlurmParseError(f"{what}: not valid JSON ({exc.msg} at char {exc.pos}); output began {snippet!r}") from None
+        raise SlurmParseError(f"{what}: not valid JSON ({exc.msg} at char {exc.pos}); "
+                              f"output began {snippet!r}") from None
     if not isinstance(data, dict):
         raise SlurmParseError(f"{what}: expected a JSON object, got {type(data).__name__}")
     errors = data.get("errors") or []
@@ -83,7 +84,8 @@ def node_from_json(obj: Dict[str, Any]) -> Node:
     parts = obj.get("partitions") or []
     return Node(name=str(obj["name"]), state=base, flags=flags, reason=_str(obj.get("reason")),
                 reason_user=_str(obj.get("reason_set_by_user")), reason_time=_num(obj.get("reason_changed_at")),
-                gres=_str(obj.get("gres")), partitions=tuple(parts if isinstance(parts, list) else str(parts).split(",")),
+                gres=_str(obj.get("gres")),
+                partitions=tuple(parts if isinstance(parts, list) else str(parts).split(",")),
                 cpus=_num(obj.get("cpus")) or 0)
 
 
@@ -370,7 +372,7 @@ def gpu_indices(text: str) -> List[int]:
                 out.append(int(part))
         except ValueError:
             return []
-    return sorted(set(i for i in out if 0 <= i < 1024))
+    return sorted({i for i in out if 0 <= i < 1024})
 
 
 def job_gpus_from_show_job(text: str, node: str) -> List[int]:

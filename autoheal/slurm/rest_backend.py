@@ -112,7 +112,8 @@ class RestSlurm(SlurmAdapter):
                 with open(section.rest_token_file, encoding="utf-8") as fh:
                     token = fh.read().strip()
             except OSError as exc:
-                raise SlurmError(f"slurm.rest_token_file {section.rest_token_file}: cannot read: {exc.strerror}") from None
+                raise SlurmError(f"slurm.rest_token_file {section.rest_token_file}: "
+                                 f"cannot read: {exc.strerror}") from None
         elif section.rest_token_env:
             token = os.environ.get(section.rest_token_env, "")
         from autoheal.slurm.binaries import maybe_binary

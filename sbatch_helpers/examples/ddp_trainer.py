@@ -197,7 +197,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
         if rank == 0 and mgr is not None:
             meta = {"trainer": "ddp", "world_size": world, "state": state_digest(model.module)}
             with mgr.saving(step, meta) as tmp:
-                torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step}, tmp / MODEL_FILE)
+                torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step},
+                           tmp / MODEL_FILE)
             path = mgr.directory / ck.checkpoint_name(step)
             say(f"checkpoint saved step={step} path={path}")
         else:

@@ -23,7 +23,7 @@ def run_doctor(handle, *args, extra_env=None):
     try:
         data = json.loads(res.stdout)
     except ValueError:
-        raise AssertionError(f"doctor printed no JSON (rc {res.returncode}): {res.stdout} {res.stderr}")
+        raise AssertionError(f"doctor printed no JSON (rc {res.returncode}): {res.stdout} {res.stderr}") from None
     return res.returncode, data, {f["id"]: f for f in data.get("findings", [])}
 
 

@@ -196,9 +196,12 @@ def test_health_queries_follow_state_changes_without_reinit(lib_dir: Path, node:
             h = n.nvmlDeviceGetHandleByIndex(i)
             fv = n.nvmlDeviceGetFieldValues(h, [RA, 9999])
             return {
-                "ecc_dbe_vol": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC),
-                "ecc_dbe_agg": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_AGGREGATE_ECC),
-                "ecc_sbe_vol": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED, n.NVML_VOLATILE_ECC),
+                "ecc_dbe_vol": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                             n.NVML_VOLATILE_ECC),
+                "ecc_dbe_agg": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                                             n.NVML_AGGREGATE_ECC),
+                "ecc_sbe_vol": n.nvmlDeviceGetTotalEccErrors(h, n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                                             n.NVML_VOLATILE_ECC),
                 "ecc_mode": n.nvmlDeviceGetEccMode(h),
                 "remap": list(n.nvmlDeviceGetRemappedRows(h)),
                 "nvlink": [n.nvmlDeviceGetNvLinkState(h, l) for l in range(18)],
@@ -275,7 +278,8 @@ def test_unsupported_features_per_arch_and_explicit(lib_dir: Path, node: Path):
         h0, h1, h2, h3 = (n.nvmlDeviceGetHandleByIndex(i) for i in range(4))
         out["v100_remap"] = err(n.nvmlDeviceGetRemappedRows, h0)
         out["v100_dbe_pages"] = n.nvmlDeviceGetRetiredPages_v2(h0, n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)
-        out["v100_sbe_pages"] = n.nvmlDeviceGetRetiredPages(h0, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        out["v100_sbe_pages"] = n.nvmlDeviceGetRetiredPages(
+            h0, n.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
         out["v100_pending"] = n.nvmlDeviceGetRetiredPagesPendingStatus(h0)
         out["h100_pending"] = err(n.nvmlDeviceGetRetiredPagesPendingStatus, h1)
         fv = n.nvmlDeviceGetFieldValues(h1, [n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])

@@ -98,12 +98,12 @@ def test_submitit_jobs_checkpoint_requeue_themselves_and_resume_away_from_the_ba
     bad = set()
     jobs = {}
     try:
-        for mode, (proc, folder, out) in clients.items():
-            m = _wait(lambda: re.search(r"(?m)^submitted (\d+)$", _read(out)), 60, f"{mode} submitted")
+        for mode, (_proc, _folder, out) in clients.items():
+            m = _wait(lambda out=out: re.search(r"(?m)^submitted (\d+)$", _read(out)), 60, f"{mode} submitted")
             jobs[mode] = m.group(1)
         for mode, jid in jobs.items():
             log = clients[mode][1] / f"{jid}_0_log.out"
-            _wait(lambda: "submitit-trainer: step=5" in _read(log), 90, f"{mode} job {jid} computing")
+            _wait(lambda log=log: "submitit-trainer: step=5" in _read(log), 90, f"{mode} job {jid} computing")
             bad.add(slurm.get_job(jid).nodes[0])
         for node in sorted(bad):  # XID 79 on every node under the jobs: xid-watch drains and signals
             res = subprocess.run([PY, "-m", "autoheal.cli.main", "lab", "inject", "--dir", str(lab.root), "--node",
@@ -111,13 +111,13 @@ def test_submitit_jobs_checkpoint_requeue_themselves_and_resume_away_from_the_ba
                                  timeout=30)
             assert res.returncode == 0, res.stderr
         results = {}
-        for mode, (proc, folder, out) in clients.items():
+        for mode, (proc, _folder, out) in clients.items():
             rc = proc.wait(timeout=240)
             text = _read(out)
             assert rc == 0, f"{mode}: client exit {rc}:\n{text[-3000:]}"
             results[mode] = json.loads(re.search(r"(?m)^result (.*)$", text).group(1))
         for mode, jid in jobs.items():
-            job = _wait(lambda: (lambda j: j if j.state not in ("RUNNING", "PENDING", "COMPLETING") else None)(
+            job = _wait(lambda jid=jid: (lambda j: j if j.state not in ("RUNNING", "PENDING", "COMPLETING") else None)(
                 slurm.get_job(jid)), 60, f"{mode} job {jid} finished")
             log = _read(clients[mode][1] / f"{jid}_0_log.out")
             res = results[mode]

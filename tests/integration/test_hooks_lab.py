@@ -144,8 +144,9 @@ def test_slurmctld_unreachable_exit_2_no_crash(lab, tmp_path):
 
 
 def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
-    out = subprocess.run(["sbatch", "--parsable", "-N2", "-w", "gpu1,gpu2", "--gres=gpu:2", "--requeue", "-o", "/dev/null",
-                          "--wrap", "sleep 600"], env=lab.env, capture_output=True, text=True, timeout=10)
+    out = subprocess.run(["sbatch", "--parsable", "-N2", "-w", "gpu1,gpu2", "--gres=gpu:2", "--requeue",
+                          "-o", "/dev/null", "--wrap", "sleep 600"],
+                         env=lab.env, capture_output=True, text=True, timeout=10)
     job = out.stdout.strip().split(";")[0]
     assert job.isdigit(), out.stderr
 
@@ -181,7 +182,8 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
             fh.write(last + "\n")
         time.sleep(1.5)  # give the restarted daemon time to (not) act
         after = journal(lab)[before:]
-        assert not [r for r in after if r["source"] == "xid-watch" and r["event"] in ("detection", "drain", "signal")], after
+        acted = ("detection", "drain", "signal")
+        assert not [r for r in after if r["source"] == "xid-watch" and r["event"] in acted], after
     finally:
         cancel_job(lab.env, job)
         heal_node(lab, "gpu1")

@@ -115,7 +115,8 @@ def test_thermal_clock_events_warn(lib_dir, tmp_path):
 def test_missing_gpu_fails_the_count(lib_dir, tmp_path):
     code, out, _ = run_check(lib_dir, tmp_path, expected_gpus=GPUS + 1)
     assert code == 1
-    assert [r["reason"] for r in out["results"] if r["check"] == "gpu-count"] == [f"gpu-count: {GPUS} of {GPUS + 1} GPUs visible"]
+    reasons = [r["reason"] for r in out["results"] if r["check"] == "gpu-count"]
+    assert reasons == [f"gpu-count: {GPUS} of {GPUS + 1} GPUs visible"]
 
 
 def test_hung_gpu_is_unknown_within_the_budget(lib_dir, tmp_path):

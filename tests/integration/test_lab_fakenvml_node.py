@@ -18,7 +18,8 @@ from autoheal.lab.fakenvml import state as st
 # prints the serial of GPU 0 (it names the node: default_state derives it from the node name), or the
 # error nvmlInit raised
 PROBE = ("import json, sys, pynvml as n\n"
-         "try:\n    n.nvmlInit()\nexcept n.NVMLError as e:\n    print(json.dumps({'error': type(e).__name__})); sys.exit()\n"
+         "try:\n    n.nvmlInit()\n"
+         "except n.NVMLError as e:\n    print(json.dumps({'error': type(e).__name__})); sys.exit()\n"
          "print(json.dumps({'serial': n.nvmlDeviceGetSerial(n.nvmlDeviceGetHandleByIndex(0))}))\n")
 
 

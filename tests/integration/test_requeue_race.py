@@ -154,7 +154,7 @@ def test_requeue_survives_term_and_kill_at_every_step(racelab, tmp_path):
                 nodeops.resume(sblab.slurm, previous_bad)  # repaired: its exclusion must be pruned
                 # a resumed node can show NOT_RESPONDING until slurmctld's next ping: wait until it
                 # looks healthy, or the runner rightly keeps excluding it
-                sblab.wait_job(jid, lambda _j: not node_unhealthy(sblab.slurm.get_node(previous_bad)), 60,
+                sblab.wait_job(jid, lambda _j, node=previous_bad: not node_unhealthy(sblab.slurm.get_node(node)), 60,
                                f"{previous_bad} healthy again")
             sblab.slurm.signal_job(jid, "USR2", batch=True)
             starts = wait_text(out, r"autoheal-trainer: start step=(\d+) .*restart=(\d+) host=(\S+)",

@@ -96,12 +96,14 @@ def test_mirroring_both_directions(kube_env):
     assert "SlurmNodeStateDrain" not in pod_conditions(env, a)
 
     # Kubernetes -> Slurm: cordon (kubectl) with a custom reason drains; uncordon resumes
-    env["api"].patch_node(k8s_name(b), {"metadata": {"annotations": {"autoheal.io/cordon-reason": "lent to inference"}}})
+    env["api"].patch_node(k8s_name(b),
+                          {"metadata": {"annotations": {"autoheal.io/cordon-reason": "lent to inference"}}})
     cordon(env, b)
     assert rec.run_pass().ok
     node = slurm.get_node(b)
     assert node.drain and strip_reason_suffix(node.reason) == "autoheal: k8s: node cordoned: lent to inference"
-    assert knode(env, b)["metadata"]["annotations"]["autoheal.io/slurm-drain-origin"] == strip_reason_suffix(node.reason)
+    origin = knode(env, b)["metadata"]["annotations"]["autoheal.io/slurm-drain-origin"]
+    assert origin == strip_reason_suffix(node.reason)
     assert "SlurmNodeStateDrain" in pod_conditions(env, b)  # mirrored in the same pass
     events = env["api"].list_namespaced_event("default").items  # Node events live in default
     assert any(e.reason == "AutohealSlurmDrain" and e.involved_object.name == k8s_name(b) for e in events)
@@ -207,8 +209,8 @@ def test_leader_failover_without_double_writes(kube_env):
     t2.start()
     try:
         slurm.drain(a, HEALTH)
-        wait_for(lambda: any(t["key"] == "autoheal.io/gpu-unhealthy" for t in knode(env, a)["spec"].get("taints") or []),
-                 10, "taint from the leader")
+        wait_for(lambda: any(t["key"] == "autoheal.io/gpu-unhealthy"
+                             for t in knode(env, a)["spec"].get("taints") or []), 10, "taint from the leader")
         time.sleep(0)  # let both loops run at least once more
         wait_for(lambda: d2.passes >= 2, 10, "replica-2 passes")
         assert d1.reconciler.writes and not d2.reconciler.writes  # the follower never wrote

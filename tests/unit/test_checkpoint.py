@@ -44,7 +44,8 @@ def names(directory: Path) -> list:
 
 def valid_steps(directory: Path) -> list:
     mgr = CheckpointManager(directory, keep=None, rank=0)
-    return [s for s in mgr.checkpoints() if isinstance(ck.verify_checkpoint(directory / ck.checkpoint_name(s)), Checkpoint)]
+    return [s for s in mgr.checkpoints()
+            if isinstance(ck.verify_checkpoint(directory / ck.checkpoint_name(s)), Checkpoint)]
 
 
 # ---------------------------------------------------------------- layout and round trip

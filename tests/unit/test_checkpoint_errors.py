@@ -146,7 +146,8 @@ class FailNth:
             self.calls += 1
             if self.calls == self.n:
                 self.failed = name
-                raise OSError(errno.ENOSPC, "No space left on device", a[0] if a and isinstance(a[0], (str, Path)) else None)
+                raise OSError(errno.ENOSPC, "No space left on device",
+                              a[0] if a and isinstance(a[0], (str, Path)) else None)
             return real(*a, **kw)
         return call
 

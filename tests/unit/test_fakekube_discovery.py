@@ -119,7 +119,7 @@ def test_custom_objects_api_semantics(fake_kube):  # noqa: F811
         co.patch_namespaced_custom_object(*args, "r1", {"spec": {}},
                                           _content_type="application/strategic-merge-patch+json")
     assert exc.value.status == 415
-    body = {k: v for k, v in obj.items()}
+    body = dict(obj.items())
     body["metadata"] = {"name": "r1"}
     with pytest.raises(ApiException) as exc:
         co.replace_namespaced_custom_object(*args, "r1", body)  # no resourceVersion on a CR: 422

@@ -42,7 +42,8 @@ def make_ctx(tmp_path, **hooks):
 
 def ecc_fault(gpu=2):
     """What one double-bit ECC error fails at once on one GPU."""
-    return [C.CheckResult("ecc", C.FAIL, "ecc", C.RESET, gpu), C.CheckResult("remapped-rows", C.FAIL, "rr", C.RESET, gpu),
+    return [C.CheckResult("ecc", C.FAIL, "ecc", C.RESET, gpu),
+            C.CheckResult("remapped-rows", C.FAIL, "rr", C.RESET, gpu),
             C.CheckResult("recovery-action", C.FAIL, "ra", C.RESET, gpu),
             C.CheckResult("xid", C.FAIL, "xid 48", C.RESET, gpu)]
 

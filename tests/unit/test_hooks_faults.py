@@ -125,7 +125,8 @@ def test_loader_crashes_are_caught_at_the_entry_points(monkeypatch, capsys):
 
     for exc in (RecursionError("maximum recursion depth exceeded"), TypeError("'int' object is not subscriptable"),
                 ValueError("embedded null byte")):
-        monkeypatch.setattr(context.Context, "load", classmethod(lambda cls, *a, **k: (_ for _ in ()).throw(exc)))
+        monkeypatch.setattr(context.Context, "load",
+                            classmethod(lambda cls, *a, exc=exc, **k: (_ for _ in ()).throw(exc)))
         monkeypatch.setattr(context, "_salvage_journal_path", lambda: "/nonexistent-dir/\0/journal")
         assert jobhook.run("prolog") == 0
         assert jobhook.run("epilog") == 0

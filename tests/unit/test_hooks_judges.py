@@ -31,7 +31,8 @@ def test_kmsg_and_plain_xid_lines():
     assert (off.xid, off.pci) == (79, "0000:5d:00")
 
 
-@pytest.mark.parametrize("line", ["", "garbage", "NVRM: Xid (PCI:zz): x, foo", "NVRM: Xid (PCI:0000:3b:00): , no number",
+@pytest.mark.parametrize("line", ["", "garbage", "NVRM: Xid (PCI:zz): x, foo",
+                                  "NVRM: Xid (PCI:0000:3b:00): , no number",
                                   "NVRM: Xid (PCI:0000:3b:00): 0, nothing", "\x00\xff NVRM"])
 def test_malformed_lines_are_ignored(line):
     assert parse_line(line) is None

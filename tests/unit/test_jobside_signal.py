@@ -54,7 +54,8 @@ def test_only_directives_before_the_first_command_count_and_the_last_wins():
     assert P.requested_signal(script=script) == WarnSignal("USR2", 45, True)
     assert P.requested_signal(script="#!/bin/bash\necho hi\n#SBATCH --signal=USR2@90\n") is None
     assert P.requested_signal(script=" #SBATCH --signal=USR2@90\n") is None  # not a directive
-    assert P.requested_signal(script="#!/bin/bash\n#SBATCH --signal='B:USR2@9'\nsrun x\n") == WarnSignal("USR2", 9, True)
+    script = "#!/bin/bash\n#SBATCH --signal='B:USR2@9'\nsrun x\n"
+    assert P.requested_signal(script=script) == WarnSignal("USR2", 9, True)
     assert P.requested_signal() is None
 
 

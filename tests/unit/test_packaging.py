@@ -43,7 +43,8 @@ def test_package_dir_maps_the_four_parts():
 
 def test_cli_loads_subcommands_lazily():
     probe = ("import sys, json\nfrom autoheal.cli.main import cli\n"
-             "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('autoheal.', 'kubernetes', 'requests')))))")
+             "print(json.dumps(sorted(m for m in sys.modules\n"
+             "                        if m.startswith(('autoheal.', 'kubernetes', 'requests')))))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, cwd="/")
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout)

@@ -299,7 +299,8 @@ def test_k8s_drain_replaced_by_health_drain_then_redrained_after_resume():
     r.run_pass()
     assert slurm.nodes["n1"].drain and slurm.nodes["n1"].reason.startswith("autoheal: k8s: node cordoned")
     r.run_pass()
-    assert not any(t["key"] == "autoheal.io/gpu-unhealthy" for t in kube.nodes[k8s_name("n1")]["spec"].get("taints", []))
+    taints = kube.nodes[k8s_name("n1")]["spec"].get("taints", [])
+    assert not any(t["key"] == "autoheal.io/gpu-unhealthy" for t in taints)
 
 
 def test_webhook_action_posts_once_survives_restart_and_retries_on_error():
@@ -562,7 +563,8 @@ def test_opt_out_lifted_while_the_breaker_is_full_clears_the_mark_and_waits():
     slurm.drain("n2", XID79)
     r = recon(slurm, kube, cfg, clock)
     r.run_pass()
-    assert state(kube, "n1") == "quarantined" and K["opted-out"] in kube.nodes[k8s_name("n2")]["metadata"]["annotations"]
+    assert state(kube, "n1") == "quarantined"
+    assert K["opted-out"] in kube.nodes[k8s_name("n2")]["metadata"]["annotations"]
     kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
     res = r.run_pass()
     assert K["opted-out"] not in kube.nodes[k8s_name("n2")]["metadata"]["annotations"] and state(kube, "n2") == ""

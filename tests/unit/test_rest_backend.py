@@ -523,7 +523,7 @@ def test_unserved_endpoint_is_typed_not_supported_and_version_probe_stops_on_oth
     stub.fail_next = [(401, {"errors": []})]
     fresh = RestSlurm(url, user="autoheal", token=TOKEN, retries=0)
     with pytest.raises(SlurmError, match="authentication refused") as caught:
-        fresh.api
+        _ = fresh.api
     assert not isinstance(caught.value, SlurmNotSupported)
     assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.42/ping"
 

@@ -87,7 +87,8 @@ def test_missing_and_unreadable_scripts_exit_2(tmp_path):
 
 def test_sbatch_refusal_is_passed_through_with_exit_1(tmp_path):
     fake = tmp_path / "sbatch"
-    fake.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'sbatch: error: Batch job submission failed: Invalid partition name specified' >&2\n"
                     "exit 1\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     cfg = tmp_path / "c.toml"

@@ -152,7 +152,8 @@ def test_next_run_resumes_from_newest_valid_checkpoint_with_the_recorded_reason(
     runner, slurm, _ = make(tmp_path, job=job, restart=1)
     out = tmp_path / "env.txt"
     code = runner.run([sys.executable, "-c", "import os; open(%r, 'w').write(os.environ['AUTOHEAL_RESUME_FROM'] + ' ' "
-                       "+ os.environ['AUTOHEAL_REQUEUE_REASON'] + ' ' + os.environ['AUTOHEAL_RESTART_COUNT'])" % str(out)])
+                       "+ os.environ['AUTOHEAL_REQUEUE_REASON'] + ' ' + os.environ['AUTOHEAL_RESTART_COUNT'])"
+                       % str(out)])
     assert code == 0
     assert out.read_text() == f"{ck / 'ckpt-00000005'} autoheal-drain 1"
     assert slurm.job.comment.endswith("resumed=5 nodes=gpu3 state=completed | keep me")

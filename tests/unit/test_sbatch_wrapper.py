@@ -219,7 +219,8 @@ def test_shell_word_is_one_line_and_bash_reads_back_the_same_bytes(text):
 
 # ---- issue 17 item 4: a submission token, a unique default checkpoint folder ---------------------------
 
-ENV_PY = '#!/bin/bash\nprintf "token=%s allow=%s\\n" "$AUTOHEAL_SUBMIT_TOKEN" "${AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT-unset}"\n' \
+ENV_PY = '#!/bin/bash\n' \
+         'printf "token=%s allow=%s\\n" "$AUTOHEAL_SUBMIT_TOKEN" "${AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT-unset}"\n' \
          'while [ "$1" != "--checkpoint-dir" ]; do shift; done\nprintf "dir=%s\\n" "$2"\n'
 
 

@@ -26,7 +26,7 @@ def test_every_slurm_name_round_trips_through_this_machine(name):
 
 @pytest.mark.parametrize("value", ["USR2; rm -rf /", "FOO", "", "SIG", "SIGSIGUSR2", "US R2", "USR2\x00",
                                    "B:USR2@90", "USR2@90", "CHLD", "SEGV", "RTMIN", "0", "-12", "99999",
-                                   "１２", "usr\u0662", 0, 999, True, None, 12.0, ["USR2"]])
+                                   "１２", "usr\u0662", 0, 999, True, None, 12.0, ["USR2"]])  # noqa: RUF001
 def test_non_signals_are_refused_naming_the_value(value):
     with pytest.raises(SignalNameError) as err:
         signal_name(value)

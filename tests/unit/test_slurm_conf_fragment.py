@@ -52,7 +52,7 @@ def test_version_specific_keys():
 def test_lab_fragment_leaves_out_lab_keys_and_merges_authinfo():
     lines = lab_fragment("22.05", existing={"AuthInfo": "socket=/lab/munge.sock"})
     keys = keys_of(lines)
-    assert not set(k.lower() for k in keys) & {k.lower() for k in LAB_OWNED_KEYS}
+    assert not {k.lower() for k in keys} & {k.lower() for k in LAB_OWNED_KEYS}
     assert "AuthInfo=socket=/lab/munge.sock,cred_expire=10" in lines
     # without `existing`, AuthInfo must not replace the lab's munge socket
     assert "AuthInfo" not in keys_of(lab_fragment("22.05"))

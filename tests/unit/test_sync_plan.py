@@ -56,7 +56,8 @@ def test_terminating_pod_does_not_speak_for_the_node():
 
 # ---- Slurm -> pod conditions ---------------------------------------------------------------------------
 def test_slinky_conditions_base_plus_flags_with_reason_message():
-    n = Node("a", "IDLE", frozenset({"DRAIN", "NOT_RESPONDING", "POWERED_DOWN"}), "admin: fan [root@2026-01-01T00:00:00]")
+    n = Node("a", "IDLE", frozenset({"DRAIN", "NOT_RESPONDING", "POWERED_DOWN"}),
+             "admin: fan [root@2026-01-01T00:00:00]")
     got = cond.slurm_pod_conditions(n)
     assert [c["type"] for c in got] == ["SlurmNodeStateIdle", "SlurmNodeStateDrain", "SlurmNodeStateNotResponding"]
     assert all(c["status"] == "True" and c["message"] == "admin: fan" for c in got)
@@ -173,7 +174,8 @@ def test_configured_taint_and_condition_drain_and_change_reason():
                    drain_on_cordon=False)
     k = node_obj("k8s-a", taints=[{"key": "nvidia.com/gpu-error", "value": "xid79", "effect": "NoSchedule"}])
     acts, _ = all_actions(world([Node("a", "MIXED")], knodes={"k8s-a": k}), cfg)
-    assert [a.reason for a in acts if a.kind == SLURM_DRAIN] == ["autoheal: k8s: taint nvidia.com/gpu-error=xid79:NoSchedule"]
+    drains = [a.reason for a in acts if a.kind == SLURM_DRAIN]
+    assert drains == ["autoheal: k8s: taint nvidia.com/gpu-error=xid79:NoSchedule"]
     k2 = node_obj("k8s-a", conditions=[{"type": "GpuXid", "status": "True", "reason": "XID79", "message": "gpu 2"}])
     held = Node("a", "MIXED", frozenset({"DRAIN"}), "autoheal: k8s: taint nvidia.com/gpu-error=xid79:NoSchedule")
     acts, _ = all_actions(world([held], knodes={"k8s-a": k2}), cfg)
