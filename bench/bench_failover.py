@@ -46,11 +46,11 @@ def _wait(pred, timeout: float, step: float = 0.005) -> float:
 def one_run(server, kubeconfig: str, duration: float, mode: str, run: int) -> dict:
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.kube import KubeApi
-    from autoheal.k8s_sync.memory import MemorySlurm
+    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
     from sync_helpers import k8s_name, sync_cfg
 
-    slurm = MemorySlurm({n: Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in NODES})
+    slurm = MemorySlurm(Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in NODES)
     cfg = sync_cfg(lease_duration_seconds=duration, slurm_resync_seconds=0.5,
                    lease_name=f"bench-{mode}-{duration:g}-{run}")
     daemons = [SyncDaemon(slurm, KubeApi.from_settings(kubeconfig, timeout=5.0), cfg, ident=f"r{i}")

@@ -57,13 +57,14 @@ def main() -> None:
     from autoheal.config.sync_section import SyncSection
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.engine import Reconciler
-    from autoheal.k8s_sync.memory import MemoryKube, MemorySlurm
+    from autoheal.lab.testing.kube import MemoryKube
+    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
 
     rss0 = rss_mb()
     names = [f"gpu{i:05d}" for i in range(args.nodes)]
-    slurm = MemorySlurm({n: Node(n, random.choice(["IDLE", "MIXED", "ALLOCATED"]), frozenset(), "", gres="gpu:8")
-                         for n in names})
+    slurm = MemorySlurm(Node(n, random.choice(["IDLE", "MIXED", "ALLOCATED"]), frozenset(), "", gres="gpu:8")
+                        for n in names)
     kube = MemoryKube()
     labels = {"app.kubernetes.io/component": "slurmd"}
     for n in names:

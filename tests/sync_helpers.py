@@ -31,10 +31,11 @@ def pod_name(slurm_name: str) -> str:
 
 def memory_world(names: Iterable[str], namespace: str = "slurm"):
     """(MemorySlurm, MemoryKube) with idle Slurm nodes, Nodes named k8s-<n> and slurmd pods."""
-    from autoheal.k8s_sync.memory import MemoryKube, MemorySlurm
+    from autoheal.lab.testing.kube import MemoryKube
+    from autoheal.lab.testing.slurm import MemorySlurm
 
     names = list(names)
-    slurm = MemorySlurm({n: Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in names})
+    slurm = MemorySlurm(Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in names)
     kube = MemoryKube()
     for n in names:
         kube.add_node(k8s_name(n))

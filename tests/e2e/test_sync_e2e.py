@@ -21,7 +21,7 @@ kubernetes = pytest.importorskip("kubernetes")
 
 from autoheal.k8s_sync.engine import Reconciler  # noqa: E402
 from autoheal.k8s_sync.kube import KubeApi  # noqa: E402
-from autoheal.k8s_sync.memory import MemorySlurm  # noqa: E402
+from autoheal.lab.testing.slurm import MemorySlurm  # noqa: E402
 from autoheal.reasons import strip_reason_suffix  # noqa: E402
 from autoheal.slurm.model import Node  # noqa: E402
 from sync_helpers import sync_cfg  # noqa: E402
@@ -39,7 +39,7 @@ def real():
     except kubernetes.client.ApiException as exc:
         if exc.status != 409:
             raise
-    slurm = MemorySlurm({name: Node(name, "IDLE")})
+    slurm = MemorySlurm([Node(name, "IDLE")])
     cfg = sync_cfg(mapping="node-name", namespace=ns, max_k8s_drain_fraction=1.0)
     yield kube, name, slurm, cfg
     # leave the Node as we found it

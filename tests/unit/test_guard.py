@@ -10,7 +10,7 @@ from autoheal.journal import Journal
 from autoheal.sbatch_helpers.comment import CommentState
 from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, SCHEDULE, Guard, Sightings, plan
 from autoheal.slurm.model import Job, Node
-from slurm_double import MemorySlurm
+from autoheal.lab.testing.slurm import MemorySlurm
 
 NODES = {"gpu1": Node("gpu1", "IDLE"), "gpu2": Node("gpu2", "IDLE", frozenset({"DRAIN"}), reason="autoheal: x"),
          "gpu3": Node("gpu3", "IDLE")}

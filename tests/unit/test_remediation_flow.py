@@ -77,14 +77,14 @@ def test_full_flow_from_xid79_to_spare_in_service():
     slurm, kube, cfg, clock = world()
     kube.add_workload_pod("inference", "llm-0", k8s_name("n1"))
     kube.add_workload_pod("kube-system", "dcgm-exporter", k8s_name("n1"), owner_kind="DaemonSet")
-    slurm.jobs = [Job("7", "RUNNING", ("n1",))]
+    slurm.jobs = {"7": Job("7", "RUNNING", ("n1",))}
     slurm.drain("n1", XID79)
     r = recon(slurm, kube, cfg, clock)
     r.run_pass()
     assert state(kube, "n1") == "quarantined"
     r.run_pass()  # the job still holds the node: nothing else happens
     assert state(kube, "n1") == "quarantined" and not kube.nodes[k8s_name("n1")]["spec"].get("unschedulable")
-    slurm.jobs = [Job("7", "PENDING", ())]  # requeued by the hooks
+    slurm.jobs = {"7": Job("7", "PENDING", ())}  # requeued by the hooks
     run_to(r, kube, "n1", "draining")
     node = kube.nodes[k8s_name("n1")]
     assert node["spec"]["unschedulable"] and node["metadata"]["annotations"]["autoheal.io/cordoned-by"] == "autoheal"

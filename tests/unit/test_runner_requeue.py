@@ -17,7 +17,7 @@ from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.comment import CommentState, plan_exclusions
 from autoheal.sbatch_helpers.guard import Guard, Sightings, plan
 from autoheal.slurm.model import Job, Node
-from slurm_double import MemorySlurm
+from autoheal.lab.testing.slurm import MemorySlurm
 
 BAD = Node("gpu2", "MIXED", frozenset({"DRAIN"}), reason="autoheal: xid 79 GPU 3 of gpu2")
 

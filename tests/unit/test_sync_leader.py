@@ -5,7 +5,7 @@ from __future__ import annotations
 from autoheal.k8s_sync.informer import Informer, newer_or_equal
 from autoheal.k8s_sync.kube import Gone
 from autoheal.k8s_sync.leader import LeaderElector
-from autoheal.k8s_sync.memory import MemoryKube
+from autoheal.lab.testing.kube import MemoryKube
 from autoheal.k8s_sync.ratelimit import TokenBucket
 
 
@@ -128,7 +128,7 @@ def test_a_wake_up_during_a_pass_is_not_lost():
     import threading
 
     from autoheal.k8s_sync.daemon import SyncDaemon
-    from autoheal.k8s_sync.memory import MemorySlurm
+    from autoheal.lab.testing.slurm import MemorySlurm
     from helpers import wait_for
     from sync_helpers import sync_cfg
 

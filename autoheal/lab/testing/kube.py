@@ -1,21 +1,16 @@
-"""In-memory stand-ins for both sides, behind the same interfaces as the real adapters: for dry-run
-demos, the property test and the 10,000-node benchmark (no sockets, so they measure our code).
+"""The in-memory Kubernetes the tests and benches share, behind ``KubeClient`` as ``KubeApi`` is: for the
+sync tests, the property test and the 10,000-node benchmark (no sockets, so they measure our code).
+Its Slurm counterpart is ``autoheal.lab.testing.slurm.MemorySlurm``.
 
 ``MemoryKube`` keeps dicts with resourceVersions (409 on a stale one), merges ``status.conditions`` by
 type on strategic merge patches, replaces other lists, and deletes keys set to null on merge patches.
-``MemorySlurm`` is a SlurmAdapter over a dict of ``Node``s.
 """
 
 from __future__ import annotations
 
 import copy
 import threading
-from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
-
-from autoheal.errors import SlurmNotFound, SlurmUnavailable
-from autoheal.slurm.base import SlurmAdapter
-from autoheal.slurm.model import Job, Node, SlurmVersion
 
 from autoheal.k8s_sync.kube import Conflict, KubeError, NotFound
 
@@ -243,78 +238,3 @@ class MemoryKube:
             self.leases[(namespace, name)] = self._bump(copy.deepcopy(body))
             return copy.deepcopy(self.leases[(namespace, name)])
 
-
-class MemorySlurm(SlurmAdapter):
-    """A SlurmAdapter over ``nodes`` (name -> Node); ``fail`` makes every call SlurmUnavailable."""
-
-    name = "memory"
-
-    def __init__(self, nodes: Optional[Dict[str, Node]] = None):
-        self.nodes: Dict[str, Node] = dict(nodes or {})
-        self.jobs: List[Job] = []
-        self.fail = False
-        self.calls: Dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def _count(self, what: str) -> None:
-        self.calls[what] = self.calls.get(what, 0) + 1
-        if self.fail:
-            raise SlurmUnavailable("slurmctld not answering (simulated)")
-
-    def version(self) -> SlurmVersion:
-        return SlurmVersion(24, 11, 0, "memory")
-
-    def list_nodes(self) -> List[Node]:
-        with self.lock:
-            self._count("list_nodes")
-            return list(self.nodes.values())
-
-    def _get(self, node: str) -> Node:
-        if node not in self.nodes:
-            raise SlurmNotFound(f"node {node!r} not found")
-        return self.nodes[node]
-
-    def drain(self, node: str, reason: str) -> None:
-        with self.lock:
-            self._count("drain")
-            n = self._get(node)
-            self.nodes[node] = replace(n, flags=n.flags | {"DRAIN"}, reason=reason)
-
-    def resume(self, node: str) -> None:
-        with self.lock:
-            self._count("resume")
-            n = self._get(node)
-            state = "IDLE" if n.state == "DOWN" else n.state
-            self.nodes[node] = replace(n, state=state, flags=n.flags - {"DRAIN", "FAIL"}, reason="")
-
-    def set_reason(self, node: str, reason: str) -> None:
-        with self.lock:
-            self._count("set_reason")
-            self.nodes[node] = replace(self._get(node), reason=reason)
-
-    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
-        with self.lock:
-            self._count("list_jobs")
-            return [j for j in self.jobs if (node is None or node in j.nodes)
-                    and (states is None or j.state in states)]
-
-    def show_config(self) -> Dict[str, str]:
-        return {}
-
-    def ping(self) -> bool:
-        return not self.fail
-
-    def reboot(self, node: str, reason: str, asap: bool = True, nextstate: str = "resume") -> None:
-        raise NotImplementedError
-
-    def requeue(self, job_id: str, hold: bool = False) -> None:
-        raise NotImplementedError
-
-    def release(self, job_id: str) -> None:
-        raise NotImplementedError
-
-    def update_job(self, job_id: str, **fields: str) -> None:
-        raise NotImplementedError
-
-    def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
-        raise NotImplementedError
