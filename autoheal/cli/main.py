@@ -12,7 +12,6 @@ LAZY_COMMANDS = {
     "config": "autoheal.cli.config_cmd:config",
     "events": "autoheal.cli.events_cmd:events",
     "node": "autoheal.cli.node_cmd:node",
-    "lab": "autoheal.lab.cli:lab",
     "check": "autoheal.hooks.cli:check",
     "xid-watch": "autoheal.hooks.cli:xid_watch",
     "slurm-conf": "autoheal.slurm_conf.cli:slurm_conf",
@@ -22,10 +21,16 @@ LAZY_COMMANDS = {
     "sync": "autoheal.k8s_sync.cli:sync",
 }
 
+# name -> the distribution that adds it through the autoheal.commands entry point (lab/setup.cfg).
+OPTIONAL_COMMANDS = {
+    "lab": "slurm-autoheal-lab",
+}
+
 CONTEXT = {"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "AUTOHEAL"}
 
 
-@click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS, context_settings=CONTEXT)
+@click.group(cls=LazyGroup, lazy_commands=LAZY_COMMANDS, optional_commands=OPTIONAL_COMMANDS,
+             context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="autoheal")
 def cli() -> None:
     """Self-healing Slurm GPU clusters.
@@ -33,7 +38,7 @@ def cli() -> None:
     \b
     Detect GPU faults on nodes (NVML events, kernel-log XIDs, health checks), drain the node with a
     plain reason, give jobs a grace signal, requeue and resume them from their newest checkpoint, and
-    keep Kubernetes in step. Start with the lab:
+    keep Kubernetes in step. Start with the lab (it comes with slurm-autoheal-lab):
       autoheal lab up          a real 3-node Slurm cluster with fake GPUs on this machine
       autoheal lab inject ...  break a GPU
       autoheal events          what autoheal saw and did

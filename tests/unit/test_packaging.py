@@ -13,25 +13,36 @@ MAPPED = {"autoheal": "autoheal", "autoheal.hooks": "hooks", "autoheal.slurm_con
           "autoheal.sbatch_helpers": "sbatch_helpers", "autoheal.k8s_sync": "k8s_sync"}
 
 
-def _setup_cfg():
+def _setup_cfg(path: str = "setup.cfg"):
     cfg = configparser.ConfigParser()
-    cfg.read(ROOT / "setup.cfg")
+    cfg.read(ROOT / path)
     return cfg
+
+
+def _packages_under(pkg: str, base: Path):
+    for init in base.rglob("__init__.py"):
+        rel = init.parent.relative_to(base)
+        yield pkg if str(rel) == "." else pkg + "." + ".".join(rel.parts)
 
 
 def test_every_package_folder_is_listed_in_setup_cfg():
     listed = {p.strip() for p in _setup_cfg()["options"]["packages"].split() if p.strip()}
     found = set()
     for pkg, folder in MAPPED.items():
-        base = ROOT / folder
-        for init in base.rglob("__init__.py"):
-            rel = init.parent.relative_to(base)
-            name = pkg if str(rel) == "." else pkg + "." + ".".join(rel.parts)
-            if pkg == "autoheal" and rel.parts and any(name.startswith(m + ".") or name == m
-                                                       for m in MAPPED if m != "autoheal"):
-                continue
+        for name in _packages_under(pkg, ROOT / folder):
+            if name == "autoheal.lab" or name.startswith("autoheal.lab."):
+                continue  # the lab's own distribution (lab/setup.cfg)
             found.add(name)
     assert found <= listed, f"add to setup.cfg [options] packages: {sorted(found - listed)}"
+    assert not [p for p in listed if p.startswith("autoheal.lab")], "the lab is not part of the product"
+
+
+def test_every_lab_package_is_listed_in_the_lab_setup_cfg():
+    cfg = _setup_cfg("lab/setup.cfg")
+    listed = {p.strip() for p in cfg["options"]["packages"].split() if p.strip()}
+    assert set(_packages_under("autoheal.lab", ROOT / "autoheal" / "lab")) <= listed, \
+        "add the package to lab/setup.cfg [options] packages"
+    assert all(p.startswith("autoheal.lab") for p in listed), "the lab distribution ships autoheal.lab only"
 
 
 def test_package_dir_maps_the_four_parts():
