@@ -2,6 +2,7 @@
 
 Modules: ``plan`` (pure reconcile steps), ``conditions``/``mapping``/``names`` (pure helpers),
 ``engine`` (one pass: read, plan, apply), ``kube`` (the Kubernetes adapter), ``informer`` (list+watch
-caches), ``leader`` (Lease election), ``ratelimit``, ``metrics``, ``logs``, ``daemon`` and ``cli``. The
-in-memory Kubernetes the tests and benches use is ``autoheal.lab.testing.kube`` (the lab's distribution). Nothing here imports ``kubernetes`` at import time of this package.
+caches), ``leader`` (Lease election), ``ratelimit``, ``metrics``, ``logs``, ``daemon`` and ``cli``.
+Nothing here imports ``kubernetes`` at import time of this package. The in-memory Kubernetes the tests
+and benches use is ``autoheal.lab.testing.kube`` (the lab's distribution).
 """

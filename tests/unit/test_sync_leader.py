@@ -5,8 +5,9 @@ from __future__ import annotations
 from autoheal.k8s_sync.informer import Informer, newer_or_equal
 from autoheal.k8s_sync.kube import Gone
 from autoheal.k8s_sync.leader import LeaderElector
-from autoheal.lab.testing.kube import MemoryKube
 from autoheal.k8s_sync.ratelimit import TokenBucket
+
+from autoheal.lab.testing.kube import MemoryKube
 
 
 class Clock:
@@ -128,9 +129,10 @@ def test_a_wake_up_during_a_pass_is_not_lost():
     import threading
 
     from autoheal.k8s_sync.daemon import SyncDaemon
-    from autoheal.lab.testing.slurm import MemorySlurm
     from helpers import wait_for
     from sync_helpers import sync_cfg
+
+    from autoheal.lab.testing.slurm import MemorySlurm
 
     d = SyncDaemon(MemorySlurm(), MemoryKube(), sync_cfg(slurm_resync_seconds=600.0, leader_election=False),
                    use_watch=False)

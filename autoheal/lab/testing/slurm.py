@@ -20,8 +20,14 @@ import threading
 from dataclasses import replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from autoheal.errors import (SlurmJobAlreadyPending, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound,
-                             SlurmRequeueDisabled, SlurmUnavailable)
+from autoheal.errors import (
+    SlurmJobAlreadyPending,
+    SlurmJobFinished,
+    SlurmJobNotPending,
+    SlurmNotFound,
+    SlurmRequeueDisabled,
+    SlurmUnavailable,
+)
 from autoheal.slurm.base import SlurmAdapter, filter_jobs
 from autoheal.slurm.model import REQUEUE_HELD_DESCRIPTION, Job, Node, SlurmVersion
 
