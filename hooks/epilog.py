@@ -7,7 +7,7 @@ from __future__ import annotations
 def main() -> None:
     from autoheal.hooks.jobhook import main as run
 
-    run("epilog")
+    run("epilog", __doc__)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ def run(source: str = "healthcheck") -> int:
 
 
 def main() -> None:
+    from autoheal.hooks.hookargs import early_exit
+
+    asked = early_exit("autoheal-healthcheck", __doc__, sys.argv[1:])
+    if asked is not None:
+        sys.exit(asked)
     try:
         code = run()
     except BaseException as exc:  # last line of defence: one line, exit 2, never a traceback

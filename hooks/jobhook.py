@@ -9,11 +9,10 @@ written), never a traceback, and never a "Prolog error" drain autoheal would not
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Optional
 
 from autoheal.hooks import checks as C
 
@@ -116,7 +115,12 @@ def _baseline(ctx: Context, kind: str, job: str, sample: NodeSample) -> None:
                                                     f"during job {job}", "since": time.time()})
 
 
-def main(kind: str) -> None:
+def main(kind: str, doc: Optional[str] = None) -> None:
+    from autoheal.hooks.hookargs import early_exit
+
+    asked = early_exit(f"autoheal-{kind}", doc, sys.argv[1:])
+    if asked is not None:
+        sys.exit(asked)
     try:
         code = run(kind)
     except BaseException as exc:  # last line of defence: Slurm must see 0, never a traceback

@@ -12,7 +12,7 @@ from __future__ import annotations
 def main() -> None:
     from autoheal.hooks.jobhook import main as run
 
-    run("prolog")
+    run("prolog", __doc__)
 
 
 if __name__ == "__main__":
