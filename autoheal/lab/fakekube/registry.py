@@ -545,8 +545,11 @@ class Registry:
         pod_type = self.types.by_url("", "v1", "pods")
         if pdb_type is None or pod_type is None:
             return
+        pdbs = self.store.items(pdb_type.key, namespace)
+        if not pdbs:  # no budget to keep current: do not copy every pod of the namespace on each pod write
+            return
         pods = self.store.items(pod_type.key, namespace)
-        for pdb in self.store.items(pdb_type.key, namespace):
+        for pdb in pdbs:
             status = disruption.compute_status(pdb, pods, self.now())
             if status != pdb.get("status"):
                 pdb["status"] = status
