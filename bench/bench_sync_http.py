@@ -199,8 +199,7 @@ class MemoryWorld:
         return True
 
     def watch_for(self, names: List[str]) -> Callable[[], Dict[str, float]]:
-        start = time.perf_counter()
-        seen: Dict[str, float] = {}
+        seen: Dict[str, float] = {}  # node -> perf_counter time it was first seen mirrored
 
         def poll() -> Dict[str, float]:
             for n in names:
@@ -210,7 +209,7 @@ class MemoryWorld:
                     pod = self.kube.pods.get((NAMESPACE, f"slurmd-{n}"))
                     node = self.kube.nodes.get(n)
                     if pod_drained(pod, health_reason(n)) and node_unhealthy(node):
-                        seen[n] = time.perf_counter() - start
+                        seen[n] = time.perf_counter()
             return seen
         return poll
 
@@ -313,8 +312,7 @@ class HttpWorld:
         once both its pod and its Node show what the sync wrote."""
         want = set(names)
         rv = self._current_rv()
-        start = time.perf_counter()
-        seen: Dict[str, float] = {}
+        seen: Dict[str, float] = {}  # node -> perf_counter time both objects were first seen mirrored
         pods: Dict[str, Any] = {}
         nodes: Dict[str, Any] = {}
         lock = threading.Lock()
@@ -322,7 +320,7 @@ class HttpWorld:
 
         def check(n: str) -> None:
             if n not in seen and pod_drained(pods.get(n), health_reason(n)) and node_unhealthy(nodes.get(n)):
-                seen[n] = time.perf_counter() - start
+                seen[n] = time.perf_counter()
 
         def run(kind: str) -> None:
             cur = rv
@@ -460,7 +458,7 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
             stop = getattr(poll, "stop", None)
             if stop is not None:
                 stop.set()
-            lat = list(seen.values())
+            lat = [t - start for t in seen.values()]
             drained += names
             out[f"drain_{count}_all_visible_seconds"] = round(max(lat), 3) if len(lat) == count else None
             out[f"drain_{count}_p50_seconds"] = round(pct(lat, 0.5), 3) if lat else None
