@@ -196,6 +196,7 @@ class Reconciler:
         if "remediate" in self.cfg.enabled_steps:
             self._summarise_remediation(snap, res, ctx)
         res.seconds = time.perf_counter() - started
+        self._bindings = None
         self.last = res
         self._observe(res)
         return res
