@@ -182,6 +182,7 @@ class MemoryWorld:
         self.daemon.reconciler.nodes_cache = _View(self.kube.nodes)
         self.daemon.reconciler.pods_cache = _View(self.kube.pods, key=lambda k: k[1])
         self.setup: Dict[str, Any] = {"kube_side": "MemoryKube (in-memory adapter) via cache views"}
+        self._instrument()
 
     def requests(self) -> Dict[str, int]:
         return {"writes": self.kube.writes}
@@ -198,20 +199,36 @@ class MemoryWorld:
     def synced(self) -> bool:
         return True
 
-    def watch_for(self, names: List[str]) -> Callable[[], Dict[str, float]]:
-        seen: Dict[str, float] = {}  # node -> perf_counter time it was first seen mirrored
+    def _instrument(self) -> None:
+        """Check a watched node right after each write to its pod or Node lands (O(1) per write, in
+        the writer's thread): polling 1,000 objects from another thread would take the GIL from the
+        sync loop and slow what it measures."""
+        self._want: set = set()
+        self._seen: Dict[str, float] = {}
+        kube = self.kube
 
-        def poll() -> Dict[str, float]:
-            for n in names:
-                if n in seen:
-                    continue
-                with self.kube.lock:
-                    pod = self.kube.pods.get((NAMESPACE, f"slurmd-{n}"))
-                    node = self.kube.nodes.get(n)
-                    if pod_drained(pod, health_reason(n)) and node_unhealthy(node):
-                        seen[n] = time.perf_counter()
-            return seen
-        return poll
+        def check(n: str) -> None:
+            if n in self._want and n not in self._seen:
+                pod = kube.pods.get((NAMESPACE, f"slurmd-{n}"))
+                if pod_drained(pod, health_reason(n)) and node_unhealthy(kube.nodes.get(n)):
+                    self._seen[n] = time.perf_counter()
+
+        def wrap(method: str, name_of: Callable[..., str]) -> None:
+            orig = getattr(kube, method)
+
+            def call(*args: Any, **kwargs: Any) -> Any:
+                res = orig(*args, **kwargs)
+                check(name_of(*args))
+                return res
+            setattr(kube, method, call)
+
+        wrap("patch_pod_status", lambda ns, name, *rest: name[len("slurmd-"):])
+        wrap("patch_node_status", lambda name, *rest: name)
+        wrap("patch_node", lambda name, *rest: name)
+
+    def watch_for(self, names: List[str]) -> Callable[[], Dict[str, float]]:
+        self._want, self._seen = set(names), {}
+        return lambda: dict(self._seen)
 
     def cordon(self, n: str) -> None:
         self.kube.patch_node(n, {"spec": {"unschedulable": True}})
