@@ -572,6 +572,7 @@ def rows_for(drains: List[int]) -> List[Any]:
              ("cordons mirrored to Slurm", "cordons_mirrored", ""),
              ("read back: drained nodes mirrored / drained", "readback", ""),
              ("sync process peak RSS (daemon, caches, in-memory Slurm; world built before)", "sync_process_peak_rss_mb", "MB"),
+             ("sync process RSS at the end (before the read-back)", "sync_process_rss_mb", "MB"),
              ("API server max RSS", "server_max_rss_mb", "MB")]
     return rows
 
