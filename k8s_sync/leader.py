@@ -91,7 +91,14 @@ class LeaderElector:
         """One round of the algorithm; True when we hold the lease afterwards."""
         started = self.mono()
         now = self.wall()
-        self.rounds += 1
+        try:
+            return self._round(started, now)
+        finally:
+            # counted once the round is over: the daemon's first pass waits for it (rounds > 0), and
+            # a pass that ran while the first round was still in flight ran as a follower, writing nothing
+            self.rounds += 1
+
+    def _round(self, started: float, now: float) -> bool:
         try:
             lease = self.kube.get_lease(self.namespace, self.name)
             spec = {"holderIdentity": self.identity, "leaseDurationSeconds": round(self.duration),

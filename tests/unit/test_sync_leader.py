@@ -153,3 +153,37 @@ def test_a_wake_up_during_a_pass_is_not_lost():
     finally:
         d.stop()
         t.join(10)
+
+
+def test_the_first_pass_waits_for_the_end_of_the_first_lease_round():
+    """`wait_synced` waits for the first lease round; the round used to count itself when it *started*,
+    so the first pass could run while the Lease request was in flight: as a follower, writing nothing
+    (seen once in three runs of bench/bench_sync_http.py at 200 nodes)."""
+    import threading
+
+    from autoheal.k8s_sync.daemon import SyncDaemon
+    from helpers import wait_for
+    from sync_helpers import sync_cfg
+
+    from autoheal.lab.testing.slurm import MemorySlurm
+
+    kube = MemoryKube()
+    release = threading.Event()
+    real_get = kube.get_lease
+
+    def slow_get_lease(namespace, name):
+        release.wait(10)
+        return real_get(namespace, name)
+
+    kube.get_lease = slow_get_lease
+    d = SyncDaemon(MemorySlurm(), kube, sync_cfg(leader_election=True), use_watch=False, ident="a")
+    d.start_background()
+    try:
+        assert wait_for(lambda: d.elector.rounds == 0 and not release.is_set(), 1)
+        assert not d.wait_synced(0.3)  # the round is still in flight: not synced yet
+        release.set()
+        assert d.wait_synced(5)
+        assert d.elector.is_leader()  # so the first pass writes
+    finally:
+        release.set()
+        d.shutdown()
