@@ -121,12 +121,12 @@ def make_cfg(resync: float) -> Any:
 
 
 def make_slurm(n: int) -> Any:
-    from autoheal.k8s_sync.memory import MemorySlurm
+    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
 
     rnd = random.Random(1)
-    return MemorySlurm({node_name(i): Node(node_name(i), rnd.choice(["IDLE", "MIXED", "ALLOCATED"]), frozenset(),
-                                           "", gres="gpu:8") for i in range(n)})
+    return MemorySlurm(Node(node_name(i), rnd.choice(["IDLE", "MIXED", "ALLOCATED"]), frozenset(), "", gres="gpu:8")
+                       for i in range(n))
 
 
 class PassLog:
@@ -141,7 +141,7 @@ class PassLog:
             w0, c0 = time.perf_counter(), time.thread_time()
             res = orig()
             entry = {"start": w0, "end": time.perf_counter(), "wall": time.perf_counter() - w0,
-                     "cpu": time.thread_time() - c0, "applied": len(res.applied), "ok": res.ok,
+                     "cpu": time.thread_time() - c0, "applied": len(res.applied), "ok": res.ok, "leader": res.leader,
                      "errors": list(res.errors)[:3], "read_error": res.read_error}
             with self.cond:
                 self.passes.append(entry)
@@ -170,7 +170,8 @@ class MemoryWorld:
 
     def __init__(self, n: int, cfg: Any) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
-        from autoheal.k8s_sync.memory import MemoryKube
+
+        from autoheal.lab.testing.kube import MemoryKube
 
         self.slurm = make_slurm(n)
         self.kube = MemoryKube()
@@ -263,6 +264,7 @@ class HttpWorld:
     def __init__(self, n: int, cfg: Any, tmp: str) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
         from autoheal.k8s_sync.kube import KubeApi, load_client_config
+
         from autoheal.lab.kube import node_obj, slurmd_pod
 
         self.slurm = make_slurm(n)
@@ -426,9 +428,10 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
             time.sleep(0.01)
         out["initial_list_seconds"] = round(time.perf_counter() - t0, 3) if transport == "http" else None
         out["initial_list_server_ms"] = world.server_list_ms()
-        first = log.wait(lambda p: p["ok"], 0, timeout)
+        first = log.wait(lambda p: p["ok"] and p["leader"], 0, timeout)
         if first is None:
-            raise RuntimeError(f"no successful first pass: {log.passes[-1:] or 'none'}")
+            raise RuntimeError(f"no successful first pass as the leader: {log.passes[-1:] or 'none'}")
+        out["passes_before_leading"] = first
         p = log.passes[first]
         out["first_pass_seconds"] = round(p["wall"], 3)
         out["first_pass_writes"] = p["applied"]
@@ -531,6 +534,8 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
         out["passes"] = len(log.passes)
         out["relists"] = {c.kind: c.relists for c in (daemon.nodes_cache, daemon.pods_cache) if c is not None}
         out["pass_errors"] = sum(1 for p in log.passes if p["errors"] or not p["ok"])
+        out["first_passes"] = [{k: x[k] for k in ("ok", "leader", "applied", "errors", "read_error")}
+                               for x in log.passes[:3]]
         out["pass_error_samples"] = [p["errors"] or [p["read_error"]] for p in log.passes
                                      if p["errors"] or not p["ok"]][:3]
         if bad:
@@ -562,7 +567,8 @@ ROWS = [
 def rows_for(drains: List[int]) -> List[Any]:
     rows = list(ROWS)
     for c in drains:
-        rows += [(f"Slurm drain of {c} -> pod condition + Node condition/taint, all visible", f"drain_{c}_all_visible_seconds", "s"),
+        rows += [(f"Slurm drain of {c} -> pod condition + Node condition/taint, all visible",
+                  f"drain_{c}_all_visible_seconds", "s"),
                  (f"  same, p50 over the {c} nodes", f"drain_{c}_p50_seconds", "s"),
                  ("  requests the sync issued for it (until a quiet pass)", f"drain_{c}_requests", ""),
                  ("  CPU: sync process / API server process", f"drain_{c}_cpu", ""),
@@ -571,7 +577,8 @@ def rows_for(drains: List[int]) -> List[Any]:
              ("cordon -> Slurm drain p95", "cordon_to_slurm_drain_p95_seconds", "s"),
              ("cordons mirrored to Slurm", "cordons_mirrored", ""),
              ("read back: drained nodes mirrored / drained", "readback", ""),
-             ("sync process peak RSS (daemon, caches, in-memory Slurm; world built before)", "sync_process_peak_rss_mb", "MB"),
+             ("sync process peak RSS (daemon, caches, in-memory Slurm; world built before)",
+              "sync_process_peak_rss_mb", "MB"),
              ("sync process RSS at the end (before the read-back)", "sync_process_rss_mb", "MB"),
              ("API server max RSS", "server_max_rss_mb", "MB")]
     return rows
@@ -581,7 +588,8 @@ def fmt(res: Optional[Dict[str, Any]], key: str, unit: str) -> str:
     if res is None:
         return "-"
     if key.endswith("_cpu"):
-        sync, server = res.get(key.replace("_cpu", "_sync_cpu_seconds")), res.get(key.replace("_cpu", "_server_cpu_seconds"))
+        sync = res.get(key.replace("_cpu", "_sync_cpu_seconds"))
+        server = res.get(key.replace("_cpu", "_server_cpu_seconds"))
         return f"{sync} s" + (f" / {server} s" if server is not None else "")
     if key == "readback":
         return f"{res.get('readback_drained_ok')}/{res.get('readback_drained_total')}"
