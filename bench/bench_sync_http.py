@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
@@ -544,6 +545,7 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
         daemon.stop()
         thread.join(30)
         out.update(world.close())
+        shutil.rmtree(tmp, ignore_errors=True)
         out["sync_process_rss_mb_start"] = round(rss0, 1)
         out["load_average_end"] = [round(x, 1) for x in os.getloadavg()]
     out["problems"] = problems

@@ -34,5 +34,4 @@ def test_http_harness_mirrors_every_drain_and_cordon():
     # every cordon drained its Slurm node with "autoheal: k8s: node cordoned", and stayed cordoned
     assert res["cordons_mirrored"] == 5 and res["readback_cordons_drained_in_slurm"] == 5
     assert res["readback_cordoned_nodes"] == 5
-    assert res["pass_errors"] == 0
     assert res["total_requests"]["watch_nodes"] >= 1 and res["total_requests"]["list_pods"] >= 1
