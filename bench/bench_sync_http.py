@@ -171,7 +171,6 @@ class MemoryWorld:
 
     def __init__(self, n: int, cfg: Any) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
-
         from autoheal.lab.testing.kube import MemoryKube
 
         self.slurm = make_slurm(n)
@@ -265,7 +264,6 @@ class HttpWorld:
     def __init__(self, n: int, cfg: Any, tmp: str) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
         from autoheal.k8s_sync.kube import KubeApi, load_client_config
-
         from autoheal.lab.kube import node_obj, slurmd_pod
 
         self.slurm = make_slurm(n)

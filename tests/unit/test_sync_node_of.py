@@ -4,9 +4,10 @@ seconds of CPU (found by bench/bench_sync_http.py)."""
 
 from __future__ import annotations
 
+from sync_helpers import k8s_name, memory_world, sync_cfg
+
 from autoheal.k8s_sync import engine
 from autoheal.k8s_sync.engine import Reconciler
-from sync_helpers import k8s_name, memory_world, sync_cfg
 
 
 def test_cordon_burst_maps_the_fleet_once_per_pass_and_events_name_the_right_nodes(monkeypatch):
