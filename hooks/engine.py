@@ -252,6 +252,51 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
 
 
+def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
+    """The node we drained is back in service, and we did not resume it: an admin did (``scontrol
+    update state=resume``, ``autoheal node resume``), perhaps after putting their own reason over ours.
+    Their resume is authoritative for what we remembered: the open faults our drain stood for (opened
+    before it) and a failing check result older than now are forgotten, so that neither the prolog nor
+    the healthcheck fails the node again on a record the admin has dealt with (Slurm would drain it and
+    requeue the job, held without ``nohold_on_prolog_fail``). The GPUs are not trusted blindly: the
+    caller checks them live right after, so a GPU that is really bad fails again and is drained again.
+    Faults opened after our drain (never shown to the admin) stay open, and the recovery-ladder counts
+    are kept: the same fault back after this resume is a new one, a rung higher.
+
+    Slurm is asked only when there is something to forget. Returns what was forgotten, or None.
+    Raises SlurmError (SlurmUnavailable: could not tell): the record then stands."""
+    st = ctx.store.read()
+    ours = st.get("drain")
+    last = st.get("last_result") or {}
+    if not ours or not (st.get("faults") or last.get("status") == C.FAIL):
+        return None
+    node = ctx.slurm.get_node(ctx.node)
+    if node.drain or node.down:  # still drained (ours, or an admin's over it): the faults stand
+        return None
+    now = time.time() if now is None else now
+    with ctx.store.locked() as st2:
+        ours = st2.get("drain")
+        if not ours:  # another hook took care of it meanwhile
+            return None
+        drained_at = float(ours.get("time", 0) or 0)
+        faults = st2.get("faults") or []
+        forgotten = [f for f in faults if float(f.get("since", 0) or 0) <= drained_at]
+        st2["faults"] = [f for f in faults if f not in forgotten]
+        stale = (st2.get("last_result") or {}).get("status") == C.FAIL
+        st2["last_result"] = None
+        st2["drain"] = None
+        st2["passes"] = 0
+        S.mark_repaired(st2, None, now)  # back in service: the same XID again is a new fault
+    out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
+           "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
+    if forgotten or stale:
+        ctx.record("resume", check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
+                   severity="info", evidence={"faults": out["faults"], "drain": ours.get("reason", "")},
+                   message=f"{ctx.node} was resumed (not by autoheal) while drained for: {ours.get('reason', '')}; "
+                   f"forgot {len(forgotten)} open fault(s) behind that drain, the GPUs are checked live again")
+    return out
+
+
 def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Dict[str, Any]]:
     """Climb the recovery ladder for failures, only once the node is drained by us and idle."""
     st = ctx.store.read()
@@ -392,7 +437,15 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
     from autoheal.errors import SlurmError, SlurmUnavailable
 
     now = time.time() if now is None else now
+    accepted = None
+    if not dry_run:
+        try:
+            accepted = accept_resume(ctx, now)
+        except SlurmError:
+            pass  # could not tell: the record stands (and the pass will say slurmctld did not answer)
     p = observe(ctx, ctx.hooks.nvml_timeout if budget is None else budget, now=now)
+    if accepted is not None:
+        p.actions.append(accepted)
     try:
         # warning signs on a node that runs a hot-spare job's active step: drained for a pre-emptive swap
         pre = preswap.maybe_preswap(ctx, p.results, now, dry_run) if drain else None
@@ -440,8 +493,8 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
     return p
 
 
-__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "maybe_resume", "maybe_repair", "xid_results",
-           "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
+__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "accept_resume", "maybe_resume", "maybe_repair",
+           "xid_results", "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
 
 
 def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:

@@ -53,13 +53,16 @@ def _run(ctx: Context, kind: str) -> int:
     if kind == "epilog" and job and mapping_dir:
         mapping.remove_job(mapping_dir, job)
     failure = None
-    if kind == "prolog":
+    # Slurm runs us, so the node is in service: if it carries our drain record, someone resumed it. The
+    # admin's resume ends the faults behind that drain; the GPUs are then checked in full, live.
+    resumed = _accept_resume(ctx, kind)
+    if kind == "prolog" and not resumed:
         last = ctx.store.read().get("last_result") or {}
         if last.get("status") == C.FAIL and time.time() - float(last.get("time", 0)) <= h.prolog_max_age:
             fails = [C.CheckResult.from_dict(r) for r in last.get("results", []) if r.get("status") == C.FAIL]
             failure = C.worst_failure(fails)
     if failure is None:
-        p = observe(ctx, h.prolog_nvml_timeout, cheap=True)
+        p = observe(ctx, h.prolog_nvml_timeout, cheap=not resumed)
         failure = C.worst_failure(p.results)
         if p.sample is not None and job:
             _baseline(ctx, kind, job, p.sample)
@@ -69,6 +72,19 @@ def _run(ctx: Context, kind: str) -> int:
     if kind == "prolog" and job and mapping_dir:
         _write_mapping(ctx, job, mapping_dir)
     return 0
+
+
+def _accept_resume(ctx: Context, kind: str) -> bool:
+    """``engine.accept_resume``: True when the record of an earlier drain of ours was forgotten because
+    the node was resumed since. Slurm not answering is "could not tell": the record stands."""
+    from autoheal.errors import SlurmError
+    from autoheal.hooks.engine import accept_resume
+
+    try:
+        return accept_resume(ctx) is not None
+    except SlurmError as exc:
+        print(f"autoheal-{kind}: could not tell whether {ctx.node} was resumed: {exc}", file=sys.stderr)
+        return False
 
 
 def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> None:

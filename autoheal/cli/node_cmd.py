@@ -87,7 +87,11 @@ def drain(name: str, reason: str, dry_run: bool, config_path: Optional[str], as_
 @json_option
 @handle_errors
 def resume(name: str, dry_run: bool, config_path: Optional[str], as_json: bool) -> None:
-    """Resume NAME only if autoheal drained it (an admin's drain is left alone: exit 1)."""
+    """Resume NAME only if autoheal drained it (an admin's drain is left alone: exit 1).
+
+    Your resume is authoritative: the node's hooks forget the faults behind our drain and check its GPUs
+    live, in full, before the next job (a GPU still bad drains the node again, with what is wrong now).
+    `autoheal check --clear-faults` also forgets the recovery-ladder counts (after a repair by hand)."""
     from autoheal import nodeops
 
     cfg, slurm = _slurm(config_path)

@@ -278,3 +278,45 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         assert any(r["event"] == "clear-faults" for r in journal(lab)[-5:])
     finally:
         heal_node(lab, node)
+
+
+def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still_drains(lab):
+    # After an XID 79 the admin repairs the node and resumes it with plain scontrol (no `autoheal check
+    # --clear-faults`). The open fault behind our drain used to fail the next job's prolog: Slurm drained
+    # the healthy node again and requeued the job (held under Slurm's defaults). Now the next job runs;
+    # and when the GPU is really still lost, the prolog's live check drains the node again.
+    node = "gpu1"
+    job = ""
+    try:
+        inject(lab.lab, node, 3, "xid", xid=79)
+        wait_for(lambda: "DRAIN" in node_line(lab, node), 15, "xid-watch to drain")
+        wait_for(lambda: any(r["event"] == "drain" and r["node"] == node for r in journal(lab)), 15,
+                 "the drain record")
+        for gpu in range(lab.layout.gpus):
+            gstate.inject(lab.layout.gpu_state(node), gpu, "clear")
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
+                       check=True)
+        job = submit(lab, "-N1", "-w", node, "--gres=gpu:1", "--requeue")
+        wait_for(lambda: job_fields(lab, job).get("JobState") == "RUNNING"
+                 and job_fields(lab, job).get("Reason") == "None", 30, "the job to run on the resumed node")
+        assert "DRAIN" not in node_line(lab, node) and job_fields(lab, job).get("Restarts") == "0"
+        assert any(r.get("action") == "accept-resume" and r["node"] == node for r in journal(lab))
+        cancel_job(lab.env, job)
+        wait_node_idle(lab.env, node, 30)
+
+        # the GPU is really bad this time: resumed all the same, the next job's prolog finds it lost
+        inject(lab.lab, node, 3, "xid", xid=79)
+        wait_for(lambda: "DRAIN" in node_line(lab, node), 15, "xid-watch to drain again")
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
+                       check=True)
+        job = submit(lab, "-N1", "-w", node, "--gres=gpu:1", "--requeue")
+        # (the prolog finds it, or a healthcheck that ran between the resume and the job's start)
+        wait_for(lambda: "Reason=autoheal: gpu-lost: GPU 3 of gpu1" in node_line(lab, node), 30,
+                 "the node drained again for the lost GPU")
+        wait_for(lambda: job_fields(lab, job).get("JobState") == "PENDING", 15, "the job to be pending")
+        f = job_fields(lab, job)
+        assert f.get("Priority") != "0", f  # requeued (or never started), not held
+    finally:
+        if job:
+            cancel_job(lab.env, job)
+        heal_node(lab, node)
