@@ -242,4 +242,13 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code in (EXIT_PREEMPTED, EXIT_PREEMPTED_NOT_SAVED):
+        # Preempted: the checkpoint is on disk (fsync'd, renamed, marker last) and the process group is
+        # gone. Skip the interpreter's teardown of torch: seconds on a busy node (3-4 s measured on the
+        # lab), during which torchrun, srun and the autoheal runner wait for this process before the
+        # job can be requeued.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+    sys.exit(exit_code)
