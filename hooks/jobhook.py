@@ -53,8 +53,8 @@ def _run(ctx: Context, kind: str) -> int:
     if kind == "epilog" and job and mapping_dir:
         mapping.remove_job(mapping_dir, job)
     failure = None
-    # Slurm runs us, so the node is in service: if it carries our drain record, someone resumed it. The
-    # admin's resume ends the faults behind that drain; the GPUs are then checked in full, live.
+    # Our drain on record while Slurm has the node in service: someone resumed it. That resume ends the
+    # faults behind our drain; the GPUs are then checked in full, live (engine.accept_resume).
     resumed = _accept_resume(ctx, kind)
     if kind == "prolog" and not resumed:
         last = ctx.store.read().get("last_result") or {}
