@@ -493,8 +493,8 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
     return p
 
 
-__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "accept_resume", "maybe_resume", "maybe_repair",
-           "xid_results", "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
+__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "accept_resume", "maybe_resume",
+           "maybe_repair", "xid_results", "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
 
 
 def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:

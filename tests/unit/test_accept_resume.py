@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_hooks_jobside import FakeCtld
 
 from autoheal.config import Config
 from autoheal.config.hooks_section import HooksSection
@@ -17,14 +18,13 @@ from autoheal.hooks import engine, jobhook
 from autoheal.hooks.context import Context
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.slurm.model import Node
-from test_hooks_jobside import FakeCtld
 
 XID79 = "xid 79 on GPU 3 of n1 (0000:5d:00.0): fallen off the bus"
 
 
 def _sample(lost=()):
-    gpus = [GpuSample(index=i, ok=i not in lost, error="lost" if i in lost else "", name="fake", pci=f"0000:{i:02x}:00.0")
-            for i in range(4)]
+    gpus = [GpuSample(index=i, ok=i not in lost, error="lost" if i in lost else "", name="fake",
+                      pci=f"0000:{i:02x}:00.0") for i in range(4)]
     return NodeSample(node="n1", driver_version="550.54.15", count=4, gpus=gpus)
 
 
