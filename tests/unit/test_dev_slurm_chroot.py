@@ -1,0 +1,52 @@
+"""`./dev test|drill --slurm RELEASE` and .ci/slurm-chroot: the argument checks that come before any
+chroot is built (bad usage is exit 2 with a message, and nothing is built or mounted)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / ".ci" / "slurm-chroot"
+
+
+def _run(argv, **env):
+    full = dict(os.environ, **env)
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=30, env=full)
+
+
+def test_unknown_release_is_usage_error(tmp_path):
+    res = _run([str(SCRIPT), "sid", "build"], AUTOHEAL_CHROOT=str(tmp_path / "c"))
+    assert res.returncode == 2
+    assert "unknown release 'sid'" in res.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_missing_action_is_usage_error():
+    res = _run([str(SCRIPT), "trixie"])
+    assert res.returncode == 2
+    assert "slurm-chroot trixie build" in res.stderr
+
+
+def test_run_without_command_is_usage_error(tmp_path):
+    res = _run([str(SCRIPT), "trixie", "run"], AUTOHEAL_CHROOT=str(tmp_path / "c"))
+    assert res.returncode == 2
+    assert not (tmp_path / "c").exists()
+
+
+def test_chroot_inside_the_checkout_is_refused():
+    if os.geteuid() != 0:  # the root check comes first
+        res = _run([str(SCRIPT), "trixie", "build"])
+        assert res.returncode == 2 and "not root" in res.stderr
+        return
+    res = _run([str(SCRIPT), "trixie", "build"], AUTOHEAL_CHROOT=str(ROOT / "chroot"))
+    assert res.returncode == 2
+    assert "inside the checkout" in res.stderr
+    assert not (ROOT / "chroot").exists()
+
+
+def test_dev_slurm_flag_needs_a_release():
+    res = _run([str(ROOT / "dev"), "test", "--slurm"])
+    assert res.returncode == 2
+    assert "--slurm needs a release" in res.stderr
