@@ -161,10 +161,14 @@ def job_processes(slurm_conf: str) -> List[int]:
 
 
 def ancestors(pid: int) -> List[int]:
-    """``pid`` and its parents up to init (never to be killed by the process itself)."""
+    """``pid`` and its parents up to init, init included (never to be killed by the process itself, nor
+    counted as someone else's: in a container or PID namespace, PID 1 is often the launcher whose
+    command line names the lab, e.g. ``unshare --pid ... autoheal lab soak --dir D``)."""
     out = []
-    while pid > 1 and pid not in out:
+    while pid >= 1 and pid not in out:
         out.append(pid)
+        if pid == 1:
+            break
         try:
             with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as fh:
                 pid = int(fh.read().rsplit(")", 1)[1].split()[1])
