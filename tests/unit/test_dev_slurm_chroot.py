@@ -50,3 +50,26 @@ def test_dev_slurm_flag_needs_a_release():
     res = _run([str(ROOT / "dev"), "test", "--slurm"])
     assert res.returncode == 2
     assert "--slurm needs a release" in res.stderr
+
+
+def _dev_apt_packages():
+    for line in (ROOT / "dev").read_text().splitlines():
+        if line.startswith("APT_PACKAGES="):
+            return line.split("=", 1)[1].strip('"').split()
+    raise AssertionError("no APT_PACKAGES line in ./dev")
+
+
+def test_dev_installs_the_plugin_for_every_auth_type_the_lab_uses(tmp_path):
+    """A minimal Debian 13 (no Recommends: the chroot) had no auth_jwt.so, and the lab's slurmctld died
+    with "cannot find auth plugin for auth/jwt"; ./dev setup must name the package itself."""
+    from autoheal.lab.slurmconf import LabLayout, render_slurm_conf
+
+    lay = LabLayout(root=tmp_path, nodes=["gpu1"], spares=[], gpus=1, ctld_port=1, node_ports={"gpu1": 2},
+                    rest_port=3)
+    text = render_slurm_conf(lay, {}, [])
+    plugin_package = {"auth/jwt": "slurm-wlm-jwt-plugin", "auth/munge": "munge"}
+    used = {v.strip() for ln in text.splitlines() if ln.split("=", 1)[0] in ("AuthType", "AuthAltTypes")
+            for v in ln.split("=", 1)[1].split(",")}
+    assert used, text
+    for auth in used:
+        assert plugin_package[auth] in _dev_apt_packages(), auth
