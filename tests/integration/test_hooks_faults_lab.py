@@ -189,16 +189,21 @@ def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
 # ---- a state dir that is read-only or full never fails the prolog ---------------------------------------
 
 def _mount(kind, path):
+    # a full disk keeps the files it has: carry the node state (the kernel-log cursor above all) over into
+    # the small tmpfs, or the prolog re-reads the whole kernel log and judges the XIDs earlier tests injected
+    saved = {p.name: p.read_bytes() for p in path.iterdir() if p.is_file()} if kind == "full" else {}
     if kind == "read-only":
         argv = [["mount", "--bind", str(path), str(path)], ["mount", "-o", "remount,bind,ro", str(path)]]
     else:
-        argv = [["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)]]
+        argv = [["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)]]
     for a in argv:
         res = subprocess.run(a, capture_output=True, text=True, timeout=10)
         if res.returncode != 0:
             subprocess.run(["umount", str(path)], capture_output=True, timeout=10)
             pytest.skip(f"cannot {' '.join(a)} here: {res.stderr.strip()}")
     if kind == "full":
+        for name, data in saved.items():
+            (path / name).write_bytes(data)
         try:
             with open(path / "filler", "wb") as fh:
                 while True:
