@@ -15,14 +15,25 @@ from dataclasses import dataclass
 from autoheal.reasons import is_ours, make_reason, sanitize, strip_reason_suffix
 from autoheal.slurm.base import SlurmAdapter
 from autoheal.slurm.model import Node
+from autoheal.strenum import StrEnum
 
-DRAINED = "drained"
-RESUMED = "resumed"
-REASON_UPDATED = "reason-updated"
-SKIPPED_SAME = "skipped: already drained with this reason"
-SKIPPED_FOREIGN = "skipped: drained by someone else"
-SKIPPED_NOT_DRAINED = "skipped: not drained"
-SKIPPED_NOT_OURS = "skipped: drain reason is not ours"
+
+
+class NodeAction(StrEnum):
+    """What a node operation did or would do (the words journal records and ``--json`` output carry)."""
+
+    DRAINED = "drained"
+    RESUMED = "resumed"
+    REASON_UPDATED = "reason-updated"
+    SKIPPED_SAME = "skipped: already drained with this reason"
+    SKIPPED_FOREIGN = "skipped: drained by someone else"
+    SKIPPED_NOT_DRAINED = "skipped: not drained"
+    SKIPPED_NOT_OURS = "skipped: drain reason is not ours"
+
+
+DRAINED, RESUMED, REASON_UPDATED = NodeAction.DRAINED, NodeAction.RESUMED, NodeAction.REASON_UPDATED
+SKIPPED_SAME, SKIPPED_FOREIGN = NodeAction.SKIPPED_SAME, NodeAction.SKIPPED_FOREIGN
+SKIPPED_NOT_DRAINED, SKIPPED_NOT_OURS = NodeAction.SKIPPED_NOT_DRAINED, NodeAction.SKIPPED_NOT_OURS
 
 
 @dataclass(frozen=True)
@@ -30,7 +41,7 @@ class Outcome:
     """What a node operation did (``action``) or would have done (``dry_run``)."""
 
     node: str
-    action: str
+    action: NodeAction
     reason: str = ""
     previous_reason: str = ""
     dry_run: bool = False
@@ -45,7 +56,7 @@ def _ensure_prefixed(reason: str) -> str:
     return reason if is_ours(reason) else make_reason(reason)
 
 
-def plan_drain(node: Node, reason: str) -> str:
+def plan_drain(node: Node, reason: str) -> NodeAction:
     """Pure decision for a drain request: DRAINED, REASON_UPDATED or a SKIPPED_* value."""
     current = strip_reason_suffix(node.reason)
     if node.drain or node.down:
@@ -58,7 +69,7 @@ def plan_drain(node: Node, reason: str) -> str:
     return DRAINED
 
 
-def plan_resume(node: Node) -> str:
+def plan_resume(node: Node) -> NodeAction:
     """Pure decision for a resume request: RESUMED or a SKIPPED_* value."""
     if not (node.drain or node.down):
         return SKIPPED_NOT_DRAINED

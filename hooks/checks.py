@@ -12,10 +12,35 @@ from typing import Any, Dict, Iterable, List, Optional
 
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xids import DRAIN_POLICIES, XidEvent, describe, policy_for
+from autoheal.strenum import StrEnum
 
-OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
-NONE, REQUEUE, DRAIN, RESET, REBOOT, REPLACE = ("none", "requeue-job", "drain", "reset-gpu", "reboot-node",
-                                                "replace-node")
+
+
+class Status(StrEnum):
+    """A check's verdict."""
+
+    OK = "ok"
+    WARN = "warn"
+    FAIL = "fail"
+    UNKNOWN = "unknown"
+
+
+class CheckAction(StrEnum):
+    """What a check suggests; reset, reboot and replace are the rungs of the recovery ladder."""
+
+    NONE = "none"
+    REQUEUE = "requeue-job"
+    DRAIN = "drain"
+    RESET = "reset-gpu"
+    REBOOT = "reboot-node"
+    REPLACE = "replace-node"
+
+
+OK, WARN, FAIL, UNKNOWN = Status.OK, Status.WARN, Status.FAIL, Status.UNKNOWN
+NONE, REQUEUE, DRAIN = CheckAction.NONE, CheckAction.REQUEUE, CheckAction.DRAIN
+RESET, REBOOT, REPLACE = CheckAction.RESET, CheckAction.REBOOT, CheckAction.REPLACE
+_STATUSES = frozenset(s.value for s in Status)
+_ACTIONS = frozenset(a.value for a in CheckAction)
 _SEVERITY = {OK: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
 POLICY_ACTION = {"ignore": NONE, "warn": NONE, "requeue": REQUEUE, "drain": RESET, "reset": RESET,
                  "reboot": REBOOT, "replace": REPLACE}
@@ -29,9 +54,9 @@ class CheckResult:
     """The verdict of one check on one GPU (``gpu`` None: node-wide)."""
 
     check: str
-    status: str
+    status: Status
     reason: str = ""
-    action: str = NONE
+    action: CheckAction = NONE
     gpu: Optional[int] = None
     evidence: Dict[str, Any] = field(default_factory=dict)
 
@@ -40,7 +65,12 @@ class CheckResult:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "CheckResult":
-        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if fields.get("status") in _STATUSES:
+            fields["status"] = Status(fields["status"])
+        if fields.get("action") in _ACTIONS:
+            fields["action"] = CheckAction(fields["action"])
+        return cls(**fields)
 
 
 def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "", node: str = "") -> str:
@@ -277,7 +307,7 @@ def judge_sample(s: NodeSample, hooks_cfg: Any, expected_gpus: int = 0) -> List[
     return out
 
 
-def overall(results: Iterable[CheckResult]) -> str:
+def overall(results: Iterable[CheckResult]) -> Status:
     """fail > unknown > warn > ok. No results at all is unknown."""
     worst, seen = OK, False
     for r in results:

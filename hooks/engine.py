@@ -32,7 +32,7 @@ class Pass:
     """The outcome of one pass: what was seen, what was done, and the exit code."""
 
     node: str
-    status: str = C.UNKNOWN
+    status: C.Status = C.UNKNOWN
     results: List[C.CheckResult] = field(default_factory=list)
     actions: List[Dict[str, Any]] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
@@ -328,7 +328,7 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
     return done
 
 
-def _run_rung(ctx: Context, rung: str, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
+def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
     from autoheal.reasons import Origin, Reason, parse_body
 
     act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}

@@ -7,19 +7,22 @@ per node and GPU in the node state, across restarts, for ``hooks.ladder_window``
 
 from __future__ import annotations
 
-from autoheal.hooks.checks import REBOOT, REPLACE, RESET
+from typing import Optional
+
+from autoheal.hooks.checks import REBOOT, REPLACE, RESET, CheckAction
 
 RUNGS = (RESET, REBOOT, REPLACE)
 
 
-def next_rung(first: str, resets: int, reboots: int, can_reset: bool = True, can_reboot: bool = True) -> str:
+def next_rung(first: CheckAction, resets: int, reboots: int, can_reset: bool = True,
+              can_reboot: bool = True) -> Optional[CheckAction]:
     """The rung to run now for a fault whose check suggested ``first``.
 
     ``resets``/``reboots``: repairs already made for this GPU (or node) within the window; a fault seen
-    again after them escalates. Returns "" when the action is not a repair (drain only, warn).
+    again after them escalates. Returns None when the action is not a repair (drain only, warn).
     """
     if first not in RUNGS:
-        return ""
+        return None
     level = RUNGS.index(first)
     if level <= 0 and resets >= 1:
         level = 1

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
+from autoheal.strenum import StrEnum
 
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
@@ -30,13 +31,31 @@ from autoheal.k8s_sync.mapping import Binding, map_nodes
 if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection
 
-# Action kinds
-POD_STATUS = "pod-status"
-NODE_STATUS = "node-status"
-NODE_PATCH = "node-patch"
-SLURM_DRAIN = "slurm-drain"
-SLURM_RESUME = "slurm-resume"
-SLURM_SET_REASON = "slurm-set-reason"
+
+
+class ActionKind(StrEnum):
+    """Every write the sync's steps can ask of the engine (the engine knows how to perform each)."""
+
+    POD_STATUS = "pod-status"
+    NODE_STATUS = "node-status"
+    NODE_PATCH = "node-patch"
+    SLURM_DRAIN = "slurm-drain"
+    SLURM_RESUME = "slurm-resume"
+    SLURM_SET_REASON = "slurm-set-reason"
+    # the remediation step's (autoheal.k8s_sync.remediation)
+    KUBE_EVICT = "kube-evict"
+    KUBE_DELETE_NODE = "kube-delete-node"
+    KUBE_CREATE_CR = "kube-create-cr"
+    KUBE_DELETE_CR = "kube-delete-cr"  # a stale replacement request, once the node no longer needs one
+    WEBHOOK = "webhook"
+    BREAKER_SAVE = "breaker-save"
+    REPORT = "report"  # Event + journal + notification, no write
+    SLURM_RETIRE = "slurm-retire"
+    SLURM_RESUME_SPARE = "slurm-resume-spare"
+
+
+POD_STATUS, NODE_STATUS, NODE_PATCH = ActionKind.POD_STATUS, ActionKind.NODE_STATUS, ActionKind.NODE_PATCH
+SLURM_DRAIN, SLURM_RESUME, SLURM_SET_REASON = ActionKind.SLURM_DRAIN, ActionKind.SLURM_RESUME, ActionKind.SLURM_SET_REASON
 SLURM_KINDS = (SLURM_DRAIN, SLURM_RESUME, SLURM_SET_REASON)
 
 
@@ -45,7 +64,7 @@ class Action:
     """One write a step wants: to a Kubernetes object (patch) or to a Slurm node."""
 
     step: str
-    kind: str
+    kind: ActionKind
     target: str  # Kubernetes object name, or Slurm node name for Slurm kinds
     slurm_node: str = ""
     namespace: str = ""

@@ -27,6 +27,7 @@ from autoheal.slurm.model import Node
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
+from autoheal.k8s_sync.remediation import Do
 from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ def remediate(ctx: Context) -> List[Action]:
             continue
         base = R.NodeRemediation("", 0, cur.attempts, "", cur.slurm_node) if how == "retry" else cur
         step = R.next_step(base, True, snap.jobs.get(sname, 0), pods, False, settings, now, sname, knode)
-        if step.do == "report-opt-out":
+        if step.do is Do.REPORT_OPT_OUT:
             ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
             ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
                                 f"by hand or remove the label")
@@ -233,7 +234,7 @@ def remediate(ctx: Context) -> List[Action]:
 def _then(step: R.Step) -> R.NodeRemediation:
     """The state a step records (``next_step`` gives one with every step but none, wait and report-opt-out)."""
     if step.then is None:
-        raise ValueError(f"remediation step {step.do!r} carries no state to record")
+        raise ValueError(f"remediation step {str(step.do)!r} carries no state to record")
     return step.then
 
 
@@ -364,26 +365,26 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
     cordon = {"spec": {"unschedulable": True},
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
     out: List[Action] = []
-    if step.do == "report-opt-out":
+    if step.do is Do.REPORT_OPT_OUT:
         ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
         ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
                             f"by hand or remove the label")
         return _opt_out(kname, sname, step.why, prefix, cur.attempts)
-    if step.do == "fail":
+    if step.do is Do.FAIL:
         then = _then(step)
         _, note = R.retry_due(then, settings, now)
         return [_state(kname, sname, then, prefix, then.reason,
                        event=("AutohealRemediationFailed", f"Node {kname} (Slurm {sname}): remediation failed: "
                               f"{then.reason}; {note}", "Warning"), journal="remediation-failed")]
-    if step.do == "cordon":
+    if step.do is Do.CORDON:
         return [_state(kname, sname, _then(step), prefix, "cordoned; evicting its pods", extra=cordon,
                        event=("AutohealCordoned", f"Node {kname} cordoned for replacement (Slurm {sname})",
                               "Normal"))]
     if cur.state in ("draining", "drained") and not (knode.get("spec") or {}).get("unschedulable"):
         # a crash between states, or someone uncordoned it: the flow needs it cordoned
         out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", cordon, group=kname, why="re-cordon"))
-    if step.do in ("evict", "final-evict"):
-        final = step.do == "final-evict"
+    if step.do in (Do.EVICT, Do.FINAL_EVICT):
+        final = step.do is Do.FINAL_EVICT
         if final:  # recorded first: the next pass fails the remediation if pods are still there
             out.append(_state(kname, sname, _then(step), prefix, step.why))
         deadline = cur.since + settings.drain_timeout_seconds
@@ -395,9 +396,9 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
                               why=f"evict from {kname}" + (" (last attempt)" if final else ""),
                               deadline=deadline, force=final))
         return out
-    if step.do == "request-replacement":
+    if step.do is Do.REQUEST_REPLACEMENT:
         return out + _request(ctx, kname, sname, _then(step), knode)
-    if cur.state == "replacing" and step.do == "wait":
+    if cur.state == "replacing" and step.do is Do.WAIT:
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
             if strip_reason_suffix(spare.reason).startswith(cfg.spare_reason_prefix.strip()):
@@ -408,7 +409,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
                 ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
                                     f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
         return out
-    if step.do == "retire":
+    if step.do is Do.RETIRE:
         # Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
         # slurmctld away), the record still says replacing and the next pass (any leader) retires again.
         acts = []

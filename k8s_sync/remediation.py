@@ -24,6 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
+from autoheal.strenum import StrEnum
+
+from autoheal.k8s_sync.plan import ActionKind
 
 if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection
@@ -33,15 +36,10 @@ ACTIVE = ("quarantined", "draining", "drained", "replacing")
 TERMINAL = ("done", "failed")
 
 # Action kinds of this step (the engine knows how to write each).
-KUBE_EVICT = "kube-evict"
-KUBE_DELETE_NODE = "kube-delete-node"
-KUBE_CREATE_CR = "kube-create-cr"
-KUBE_DELETE_CR = "kube-delete-cr"  # a stale replacement request, once the node no longer needs one
-WEBHOOK = "webhook"
-BREAKER_SAVE = "breaker-save"
-REPORT = "report"  # Event + journal + notification, no write
-SLURM_RETIRE = "slurm-retire"
-SLURM_RESUME_SPARE = "slurm-resume-spare"
+KUBE_EVICT, KUBE_DELETE_NODE = ActionKind.KUBE_EVICT, ActionKind.KUBE_DELETE_NODE
+KUBE_CREATE_CR, KUBE_DELETE_CR = ActionKind.KUBE_CREATE_CR, ActionKind.KUBE_DELETE_CR
+WEBHOOK, BREAKER_SAVE, REPORT = ActionKind.WEBHOOK, ActionKind.BREAKER_SAVE, ActionKind.REPORT
+SLURM_RETIRE, SLURM_RESUME_SPARE = ActionKind.SLURM_RETIRE, ActionKind.SLURM_RESUME_SPARE
 KINDS = (KUBE_EVICT, KUBE_DELETE_NODE, KUBE_CREATE_CR, KUBE_DELETE_CR, WEBHOOK, BREAKER_SAVE, REPORT,
          SLURM_RETIRE, SLURM_RESUME_SPARE)
 
@@ -135,11 +133,25 @@ class RemediationSettings:
                    int(pending_setting(cfg, "remediation_max_attempts")))
 
 
+class Do(StrEnum):
+    """The side effect a remediation decision asks for."""
+
+    NONE = "none"
+    WAIT = "wait"
+    REPORT_OPT_OUT = "report-opt-out"
+    CORDON = "cordon"
+    EVICT = "evict"
+    FINAL_EVICT = "final-evict"
+    REQUEST_REPLACEMENT = "request-replacement"
+    RETIRE = "retire"
+    FAIL = "fail"
+
+
 @dataclass(frozen=True)
 class Step:
     """One decision: the side effect to perform (``do``) and the state to record with it (``then``)."""
 
-    do: str  # none | wait | report-opt-out | cordon | evict | final-evict | request-replacement | retire | fail
+    do: Do
     then: Optional[NodeRemediation] = None
     why: str = ""
 
@@ -185,48 +197,48 @@ def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_o
     caller, or here for DaemonSets); ``node``: the Node (its labels may opt out too)."""
     st = cur.state
     if st in TERMINAL:
-        return Step("none", why=f"remediation {st}")
+        return Step(Do.NONE, why=f"remediation {st}")
     if not st:
         if not wants_replace:
-            return Step("none")
+            return Step(Do.NONE)
         who = opt_out_reason(pods_on_node, cfg, node)
         if who:
-            return Step("report-opt-out", why=who)
-        return Step("wait", NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault",
-                                            slurm_node or cur.slurm_node),
-                    "quarantined: waiting for its Slurm jobs to leave")
+            return Step(Do.REPORT_OPT_OUT, why=who)
+        return Step(Do.WAIT, NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault",
+                                             slurm_node or cur.slurm_node),
+                     "quarantined: waiting for its Slurm jobs to leave")
     age = now - cur.since
     if st == "quarantined":
         if slurm_jobs == 0:
             who = opt_out_reason(pods_on_node, cfg, node)
             if who:
-                return Step("report-opt-out", NodeRemediation(attempts=cur.attempts), who)
-            return Step("cordon", cur_with(cur, "draining", now), "jobs gone: cordon and evict")
+                return Step(Do.REPORT_OPT_OUT, NodeRemediation(attempts=cur.attempts), who)
+            return Step(Do.CORDON, cur_with(cur, "draining", now), "jobs gone: cordon and evict")
         if age > cfg.grace_seconds:
-            return Step("fail", cur_with(cur, "failed", now, f"{slurm_jobs} Slurm jobs did not leave in "
-                                         f"{cfg.grace_seconds:.0f}s"))
-        return Step("wait", why=f"{slurm_jobs} Slurm jobs still on the node")
+            return Step(Do.FAIL, cur_with(cur, "failed", now, f"{slurm_jobs} Slurm jobs did not leave in "
+                                          f"{cfg.grace_seconds:.0f}s"))
+        return Step(Do.WAIT, why=f"{slurm_jobs} Slurm jobs still on the node")
     if st in ("draining", "drained"):
         evictable = [p for p in pods_on_node if not is_daemonset_pod(p)]
         if not evictable:
-            return Step("request-replacement", cur_with(cur, "replacing", now), "drained: request a replacement")
+            return Step(Do.REQUEST_REPLACEMENT, cur_with(cur, "replacing", now), "drained: request a replacement")
         if age > cfg.drain_timeout_seconds:
             if not cur.final_eviction:  # one last attempt at the deadline, whatever the backoff said
-                return Step("final-evict", replace(cur, final_eviction=now),
-                            f"drain timeout: last eviction attempt of {len(evictable)} pods")
+                return Step(Do.FINAL_EVICT, replace(cur, final_eviction=now),
+                             f"drain timeout: last eviction attempt of {len(evictable)} pods")
             names = ", ".join(sorted((p.get("metadata") or {}).get("namespace", "") + "/" +
                                      (p.get("metadata") or {}).get("name", "") for p in evictable)[:5])
-            return Step("fail", cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods ({names}) blocked "
-                                         f"for {cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
-        return Step("evict", why=f"{len(evictable)} pods to evict")
+            return Step(Do.FAIL, cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods ({names}) blocked "
+                                          f"for {cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
+        return Step(Do.EVICT, why=f"{len(evictable)} pods to evict")
     if st == "replacing":
         if replacement_ready:
-            return Step("retire", cur_with(cur, "done", now), "replacement in service")
+            return Step(Do.RETIRE, cur_with(cur, "done", now), "replacement in service")
         if age > cfg.replace_timeout_seconds:
-            return Step("fail", cur_with(cur, "failed", now, f"replacement never arrived within "
-                                         f"{cfg.replace_timeout_seconds:.0f}s"))
-        return Step("wait", why="waiting for the replacement Node")
-    return Step("none")
+            return Step(Do.FAIL, cur_with(cur, "failed", now, f"replacement never arrived within "
+                                          f"{cfg.replace_timeout_seconds:.0f}s"))
+        return Step(Do.WAIT, why="waiting for the replacement Node")
+    return Step(Do.NONE)
 
 
 def cur_with(cur: NodeRemediation, state: str, now: float, reason: Optional[str] = None) -> NodeRemediation:

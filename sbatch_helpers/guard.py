@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Seque
 
 from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
 from autoheal.reasons import is_ours
+from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
     from autoheal.journal import Journal
@@ -48,9 +49,17 @@ if TYPE_CHECKING:
 from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, node_unhealthy, plan_exclusions,
                                              split_nodes)
 
-RELEASE = "release"
-PRUNE = "prune"
-SCHEDULE = "schedule"
+
+
+class GuardKind(StrEnum):
+    """What the guard does to a job (the module docstring tells each)."""
+
+    RELEASE = "release"
+    PRUNE = "prune"
+    SCHEDULE = "schedule"
+
+
+RELEASE, PRUNE, SCHEDULE = GuardKind.RELEASE, GuardKind.PRUNE, GuardKind.SCHEDULE
 #: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
 #: intent is all it left) and requeue-failed (it gave up after its retry budget, e.g. slurmctld away).
 UNFINISHED = ("requeueing", "requeue-failed")
@@ -60,7 +69,7 @@ UNFINISHED = ("requeueing", "requeue-failed")
 class GuardAction:
     """One thing the guard will do to one job (pure data: planned, printed with --dry-run, executed)."""
 
-    kind: str  # RELEASE, PRUNE or SCHEDULE
+    kind: GuardKind
     job_id: str
     exclusions: Tuple[str, ...]  # the whole ExcNodeList to set (the user's own first)
     ours: Tuple[str, ...]  # autoheal's part of it, recorded in the comment

@@ -118,7 +118,7 @@ def test_ladder_escalates_on_recurrence():
     assert next_rung(C.RESET, 1, 1) == C.REPLACE
     assert next_rung(C.REBOOT, 0, 1) == C.REPLACE
     assert next_rung(C.RESET, 0, 0, can_reset=False) == C.REBOOT
-    assert next_rung(C.DRAIN, 3, 3) == ""
+    assert next_rung(C.DRAIN, 3, 3) is None
 
 
 def test_mapping_indices():
