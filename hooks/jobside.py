@@ -616,7 +616,7 @@ class JobSide:
         try:
             if not self._is_runner(info):
                 try:
-                    self.ctx.slurm.update_job(job, Comment=note)
+                    self.ctx.slurm.set_job_comment(job, note)
                 except SlurmUnavailable:
                     raise
                 except SlurmError:

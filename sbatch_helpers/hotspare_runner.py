@@ -363,7 +363,7 @@ class HotSpareRun:
             return
         spec = f"{want}-{want + self.opts.spare_nodes}"
         try:
-            self.slurm.update_job(job_id, NumNodes=spec)
+            self.slurm.set_node_count(job_id, want, want + self.opts.spare_nodes)
         except SlurmError as exc:
             say(f"warning: cannot ask for the spares again (NumNodes={spec}): {exc}")
 

@@ -14,7 +14,7 @@ from typing import Callable, Dict, List, Optional, TypeVar
 from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
                              SlurmJobNotPending, SlurmNotFound, SlurmNotSupported, SlurmRequeueDisabled,
                              SlurmUnavailable)
-from autoheal.slurm.model import Job, Node, SlurmVersion
+from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 
 T = TypeVar("T")
 
@@ -142,12 +142,12 @@ class SlurmAdapter(ABC):
         """Release a held job."""
 
     @abstractmethod
-    def update_job(self, job_id: str, **fields: str) -> None:
-        """``scontrol update jobid=X Key=Value ...`` (e.g. ExcNodeList, Comment)."""
+    def update_job(self, job_id: str, update: JobUpdate) -> None:
+        """Change the fields ``update`` sets (``scontrol update jobid=X Key=Value ...``)."""
 
     def set_excluded_nodes(self, job_id: str, nodes: List[str]) -> None:
         """Replace the job's ExcNodeList (Slurm accepts this only while the job is PENDING)."""
-        self.update_job(job_id, ExcNodeList=",".join(nodes))
+        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
 
     def shrink_job(self, job_id: str, keep: List[str]) -> None:
         """Shrink a RUNNING job to the nodes in ``keep`` (``scontrol update JobId=X NodeList=<keep>``):
@@ -156,7 +156,7 @@ class SlurmAdapter(ABC):
         dropped node are killed by Slurm."""
         if not keep:
             raise SlurmError(f"job {job_id}: refusing to shrink to no node at all")
-        self.update_job(job_id, NodeList=",".join(keep))
+        self.update_job(job_id, JobUpdate(nodes=tuple(keep)))
 
     @abstractmethod
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
@@ -164,7 +164,11 @@ class SlurmAdapter(ABC):
 
     def set_job_comment(self, job_id: str, comment: str) -> None:
         """Replace the job's comment (visible in ``squeue -o %k`` and ``sacct``)."""
-        self.update_job(job_id, Comment=comment)
+        self.update_job(job_id, JobUpdate(comment=comment))
+
+    def set_node_count(self, job_id: str, minimum: int, maximum: int) -> None:
+        """Set the node count a PENDING job asks for (``NumNodes=min-max``)."""
+        self.update_job(job_id, JobUpdate(node_count=(minimum, maximum)))
 
 
 # Slurm's own error strings (slurm_strerror: the same text on scontrol's stderr and in slurmrestd's

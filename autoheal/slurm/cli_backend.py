@@ -15,7 +15,7 @@ from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse
 from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
-from autoheal.slurm.model import Job, Node, SlurmVersion
+from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 
 if TYPE_CHECKING:
     from autoheal.config.core_sections import SlurmSection
@@ -187,7 +187,8 @@ class CliSlurm(SlurmAdapter):
         # Idempotent: releasing a job that is not held succeeds (observed on 22.05).
         self._write("scontrol", "release", str(job_id))
 
-    def update_job(self, job_id: str, **fields: str) -> None:
+    def update_job(self, job_id: str, update: JobUpdate) -> None:
+        fields = update.scontrol_fields()
         if not fields:
             return
         self._write("scontrol", "update", f"jobid={job_id}", *(f"{k}={v}" for k, v in fields.items()))

@@ -9,7 +9,7 @@ state and a set of flags.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import FrozenSet, Iterable, List, Optional, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 BASE_STATES = ("ALLOCATED", "COMPLETING", "DOWN", "ERROR", "FUTURE", "IDLE", "MIXED", "UNKNOWN")
 # Suffix characters sinfo/scontrol append to a state name, and the flag each stands for.
@@ -168,6 +168,29 @@ class WarnSignal:
     def spec(self) -> str:
         """Back in sbatch's spelling: ``B:USR2@90``."""
         return f"{'B:' if self.batch else ''}{self.signal}@{self.seconds}"
+
+
+@dataclass(frozen=True)
+class JobUpdate:
+    """The job fields autoheal changes (``SlurmAdapter.update_job``); None leaves a field as it is."""
+
+    excluded_nodes: Optional[Tuple[str, ...]] = None  # ExcNodeList: Slurm takes it only while PENDING
+    comment: Optional[str] = None  # Comment (``squeue -o %k``, sacct)
+    nodes: Optional[Tuple[str, ...]] = None  # NodeList: shrink a RUNNING job to exactly these nodes
+    node_count: Optional[Tuple[int, int]] = None  # NumNodes=min-max: what a requeued job asks for again
+
+    def scontrol_fields(self) -> Dict[str, str]:
+        """The ``Key=Value`` fields of ``scontrol update jobid=X`` for this update, in a fixed order."""
+        out: Dict[str, str] = {}
+        if self.excluded_nodes is not None:
+            out["ExcNodeList"] = ",".join(self.excluded_nodes)
+        if self.comment is not None:
+            out["Comment"] = self.comment
+        if self.nodes is not None:
+            out["NodeList"] = ",".join(self.nodes)
+        if self.node_count is not None:
+            out["NumNodes"] = f"{self.node_count[0]}-{self.node_count[1]}"
+        return out
 
 
 #: The reasons Slurm gives a held job.

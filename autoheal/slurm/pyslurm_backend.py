@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, TypeVar
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmUnavailable
 from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if
 from autoheal.slurm.hostlist import expand
-from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
+from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion, parse_state
 
 if TYPE_CHECKING:
     from autoheal.config.core_sections import SlurmSection
@@ -151,11 +151,16 @@ class PyslurmSlurm(SlurmAdapter):
     def release(self, job_id: str) -> None:
         self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).release(), f"release {job_id}")
 
-    def update_job(self, job_id: str, **fields: str) -> None:
-        mapped = {}
-        for key, value in fields.items():
-            k = key.lower()
-            mapped["excluded_nodes" if k == "excnodelist" else k] = value
+    def update_job(self, job_id: str, update: JobUpdate) -> None:
+        if update.nodes is not None:
+            raise SlurmNotSupported("the pyslurm backend cannot shrink a running job; use slurm.backend = 'cli'")
+        mapped: Dict[str, Any] = {}
+        if update.excluded_nodes is not None:
+            mapped["excluded_nodes"] = ",".join(update.excluded_nodes)
+        if update.comment is not None:
+            mapped["comment"] = update.comment
+        if update.node_count is not None:
+            mapped["nodes"] = f"{update.node_count[0]}-{update.node_count[1]}"
         desc = self.ps.JobSubmitDescription(**mapped)
         self._wrap(lambda: self.ps.Job(self._numeric_id(job_id)).modify(desc), f"update job {job_id}")
 

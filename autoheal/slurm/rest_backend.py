@@ -26,7 +26,7 @@ from urllib3.connectionpool import HTTPConnectionPool
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import parse
 from autoheal.slurm.base import OPERATIONS, SlurmAdapter, filter_jobs, job_outcome, not_found_if, with_retries
-from autoheal.slurm.model import Job, Node, SlurmVersion
+from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 
 if TYPE_CHECKING:
     from autoheal.config.core_sections import SlurmSection
@@ -313,21 +313,24 @@ class RestSlurm(SlurmAdapter):
     def release(self, job_id: str) -> None:
         if self._writes_via_cli():
             return self._via_cli("release jobs").release(job_id)
-        self.update_job(job_id, hold="false")
+        self._post_job(job_id, {"hold": False})
 
-    def update_job(self, job_id: str, **fields: str) -> None:
+    def update_job(self, job_id: str, update: JobUpdate) -> None:
         if self._writes_via_cli():
-            return self._via_cli("update jobs").update_job(job_id, **fields)
-        self._require_write("update jobs")
+            return self._via_cli("update jobs").update_job(job_id, update)
+        if update.nodes is not None or update.node_count is not None:
+            # resizing a job through slurmrestd's job_desc fields was never tried: scontrol does it
+            return self._via_cli("resize jobs").update_job(job_id, update)
         body: Dict[str, Any] = {}
-        for key, value in fields.items():
-            k = key.lower()
-            if k in ("excnodelist", "excluded_nodes"):
-                body["excluded_nodes"] = [n for n in str(value).split(",") if n]
-            elif k == "hold":
-                body["hold"] = str(value).lower() in ("1", "true", "yes")
-            else:
-                body[k] = value
+        if update.excluded_nodes is not None:
+            body["excluded_nodes"] = [n for n in update.excluded_nodes if n]
+        if update.comment is not None:
+            body["comment"] = update.comment
+        if body:
+            self._post_job(job_id, body)
+
+    def _post_job(self, job_id: str, body: Dict[str, Any]) -> None:
+        self._require_write("update jobs")
         with_retries(lambda: self._request("POST", f"/slurm/{self.api}/job/{quote(str(job_id))}", body),
                      self.retries)
 

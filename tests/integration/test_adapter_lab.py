@@ -10,6 +10,7 @@ import pytest
 from autoheal import nodeops
 from autoheal.errors import SlurmError, SlurmNotFound
 from autoheal.reasons import is_ours
+from autoheal.slurm.model import JobUpdate
 from helpers import cancel_job, wait_for
 
 
@@ -101,7 +102,7 @@ def test_requeue_hold_exclude_release_comment_signal(plain_lab):
             slurm.get_job(job)), 150, "job held after requeuehold")
         assert held.state == "PENDING", states[-5:]
         merged = sorted(set(held.excluded_nodes) | {node})
-        slurm.update_job(job, ExcNodeList=",".join(merged))
+        slurm.update_job(job, JobUpdate(excluded_nodes=tuple(merged)))
         assert set(slurm.get_job(job).excluded_nodes) == set(merged)
         slurm.release(job)
         assert "spare1" in slurm.get_job(job).excluded_nodes  # the user's own exclusion is kept
@@ -234,9 +235,9 @@ def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
     script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
     job = _sbatch(plain_lab, "-N", "1", "-H", "--exclude", "spare1", script=script)
     try:
-        rest.update_job(job, ExcNodeList="spare1,gpu3")
+        rest.update_job(job, JobUpdate(excluded_nodes=("spare1", "gpu3")))
         assert set(cli.get_job(job).excluded_nodes) == {"spare1", "gpu3"}
-        rest.update_job(job, comment="autoheal: rest comment")
+        rest.update_job(job, JobUpdate(comment="autoheal: rest comment"))
         assert cli.get_job(job).comment == "autoheal: rest comment"
         rest.release(job)
         running = wait_for(lambda: (lambda j: j if j.running else None)(cli.get_job(job)), 60, "job running")

@@ -17,7 +17,7 @@ from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobFinishe
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
 from autoheal.hooks import state as S
-from autoheal.slurm.model import Job, Node
+from autoheal.slurm.model import Job, JobUpdate, Node
 
 XID79 = C.CheckResult("xid", C.FAIL, "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus", C.REPLACE, 1,
                       {"xid": 79})
@@ -70,9 +70,13 @@ class FakeCtld:
     def signal_job(self, job_id, signal, batch=False, full=False):
         self._call(f"signal {job_id} {signal} {'batch' if batch else 'full'}")
 
-    def update_job(self, job_id, **fields):
+    def update_job(self, job_id, update):
+        fields = update.scontrol_fields()
         self._call(f"update {job_id}")
         self.jobs[job_id] = Job(job_id, self.jobs[job_id].state, ("n1",), comment=fields.get("Comment", ""))
+
+    def set_job_comment(self, job_id, comment):
+        self.update_job(job_id, JobUpdate(comment=comment))
 
     def requeue(self, job_id, hold=False):
         self._call(f"requeue {job_id}")

@@ -83,8 +83,8 @@ class FakeSlurm(SlurmAdapter):
     def release(self, job_id):
         self.calls.append(("release", job_id))
 
-    def update_job(self, job_id, **fields):
-        self.calls.append(("update_job", job_id, fields))
+    def update_job(self, job_id, update):
+        self.calls.append(("update_job", job_id, update.scontrol_fields()))
 
     def signal_job(self, job_id, signal, batch=False, full=False):
         self.calls.append(("signal_job", job_id, signal))

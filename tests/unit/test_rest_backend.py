@@ -15,6 +15,7 @@ import pytest
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmNotSupported, SlurmParseError, SlurmUnavailable
 from autoheal.slurm import base, rest_backend
+from autoheal.slurm.model import JobUpdate
 from autoheal.slurm.rest_backend import RestSlurm
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
@@ -179,7 +180,7 @@ def test_v0040_writes_paths_methods_bodies(tcp_stub):
     slurm.drain("gpu1", "autoheal: xid 79")
     slurm.resume("gpu1")
     slurm.set_reason("gpu1", "autoheal: ecc")
-    slurm.update_job("42", ExcNodeList="gpu1,gpu2", Comment="autoheal: moved")
+    slurm.update_job("42", JobUpdate(excluded_nodes=("gpu1", "gpu2"), comment="autoheal: moved"))
     slurm.release("42")
     slurm.signal_job("42", "USR2", batch=True)
     slurm.signal_job("42", "TERM", full=True)
@@ -214,7 +215,7 @@ def test_v0038_writes_refused_naming_cli_backend(tcp_stub):
     stub = Stub(versions=("v0.0.38",))
     slurm = RestSlurm(tcp_stub(stub), retries=0)
     for call in (lambda: slurm.drain("gpu1", "x"), lambda: slurm.resume("gpu1"),
-                 lambda: slurm.update_job("1", Comment="x"), lambda: slurm.signal_job("1", "TERM")):
+                 lambda: slurm.update_job("1", JobUpdate(comment="x")), lambda: slurm.signal_job("1", "TERM")):
         with pytest.raises(SlurmError) as err:
             call()
         assert "slurm.backend = 'cli'" in str(err.value)
@@ -261,7 +262,7 @@ def test_v0038_writes_go_through_the_cli_fallback(tcp_stub):
     slurm = RestSlurm(tcp_stub(stub), retries=0, fallback=cli)
     slurm.drain("gpu1", "autoheal: x")
     slurm.resume("gpu1")
-    slurm.update_job("3", ExcNodeList="gpu2")
+    slurm.update_job("3", JobUpdate(excluded_nodes=("gpu2",)))
     slurm.release("3")
     slurm.signal_job("3", "USR2", batch=True)
     assert [c[0] for c in cli.calls] == ["drain", "resume", "update_job", "release", "signal_job"]
@@ -284,7 +285,7 @@ def test_job_write_refusals_are_typed(tcp_stub, text, kind):
         500, {"errors": [{"description": "Job update failed", "error_number": 2000, "error": text}]})
     slurm = RestSlurm(tcp_stub(stub), api_version="v0.0.40", retries=0)
     with pytest.raises(getattr(E, kind)):
-        slurm.update_job("5", ExcNodeList="gpu2")
+        slurm.update_job("5", JobUpdate(excluded_nodes=("gpu2",)))
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------

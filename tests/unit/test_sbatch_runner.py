@@ -15,7 +15,7 @@ from autoheal.journal import Journal
 from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.comment import merged_exclusions
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
-from autoheal.slurm.model import Job, Node
+from autoheal.slurm.model import Job, JobUpdate, Node
 
 
 class FakeSlurm:
@@ -39,7 +39,8 @@ class FakeSlurm:
     def release(self, job_id):
         self.calls.append(("release", job_id))
 
-    def update_job(self, job_id, **fields):
+    def update_job(self, job_id, update):
+        fields = update.scontrol_fields()
         self.calls.append(("update", job_id, fields))
         if "ExcNodeList" in fields:
             self.job = replace(self.job, excluded_nodes=tuple(fields["ExcNodeList"].split(",")))
@@ -49,7 +50,7 @@ class FakeSlurm:
         self.job = replace(self.job, comment=comment)
 
     def set_excluded_nodes(self, job_id, nodes):
-        self.update_job(job_id, ExcNodeList=",".join(nodes))
+        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
 
 
 @pytest.fixture(autouse=True)

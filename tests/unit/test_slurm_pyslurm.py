@@ -7,6 +7,7 @@ import types
 import pytest
 
 from autoheal.errors import SlurmError, SlurmNotFound
+from autoheal.slurm.model import JobUpdate
 from autoheal.slurm.pyslurm_backend import PyslurmSlurm
 
 
@@ -140,7 +141,7 @@ def test_job_writes():
     slurm = PyslurmSlurm(module=fake)
     slurm.requeue("42", hold=True)
     slurm.release("42")
-    slurm.update_job("42", ExcNodeList="gpu1", Comment="x")
+    slurm.update_job("42", JobUpdate(excluded_nodes=("gpu1",), comment="x"))
     slurm.signal_job("42", "USR2", batch=True)
     slurm.signal_job("42", "TERM", full=True)
     slurm.signal_job("42", "INT")

@@ -29,7 +29,7 @@ from autoheal.errors import (
     SlurmUnavailable,
 )
 from autoheal.slurm.base import SlurmAdapter, filter_jobs
-from autoheal.slurm.model import REQUEUE_HELD_DESCRIPTION, Job, Node, SlurmVersion
+from autoheal.slurm.model import REQUEUE_HELD_DESCRIPTION, Job, JobUpdate, Node, SlurmVersion
 
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED"}
 READS = ("list_nodes", "list_jobs", "get_job")
@@ -157,7 +157,8 @@ class MemorySlurm(SlurmAdapter):
             if job.held:
                 self._set(job, priority=1, state_reason="None")  # the description stays, as in Slurm
 
-    def update_job(self, job_id: str, **fields: str) -> None:
+    def update_job(self, job_id: str, update: JobUpdate) -> None:
+        fields = update.scontrol_fields()
         with self.lock:
             self._enter("update_job", str(job_id), fields)
             job = self._job(job_id)
