@@ -59,13 +59,12 @@ class Context:
 
     @property
     def slurm(self) -> SlurmAdapter:
-        """CliSlurm with the hooks' timeouts (a hook must never wait long for slurmctld)."""
+        """The backend ``[slurm] backend`` chooses, with the hooks' timeouts (a hook must never wait long
+        for slurmctld); built on first use, importing only that backend."""
         if self._slurm is None:
-            from autoheal.slurm.cli_backend import CliSlurm
+            from autoheal.slurm import get_adapter
 
-            s = self.cfg.slurm
-            self._slurm = CliSlurm(bin_dir=s.bin_dir, slurm_conf=s.slurm_conf, timeout=self.hooks.slurm_timeout,
-                                   retries=1)
+            self._slurm = get_adapter(self.cfg, timeout=self.hooks.slurm_timeout, retries=1)
         return self._slurm
 
     @slurm.setter

@@ -42,13 +42,20 @@ def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) 
     return notes
 
 
-def get_adapter(config: Optional[Config] = None) -> SlurmAdapter:
-    """The backend the config asks for (``[slurm] backend``); imports only what that backend needs."""
+def get_adapter(config: Optional[Config] = None, timeout: Optional[float] = None,
+                retries: Optional[int] = None) -> SlurmAdapter:
+    """The backend the config asks for (``[slurm] backend``); imports only what that backend needs.
+    ``timeout``/``retries`` replace the section's (the node hooks' own, shorter limits)."""
     if config is None:
         from autoheal.config import load_config
 
         config = load_config()
     section = config.slurm
+    if timeout is not None or retries is not None:
+        from dataclasses import replace
+
+        section = replace(section, timeout=section.timeout if timeout is None else timeout,
+                          retries=section.retries if retries is None else retries)
     if section.backend == "rest":
         from autoheal.slurm.rest_backend import RestSlurm
 

@@ -409,3 +409,14 @@ def test_writing_back_after_a_lock_timeout_keeps_what_others_wrote_meanwhile(tmp
     assert disk["ladder"] == {"gpu2": {"reset": [5.0]}}  # the other hook's write survived
     assert [r["xid"] for r in disk["recent_xids"]] == [79] and disk["counters"] == {"x": 1}  # and ours
     assert disk["passes"] == 1 and watch.trouble == ""
+
+
+@pytest.mark.parametrize("backend,cls", [("cli", "CliSlurm"), ("rest", "RestSlurm")])
+def test_hooks_build_the_backend_the_config_chooses_with_their_own_timeout(tmp_path, backend, cls):
+    from autoheal.hooks.context import Context
+
+    cfg = parse_config(f'[slurm]\nbackend = "{backend}"\ntimeout = 30\nretries = 4\nrest_url = "http://127.0.0.1:1"\n'
+                       f'[hooks]\nstate_dir = "{tmp_path}"\nslurm_timeout = 3\n')
+    slurm = Context(cfg, "gpu1", "healthcheck").slurm
+    assert type(slurm).__name__ == cls
+    assert (slurm.timeout, slurm.retries) == (3, 1)
