@@ -17,7 +17,7 @@ import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
 from autoheal.reasons import strip_reason_suffix
@@ -77,6 +77,23 @@ class PassResult:
                 "problems": self.problems, "seconds": round(self.seconds, 4), "slurm_nodes": self.nodes,
                 "mapped": self.mapped, "breaker": self.breaker, "remediations": self.remediations,
                 "opted_out": self.opted_out}
+
+
+@dataclass
+class _Batch:
+    """What the writes of one step learnt so far: which paths stopped, which Slurm nodes and groups failed."""
+
+    kube_stopped: bool = False
+    slurm_stopped: bool = False
+    failed_slurm_nodes: Set[str] = field(default_factory=set)
+    failed_groups: Set[str] = field(default_factory=set)
+
+    def fail(self, action: Action, slurm_node: bool = False) -> None:
+        """``action`` did not happen: the rest of its group waits (and its Slurm node's annotations)."""
+        if action.group:
+            self.failed_groups.add(action.group)
+        if slurm_node:
+            self.failed_slurm_nodes.add(action.slurm_node)
 
 
 class Reconciler:
@@ -228,82 +245,87 @@ class Reconciler:
         return self.leader is None or self.leader.is_leader()
 
     def _apply(self, step: str, actions: List[Action], snap: Snapshot, res: PassResult) -> None:
-        kube_stopped = slurm_stopped = False
-        failed_slurm_nodes = set()
-        failed_groups = set()
+        """Perform one step's actions in order, as the leader, within the rate limits; a failed action
+        holds back the rest of its group, and Slurm writes that did not happen are not annotated."""
+        batch = _Batch()
         for action in actions:
             if self.dry_run:
                 log.info("dry-run: would %s", action.describe())
                 continue
-            if action.group and action.group in failed_groups:
+            if action.group and action.group in batch.failed_groups:
                 res.deferred += 1
                 continue
             if not self.is_leader():
                 res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
                 return
-            is_slurm = action.kind in SLURM_KINDS
-            if (is_slurm and slurm_stopped) or (not is_slurm and kube_stopped):
-                res.deferred += 1
+            if self._held_back(action, batch, res):
                 continue
-            if action.kind == NODE_PATCH and action.slurm_node in failed_slurm_nodes:
-                continue  # never annotate an origin for a Slurm write that did not happen
-            if action.kind == R.KUBE_EVICT and not self._evict_due(action):
-                res.deferred += 1
-                continue
-            bucket = self.slurm_bucket if is_slurm else self.kube_bucket
-            if not bucket.try_take():
-                if action.group:
-                    failed_groups.add(action.group)
-                res.deferred += 1
-                if is_slurm:
-                    failed_slurm_nodes.add(action.slurm_node)
-                continue
-            try:
-                done = self._write(action, snap)
-            except Conflict:
-                res.conflicts += 1
-                if action.group:
-                    failed_groups.add(action.group)
-                continue
-            except SlurmUnavailable as exc:
-                if action.group:
-                    failed_groups.add(action.group)
-                slurm_stopped = True
-                failed_slurm_nodes.add(action.slurm_node)
-                res.errors.append(f"{action.describe()}: {exc}")
-                continue
-            except SlurmError as exc:
-                if action.group:
-                    failed_groups.add(action.group)
-                failed_slurm_nodes.add(action.slurm_node)
-                res.errors.append(f"{action.describe()}: {exc}")
-                continue
-            except (KubeError, OSError) as exc:
-                if action.group:
-                    failed_groups.add(action.group)
-                status = getattr(exc, "status", 0)
-                if action.kind == R.KUBE_EVICT and status == 429:
-                    self._evict_refused(action, res, str(exc))
-                    continue
-                res.errors.append(f"{action.describe()}: {exc}")
-                if status == 429 or status >= 500 or status == 0:
-                    kube_stopped = True  # back off: the next pass retries from fresh data
-                continue
-            if not done:
-                failed_slurm_nodes.add(action.slurm_node)
-                if action.group:
-                    failed_groups.add(action.group)
-                continue
-            res.applied.append(action)
-            if is_slurm:
-                self._slurm_cache = None
-            if action.kind == R.KUBE_EVICT:  # progress on this node: its other pods try again at once
-                self.evict_backoff = {key: v for key, v in self.evict_backoff.items()
-                                      if v[2] != action.slurm_node}
-            self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
-            log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
-                                                    "slurm_node": action.slurm_node})
-            self._record(action, snap)
+            if self._write_one(action, snap, batch, res):
+                self._written(step, action, snap, res)
+
+    def _held_back(self, action: Action, batch: _Batch, res: PassResult) -> bool:
+        """True when ``action`` is not written this pass: its path (Slurm or Kubernetes) stopped, it is the
+        annotation of a Slurm write that failed, its eviction backs off, or the rate limit says wait. All
+        but the annotation count as deferred."""
+        is_slurm = action.kind in SLURM_KINDS
+        if (is_slurm and batch.slurm_stopped) or (not is_slurm and batch.kube_stopped):
+            res.deferred += 1
+            return True
+        if action.kind == NODE_PATCH and action.slurm_node in batch.failed_slurm_nodes:
+            return True  # never annotate an origin for a Slurm write that did not happen
+        if action.kind == R.KUBE_EVICT and not self._evict_due(action):
+            res.deferred += 1
+            return True
+        bucket = self.slurm_bucket if is_slurm else self.kube_bucket
+        if not bucket.try_take():
+            batch.fail(action, slurm_node=is_slurm)
+            res.deferred += 1
+            return True
+        return False
+
+    def _write_one(self, action: Action, snap: Snapshot, batch: _Batch, res: PassResult) -> bool:
+        """Write ``action``; False (and the failure noted in ``batch`` and ``res``) when it did not happen."""
+        try:
+            done = self._write(action, snap)
+        except Conflict:
+            res.conflicts += 1
+            batch.fail(action)
+            return False
+        except SlurmUnavailable as exc:
+            batch.fail(action, slurm_node=True)
+            batch.slurm_stopped = True
+            res.errors.append(f"{action.describe()}: {exc}")
+            return False
+        except SlurmError as exc:
+            batch.fail(action, slurm_node=True)
+            res.errors.append(f"{action.describe()}: {exc}")
+            return False
+        except (KubeError, OSError) as exc:
+            batch.fail(action)
+            status = getattr(exc, "status", 0)
+            if action.kind == R.KUBE_EVICT and status == 429:
+                self._evict_refused(action, res, str(exc))
+                return False
+            res.errors.append(f"{action.describe()}: {exc}")
+            if status == 429 or status >= 500 or status == 0:
+                batch.kube_stopped = True  # back off: the next pass retries from fresh data
+            return False
+        if not done:
+            batch.fail(action, slurm_node=True)
+        return done
+
+    def _written(self, step: str, action: Action, snap: Snapshot, res: PassResult) -> None:
+        """Book a write that happened: results, caches, eviction backoff, counters, log and journal."""
+        res.applied.append(action)
+        if action.kind in SLURM_KINDS:
+            self._slurm_cache = None
+        if action.kind == R.KUBE_EVICT:  # progress on this node: its other pods try again at once
+            self.evict_backoff = {key: v for key, v in self.evict_backoff.items()
+                                  if v[2] != action.slurm_node}
+        self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
+        log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
+                                                "slurm_node": action.slurm_node})
+        self._record(action, snap)
 
     def _guarded_body(self, action: Action, snap: Snapshot, key: Tuple[str, ...]) -> Dict[str, Any]:
         """The body of a resourceVersion-guarded patch, re-based on our own earlier write in this pass.

@@ -20,6 +20,7 @@ resource, label, annotations) is removed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.reasons import strip_reason_suffix
@@ -104,70 +105,108 @@ def _in_service(node: Optional[Node]) -> bool:
 
 def remediate(ctx: Context) -> List[Action]:
     """All remediation actions for this snapshot (see the module docstring)."""
-    cfg, snap = ctx.cfg, ctx.snap
+    snap = ctx.snap
     if snap.breaker is None or snap.jobs is None:
         ctx.problems.append("remediation: breaker state or Slurm jobs not read; no remediation this pass")
         return []
-    settings = R.RemediationSettings.from_cfg(cfg)
-    prefix = cfg.annotation_prefix
-    k = R.keys(prefix)
-    now = snap.clock
-    slurm_of = {b.node: name for name, b in ctx.bindings.items() if b.node}
-    total = len(slurm_of)
-    out: List[Action] = []
-    active: List[Tuple[str, R.NodeRemediation]] = []
-    wanting: List[Tuple[str, str, str]] = []  # (Node, Slurm node, why: "" | "retry" | "opted-out")
-    affected: List[str] = []
-    for kname in sorted(snap.nodes):
-        knode = snap.nodes[kname]
-        cur = R.NodeRemediation.from_node(knode, prefix)
-        sname = slurm_of.get(kname) or cur.slurm_node
-        snode = snap.slurm.get(sname)
-        held = snode is not None and (snode.drain or snode.down)
-        wants = held and snode is not None and R.wants_replace(snode.reason, cfg)
-        released = snode is not None and not held  # cleared and resumed in Slurm
-        if cur.state in R.ACTIVE:
-            if released and snode is not None and not replacement_of(kname, knode, snap, cfg, sname):
-                out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "abandoned",
-                                    f"Slurm node {sname} was resumed ({snode.state_text}) before a replacement "
-                                    f"arrived"))
-                continue
-            active.append((kname, cur))
-            affected.append(sname or kname)
-            continue
-        if held and snode is not None and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
-                and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
-            affected.append(sname)  # retired nodes left the pool; spares were never in it
-        opted = bool(_ann(knode).get(k["opted-out"]))
-        if cur.state == "done":
-            if released:  # the old machine came back into Slurm service: autoheal's cordon goes
-                out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "cleared",
-                                    f"retired Slurm node {sname} is in service again"))
-            continue
-        if snode is not None and not wants:
-            # healed (the hooks resumed it), or an admin's drain replaced ours: forget the record, so the
-            # next fault starts fresh; uncordon only a node Slurm runs jobs on again
-            if cur.state or opted or _leftovers(ctx, kname, sname, knode, released):
-                out.extend(_cleanup(ctx, kname, sname, knode, cur, released, "cleared",
-                                    f"Slurm node {sname} no longer asks for a replacement"))
-            continue
-        if not wants:
-            continue
-        if cur.state == "failed":
-            due, note = R.retry_due(cur, settings, now)
-            ctx.retry_notes[kname] = note
-            if due:
-                wanting.append((kname, sname, "retry"))
-            continue
-        wanting.append((kname, sname, "opted-out" if opted else ""))
-    breaker = R.Breaker.from_cfg(cfg, snap.breaker)
+    settings = R.RemediationSettings.from_cfg(ctx.cfg)
+    survey = _survey(ctx, settings)
+    breaker = R.Breaker.from_cfg(ctx.cfg, snap.breaker)
     ctx.breaker_state = breaker
-    before = breaker.dump()
-    was_tripped = breaker.tripped
-    n_allowed, why_not = breaker.allowed(len(active), len(affected), total, now)
+    before, was_tripped = breaker.dump(), breaker.tripped
+    n_allowed, why_not = breaker.allowed(len(survey.active), len(survey.affected), survey.total, snap.clock)
     rearmed_nodes: List[str] = []
     if was_tripped and not breaker.tripped:
         rearmed_nodes, breaker.nodes = list(breaker.nodes), []
+    out = survey.out
+    out.extend(_start_wanted(ctx, survey.wanting, breaker, n_allowed, why_not, settings))
+    out.extend(_trip_if_needed(ctx, breaker, survey))
+    if before != breaker.dump():
+        out.insert(0, _save_breaker(ctx, breaker))
+        if was_tripped and not breaker.tripped:
+            out.append(Action(STEP, R.REPORT, "", "", why="circuit breaker re-armed",
+                              event=("AutohealBreakerRearmed", "circuit breaker re-armed", "Normal"),
+                              journal="breaker-rearmed", nodes=tuple(rearmed_nodes[:MAX_BREAKER_RECORDS])))
+    for kname, cur in survey.active:
+        out.extend(_advance(ctx, kname, cur, settings, snap.clock))
+    return out
+
+
+@dataclass
+class _Survey:
+    """What one look at every Node found: actions decided on the spot and the Nodes left to act on."""
+
+    total: int  # Slurm nodes bound to a Node
+    out: List[Action] = field(default_factory=list)
+    active: List[Tuple[str, R.NodeRemediation]] = field(default_factory=list)  # remediations under way
+    wanting: List[Tuple[str, str, str]] = field(default_factory=list)  # (Node, Slurm node, "" | "retry" | "opted-out")
+    affected: List[str] = field(default_factory=list)  # Slurm nodes out of the pool (the breaker counts them)
+
+
+def _survey(ctx: Context, settings: R.RemediationSettings) -> _Survey:
+    """Sort every Node: remediation under way, wanting one (new, retry, opted out), or one to clean up."""
+    slurm_of = {b.node: name for name, b in ctx.bindings.items() if b.node}
+    survey = _Survey(total=len(slurm_of))
+    opted_out_key = R.keys(ctx.cfg.annotation_prefix)["opted-out"]
+    for kname in sorted(ctx.snap.nodes):
+        _survey_node(ctx, kname, slurm_of, opted_out_key, settings, survey)
+    return survey
+
+
+def _survey_node(ctx: Context, kname: str, slurm_of: Dict[str, str], opted_out_key: str,
+                 settings: R.RemediationSettings, survey: _Survey) -> None:
+    cfg, snap = ctx.cfg, ctx.snap
+    knode = snap.nodes[kname]
+    cur = R.NodeRemediation.from_node(knode, cfg.annotation_prefix)
+    sname = slurm_of.get(kname) or cur.slurm_node
+    snode = snap.slurm.get(sname)
+    held = snode is not None and (snode.drain or snode.down)
+    wants = held and snode is not None and R.wants_replace(snode.reason, cfg)
+    released = snode is not None and not held  # cleared and resumed in Slurm
+    if cur.state in R.ACTIVE:
+        if released and snode is not None and not replacement_of(kname, knode, snap, cfg, sname):
+            survey.out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "abandoned",
+                                       f"Slurm node {sname} was resumed ({snode.state_text}) before a "
+                                       f"replacement arrived"))
+            return
+        survey.active.append((kname, cur))
+        survey.affected.append(sname or kname)
+        return
+    if held and snode is not None and names.is_health_reason(snode.reason) and not R.is_retired(snode.reason) \
+            and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
+        survey.affected.append(sname)  # retired nodes left the pool; spares were never in it
+    opted = bool(_ann(knode).get(opted_out_key))
+    if cur.state == "done":
+        if released:  # the old machine came back into Slurm service: autoheal's cordon goes
+            survey.out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "cleared",
+                                       f"retired Slurm node {sname} is in service again"))
+        return
+    if snode is not None and not wants:
+        # healed (the hooks resumed it), or an admin's drain replaced ours: forget the record, so the
+        # next fault starts fresh; uncordon only a node Slurm runs jobs on again
+        if cur.state or opted or _leftovers(ctx, kname, sname, knode, released):
+            survey.out.extend(_cleanup(ctx, kname, sname, knode, cur, released, "cleared",
+                                       f"Slurm node {sname} no longer asks for a replacement"))
+        return
+    if not wants:
+        return
+    if cur.state == "failed":
+        due, note = R.retry_due(cur, settings, snap.clock)
+        ctx.retry_notes[kname] = note
+        if due:
+            survey.wanting.append((kname, sname, "retry"))
+        return
+    survey.wanting.append((kname, sname, "opted-out" if opted else ""))
+
+
+def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.Breaker, n_allowed: int,
+                  why_not: str, settings: R.RemediationSettings) -> List[Action]:
+    """Quarantine the Nodes wanting a replacement, as many as the breaker allows; report the opted out."""
+    snap, prefix = ctx.snap, ctx.cfg.annotation_prefix
+    jobs = snap.jobs or {}
+    k = R.keys(prefix)
+    now = snap.clock
+    out: List[Action] = []
     started = 0
     for kname, sname, how in wanting:
         knode = snap.nodes[kname]
@@ -177,7 +216,7 @@ def remediate(ctx: Context) -> List[Action]:
             ctx.problems.append(f"remediation: pods on Node {kname} not read; skipped")
             continue
         base = R.NodeRemediation("", 0, cur.attempts, "", cur.slurm_node) if how == "retry" else cur
-        step = R.next_step(base, True, snap.jobs.get(sname, 0), pods, False, settings, now, sname, knode)
+        step = R.next_step(base, True, jobs.get(sname, 0), pods, False, settings, now, sname, knode)
         if step.do is Do.REPORT_OPT_OUT:
             ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
             ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
@@ -205,30 +244,32 @@ def remediate(ctx: Context) -> List[Action]:
             journal = "remediation"
         out.append(_state(kname, sname, _then(step), prefix, f"quarantined: {reason}", extra=extra, event=event,
                           journal=journal))
-    affected_names = sorted(set(affected))
-    if breaker.check_trip(len(affected), total, now):
+    return out
+
+
+def _trip_if_needed(ctx: Context, breaker: R.Breaker, survey: _Survey) -> List[Action]:
+    """Trip the breaker when too much of the pool is out (a report), or say it is still tripped."""
+    affected_names = sorted(set(survey.affected))
+    if breaker.check_trip(len(survey.affected), survey.total, ctx.snap.clock):
         breaker.nodes = affected_names
         ctx.problems.append(f"circuit breaker tripped: {breaker.why}")
-        out.append(Action(STEP, R.REPORT, "", "", why=f"circuit breaker tripped: {breaker.why}; no new "
-                          f"remediations until it re-arms or `autoheal sync breaker reset`",
-                          event=("AutohealBreakerTripped", breaker.why, "Warning"), journal="breaker-tripped",
-                          nodes=tuple(affected_names[:MAX_BREAKER_RECORDS])))
-    elif breaker.tripped:
-        ctx.problems.append(f"circuit breaker tripped: {breaker.why}; {len(wanting)} nodes waiting")
-    if before != breaker.dump():
-        body = {"data": breaker.dump()}
-        if snap.breaker_rv:
-            body["metadata"] = {"resourceVersion": snap.breaker_rv}
-        out.insert(0, Action(STEP, R.BREAKER_SAVE, cfg.breaker_configmap, "", cfg.namespace, "merge", body,
-                             why="breaker state: " + ("tripped" if breaker.tripped else
-                                                      f"{len(breaker.starts)} starts in window")))
-        if was_tripped and not breaker.tripped:
-            out.append(Action(STEP, R.REPORT, "", "", why="circuit breaker re-armed",
-                              event=("AutohealBreakerRearmed", "circuit breaker re-armed", "Normal"),
-                              journal="breaker-rearmed", nodes=tuple(rearmed_nodes[:MAX_BREAKER_RECORDS])))
-    for kname, cur in active:
-        out.extend(_advance(ctx, kname, cur, settings, now))
-    return out
+        return [Action(STEP, R.REPORT, "", "", why=f"circuit breaker tripped: {breaker.why}; no new "
+                       f"remediations until it re-arms or `autoheal sync breaker reset`",
+                       event=("AutohealBreakerTripped", breaker.why, "Warning"), journal="breaker-tripped",
+                       nodes=tuple(affected_names[:MAX_BREAKER_RECORDS]))]
+    if breaker.tripped:
+        ctx.problems.append(f"circuit breaker tripped: {breaker.why}; {len(survey.wanting)} nodes waiting")
+    return []
+
+
+def _save_breaker(ctx: Context, breaker: R.Breaker) -> Action:
+    """Write the breaker's changed state to its ConfigMap (first: the other actions rely on it)."""
+    cfg = ctx.cfg
+    body: Dict[str, Any] = {"data": breaker.dump()}
+    if ctx.snap.breaker_rv:
+        body["metadata"] = {"resourceVersion": ctx.snap.breaker_rv}
+    return Action(STEP, R.BREAKER_SAVE, cfg.breaker_configmap, "", cfg.namespace, "merge", body,
+                  why="breaker state: " + ("tripped" if breaker.tripped else f"{len(breaker.starts)} starts in window"))
 
 
 def _then(step: R.Step) -> R.NodeRemediation:
