@@ -12,7 +12,9 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE
 
 if TYPE_CHECKING:
     from autoheal.config import Config
+    from autoheal.journal import Journal
     from autoheal.k8s_sync.kube import KubeApi
+    from autoheal.notify import Notifier
     from autoheal.slurm.base import SlurmAdapter
 
 
@@ -84,42 +86,59 @@ def sync(ctx: click.Context, kubeconfig: Optional[str], in_cluster: bool, once: 
     cfg = load_cfg(config_path)
     kube = _kube(cfg, kubeconfig, in_cluster)
     slurm = _slurm(cfg)
-    journal = None
+    journal = _journal(cfg)
+    notifier = None if journal is None or dry_run else _notifier(cfg, journal)
+    if once:
+        _run_once(cfg, slurm, kube, journal, notifier, dry_run, as_json)
+    _run_daemon(cfg, slurm, kube, journal, notifier, dry_run, metrics_port)
+
+
+def _journal(cfg: Config) -> Optional[Journal]:
     try:
         from autoheal.journal import Journal
 
-        journal = Journal.from_config(cfg)
+        return Journal.from_config(cfg)
     except Exception:  # a journal is a record, not a requirement for syncing
-        journal = None
-    notifier = None
-    if journal is not None and not dry_run:
-        try:
-            from autoheal.notify import Notifier
+        return None
 
-            notifier = Notifier.from_config(cfg, journal)
-        except Exception:  # notifications are best effort
-            notifier = None
-    if once:
-        from autoheal.k8s_sync.engine import Reconciler
 
-        res = Reconciler(slurm, kube, cfg.sync, dry_run=dry_run, journal=journal, notifier=notifier).run_pass()
-        summary = res.summary()
-        summary["dry_run"] = dry_run
-        if as_json:
-            print_json(summary)
-        else:
-            if res.read_error:
-                click.echo(f"nothing written: read failed: {res.read_error}")
-            for line in summary["planned"]:
-                click.echo(("would: " if dry_run else "did:   ") + line)
-            for line in res.problems:
-                click.echo(f"problem: {line}")
-            for line in res.errors:
-                click.echo(f"error: {line}")
-            click.echo(f"{res.nodes} Slurm nodes, {res.mapped} mapped, {len(res.planned)} changes "
-                       f"{'planned' if dry_run else 'planned, ' + str(len(res.applied)) + ' applied'}, "
-                       f"{res.deferred} deferred, {res.seconds:.3f}s")
-        sys.exit(EXIT_OK if res.ok and not res.errors else EXIT_PROBLEM)
+def _notifier(cfg: Config, journal: Journal) -> Optional[Notifier]:
+    try:
+        from autoheal.notify import Notifier
+
+        return Notifier.from_config(cfg, journal)
+    except Exception:  # notifications are best effort
+        return None
+
+
+def _run_once(cfg: Config, slurm: SlurmAdapter, kube: KubeApi, journal: Optional[Journal],
+              notifier: Optional[Notifier], dry_run: bool, as_json: bool) -> NoReturn:
+    """``--once``: one pass, what it planned and did, exit 0 or 1."""
+    from autoheal.k8s_sync.engine import Reconciler
+
+    res = Reconciler(slurm, kube, cfg.sync, dry_run=dry_run, journal=journal, notifier=notifier).run_pass()
+    summary = res.summary()
+    summary["dry_run"] = dry_run
+    if as_json:
+        print_json(summary)
+    else:
+        if res.read_error:
+            click.echo(f"nothing written: read failed: {res.read_error}")
+        for line in summary["planned"]:
+            click.echo(("would: " if dry_run else "did:   ") + line)
+        for line in res.problems:
+            click.echo(f"problem: {line}")
+        for line in res.errors:
+            click.echo(f"error: {line}")
+        click.echo(f"{res.nodes} Slurm nodes, {res.mapped} mapped, {len(res.planned)} changes "
+                   f"{'planned' if dry_run else 'planned, ' + str(len(res.applied)) + ' applied'}, "
+                   f"{res.deferred} deferred, {res.seconds:.3f}s")
+    sys.exit(EXIT_OK if res.ok and not res.errors else EXIT_PROBLEM)
+
+
+def _run_daemon(cfg: Config, slurm: SlurmAdapter, kube: KubeApi, journal: Optional[Journal],
+                notifier: Optional[Notifier], dry_run: bool, metrics_port: Optional[int]) -> NoReturn:
+    """The daemon: list+watch, passes, leader election, the metrics/health server until a signal."""
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.metrics import HealthServer, Metrics
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -99,25 +99,11 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
     """
     cfg = load_cfg(config_path)
     sbatch_args, late, script, script_args = wrapper.split_command_line(args)
-    overrides: Dict[str, Any] = {"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir,
-                                    "grace": grace, "signal": signal_name, "exclude_failed": exclude_failed,
-                                    "notify": list(notify),
-                                    "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
-                                    "spare_nodes": spare_nodes, "min_nodes": min_nodes}
-    overrides = {k: v for k, v in overrides.items() if v not in (None, [])}
-    for key, value in late.items():
-        if key == "notify":
-            overrides.setdefault("notify", [])
-            overrides["notify"] = list(overrides["notify"]) + list(value)
-        else:
-            overrides[key] = value
-    text, script_path = _script_text(sbatch_args, script, script_args)
-    source = os.path.abspath(cfg.source) if cfg.source and os.path.exists(cfg.source) else None
-    req = wrapper.SubmitRequest(script_path=script_path, script_text=text, script_args=list(script_args),
-                                sbatch_args=sbatch_args, cli_overrides=overrides,
-                                defaults=wrapper.defaults_from_config(cfg.sbatch), python=sys.executable,
-                                config_path=source)
-    plan = wrapper.build_plan(req)
+    overrides = _overrides({"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir, "grace": grace,
+                            "signal": signal_name, "exclude_failed": exclude_failed, "notify": list(notify),
+                            "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
+                            "spare_nodes": spare_nodes, "min_nodes": min_nodes}, late)
+    plan = wrapper.build_plan(_request(cfg, sbatch_args, script, script_args, overrides))
     if dry_run:
         if as_json:
             print_json({"ok": True, "dry_run": True, **plan.to_dict()})
@@ -131,6 +117,30 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
         print_json({"ok": True, "job_id": _job_id(out), "sbatch_output": out.strip()})
     else:
         click.echo(out, nl=False)
+
+
+def _overrides(options: Dict[str, Any], late: Dict[str, Any]) -> Dict[str, Any]:
+    """The wrapper options of the command line: those before the sbatch options (unset ones left out),
+    then those found among the sbatch options (``late``: they win; --notify URLs add up)."""
+    overrides = {k: v for k, v in options.items() if v not in (None, [])}
+    for key, value in late.items():
+        if key == "notify":
+            overrides.setdefault("notify", [])
+            overrides["notify"] = list(overrides["notify"]) + list(value)
+        else:
+            overrides[key] = value
+    return overrides
+
+
+def _request(cfg: Config, sbatch_args: List[str], script: Optional[str], script_args: Sequence[str],
+             overrides: Dict[str, Any]) -> wrapper.SubmitRequest:
+    """What to submit: the script (or --wrap command), the options and the [sbatch] defaults."""
+    text, script_path = _script_text(sbatch_args, script, script_args)
+    source = os.path.abspath(cfg.source) if cfg.source and os.path.exists(cfg.source) else None
+    return wrapper.SubmitRequest(script_path=script_path, script_text=text, script_args=list(script_args),
+                                 sbatch_args=sbatch_args, cli_overrides=overrides,
+                                 defaults=wrapper.defaults_from_config(cfg.sbatch), python=sys.executable,
+                                 config_path=source)
 
 
 def _script_text(sbatch_args: Sequence[str], script: Optional[str],
