@@ -329,68 +329,80 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
 
 
 def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
-    from autoheal.reasons import Origin, Reason, parse_body
-
+    """Run one rung of the ladder for ``r``; what was done, for the pass's actions."""
     act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
     if dry_run:
         act["outcome"] = "dry-run"
-        return act
-    if rung == C.RESET:
-        argv = [a.replace("{node}", ctx.node).replace("{gpu}", str(r.gpu)) for a in ctx.hooks.reset_command]
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.hooks.reset_timeout,
-                                 stdin=subprocess.DEVNULL)
-            ok = res.returncode == 0
-            act["outcome"] = "ok" if ok else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            ok, act["outcome"] = False, f"failed: {exc}"
-        with ctx.store.locked() as st:
-            S.record_rung(st, r.gpu, "reset", now)
-            if ok:
-                st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
-                st["passes"] = 0
-                S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
-        ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=act["outcome"],
-                   message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.reason}",
-                   severity="action" if ok else "error",
-                   evidence={"argv": argv})
-        return act
-    if rung == C.REBOOT:
-        st = ctx.store.read()
-        pending = st.get("reboot_requested") or {}
-        if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
-            act["outcome"] = "waiting: reboot already requested"
-            return act
-        reason = parse_body(r.reason, Origin.REBOOT).render()
-        ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
-        with ctx.store.locked() as st:
-            S.record_rung(st, r.gpu, "reboot", now)
-            st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
-            st["faults"] = []
-            if st.get("drain"):
-                st["drain"]["reason"] = reason
-        act["outcome"] = "requested"
-        ctx.record("remediation-step", check=r.check, action="reboot-node", outcome="requested", message=reason,
-                   severity="action")
-        return act
-    # replacement: say so in the reason; the k8s_sync remediation acts on "autoheal: replace: ..."
+    elif rung == C.RESET:
+        act["outcome"] = _reset_gpu(ctx, r, now)
+    elif rung == C.REBOOT:
+        act["outcome"] = _request_reboot(ctx, r, now)
+    else:
+        act["outcome"] = _ask_replacement(ctx, r, now)
+    return act
+
+
+def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
+    """Run hooks.reset_command for the GPU; a successful reset clears its faults."""
+    argv = [a.replace("{node}", ctx.node).replace("{gpu}", str(r.gpu)) for a in ctx.hooks.reset_command]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.hooks.reset_timeout,
+                             stdin=subprocess.DEVNULL)
+        ok = res.returncode == 0
+        outcome = "ok" if ok else f"exit {res.returncode}: {(res.stderr or res.stdout).strip()[:200]}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        ok, outcome = False, f"failed: {exc}"
+    with ctx.store.locked() as st:
+        S.record_rung(st, r.gpu, "reset", now)
+        if ok:
+            st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
+            st["passes"] = 0
+            S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
+    ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=outcome,
+               message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.reason}",
+               severity="action" if ok else "error",
+               evidence={"argv": argv})
+    return outcome
+
+
+def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
+    """``scontrol reboot ASAP nextstate=resume`` with a reboot reason, once per boot."""
+    from autoheal.reasons import Origin, parse_body
+
+    st = ctx.store.read()
+    pending = st.get("reboot_requested") or {}
+    if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
+        return "waiting: reboot already requested"
+    reason = parse_body(r.reason, Origin.REBOOT).render()
+    ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
+    with ctx.store.locked() as st:
+        S.record_rung(st, r.gpu, "reboot", now)
+        st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
+        st["faults"] = []
+        if st.get("drain"):
+            st["drain"]["reason"] = reason
+    ctx.record("remediation-step", check=r.check, action="reboot-node", outcome="requested", message=reason,
+               severity="action")
+    return "requested"
+
+
+def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
+    """Say so in the drain reason; the k8s_sync remediation acts on ``autoheal: replace: ...``."""
     from autoheal import nodeops
+    from autoheal.reasons import Origin, Reason, parse_body
 
     reason = parse_body(r.reason, Origin.REPLACE).render()
-    node = ctx.slurm.get_node(ctx.node)
-    current = Reason.parse(node.reason)
+    current = Reason.parse(ctx.slurm.get_node(ctx.node).reason)
     if current is not None and current.rung is Origin.REPLACE:
-        act["outcome"] = "already asked"
-        return act
+        return "already asked"
     out = nodeops.drain(ctx.slurm, ctx.node, reason)
     with ctx.store.locked() as st:
         S.record_rung(st, r.gpu, "replace", now)
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    act["outcome"] = out.action
     ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
-    return act
+    return out.action
 
 
 #: Seconds a reboot request may take to show in Slurm's node flags (REBOOT_REQUESTED) after we made it.

@@ -531,7 +531,33 @@ class Runner(HotSpareRun):
                            f"command is not a node problem)", "info")
 
     def interrupted(self, child: Child, signum: int, deadline_hit: bool) -> int:
+        """The grace signal came (or the time limit is near): let the job's processes checkpoint and exit,
+        find out why, then requeue, or record that the job is ending or was requeued by someone else."""
         sig_name = signal.Signals(signum).name
+        waited = self._stop_child(child, signum, sig_name, deadline_hit)
+        job = self._job()
+        nodes = self._nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        state = job.state if job else "RUNNING"
+        action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
+        cause = causes.classify_interrupt(signal_name=sig_name, grace_signal=self.opts.signal, now=self.clock(),
+                                          end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
+                                          job_state=state, deadline_hit=deadline_hit,
+                                          requeued_elsewhere=action == "none-requeued")
+        step = self._progress_step(self._resume_point(self.checkpoint_dir), self.checkpoint_dir)
+        evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
+                        child_exit=child.status, waited=round(waited, 1), job_state=state)
+        if action == "none-ending":
+            return self._ending(child, state, evidence)
+        if action == "none-requeued":
+            return self._requeued_by_others(cause, step, nodes, evidence)
+        if self.ident.restart_count >= self.opts.max_restarts:
+            return self._out_of_restarts(cause, step)
+        self.requeueing = True
+        return self.requeue_and_record(self.ident.restart_count + 1, cause, step, nodes, job, evidence)
+
+    def _stop_child(self, child: Child, signum: int, sig_name: str, deadline_hit: bool) -> float:
+        """Forward the signal, wait up to the grace for the processes to exit, then TERM and KILL them;
+        the seconds it took."""
         say(f"{'time limit near' if deadline_hit else sig_name + ' received'}: forwarding "
             f"{sig_name} to the job's processes, waiting up to {self.opts.grace}s for them to checkpoint")
         started = time.monotonic()
@@ -543,45 +569,34 @@ class Runner(HotSpareRun):
             if not child.wait_group(KILL_AFTER_TERM):
                 child.signal(signal.SIGKILL)
                 child.wait_group(KILL_AFTER_TERM)
-        waited = time.monotonic() - started
-        job = self._job()
-        nodes = self._nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
-        state = job.state if job else "RUNNING"
-        action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
-        cause = causes.classify_interrupt(signal_name=sig_name, grace_signal=self.opts.signal, now=self.clock(),
-                                          end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
-                                          job_state=state, deadline_hit=deadline_hit,
-                                          requeued_elsewhere=action == "none-requeued")
+        return time.monotonic() - started
 
-        latest = self._resume_point(self.checkpoint_dir)
-        step = self._progress_step(latest, self.checkpoint_dir)
-        evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
-                        child_exit=child.status, waited=round(waited, 1), job_state=state)
-        if action == "none-ending":
-            self.comment.state = "cancelled"
-            self.write_comment()
-            self.record("job-cancelled", f"job {self.ident.job_id} is ending ({state}); not requeued", "info",
-                        **evidence)
-            return child.status if child.status and child.status > 0 else 0
-        next_restart = self.ident.restart_count + 1
-        if action == "none-requeued":
-            # Slurm, an admin, or the job's own framework (submitit, Lightning) requeued it: still keep
-            # it off the bad node and record why.
-            self.requeueing = True
-            self._note_restart(next_restart, cause, step, "requeued")
-            excluded = self.exclude_while_pending(cause, nodes)
-            evidence["excluded"] = ",".join(excluded)
-            self.record("job-requeue", f"job {self.ident.job_id} was requeued by Slurm, the job itself or from "
-                        f"outside ({cause.label()}); checkpoint step {step}"
-                        f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
-            return EXIT_REQUEUED
-        if self.ident.restart_count >= self.opts.max_restarts:
-            self.comment.last, self.comment.step = cause.label(), step  # the final comment names this fault
-            return self.finish("max-restarts", EXIT_MAX_RESTARTS,
-                               f"job {self.ident.job_id}: {cause.kind} after {self.ident.restart_count} restarts "
-                               f"(--max-restarts {self.opts.max_restarts}); not requeued, checkpoint step {step}")
+    def _ending(self, child: Child, state: str, evidence: Dict[str, Any]) -> int:
+        """The job is ending (cancelled, timed out): no requeue; the child's exit code."""
+        self.comment.state = "cancelled"
+        self.write_comment()
+        self.record("job-cancelled", f"job {self.ident.job_id} is ending ({state}); not requeued", "info",
+                    **evidence)
+        return child.status if child.status and child.status > 0 else 0
+
+    def _requeued_by_others(self, cause: causes.Cause, step: str, nodes: Sequence[Node],
+                            evidence: Dict[str, Any]) -> int:
+        """Slurm, an admin, or the job's own framework (submitit, Lightning) requeued it: still keep it
+        off the bad node and record why."""
         self.requeueing = True
-        return self.requeue_and_record(next_restart, cause, step, nodes, job, evidence)
+        self._note_restart(self.ident.restart_count + 1, cause, step, "requeued")
+        excluded = self.exclude_while_pending(cause, nodes)
+        evidence["excluded"] = ",".join(excluded)
+        self.record("job-requeue", f"job {self.ident.job_id} was requeued by Slurm, the job itself or from "
+                    f"outside ({cause.label()}); checkpoint step {step}"
+                    f"{'; excluded ' + ','.join(excluded) if excluded else ''}", "action", **evidence)
+        return EXIT_REQUEUED
+
+    def _out_of_restarts(self, cause: causes.Cause, step: str) -> int:
+        self.comment.last, self.comment.step = cause.label(), step  # the final comment names this fault
+        return self.finish("max-restarts", EXIT_MAX_RESTARTS,
+                           f"job {self.ident.job_id}: {cause.kind} after {self.ident.restart_count} restarts "
+                           f"(--max-restarts {self.opts.max_restarts}); not requeued, checkpoint step {step}")
 
     def _note_restart(self, restart: int, cause: causes.Cause, step: str, state: str) -> None:
         self.comment.restarts, self.comment.last, self.comment.step = restart, cause.label(), step
