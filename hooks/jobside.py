@@ -646,9 +646,10 @@ class JobSide:
 
 
 def _sig(name: str) -> str:
-    """``SIGUSR2`` / ``usr2`` -> ``USR2`` (what scancel takes)."""
-    n = str(name).strip().upper()
-    return n[3:] if n.startswith("SIG") else n
+    """``SIGUSR2`` / ``usr2`` / ``12`` -> ``USR2`` (what scancel takes); the config checked it is one."""
+    from autoheal.signals import signal_name
+
+    return signal_name(name)
 
 
 def _warning(spec: Optional[str]) -> Optional[WarnSignal]:

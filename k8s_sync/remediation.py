@@ -21,15 +21,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
+from autoheal.config.sync_section import SyncSection
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
 from autoheal.strenum import StrEnum
 
 from autoheal.k8s_sync.plan import ActionKind
-
-if TYPE_CHECKING:
-    from autoheal.config.sync_section import SyncSection
 
 STATES = ("quarantined", "draining", "drained", "replacing", "done", "failed")
 ACTIVE = ("quarantined", "draining", "drained", "replacing")
@@ -42,19 +40,6 @@ WEBHOOK, BREAKER_SAVE, REPORT = ActionKind.WEBHOOK, ActionKind.BREAKER_SAVE, Act
 SLURM_RETIRE, SLURM_RESUME_SPARE = ActionKind.SLURM_RETIRE, ActionKind.SLURM_RESUME_SPARE
 KINDS = (KUBE_EVICT, KUBE_DELETE_NODE, KUBE_CREATE_CR, KUBE_DELETE_CR, WEBHOOK, BREAKER_SAVE, REPORT,
          SLURM_RETIRE, SLURM_RESUME_SPARE)
-
-#: Settings this step reads that the core's ``SyncSection`` may not define yet (the lead adds them to
-#: autoheal/config/sync_section.py with these defaults); ``pending_setting`` falls back to them.
-PENDING_SETTINGS: Dict[str, Any] = {
-    # a failed remediation whose node still asks for a replacement starts again after this long
-    "remediation_retry_seconds": 900.0,
-    # attempts (the first one included) before only `autoheal sync remediation retry` starts another
-    "remediation_max_attempts": 3,
-}
-
-
-def pending_setting(cfg: SyncSection, name: str) -> Any:
-    return getattr(cfg, name, PENDING_SETTINGS[name])
 
 #: Slurm job states that still hold a node.
 HOLDING_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING",
@@ -115,22 +100,30 @@ class NodeRemediation:
                              "labels": {k["label"]: self.state or None}}}
 
 
+_DEFAULTS = SyncSection()
+_OPT_OUT_KEY, _, _OPT_OUT_VALUE = _DEFAULTS.opt_out_label.partition("=")
+
+
 @dataclass
 class RemediationSettings:
-    opt_out_label: str = "autoheal.io/auto-replace"
-    opt_out_value: str = "false"
-    grace_seconds: float = 300.0  # jobs leave Slurm within this, else fail
-    drain_timeout_seconds: float = 600.0
-    replace_timeout_seconds: float = 1800.0
-    retry_seconds: float = PENDING_SETTINGS["remediation_retry_seconds"]
-    max_attempts: int = PENDING_SETTINGS["remediation_max_attempts"]
+    """The ``[sync]`` remediation settings this step reads (the defaults are the section's)."""
+
+    opt_out_label: str = _OPT_OUT_KEY
+    opt_out_value: str = _OPT_OUT_VALUE
+    grace_seconds: float = _DEFAULTS.remediation_grace_seconds  # jobs leave Slurm within this, else fail
+    drain_timeout_seconds: float = _DEFAULTS.remediation_drain_timeout_seconds
+    replace_timeout_seconds: float = _DEFAULTS.remediation_replace_timeout_seconds
+    # a failed remediation whose node still asks for a replacement starts again after this long
+    retry_seconds: float = _DEFAULTS.remediation_retry_seconds
+    # attempts (the first one included) before only `autoheal sync remediation retry` starts another
+    max_attempts: int = _DEFAULTS.remediation_max_attempts
 
     @classmethod
     def from_cfg(cls, cfg: SyncSection) -> "RemediationSettings":
         key, _, value = cfg.opt_out_label.partition("=")
         return cls(key, value, cfg.remediation_grace_seconds, cfg.remediation_drain_timeout_seconds,
-                   cfg.remediation_replace_timeout_seconds, float(pending_setting(cfg, "remediation_retry_seconds")),
-                   int(pending_setting(cfg, "remediation_max_attempts")))
+                   cfg.remediation_replace_timeout_seconds, cfg.remediation_retry_seconds,
+                   cfg.remediation_max_attempts)
 
 
 class Do(StrEnum):

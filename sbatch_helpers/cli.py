@@ -10,28 +10,30 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
+from autoheal.config.sbatch_section import SbatchSection, limits
 from autoheal.errors import EXIT_PROBLEM, SlurmError
 from autoheal.sbatch_helpers import wrapper
 
 if TYPE_CHECKING:
     from autoheal.config import Config
 
+_D = SbatchSection()  # the defaults the help names
 CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
            "help_option_names": ["--help"], "max_content_width": 100}
 
 
 @click.command("sbatch", context_settings=CONTEXT)
-@click.option("--max-restarts", type=click.IntRange(0, 1000), default=None,
-              help="Restarts allowed before the job stops for good [config sbatch.max_restarts; default 5]. "
+@click.option("--max-restarts", type=click.IntRange(*limits("max_restarts")), default=None,
+              help=f"Restarts allowed before the job stops for good [config sbatch.max_restarts; default {_D.max_restarts}]. "
                    "The job also stops when two consecutive restarts resume from the same checkpoint step.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j %A %a %x %u expand like sbatch's "
                    "[default <submit dir>/autoheal-checkpoints/%j-TOKEN, TOKEN being random per submission, "
                    "so a new job that gets an old job id never shares its folder].")
-@click.option("--grace", type=click.IntRange(5, 3600), default=None, metavar="SECONDS",
-              help="Time to checkpoint between the grace signal and the requeue [default 120].")
+@click.option("--grace", type=click.IntRange(*limits("grace")), default=None, metavar="SECONDS",
+              help=f"Time to checkpoint between the grace signal and the requeue [default {_D.grace}].")
 @click.option("--signal", "signal_name", default=None, metavar="SIG",
-              help="Grace signal sent to the batch shell and forwarded to the job's processes [default USR2]; "
+              help=f"Grace signal sent to the batch shell and forwarded to the job's processes [default {_D.signal}]; "
                    "sbatch syntax B:SIG@SECONDS also sets --grace.")
 @click.option("--exclude-failed/--no-exclude-failed", default=None,
               help="After a node problem, add the node to the job's excluded nodes before it restarts "
@@ -41,10 +43,10 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
               help="Resume also from checkpoints written by an earlier job that had the same job id (e.g. "
                    "before the cluster's job ids were reset). Refused by default: that is another job's "
                    "model state.")
-@click.option("--spare-nodes", type=click.IntRange(0, 64), default=None, metavar="K",
+@click.option("--spare-nodes", type=click.IntRange(*limits("spare_nodes")), default=None, metavar="K",
               help="Hot spares: ask for K nodes more than --nodes (and --no-kill); your srun lines run on the "
                    "others, and a node that fails is swapped for a spare in seconds, without a requeue "
-                   "[config sbatch.spare_nodes; default 0]. See the researcher guide.")
+                   f"[config sbatch.spare_nodes; default {_D.spare_nodes}]. See the researcher guide.")
 @click.option("--min-nodes", type=click.IntRange(1, 100000), default=None, metavar="M",
               help="With --spare-nodes: an elastic job; once the spares are used up it goes on with fewer nodes "
                    "(at least M) instead of being requeued.")

@@ -49,6 +49,7 @@ from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
 from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
 from autoheal.sbatch_helpers.preempt import SignalHandler
+from autoheal.signals import SignalNameError, signal_name, to_signal
 
 if TYPE_CHECKING:
     from autoheal.journal import Journal
@@ -284,7 +285,7 @@ class Runner(HotSpareRun):
         self.sacct = sacct or self._job_state_history
         self.clock = clock
         self.adopt_orphans = adopt_orphans
-        self.grace_sig = signal.Signals["SIG" + opts.signal]
+        self.grace_sig = to_signal(opts.signal)
         self.received: Optional[int] = None
         self.requeueing = False
         self.comment = CommentState()
@@ -754,14 +755,15 @@ class Runner(HotSpareRun):
 def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     p = argparse.ArgumentParser(prog="python -m autoheal.sbatch_helpers.runner",
                                 description="autoheal job runner (started by the script autoheal sbatch generates)")
-    p.add_argument("--grace", type=int, default=120)
-    p.add_argument("--signal", default="USR2")
-    p.add_argument("--max-restarts", type=int, default=5)
-    p.add_argument("--checkpoint-dir", default="")
-    p.add_argument("--exclude-failed", dest="exclude_failed", action="store_true", default=True)
+    d = WrapperOptions()  # the [sbatch] section's defaults
+    p.add_argument("--grace", type=int, default=d.grace)
+    p.add_argument("--signal", default=d.signal)
+    p.add_argument("--max-restarts", type=int, default=d.max_restarts)
+    p.add_argument("--checkpoint-dir", default=d.checkpoint_dir)
+    p.add_argument("--exclude-failed", dest="exclude_failed", action="store_true", default=d.exclude_failed)
     p.add_argument("--no-exclude-failed", dest="exclude_failed", action="store_false")
     p.add_argument("--notify", action="append", default=[])
-    p.add_argument("--requeue-margin", type=int, default=15)
+    p.add_argument("--requeue-margin", type=int, default=d.requeue_margin)
     p.add_argument("--spare-nodes", type=int, default=0)
     p.add_argument("--active-nodes", type=int, default=0)
     p.add_argument("--min-nodes", type=int, default=0)
@@ -771,10 +773,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     command = list(a.command)
     if command and command[0] == "--":
         command = command[1:]
-    name = a.signal.upper()
-    name = name[3:] if name.startswith("SIG") else name
-    if "SIG" + name not in signal.Signals.__members__:
-        p.error(f"--signal {a.signal}: unknown signal")
+    try:
+        name = signal_name(a.signal)
+    except SignalNameError as exc:
+        p.error(f"--signal: {exc}")
     return RunnerOptions(grace=a.grace, signal=name, max_restarts=a.max_restarts, checkpoint_dir=a.checkpoint_dir,
                          exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
                          script=a.script, command=command, spare_nodes=max(0, a.spare_nodes),

@@ -29,14 +29,12 @@ import shlex
 import unicodedata
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from autoheal.config.sbatch_section import SbatchSection, limits
 from autoheal.errors import AutohealError
 from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
 from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
-
-if TYPE_CHECKING:
-    from autoheal.config.sbatch_section import SbatchSection
 
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
 # The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;
@@ -225,18 +223,22 @@ def parse_script(text: str, where: str = "script") -> ParsedScript:
 # ---- the wrapper's own options -------------------------------------------------------------------
 
 
+#: The defaults of the wrapper's options are the ``[sbatch]`` section's (one place: the config schema).
+_CONFIG_DEFAULTS = SbatchSection()
+
+
 @dataclass
 class WrapperOptions:
     """The settings the runner gets (after merging config, script and command line)."""
 
-    grace: int = 120
-    signal: str = "USR2"
-    max_restarts: int = 5
-    checkpoint_dir: str = ""
-    exclude_failed: bool = True
+    grace: int = _CONFIG_DEFAULTS.grace
+    signal: str = _CONFIG_DEFAULTS.signal
+    max_restarts: int = _CONFIG_DEFAULTS.max_restarts
+    checkpoint_dir: str = _CONFIG_DEFAULTS.checkpoint_dir
+    exclude_failed: bool = _CONFIG_DEFAULTS.exclude_failed
     notify: List[str] = field(default_factory=list)
-    requeue_margin: int = 15
-    python: str = ""
+    requeue_margin: int = _CONFIG_DEFAULTS.requeue_margin
+    python: str = _CONFIG_DEFAULTS.python
     allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
     spare_nodes: int = 0  # hot spares inside the allocation (see hotspare.py)
     min_nodes: int = 0  # with spare_nodes: an elastic job goes on with this many nodes at least
@@ -259,7 +261,7 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
 
 def parse_signal_spec(value: str) -> Tuple[str, Optional[int]]:
     """``USR2`` / ``SIGUSR2`` / ``12`` / ``B:USR2@90`` -> (``"USR2"``, 90 or None). WrapperError if bad."""
-    import signal as _signal
+    from autoheal.signals import SignalNameError, signal_name
 
     text = str(value).strip()
     grace: Optional[int] = None
@@ -272,15 +274,10 @@ def parse_signal_spec(value: str) -> Tuple[str, Optional[int]]:
         scope, text = text.split(":", 1)
         if scope.upper() not in ("B", "R", "RB", "BR"):
             raise WrapperError(f"--signal {value!r}: unknown scope {scope!r} (use B:)")
-    text = text.strip().upper()
     try:
-        sig = _signal.Signals(int(text)) if text.isdigit() else _signal.Signals[text if text.startswith("SIG")
-                                                                                 else "SIG" + text]
-    except (KeyError, ValueError):
-        raise WrapperError(f"--signal {value!r}: unknown signal name") from None
-    if sig in (_signal.SIGKILL, _signal.SIGSTOP):
-        raise WrapperError(f"--signal {value!r}: {sig.name} cannot be caught, so nothing could checkpoint")
-    return sig.name[3:], grace
+        return signal_name(text, catchable=True), grace
+    except SignalNameError as exc:
+        raise WrapperError(f"--signal {value!r}: {exc}") from None
 
 
 def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, Any]:
@@ -324,12 +321,11 @@ def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, Any]:
 
 def check_options(opts: WrapperOptions) -> WrapperOptions:
     """Validate ranges and normalise the signal name; WrapperError naming the bad value."""
-    if not 5 <= opts.grace <= 3600:
-        raise WrapperError(f"--grace {opts.grace}: must be between 5 and 3600 seconds")
-    if not 0 <= opts.max_restarts <= 1000:
-        raise WrapperError(f"--max-restarts {opts.max_restarts}: must be between 0 and 1000")
-    if not 0 <= opts.spare_nodes <= 64:
-        raise WrapperError(f"--spare-nodes {opts.spare_nodes}: must be between 0 and 64")
+    for name, unit in (("grace", " seconds"), ("max_restarts", ""), ("spare_nodes", "")):
+        low, high = limits(name)
+        if not low <= getattr(opts, name) <= high:
+            raise WrapperError(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be between {low} and "
+                               f"{high}{unit}")
     sig, grace = parse_signal_spec(opts.signal)
     opts = replace(opts, signal=sig, grace=grace if grace is not None else opts.grace)
     for url in opts.notify:

@@ -10,9 +10,11 @@ import re
 from dataclasses import dataclass
 from typing import Dict, List
 
+from autoheal import signals
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
 from autoheal.reasons import RUNNER_MARKER
+from autoheal.signals import SLURM_SIGNALS, UNCATCHABLE, SignalNameError
 
 #: What an XID policy may say. reset/reboot/replace drain the node and name the first repair rung.
 XID_POLICIES = ("ignore", "warn", "requeue", "drain", "reset", "reboot", "replace")
@@ -21,19 +23,18 @@ CHECK_NAMES = ("gpu-count", "gpu-lost", "xid", "ecc", "remapped-rows", "retired-
                "clocks", "temperature", "recovery-action", "driver", "persistence")
 #: Signal names scancel --signal understands (Slurm's sig_name2num), less KILL and STOP: a grace
 #: signal must be one a job can catch.
-GRACE_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "TSTP", "TTIN",
-                 "TTOU", "XCPU")
+GRACE_SIGNALS = tuple(s for s in SLURM_SIGNALS if s not in UNCATCHABLE)
 #: Warning signs that precede GPU failures, for the pre-emptive swap of hot-spare jobs (hooks/preswap.py).
 PRESWAP_SIGNS = ("remap-pending", "ecc-rate", "xid", "thermal", "pcie", "nvlink")
 _XID_KEY = re.compile(r"[1-9][0-9]{0,5}")
 
 
 def signal_name(value: str) -> str:
-    """``SIGUSR2`` / ``usr2`` / ``USR2`` -> ``USR2``; ConfigError-free: "" when it is not a grace signal."""
-    name = str(value).strip().upper()
-    if name.startswith("SIG"):
-        name = name[3:]
-    return name if name in GRACE_SIGNALS else ""
+    """``SIGUSR2`` / ``usr2`` / ``USR2`` / ``12`` -> ``USR2``; ConfigError-free: "" when it is not a grace signal."""
+    try:
+        return signals.signal_name(value, catchable=True)
+    except SignalNameError:
+        return ""
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Tuple
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting
@@ -39,3 +40,9 @@ class SbatchSection:
                          parse=V.path)
     submit_timeout: float = setting(60.0, doc="Seconds before a hanging sbatch submission is abandoned.",
                                     min=1, max=3600)
+
+
+def limits(name: str) -> Tuple[int, int]:
+    """(min, max) of an integer ``[sbatch]`` setting: also the range of the wrapper option of that name."""
+    meta = SbatchSection.__dataclass_fields__[name].metadata
+    return int(meta["min"]), int(meta["max"])
