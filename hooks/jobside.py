@@ -35,6 +35,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
+from autoheal.strenum import StrEnum
+
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 
@@ -42,8 +44,28 @@ if TYPE_CHECKING:
     from autoheal.hooks.context import Context
     from autoheal.slurm.model import Job, WarnSignal
 
-SIGNAL, SIGNALLING, GRACE, DONE = "signal", "signalling", "grace", "done"
-QUIET, WAITING, BUSY = "quiet", "waiting", "busy"
+
+
+class Stage(StrEnum):
+    """Where a job action is (kept in the node state as its value): signal to send, being sent, in its
+    grace period, done."""
+
+    SIGNAL = "signal"
+    SIGNALLING = "signalling"
+    GRACE = "grace"
+    DONE = "done"
+
+
+class Mode(StrEnum):
+    """What one look at Slurm left: nothing to do, only deadlines to wait for, or work in flight."""
+
+    QUIET = "quiet"
+    WAITING = "waiting"
+    BUSY = "busy"
+
+
+SIGNAL, SIGNALLING, GRACE, DONE = Stage.SIGNAL, Stage.SIGNALLING, Stage.GRACE, Stage.DONE
+QUIET, WAITING, BUSY = Mode.QUIET, Mode.WAITING, Mode.BUSY
 #: Seconds between Slurm checks while there is work in flight (jobs to find, a pending drain).
 FAST_SECONDS = 2.0
 #: Longest wait between retries while slurmctld does not answer.
@@ -270,7 +292,7 @@ class JobSide:
         self._count("slurm_errors_total")
 
     # ---- one look at Slurm ---------------------------------------------------------------------------
-    def check(self, now: float) -> Tuple[str, float]:
+    def check(self, now: float) -> Tuple[Mode, float]:
         """Drain if pending, follow the node's drain (open/close the fault episode), find the jobs still
         running, and move every due job action on. Returns (QUIET / WAITING / BUSY, when the next
         action is due). Raises SlurmUnavailable: the caller backs off and calls again."""

@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-# Default policy (gpu-health-facts.md): ignore | warn | requeue | reset | reboot | replace.
+# Default policy (from NVIDIA's XID catalogue, docs.nvidia.com/deploy/xid-errors, and the peers' choices:
+# NHC, gcm, gpud, device-plugin): ignore | warn | requeue | drain | reset | reboot | replace.
 # reset/reboot/replace drain the node and name the first rung of the recovery ladder.
 DEFAULT_XID_POLICY: Dict[int, str] = {
     13: "ignore", 31: "ignore", 43: "ignore", 45: "ignore", 68: "ignore",

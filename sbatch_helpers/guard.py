@@ -28,7 +28,7 @@ this small controller-side loop does, every ``interval`` seconds:
 
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
-Run one on the slurmctld host (systemd unit in docs/admin-hooks.md); the lab starts one.
+Run one on the slurmctld host (systemd unit: docs/admin-guard.md); the lab starts one.
 """
 
 from __future__ import annotations
