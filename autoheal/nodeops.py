@@ -18,7 +18,6 @@ from autoheal.slurm.model import Node
 from autoheal.strenum import StrEnum
 
 
-
 class NodeAction(StrEnum):
     """What a node operation did or would do (the words journal records and ``--json`` output carry)."""
 

@@ -15,7 +15,6 @@ from autoheal.hooks.xids import DRAIN_POLICIES, XidEvent, describe, policy_for
 from autoheal.strenum import StrEnum
 
 
-
 class Status(StrEnum):
     """A check's verdict."""
 

@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection
 
 
-
 class ActionKind(StrEnum):
     """Every write the sync's steps can ask of the engine (the engine knows how to perform each)."""
 
@@ -55,7 +54,8 @@ class ActionKind(StrEnum):
 
 
 POD_STATUS, NODE_STATUS, NODE_PATCH = ActionKind.POD_STATUS, ActionKind.NODE_STATUS, ActionKind.NODE_PATCH
-SLURM_DRAIN, SLURM_RESUME, SLURM_SET_REASON = ActionKind.SLURM_DRAIN, ActionKind.SLURM_RESUME, ActionKind.SLURM_SET_REASON
+SLURM_DRAIN, SLURM_RESUME = ActionKind.SLURM_DRAIN, ActionKind.SLURM_RESUME
+SLURM_SET_REASON = ActionKind.SLURM_SET_REASON
 SLURM_KINDS = (SLURM_DRAIN, SLURM_RESUME, SLURM_SET_REASON)
 
 

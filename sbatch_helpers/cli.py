@@ -24,7 +24,8 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 
 @click.command("sbatch", context_settings=CONTEXT)
 @click.option("--max-restarts", type=click.IntRange(*limits("max_restarts")), default=None,
-              help=f"Restarts allowed before the job stops for good [config sbatch.max_restarts; default {_D.max_restarts}]. "
+              help="Restarts allowed before the job stops for good "
+                   f"[config sbatch.max_restarts; default {_D.max_restarts}]. "
                    "The job also stops when two consecutive restarts resume from the same checkpoint step.")
 @click.option("--checkpoint-dir", default=None, metavar="DIR",
               help="Checkpoint folder exported as AUTOHEAL_CHECKPOINT_DIR; %j %A %a %x %u expand like sbatch's "

@@ -50,7 +50,6 @@ from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, no
                                              split_nodes)
 
 
-
 class GuardKind(StrEnum):
     """What the guard does to a job (the module docstring tells each)."""
 
