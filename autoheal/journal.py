@@ -66,7 +66,7 @@ class Record:
             return json.dumps(data, sort_keys=True, default=str)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Record":
+    def from_dict(cls, data: Any) -> Record:
         """A record from one decoded journal line. ValueError when it is not one: not an object, no
         ``event``, or a known field of the wrong type (a damaged line, or one written by something
         else); unknown fields are ignored (written by a newer release)."""
@@ -136,7 +136,7 @@ class Journal:
         self.lock_timeout = lock_timeout
 
     @classmethod
-    def from_config(cls, config: Config) -> "Journal":
+    def from_config(cls, config: Config) -> Journal:
         return cls(config.journal.path, config.journal.fsync)
 
     def append(self, rec: Record) -> Record:
@@ -235,7 +235,7 @@ class Journal:
         except BaseException:
             os.close(fd)
             raise
-        with open(fd, "r", encoding="utf-8", errors="replace") as fh:
+        with open(fd, encoding="utf-8", errors="replace") as fh:
             for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue

@@ -161,7 +161,7 @@ def post_json(url: str, payload: Dict[str, Any], timeout: float) -> int:
     timer.daemon = True
     timer.start()
     try:
-        with opener.open(req, timeout=timeout) as resp:  # noqa: S310 (http(s) only, checked by callers)
+        with opener.open(req, timeout=timeout) as resp:
             status: int = resp.status
         if deadline.expired:  # the shutdown ended a trickled header block early: not a real answer
             raise TimeoutError(f"no complete answer within {timeout:g}s")
@@ -221,7 +221,7 @@ class Notifier:
         self.results: List[Dict[str, Any]] = []
 
     @classmethod
-    def from_config(cls, config: Config, journal: Optional[Journal] = None) -> "Notifier":
+    def from_config(cls, config: Config, journal: Optional[Journal] = None) -> Notifier:
         n = config.notify
         return cls(n.webhooks, n.timeout, n.retries, n.min_severity, n.cluster_name or "", journal)
 

@@ -157,7 +157,7 @@ class Reason:
             return make_reason(f"{Origin.REQUEUED.value} {self.body()}", max_len=max_len)
         return make_reason(self.origin.value, self.body(), max_len=max_len)
 
-    def with_origin(self, origin: Origin) -> "Reason":
+    def with_origin(self, origin: Origin) -> Reason:
         return replace(self, origin=origin)
 
     @property
@@ -175,7 +175,7 @@ class Reason:
         return int(m.group(1)) if m else None
 
     @classmethod
-    def parse(cls, reason: Optional[str]) -> Optional["Reason"]:
+    def parse(cls, reason: Optional[str]) -> Optional[Reason]:
         """The value of a reason read back from Slurm (``[user@time]`` suffix allowed), or None when it is
         not ours. Never fails on text we did not write in the canonical form: it becomes free text."""
         text = strip_reason_suffix(reason)

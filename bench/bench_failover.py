@@ -44,11 +44,12 @@ def _wait(pred, timeout: float, step: float = 0.005) -> float:
 
 
 def one_run(server, kubeconfig: str, duration: float, mode: str, run: int) -> dict:
+    from sync_helpers import k8s_name, sync_cfg
+
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.kube import KubeApi
     from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
-    from sync_helpers import k8s_name, sync_cfg
 
     slurm = MemorySlurm(Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in NODES)
     cfg = sync_cfg(lease_duration_seconds=duration, slurm_resync_seconds=0.5,
@@ -110,8 +111,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
 
-    from autoheal.lab.fakekube.server import FakeKubeServer
     from sync_helpers import seed_fake_api
+
+    from autoheal.lab.fakekube.server import FakeKubeServer
 
     results = []
     server = FakeKubeServer().start()

@@ -31,8 +31,9 @@ XID79 = "autoheal: xid 79 on gpu2: GPU has fallen off the bus"
 
 
 def fleet(n, breaker_on):
-    from autoheal.k8s_sync.engine import Reconciler
     from sync_helpers import k8s_name, memory_world, sync_cfg
+
+    from autoheal.k8s_sync.engine import Reconciler
 
     names = [f"n{i:04d}" for i in range(n)]
     slurm, kube = memory_world(names)
@@ -61,9 +62,11 @@ def fleet(n, breaker_on):
 
 
 def lab_run():
+    from kubernetes import client
+    from kubernetes import config as kconfig
+
     from autoheal.lab import kube as labkube
     from autoheal.lab.cluster import Lab
-    from kubernetes import client, config as kconfig
 
     root = Path(tempfile.mkdtemp(prefix="bench-remed-"))
     lab = Lab(root)

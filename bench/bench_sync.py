@@ -133,7 +133,8 @@ def main() -> None:
         "slurm_change_to_pod_condition_p50_s": round(lat[len(lat) // 2], 3),
         "slurm_change_to_pod_condition_p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 3),
         "rss_mb_start": round(rss0, 1), "rss_mb_world_built": round(rss_world, 1),
-        "rss_mb_end": round(rss_mb(), 1), "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_mb_end": round(rss_mb(), 1),
+        "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
     if args.json:
         print(json.dumps(out, indent=2))

@@ -112,7 +112,7 @@ def main() -> None:
     width = max(len(r[0]) for r in rows)
     print(f"{'figure':<{width}}  {'value':>12}  target")
     for name, value, target in rows:
-        print(f"{name:<{width}}  {str(value):>12}  {target}")
+        print(f"{name:<{width}}  {value!s:>12}  {target}")
 
 
 if __name__ == "__main__":

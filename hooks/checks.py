@@ -63,7 +63,7 @@ class CheckResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "CheckResult":
+    def from_dict(cls, d: Dict[str, Any]) -> CheckResult:
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if fields.get("status") in _STATUSES:
             fields["status"] = Status(fields["status"])

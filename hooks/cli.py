@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
-
 import os
 import sys
+from typing import TYPE_CHECKING, Optional
 
 import click
 

@@ -49,7 +49,7 @@ class Context:
         self._notifier: Optional[Notifier] = None
 
     @classmethod
-    def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> "Context":
+    def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> Context:
         from autoheal.config import load_config
 
         return cls(load_config(config_path), node_name(node), source)

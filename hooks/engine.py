@@ -505,8 +505,21 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
     return p
 
 
-__all__ = ["Pass", "observe", "health_pass", "clear_faults", "drain_for", "accept_resume", "maybe_resume",
-           "maybe_repair", "xid_results", "normalize_pci", "EXIT_OK", "EXIT_FAIL", "EXIT_UNKNOWN"]
+__all__ = [
+    "EXIT_FAIL",
+    "EXIT_OK",
+    "EXIT_UNKNOWN",
+    "Pass",
+    "accept_resume",
+    "clear_faults",
+    "drain_for",
+    "health_pass",
+    "maybe_repair",
+    "maybe_resume",
+    "normalize_pci",
+    "observe",
+    "xid_results",
+]
 
 
 def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:

@@ -62,7 +62,7 @@ class NodeSample:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "NodeSample":
+    def from_dict(cls, d: Dict[str, Any]) -> NodeSample:
         gpus = [GpuSample(**g) for g in d.get("gpus", [])]
         rest = {k: v for k, v in d.items() if k != "gpus" and k in cls.__dataclass_fields__}
         return cls(gpus=gpus, **rest)

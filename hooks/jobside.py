@@ -35,10 +35,9 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
-from autoheal.strenum import StrEnum
-
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context

@@ -11,12 +11,13 @@ import fcntl
 import os
 from typing import TYPE_CHECKING, List, Mapping
 
-from autoheal.slurm.parse import gpu_indices as parse_indices, job_gpus_from_show_job as indices_from_show_job
+from autoheal.slurm.parse import gpu_indices as parse_indices
+from autoheal.slurm.parse import job_gpus_from_show_job as indices_from_show_job
 
 if TYPE_CHECKING:
     from autoheal.slurm.base import SlurmAdapter
 
-__all__ = ["parse_indices", "indices_from_show_job", "job_gpus", "add_job", "remove_job"]
+__all__ = ["add_job", "indices_from_show_job", "job_gpus", "parse_indices", "remove_job"]
 
 
 def job_gpus(env: Mapping[str, str], node: str, slurm: SlurmAdapter, timeout: float) -> List[int]:

@@ -41,7 +41,7 @@ class XidWatch:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.h = ctx.hooks
-        self.q: "queue.Queue[XidEvent]" = queue.Queue()
+        self.q: queue.Queue[XidEvent] = queue.Queue()
         self._stop = threading.Event()
         self._metrics_dirty = True
         self._metrics_error = ""

@@ -132,7 +132,7 @@ class LogCursor:
         return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset}
 
     @classmethod
-    def from_dict(cls, d: Optional[Dict[str, Any]]) -> "LogCursor":
+    def from_dict(cls, d: Optional[Dict[str, Any]]) -> LogCursor:
         d = d or {}
         return cls(str(d.get("boot_id", "")), int(d.get("max_seq", -1)), int(d.get("inode", 0)),
                    int(d.get("offset", 0)))

@@ -166,10 +166,11 @@ def status(ctx: click.Context, as_json: bool) -> None:
 
     Exit 0 when both sides agree, 1 when changes are pending or reads fail, 2 on config errors.
     """
+    import time
+
     from autoheal.k8s_sync.engine import Reconciler
     from autoheal.k8s_sync.kube import KubeError
     from autoheal.k8s_sync.leader import lease_expired
-    import time
 
     obj = ctx.obj or {}
     cfg = load_cfg(obj.get("config_path"))
@@ -452,4 +453,4 @@ def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: boo
     sys.exit(EXIT_OK)
 
 
-__all__ = ["sync", "EXIT_USAGE"]
+__all__ = ["EXIT_USAGE", "sync"]

@@ -20,17 +20,27 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
-from autoheal.reasons import strip_reason_suffix
-from autoheal.slurm.model import Node
-
-from autoheal.k8s_sync import names
+from autoheal.k8s_sync import names, remediate_step
 from autoheal.k8s_sync import remediation as R
-from autoheal.k8s_sync import remediate_step
 from autoheal.k8s_sync.kube import Conflict, KubeError
 from autoheal.k8s_sync.mapping import Binding
-from autoheal.k8s_sync.plan import (NODE_PATCH, NODE_STATUS, POD_STATUS, SLURM_DRAIN, SLURM_KINDS, SLURM_RESUME,
-                                    SLURM_SET_REASON, STEPS, Action, Context, Snapshot, make_context)
+from autoheal.k8s_sync.plan import (
+    NODE_PATCH,
+    NODE_STATUS,
+    POD_STATUS,
+    SLURM_DRAIN,
+    SLURM_KINDS,
+    SLURM_RESUME,
+    SLURM_SET_REASON,
+    STEPS,
+    Action,
+    Context,
+    Snapshot,
+    make_context,
+)
 from autoheal.k8s_sync.ratelimit import TokenBucket
+from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection
@@ -457,7 +467,7 @@ class Reconciler:
         data = _json.dumps({**action.body, "idempotency_key": f"{kname}-{uid}"}).encode()
         req = urllib.request.Request(action.target, data=data, method="POST",
                                      headers={"Content-Type": "application/json", "User-Agent": "autoheal-sync"})
-        with urllib.request.urlopen(req, timeout=self.cfg.request_timeout_seconds) as resp:  # noqa: S310
+        with urllib.request.urlopen(req, timeout=self.cfg.request_timeout_seconds) as resp:
             answer = resp.read(65536)
             status = resp.status
         if status >= 300:

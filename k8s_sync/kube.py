@@ -75,7 +75,8 @@ def _classify(exc: Exception, what: str) -> KubeError:
 def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False) -> Any:
     """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
     try:
-        from kubernetes import client, config as kconfig
+        from kubernetes import client
+        from kubernetes import config as kconfig
     except ImportError:  # pragma: no cover - the k8s extra is missing
         raise AutohealError("autoheal sync needs the kubernetes client: pip install 'slurm-autoheal[k8s]'") from None
     cfg = client.Configuration()
@@ -140,7 +141,7 @@ class KubeApi:
 
     @classmethod
     def from_settings(cls, kubeconfig: Optional[str] = None, in_cluster: bool = False,
-                      timeout: float = 10.0) -> "KubeApi":
+                      timeout: float = 10.0) -> KubeApi:
         return cls(load_client_config(kubeconfig, in_cluster), timeout)
 
     # ---- plumbing --------------------------------------------------------------------------------

@@ -75,7 +75,7 @@ class Metrics:
             return
         from autoheal.k8s_sync.remediation import STATES
 
-        counts = {st: 0 for st in STATES}
+        counts = dict.fromkeys(STATES, 0)
         for r in res.remediations.values():
             counts[r["state"]] = counts.get(r["state"], 0) + 1
         for st, n in counts.items():
@@ -98,7 +98,7 @@ class HealthServer:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     body, code, ctype = outer.metrics.render(), 200, "text/plain; version=0.0.4"
@@ -126,7 +126,7 @@ class HealthServer:
         self.port = self.httpd.server_address[1]
         self.thread: Optional[threading.Thread] = None
 
-    def start(self) -> "HealthServer":
+    def start(self) -> HealthServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                        name="metrics", daemon=True)
         self.thread.start()

@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import re
 
-from autoheal.reasons import (K8S_PREFIX, MAX_REASON_LEN, PREFIX, Origin, Reason, make_reason, sanitize,
-                              strip_reason_suffix)
+from autoheal.reasons import (
+    K8S_PREFIX,
+    MAX_REASON_LEN,
+    PREFIX,
+    Origin,
+    Reason,
+    make_reason,
+    sanitize,
+    strip_reason_suffix,
+)
 
-__all__ = ["K8S_PREFIX", "ME", "is_k8s_reason", "is_health_reason"]
+__all__ = ["K8S_PREFIX", "ME", "is_health_reason", "is_k8s_reason"]
 ME = "autoheal"
 #: Kubernetes caps annotation values only by total size; keep ours readable like Slinky (256 chars).
 MAX_ANNOTATION_LEN = 256

@@ -20,13 +20,12 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
-from autoheal.reasons import strip_reason_suffix
-from autoheal.slurm.model import Node
-from autoheal.strenum import StrEnum
-
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.mapping import Binding, map_nodes
+from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
+from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
     from autoheal.config.sync_section import SyncSection

@@ -23,13 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-from autoheal.reasons import strip_reason_suffix
-from autoheal.slurm.model import Node
-
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
-from autoheal.k8s_sync.remediation import Do
 from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
+from autoheal.k8s_sync.remediation import Do
+from autoheal.reasons import strip_reason_suffix
+from autoheal.slurm.model import Node
 
 if TYPE_CHECKING:
     from typing import TypeGuard  # Python 3.10+: annotations only

@@ -24,10 +24,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.config.sync_section import SyncSection
+from autoheal.k8s_sync.plan import ActionKind
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
 from autoheal.strenum import StrEnum
-
-from autoheal.k8s_sync.plan import ActionKind
 
 STATES = ("quarantined", "draining", "drained", "replacing", "done", "failed")
 ACTIVE = ("quarantined", "draining", "drained", "replacing")
@@ -68,7 +67,7 @@ class NodeRemediation:
     final_eviction: float = 0.0  # draining: when the last eviction attempt at the timeout was made
 
     @classmethod
-    def from_node(cls, node: Dict[str, Any], prefix: str) -> "NodeRemediation":
+    def from_node(cls, node: Dict[str, Any], prefix: str) -> NodeRemediation:
         ann = ((node.get("metadata") or {}).get("annotations") or {})
         k = keys(prefix)
         state = ann.get(k["state"], "")
@@ -119,7 +118,7 @@ class RemediationSettings:
     max_attempts: int = _DEFAULTS.remediation_max_attempts
 
     @classmethod
-    def from_cfg(cls, cfg: SyncSection) -> "RemediationSettings":
+    def from_cfg(cls, cfg: SyncSection) -> RemediationSettings:
         key, _, value = cfg.opt_out_label.partition("=")
         return cls(key, value, cfg.remediation_grace_seconds, cfg.remediation_drain_timeout_seconds,
                    cfg.remediation_replace_timeout_seconds, cfg.remediation_retry_seconds,
@@ -281,7 +280,7 @@ class Breaker:
     nodes: List[str] = field(default_factory=list)  # the Slurm nodes that made it trip (journal records)
 
     @classmethod
-    def from_cfg(cls, cfg: SyncSection, data: Optional[Dict[str, str]] = None) -> "Breaker":
+    def from_cfg(cls, cfg: SyncSection, data: Optional[Dict[str, str]] = None) -> Breaker:
         b = cls(cfg.breaker_max_concurrent, cfg.breaker_max_percent, cfg.breaker_rearm_percent,
                 cfg.breaker_window_seconds, cfg.breaker_cooldown_seconds)
         b.load(data or {})

@@ -51,9 +51,9 @@ import contextlib
 import ctypes
 import errno
 import hashlib
+import itertools
 import json
 import logging
-import itertools
 import os
 import re
 import secrets
@@ -227,7 +227,7 @@ class Owner:
     token: str
 
     @classmethod
-    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Optional["Owner"]:
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> Optional[Owner]:
         """This process's owner: ``AUTOHEAL_SUBMIT_TOKEN`` plus the job id; None without a token."""
         env = os.environ if environ is None else environ
         token = env.get(TOKEN_ENV, "").strip()
@@ -240,7 +240,7 @@ class Owner:
         return cls(job_id=env_job_id(env), token=token)
 
     @classmethod
-    def from_json(cls, doc: Any) -> Optional["Owner"]:
+    def from_json(cls, doc: Any) -> Optional[Owner]:
         if isinstance(doc, dict) and isinstance(doc.get("token"), str) and isinstance(doc.get("job_id"), str):
             return cls(job_id=doc["job_id"], token=doc["token"])
         return None

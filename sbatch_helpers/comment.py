@@ -10,7 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Mapping, Sequence
 
-from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
+from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, sanitize
+from autoheal.reasons import RUNNER_MARKER as MARKER
 
 if TYPE_CHECKING:
     from autoheal.slurm.model import Node
@@ -63,7 +64,7 @@ class CommentState:
     user_comment: str = ""
 
     @classmethod
-    def parse(cls, comment: str) -> "CommentState":
+    def parse(cls, comment: str) -> CommentState:
         text = comment or ""
         head, sep, user = text.partition(COMMENT_SEPARATOR.strip())
         st = cls(user_comment=user.strip() if sep else "")

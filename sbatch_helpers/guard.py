@@ -46,8 +46,13 @@ if TYPE_CHECKING:
     from autoheal.notify import Notifier
     from autoheal.slurm.base import SlurmAdapter
     from autoheal.slurm.model import Job, Node
-from autoheal.sbatch_helpers.comment import (CommentState, is_runner_comment, node_unhealthy, plan_exclusions,
-                                             split_nodes)
+from autoheal.sbatch_helpers.comment import (
+    CommentState,
+    is_runner_comment,
+    node_unhealthy,
+    plan_exclusions,
+    split_nodes,
+)
 
 
 class GuardKind(StrEnum):

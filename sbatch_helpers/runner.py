@@ -43,8 +43,16 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
-                             SlurmJobNotPending, SlurmNotFound, SlurmRequeueDisabled, SlurmUnavailable)
+from autoheal.errors import (
+    SlurmError,
+    SlurmJobAlreadyPending,
+    SlurmJobBusy,
+    SlurmJobFinished,
+    SlurmJobNotPending,
+    SlurmNotFound,
+    SlurmRequeueDisabled,
+    SlurmUnavailable,
+)
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
 from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
@@ -97,7 +105,7 @@ class JobIdentity:
     nodes: str = ""
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> "JobIdentity":
+    def from_env(cls, env: Mapping[str, str]) -> JobIdentity:
         raw = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
         array, task = env.get("SLURM_ARRAY_JOB_ID", ""), env.get("SLURM_ARRAY_TASK_ID", "")
         job_id = f"{array}_{task}" if array and task else raw
@@ -160,7 +168,7 @@ class Shield:
         self.signals = tuple(dict.fromkeys(tuple(SHIELDED) + tuple(extra)))
         self.saved: Dict[int, SignalHandler] = {}
 
-    def __enter__(self) -> "Shield":
+    def __enter__(self) -> Shield:
         for sig in self.signals:
             try:
                 self.saved[sig] = signal.signal(sig, signal.SIG_IGN)

@@ -33,8 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.config.sbatch_section import SbatchSection, limits
 from autoheal.errors import AutohealError
-from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, RUNNER_MARKER as MARKER, sanitize
-from autoheal.sbatch_helpers.checkpoint import TOKEN_PATTERN, ALLOW_FOREIGN_ENV, TOKEN_ENV
+from autoheal.reasons import COMMENT_SEPARATOR, MAX_COMMENT_LEN, sanitize
+from autoheal.reasons import RUNNER_MARKER as MARKER
+from autoheal.sbatch_helpers.checkpoint import ALLOW_FOREIGN_ENV, TOKEN_ENV, TOKEN_PATTERN
 
 RUNNER_MODULE = "autoheal.sbatch_helpers.runner"
 # The generated script exports TOKEN_ENV (the submission's token) and, when asked, ALLOW_FOREIGN_ENV=1;

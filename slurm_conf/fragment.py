@@ -12,8 +12,13 @@ from collections import OrderedDict
 from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.slurm_conf import values
-from autoheal.slurm_conf.recommendations import (KNOWN_VERSIONS, Recommendation, for_version, nearest_known,
-                                                 version_tuple)
+from autoheal.slurm_conf.recommendations import (
+    KNOWN_VERSIONS,
+    Recommendation,
+    for_version,
+    nearest_known,
+    version_tuple,
+)
 
 AUTO = "auto"
 # Keys that carry a filesystem path to autoheal's hook wrappers: the admin must adapt them.
@@ -41,16 +46,16 @@ def resolve_version(version: str = AUTO) -> Tuple[str, Tuple[int, int]]:
 
 
 def settings(recs: List[Recommendation], existing: Optional[Dict[str, str]] = None,
-             skip_keys: Tuple[str, ...] = ()) -> "OrderedDict[str, Tuple[str, List[Recommendation]]]":
+             skip_keys: Tuple[str, ...] = ()) -> OrderedDict[str, Tuple[str, List[Recommendation]]]:
     """key -> (value to write, the recommendations behind it), merged with ``existing`` values."""
     existing_l = {k.lower(): v for k, v in (existing or {}).items()}
     skip = {k.lower() for k in skip_keys}
-    grouped: "OrderedDict[str, List[Recommendation]]" = OrderedDict()
+    grouped: OrderedDict[str, List[Recommendation]] = OrderedDict()
     for rec in recs:
         if rec.key.lower() in skip:
             continue
         grouped.setdefault(rec.key, []).append(rec)
-    out: "OrderedDict[str, Tuple[str, List[Recommendation]]]" = OrderedDict()
+    out: OrderedDict[str, Tuple[str, List[Recommendation]]] = OrderedDict()
     for key, group in grouped.items():
         if any(r.merge for r in group):
             value = values.merge_items(existing_l.get(key.lower()), [r.value for r in group])

@@ -64,7 +64,8 @@ def check_hooks(conf: Dict[str, str]) -> List[Finding]:
 
 def check_config(config_path: Optional[str]) -> Tuple[Finding, Optional[Config]]:
     """The autoheal config validates. Returns (finding, config or None)."""
-    from autoheal.config import config_path as resolve, load_config
+    from autoheal.config import config_path as resolve
+    from autoheal.config import load_config
     from autoheal.errors import ConfigError
 
     path, _explicit = resolve(config_path)
@@ -88,7 +89,7 @@ def _nvml_probe() -> int:
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001 - shutdown failure after a good init is not the finding
+        except Exception:
             pass
 
 
@@ -103,7 +104,7 @@ def check_nvml(expected_gpus: int, timeout: float = 10.0, probe: Callable[[], in
     def run() -> None:
         try:
             result["count"] = probe()
-        except Exception as exc:  # noqa: BLE001 - any NVML/library error is the finding
+        except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"
 
     t = threading.Thread(target=run, name="doctor-nvml", daemon=True)

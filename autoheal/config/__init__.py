@@ -17,8 +17,8 @@ from typing import Optional, Union
 from autoheal.config.core_sections import JournalSection, NotifySection, SlurmSection
 from autoheal.config.hooks_section import HooksSection
 from autoheal.config.sbatch_section import SbatchSection
-from autoheal.config.sync_section import SyncSection
 from autoheal.config.schema import describe, from_mapping, setting, to_mapping
+from autoheal.config.sync_section import SyncSection
 from autoheal.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -29,8 +29,17 @@ else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
 DEFAULT_PATH = "/etc/autoheal/autoheal.toml"
 ENV_VAR = "AUTOHEAL_CONFIG"
 
-__all__ = ["Config", "ConfigError", "load_config", "parse_config", "config_path", "to_mapping", "describe",
-           "DEFAULT_PATH", "ENV_VAR"]
+__all__ = [
+    "DEFAULT_PATH",
+    "ENV_VAR",
+    "Config",
+    "ConfigError",
+    "config_path",
+    "describe",
+    "load_config",
+    "parse_config",
+    "to_mapping",
+]
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
+from typing import ClassVar, Dict, Tuple
 
 import click
 
@@ -28,7 +29,7 @@ class _LabGroup(click.Group):
     """Commands defined in their own modules load only when used (``autoheal.cli`` sits above the lab,
     so its LazyGroup cannot be imported here)."""
 
-    LAZY = {"soak": ("autoheal.lab.soak_cli", "soak")}
+    LAZY: ClassVar[Dict[str, Tuple[str, str]]] = {"soak": ("autoheal.lab.soak_cli", "soak")}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
@@ -317,7 +318,7 @@ def kube_status(lab_dir, as_json) -> None:
         print_json(data)
         return
     for n in data["nodes"]:
-        click.echo(f"{n['name']:10} ready={n['ready']:7} cordoned={str(n['unschedulable']):5} "
+        click.echo(f"{n['name']:10} ready={n['ready']:7} cordoned={n['unschedulable']!s:5} "
                    f"GPUHealthy={n['gpu_healthy'] or '-':5} remediation={n['remediation'] or '-'}"
                    + (f" ({n['remediation_reason']})" if n["remediation_reason"] else ""))
     for r in data["replacements"]:

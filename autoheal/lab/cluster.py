@@ -178,9 +178,8 @@ class Lab:
         spare pool's bookkeeping and old drills are forgotten (``autoheal.lab.cleanup``), unless
         ``keep_state``.
         """
-        from autoheal.lab import cleanup
+        from autoheal.lab import cleanup, wiring
         from autoheal.lab import gpus as labgpus
-        from autoheal.lab import wiring
 
         st = self.load_state()
         if st and st.get("procs"):

@@ -50,7 +50,7 @@ class Waiting:
         return False
 
 
-Probe = Callable[[], Union[None, Tuple[float, str], Waiting]]
+Probe = Callable[[], Union[Tuple[float, str], Waiting, None]]
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Phase:
     last_error: str = ""  # a transient read failure in the last probe (an error if the phase never comes)
     # polled only once this phase is observed: every probe costs a Slurm or API call, and polling all of
     # them each tick made one tick last 1-2 s under load, stamping early phases late
-    after: Optional["Phase"] = None
+    after: Optional[Phase] = None
 
     @property
     def ok(self) -> bool:
@@ -154,7 +154,7 @@ class OutputTail:
 
     def poll(self) -> None:
         try:
-            with open(self.path, "r", encoding="utf-8", errors="replace") as fh:
+            with open(self.path, encoding="utf-8", errors="replace") as fh:
                 fh.seek(self.offset)
                 data = fh.read()
                 self.offset = fh.tell()
@@ -210,7 +210,7 @@ class Drill:
         self.first_restart_line = 0
         self.baseline_restarts = 0  # the job's restart count when the fault was injected
         self.request: Optional[Dict[str, str]] = None  # this node's replacement request, once seen
-        self.kube_view: Optional["_KubeView"] = None
+        self.kube_view: Optional[_KubeView] = None
 
     # ---- submission --------------------------------------------------------------------------------
     def _script(self) -> Path:
@@ -425,7 +425,8 @@ class Drill:
             if not verdict:
                 return verdict
             old = self.slurm.get_node(node)
-            return time.time(), f"{verdict}; named by {self.request['kind']} {self.request['name']}; {node}: {old.reason}"
+            return time.time(), (f"{verdict}; named by {self.request['kind']} {self.request['name']}; "
+                                 f"{node}: {old.reason}")
 
         return [
             Phase("Kubernetes: GPUHealthy=False condition and cordon", "kubernetes", unhealthy_and_cordoned),

@@ -146,7 +146,8 @@ def start_pool(lab, delay: float = 1.0) -> procs.ProcRecord:
 
 def status(lab) -> Dict[str, Any]:
     """Nodes with cordon, remediation state and GPUHealthy condition; NodeReplacements."""
-    from kubernetes import client, config as kconfig
+    from kubernetes import client
+    from kubernetes import config as kconfig
 
     cfg = client.Configuration()
     kconfig.load_kube_config(config_file=str(kubeconfig_path(lab)), client_configuration=cfg)

@@ -37,7 +37,8 @@ USED_FILE = "spares-used.json"
 
 class SparePool:
     def __init__(self, lab, delay: float, action: str, label: str, prefix: str = "autoheal.io"):
-        from kubernetes import client, config as kconfig
+        from kubernetes import client
+        from kubernetes import config as kconfig
 
         self.lab = lab
         self.delay = delay

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from autoheal.config import Config
     from autoheal.config.core_sections import SlurmSection
 
-__all__ = ["SlurmAdapter", "Job", "Node", "SlurmVersion", "parse_state", "get_adapter", "backend_notes"]
+__all__ = ["Job", "Node", "SlurmAdapter", "SlurmVersion", "backend_notes", "get_adapter", "parse_state"]
 
 
 def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) -> List[Tuple[str, str]]:

@@ -11,9 +11,17 @@ import time
 from abc import ABC, abstractmethod
 from typing import Callable, Dict, List, Optional, TypeVar
 
-from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobBusy, SlurmJobFinished,
-                             SlurmJobNotPending, SlurmNotFound, SlurmNotSupported, SlurmRequeueDisabled,
-                             SlurmUnavailable)
+from autoheal.errors import (
+    SlurmError,
+    SlurmJobAlreadyPending,
+    SlurmJobBusy,
+    SlurmJobFinished,
+    SlurmJobNotPending,
+    SlurmNotFound,
+    SlurmNotSupported,
+    SlurmRequeueDisabled,
+    SlurmUnavailable,
+)
 from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 
 T = TypeVar("T")
@@ -61,7 +69,7 @@ class SlurmAdapter(ABC):
 
     def capabilities(self) -> Dict[str, str]:
         """Operation -> how it is done ("cli", "rest", "pyslurm", or "" when it cannot be done)."""
-        return {op: self.name for op in OPERATIONS}
+        return dict.fromkeys(OPERATIONS, self.name)
 
     # ---- reads -----------------------------------------------------------------------------------
     @abstractmethod

@@ -38,7 +38,7 @@ class CliSlurm(SlurmAdapter):
         self._version: Optional[SlurmVersion] = None
 
     @classmethod
-    def from_config(cls, section: SlurmSection) -> "CliSlurm":
+    def from_config(cls, section: SlurmSection) -> CliSlurm:
         return cls(bin_dir=section.bin_dir, slurm_conf=section.slurm_conf, timeout=section.timeout,
                    retries=section.retries)
 

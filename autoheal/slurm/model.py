@@ -209,7 +209,7 @@ class SlurmVersion:
     text: str = ""
 
     @classmethod
-    def parse(cls, text: str) -> "SlurmVersion":
+    def parse(cls, text: str) -> SlurmVersion:
         import re
 
         m = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")

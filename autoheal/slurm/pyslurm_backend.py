@@ -46,7 +46,7 @@ class PyslurmSlurm(SlurmAdapter):
         self.ps = module or _import_pyslurm()
 
     @classmethod
-    def from_config(cls, section: SlurmSection) -> "PyslurmSlurm":
+    def from_config(cls, section: SlurmSection) -> PyslurmSlurm:
         return cls()
 
     def _wrap(self, fn: Callable[[], T], what: str) -> T:

@@ -105,7 +105,7 @@ class RestSlurm(SlurmAdapter):
         return f"RestSlurm(url={self.url!r}, api={self._api or 'auto'})"
 
     @classmethod
-    def from_config(cls, section: SlurmSection) -> "RestSlurm":
+    def from_config(cls, section: SlurmSection) -> RestSlurm:
         token = ""
         if section.rest_token_file:
             try:
@@ -217,7 +217,7 @@ class RestSlurm(SlurmAdapter):
             writes = "rest" if self.can_write else ("cli" if self.fallback else "")
         except SlurmError:
             writes = "rest"  # unknown until slurmrestd answers; validate says so separately
-        caps = {op: writes for op in OPERATIONS}
+        caps = dict.fromkeys(OPERATIONS, writes)
         caps["read"] = "rest"
         for op in self.CLI_ONLY:
             caps[op] = "cli" if self.fallback else ""

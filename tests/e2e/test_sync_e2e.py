@@ -19,12 +19,13 @@ if not os.environ.get("KUBECONFIG"):
     pytest.skip("e2e needs $KUBECONFIG", allow_module_level=True)
 kubernetes = pytest.importorskip("kubernetes")
 
+from sync_helpers import sync_cfg  # noqa: E402
+
 from autoheal.k8s_sync.engine import Reconciler  # noqa: E402
 from autoheal.k8s_sync.kube import KubeApi  # noqa: E402
 from autoheal.lab.testing.slurm import MemorySlurm  # noqa: E402
 from autoheal.reasons import strip_reason_suffix  # noqa: E402
 from autoheal.slurm.model import Node  # noqa: E402
-from sync_helpers import sync_cfg  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,12 +6,12 @@ import subprocess
 import time
 
 import pytest
+from helpers import cancel_job, wait_for
 
 from autoheal import nodeops
 from autoheal.errors import SlurmError, SlurmNotFound
 from autoheal.reasons import is_ours
 from autoheal.slurm.model import JobUpdate
-from helpers import cancel_job, wait_for
 
 
 def _sbatch(lab, *args, script="sleep 300"):

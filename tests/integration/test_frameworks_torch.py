@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.lab.gpus import inject
-from helpers import wait_for
 
 pytestmark = pytest.mark.torch
 EXAMPLES = Path(sbh.__file__).parent / "examples"

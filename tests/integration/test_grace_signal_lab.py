@@ -15,12 +15,12 @@ import sys
 import time
 
 import pytest
+from helpers import wait_for
 
 from autoheal.config.hooks_section import GRACE_SIGNALS
+from autoheal.lab import wiring
 from autoheal.lab.fakenvml import state as gstate
 from autoheal.lab.gpus import inject
-from autoheal.lab import wiring
-from helpers import wait_for
 
 GRACE = 3.0
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",

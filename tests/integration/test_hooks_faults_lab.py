@@ -12,10 +12,10 @@ import sys
 import time
 
 import pytest
+from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 from autoheal.lab import procs, wiring
 from autoheal.lab.gpus import inject
-from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 
 def sh(handle, *argv, timeout=15):

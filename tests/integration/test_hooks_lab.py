@@ -8,11 +8,11 @@ import sys
 import time
 
 import pytest
+from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 from autoheal.lab import wiring
 from autoheal.lab.fakenvml import state as gstate
 from autoheal.lab.gpus import inject
-from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
 
 
 def run_hook(handle, node: str, module: str = "autoheal.hooks.healthcheck", extra_env=None, timeout=30):

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import cancel_job, wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab
 from autoheal.lab.gpus import inject
 from autoheal.slurm.cli_backend import CliSlurm
-from helpers import cancel_job, wait_for, wait_text
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable

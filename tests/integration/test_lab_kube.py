@@ -17,13 +17,13 @@ from autoheal.errors import SlurmError
 
 pytest.importorskip("kubernetes")
 
-from click.testing import CliRunner  # noqa: E402
+from click.testing import CliRunner
+from helpers import wait_for
 
-from autoheal.lab import kube as labkube  # noqa: E402
-from autoheal.lab import procs  # noqa: E402
-from autoheal.lab.cli import lab as lab_cli  # noqa: E402
-from autoheal.reasons import strip_reason_suffix  # noqa: E402
-from helpers import wait_for  # noqa: E402
+from autoheal.lab import kube as labkube
+from autoheal.lab import procs
+from autoheal.lab.cli import lab as lab_cli
+from autoheal.reasons import strip_reason_suffix
 
 # what the lab's slurm.conf gave a spare before finding 10 was fixed; the sync did not recognise it
 OLD_SPARE_REASON = "autoheal: spare pool: held out of service until a replacement is requested"

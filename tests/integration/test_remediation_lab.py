@@ -15,13 +15,15 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
-from autoheal.lab import kube as labkube  # noqa: E402
-from autoheal.lab import procs  # noqa: E402
 from helpers import wait_for
+
+from autoheal.lab import kube as labkube
+from autoheal.lab import procs
 
 
 def api(handle):
-    from kubernetes import client, config as kconfig
+    from kubernetes import client
+    from kubernetes import config as kconfig
 
     cfg = client.Configuration()
     kconfig.load_kube_config(config_file=str(labkube.kubeconfig_path(handle.lab)), client_configuration=cfg)

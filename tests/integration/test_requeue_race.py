@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import cancel_job, wait_text
+from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab
 
 from autoheal import nodeops
 from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
-from helpers import cancel_job, wait_text
-from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab
 
 PY = sys.executable
 

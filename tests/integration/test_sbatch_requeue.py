@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal import nodeops
@@ -26,7 +27,6 @@ from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.slurm.cli_backend import CliSlurm
-from helpers import wait_text
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable

@@ -13,11 +13,10 @@ import time
 import urllib.request
 
 import pytest
-
 from sync_helpers import core_api, k8s_name, seed_fake_api
 
 pytest.importorskip("kubernetes")
-from autoheal.lab.fakekube.server import FakeKubeServer  # noqa: E402
+from autoheal.lab.fakekube.server import FakeKubeServer
 
 AUTOHEAL = [sys.executable, "-m", "autoheal.cli.main"]
 
@@ -157,8 +156,8 @@ def test_remediation_retry_command(cli_env):
         p = run(["sync", "remediation", "retry", "no-such-node"], env)
         assert p.returncode == 2 and "no-such-node" in p.stderr
     finally:
-        api.patch_node(kname, {"metadata": {"annotations": {k: None for k in list(failed) + [
-            "autoheal.io/remediation-retry-requested"]}, "labels": {"autoheal.io/remediation": None}}})
+        cleared = dict.fromkeys([*failed, "autoheal.io/remediation-retry-requested"])
+        api.patch_node(kname, {"metadata": {"annotations": cleared, "labels": {"autoheal.io/remediation": None}}})
 
 
 def test_breaker_reset_writes_an_event_and_journal_records_under_the_nodes(cli_env):

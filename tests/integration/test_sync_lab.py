@@ -9,16 +9,17 @@ import threading
 import time
 
 import pytest
+from sync_helpers import core_api, k8s_name, pod_name, seed_fake_api, sync_cfg
 
 from autoheal.k8s_sync.daemon import SyncDaemon
 from autoheal.k8s_sync.engine import Reconciler
 from autoheal.k8s_sync.kube import KubeApi
 from autoheal.reasons import strip_reason_suffix
-from sync_helpers import core_api, k8s_name, pod_name, seed_fake_api, sync_cfg
 
 pytest.importorskip("kubernetes")
-from autoheal.lab.fakekube.server import FakeKubeServer  # noqa: E402
 from helpers import wait_for
+
+from autoheal.lab.fakekube.server import FakeKubeServer
 
 HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
 
@@ -87,7 +88,7 @@ def test_mirroring_both_directions(kube_env):
     assert (gh["status"], gh["reason"]) == ("False", "XID79") and "gpu 3" in gh["message"]
     assert {"key": "autoheal.io/gpu-unhealthy", "value": "XID79", "effect": "NoSchedule"} in k["spec"]["taints"]
     assert pod_conditions(env, a)["SlurmNodeStateDrain"].message == HEALTH
-    assert not slurm.get_node(a).drain is False  # untouched: still our health drain
+    assert slurm.get_node(a).drain is not False  # untouched: still our health drain
     slurm.resume(a)
     assert rec.run_pass().ok
     k = knode(env, a)
@@ -173,11 +174,11 @@ def test_api_faults_are_reported_then_retried(kube_env):
 
 def test_slurmctld_unreachable_changes_nothing(kube_env, tmp_path):
     env, server = kube_env, kube_env["server"]
-    from autoheal.slurm.cli_backend import CliSlurm
-
     # the lab's own slurm.conf, but slurmctld "moved" to a port where nothing listens
     import re
     import socket
+
+    from autoheal.slurm.cli_backend import CliSlurm
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

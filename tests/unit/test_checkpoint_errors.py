@@ -309,7 +309,7 @@ def test_threads_saving_into_one_folder_do_not_break_each_other(tmp_path):
             for step in range(40):
                 if step % 4 == worker or step % 10 == 0:  # some steps saved by every thread at once
                     mgr.save(step, payload_for(step))
-        except Exception as exc:  # noqa: BLE001 - reported below
+        except Exception as exc:
             errors.append(repr(exc))
 
     threads = [threading.Thread(target=run, args=(w,)) for w in range(4)]

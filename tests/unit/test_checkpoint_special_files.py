@@ -51,7 +51,7 @@ def _bounded(fn, fifos, timeout=15.0):
     def run():
         try:
             box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             box["error"] = exc
 
     t = threading.Thread(target=run, daemon=True)

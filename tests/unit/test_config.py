@@ -7,11 +7,19 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from autoheal.config import (DEFAULT_PATH, ENV_VAR, Config, ConfigError, config_path, describe, load_config,
-                             parse_config, to_mapping)
-from autoheal.config import schema
+from autoheal.config import (
+    DEFAULT_PATH,
+    ENV_VAR,
+    Config,
+    ConfigError,
+    config_path,
+    describe,
+    load_config,
+    parse_config,
+    schema,
+    to_mapping,
+)
 from autoheal.config.schema import from_mapping, setting
-
 
 # ---- parse_config: syntax and keys -----------------------------------------------------------------
 

@@ -13,7 +13,8 @@ import datetime
 import os
 import typing
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from autoheal.config import Config, ConfigError, parse_config
 from autoheal.config.schema import from_mapping

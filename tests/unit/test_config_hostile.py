@@ -12,8 +12,7 @@ import threading
 
 import pytest
 
-from autoheal.config import Config, ConfigError, load_config, parse_config, to_mapping
-from autoheal.config import sync_section
+from autoheal.config import Config, ConfigError, load_config, parse_config, sync_section, to_mapping
 from autoheal.config.schema import from_mapping
 
 

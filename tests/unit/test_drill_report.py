@@ -59,8 +59,17 @@ def test_plot_writes_a_png(tmp_path):
 from datetime import datetime, timezone  # noqa: E402
 
 from autoheal.errors import SlurmUnavailable  # noqa: E402
-from autoheal.lab.drill import (EXIT_DRILL_ERROR, Contradiction, Drill, Waiting, find_request,  # noqa: E402
-                                judge_requeued, judge_running_again, judge_spare, watch)
+from autoheal.lab.drill import (  # noqa: E402
+    EXIT_DRILL_ERROR,
+    Contradiction,
+    Drill,
+    Waiting,
+    find_request,
+    judge_requeued,
+    judge_running_again,
+    judge_spare,
+    watch,
+)
 from autoheal.lab.slurmconf import LabLayout  # noqa: E402
 from autoheal.slurm.model import Job, Node  # noqa: E402
 

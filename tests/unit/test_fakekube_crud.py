@@ -6,8 +6,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube.testing import (fake_kube, fake_kube_config, kube_api_client,  # noqa: F401
-                                           make_node, make_pod)
+from autoheal.lab.fakekube.testing import fake_kube, fake_kube_config, kube_api_client, make_node, make_pod  # noqa: F401
 
 
 @pytest.fixture
@@ -267,8 +266,9 @@ def test_finalizers_hold_deletion(core):
 
 
 def test_graceful_pod_deletion_with_kubelet_delay():
-    from autoheal.lab.fakekube import FakeKubeServer
     import time
+
+    from autoheal.lab.fakekube import FakeKubeServer
     with FakeKubeServer(pod_deletion_delay=0.3) as server:
         core = client.CoreV1Api(kube_api_client(server))
         server.store.add(make_pod("p", node="gpu-1"))

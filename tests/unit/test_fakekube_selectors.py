@@ -4,9 +4,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoheal.lab.fakekube.selectors import (SelectorError, field_selector_matches, field_value,
-                                             label_selector_from_dict, parse_field_selector,
-                                             parse_label_selector)
+from autoheal.lab.fakekube.selectors import (
+    SelectorError,
+    field_selector_matches,
+    field_value,
+    label_selector_from_dict,
+    parse_field_selector,
+    parse_label_selector,
+)
 
 LABELS = {"app": "slurmd", "tier": "gpu", "zone": "a", "count": "3"}
 

@@ -333,7 +333,7 @@ def test_state_env_name():
 
 
 def test_find_nvml_header_error_names_the_pip_package(monkeypatch):
-    monkeypatch.setattr(fakenvml, "_nvidia_dirs", lambda: [])
+    monkeypatch.setattr(fakenvml, "_nvidia_dirs", list)
     monkeypatch.setattr(fakenvml, "_header_from_distribution", lambda: None)
     with pytest.raises(fakenvml.FakeNvmlBuildError, match="nvidia-nvml-dev"):
         fakenvml.find_nvml_header()

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import autoheal.sbatch_helpers as sbh
-from autoheal.slurm.parse import requested_signal
 from autoheal.slurm.model import WarnSignal
+from autoheal.slurm.parse import requested_signal
 
 EXAMPLES = Path(sbh.__file__).parent / "examples"
 

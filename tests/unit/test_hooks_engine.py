@@ -10,10 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
-from autoheal.journal import Record
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
 from autoheal.hooks import state as S
+from autoheal.journal import Record
 from autoheal.slurm.model import Node
 
 

@@ -14,19 +14,17 @@ import threading
 from types import SimpleNamespace
 
 import pytest
+from test_hooks_jobside import FakeCtld
 
 from autoheal.config import Config, parse_config
 from autoheal.config.hooks_section import HooksSection
-from autoheal.journal import Record
 from autoheal.errors import ConfigError
 from autoheal.hooks import checks as C
-from autoheal.hooks import engine
-from autoheal.hooks import jobhook
+from autoheal.hooks import engine, jobhook
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
+from autoheal.journal import Record
 from autoheal.slurm.model import Node
-from test_hooks_jobside import FakeCtld
-
 
 # ---- the node state: read-only, full, locked -------------------------------------------------------
 

@@ -11,12 +11,18 @@ from types import SimpleNamespace
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
-from autoheal.journal import Record
-from autoheal.errors import (SlurmError, SlurmJobAlreadyPending, SlurmJobFinished, SlurmNotFound,
-                             SlurmRequeueDisabled, SlurmUnavailable)
+from autoheal.errors import (
+    SlurmError,
+    SlurmJobAlreadyPending,
+    SlurmJobFinished,
+    SlurmNotFound,
+    SlurmRequeueDisabled,
+    SlurmUnavailable,
+)
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
 from autoheal.hooks import state as S
+from autoheal.journal import Record
 from autoheal.slurm.model import Job, JobUpdate, Node
 
 XID79 = C.CheckResult("xid", C.FAIL, "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus", C.REPLACE, 1,

@@ -5,13 +5,13 @@ not ask for it, whatever ``hooks.grace_signal`` says."""
 from __future__ import annotations
 
 import pytest
+from test_hooks_jobside import XID79, FakeCtld, events, make_ctx, side
 
 from autoheal.config.hooks_section import GRACE_SIGNALS
 from autoheal.errors import SlurmError, SlurmNotSupported, SlurmUnavailable
 from autoheal.hooks import jobside as J
 from autoheal.slurm import parse as P
 from autoheal.slurm.model import Job, WarnSignal
-from test_hooks_jobside import XID79, FakeCtld, events, make_ctx, side
 
 SUBMITIT_SCRIPT = """#!/bin/bash
 

@@ -8,8 +8,17 @@ import pytest
 
 from autoheal import nodeops
 from autoheal.errors import SlurmNotFound
-from autoheal.nodeops import (DRAINED, REASON_UPDATED, RESUMED, SKIPPED_FOREIGN, SKIPPED_NOT_DRAINED,
-                              SKIPPED_NOT_OURS, SKIPPED_SAME, plan_drain, plan_resume)
+from autoheal.nodeops import (
+    DRAINED,
+    REASON_UPDATED,
+    RESUMED,
+    SKIPPED_FOREIGN,
+    SKIPPED_NOT_DRAINED,
+    SKIPPED_NOT_OURS,
+    SKIPPED_SAME,
+    plan_drain,
+    plan_resume,
+)
 from autoheal.slurm.base import SlurmAdapter
 from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 

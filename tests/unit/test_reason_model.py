@@ -5,10 +5,10 @@ drained)."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from autoheal.reasons import (MAX_REASON_LEN, Origin, Reason, make_reason, parse_body, sanitize,
-                              strip_reason_suffix)
+from autoheal.reasons import MAX_REASON_LEN, Origin, Reason, make_reason, parse_body, sanitize, strip_reason_suffix
 
 _NODE = st.from_regex(r"\A[a-z][a-z0-9-]{0,12}\Z")
 _PCI = st.from_regex(r"\A0000:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]\Z")

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from sync_helpers import SLURMD_LABELS, k8s_name, memory_world, pod_name, sync_cfg
 
 from autoheal.k8s_sync.engine import Reconciler
 from autoheal.k8s_sync.kube import KubeError
 from autoheal.k8s_sync.remediation import keys
 from autoheal.slurm.model import Job, Node
-from sync_helpers import SLURMD_LABELS, k8s_name, memory_world, pod_name, sync_cfg
 
 STEPS = ["slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate"]
 XID79 = "autoheal: xid 79 on gpu2: GPU has fallen off the bus"

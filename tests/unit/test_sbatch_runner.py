@@ -13,8 +13,8 @@ import pytest
 
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers import runner as r
-from autoheal.sbatch_helpers.comment import merged_exclusions
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
+from autoheal.sbatch_helpers.comment import merged_exclusions
 from autoheal.slurm.model import Job, JobUpdate, Node
 
 

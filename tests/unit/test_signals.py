@@ -5,7 +5,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from autoheal.signals import SLURM_SIGNALS, SignalNameError, signal_name, to_signal
 

@@ -6,7 +6,6 @@ from autoheal.k8s_sync.informer import Informer, newer_or_equal
 from autoheal.k8s_sync.kube import Gone
 from autoheal.k8s_sync.leader import LeaderElector
 from autoheal.k8s_sync.ratelimit import TokenBucket
-
 from autoheal.lab.testing.kube import MemoryKube
 
 
@@ -128,10 +127,10 @@ def test_a_wake_up_during_a_pass_is_not_lost():
     resync period later (it used to be cleared after the pass)."""
     import threading
 
-    from autoheal.k8s_sync.daemon import SyncDaemon
     from helpers import wait_for
     from sync_helpers import sync_cfg
 
+    from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.lab.testing.slurm import MemorySlurm
 
     d = SyncDaemon(MemorySlurm(), MemoryKube(), sync_cfg(slurm_resync_seconds=600.0, leader_election=False),
@@ -161,10 +160,10 @@ def test_the_first_pass_waits_for_the_end_of_the_first_lease_round():
     (seen once in three runs of bench/bench_sync_http.py at 200 nodes)."""
     import threading
 
-    from autoheal.k8s_sync.daemon import SyncDaemon
     from helpers import wait_for
     from sync_helpers import sync_cfg
 
+    from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.lab.testing.slurm import MemorySlurm
 
     kube = MemoryKube()

@@ -3,16 +3,24 @@
 from __future__ import annotations
 
 import pytest
+from sync_helpers import node_obj, pod_obj, sync_cfg
 
 from autoheal.config import parse_config
 from autoheal.errors import ConfigError
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.mapping import map_nodes
-from autoheal.k8s_sync.plan import (NODE_PATCH, NODE_STATUS, POD_STATUS, SLURM_DRAIN, SLURM_RESUME,
-                                    SLURM_SET_REASON, Snapshot, plan)
+from autoheal.k8s_sync.plan import (
+    NODE_PATCH,
+    NODE_STATUS,
+    POD_STATUS,
+    SLURM_DRAIN,
+    SLURM_RESUME,
+    SLURM_SET_REASON,
+    Snapshot,
+    plan,
+)
 from autoheal.slurm.model import Node
-from sync_helpers import node_obj, pod_obj, sync_cfg
 
 
 def world(slurm_nodes, knodes=None, pods=None):

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sync_helpers import k8s_name, memory_world, pod_name, sync_cfg
 
 from autoheal import nodeops
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.engine import Reconciler
 from autoheal.reasons import strip_reason_suffix
-from sync_helpers import k8s_name, memory_world, pod_name, sync_cfg
 
 NODES = ["n1", "n2", "n3", "n4"]
 OPS = ["admin_drain", "admin_resume", "health_drain", "health_resume", "cordon", "uncordon", "restart",

@@ -11,12 +11,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sync_helpers import k8s_name, memory_world, sync_cfg
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync.engine import Reconciler
 from autoheal.slurm.parse import node_from_oneliner
-from sync_helpers import k8s_name, memory_world, sync_cfg
 
 TRICKY = [
     'lent to inference"',

@@ -75,8 +75,9 @@ def test_breaker_percent_budget_per_window_and_state_round_trip():
 
 
 def test_wants_replace_reasons():
-    from autoheal.k8s_sync.remediation import wants_replace
     from sync_helpers import sync_cfg
+
+    from autoheal.k8s_sync.remediation import wants_replace
 
     cfg = sync_cfg()
     assert wants_replace("autoheal: replace: ecc-dbe on gpu 1 [root@2026-01-01T00:00:00]", cfg)

@@ -14,5 +14,13 @@ from .registry import Registry
 from .resources import NODE_REPLACEMENT, ResourceType, custom_resource
 from .server import FakeKubeServer
 
-__all__ = ["ApiError", "FakeKubeServer", "Fault", "FaultInjector", "NODE_REPLACEMENT", "Registry",
-           "ResourceType", "custom_resource"]
+__all__ = [
+           "NODE_REPLACEMENT",
+           "ApiError",
+           "FakeKubeServer",
+           "Fault",
+           "FaultInjector",
+           "Registry",
+           "ResourceType",
+           "custom_resource",
+]

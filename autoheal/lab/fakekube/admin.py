@@ -23,7 +23,7 @@ def handle_admin(handler: Any, method: str, path: str, body: bytes) -> None:
     try:
         payload = json.loads(body.decode("utf-8")) if body.strip() else None
     except ValueError as exc:
-        raise errors.bad_request(f"bad JSON: {exc}")
+        raise errors.bad_request(f"bad JSON: {exc}") from None
     if path == "/_fake/faults":
         if method == "GET":
             handler._send_json(200, {"faults": [f.to_dict() for f in app.faults.rules()]})
@@ -32,7 +32,7 @@ def handle_admin(handler: Any, method: str, path: str, body: bytes) -> None:
             try:
                 added = [app.faults.add_dict(s) for s in specs]
             except (ValueError, TypeError) as exc:
-                raise errors.bad_request(str(exc))
+                raise errors.bad_request(str(exc)) from None
             handler._send_json(201, {"faults": [f.to_dict() for f in added]})
         elif method == "DELETE":
             app.faults.clear()
@@ -57,7 +57,7 @@ def handle_admin(handler: Any, method: str, path: str, body: bytes) -> None:
             try:
                 created.append(app.store.add(obj))
             except KeyError as exc:
-                raise errors.bad_request(str(exc))
+                raise errors.bad_request(str(exc)) from None
         handler._send_json(201, {"items": created})
     elif path == "/_fake/requests" and method == "GET":
         handler._send_json(200, {"requests": list(app.requests)})

@@ -28,7 +28,7 @@ def types_of(crd: Obj) -> List[ResourceType]:
             group=spec.get("group", ""), version=version.get("name", ""), kind=names.get("kind", ""),
             plural=names.get("plural", ""), namespaced=spec.get("scope", "Namespaced") == "Namespaced",
             short_names=tuple(names.get("shortNames") or ()), categories=tuple(names.get("categories") or ()),
-            status_subresource="status" in ((version.get("subresources") or {})), has_generation=True,
+            status_subresource="status" in (version.get("subresources") or {}), has_generation=True,
             allow_unconditional_update=False, custom=True))
     return out
 

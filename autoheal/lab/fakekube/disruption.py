@@ -40,7 +40,7 @@ def _scaled(value: Any, total: int, round_up: bool) -> int:
     if isinstance(value, str) and value.endswith("%"):
         pct = int(value[:-1])
         exact = pct * total / 100.0
-        return int(math.ceil(exact)) if round_up else int(math.floor(exact))
+        return math.ceil(exact) if round_up else math.floor(exact)
     return int(value)
 
 

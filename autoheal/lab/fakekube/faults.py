@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 import threading
 from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 from . import errors
-from typing import Any, Dict, List, Optional, Tuple
 
 
 @dataclass

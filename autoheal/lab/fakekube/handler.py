@@ -67,7 +67,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         finally:
             self.app._track(self.connection, False)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def do_GET(self) -> None:
@@ -198,7 +198,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             try:
                 decoded = protobuf.decode_object(body)
             except protobuf.ProtobufError as exc:
-                raise errors.bad_request(f"failed to decode protobuf body: {exc}")
+                raise errors.bad_request(f"failed to decode protobuf body: {exc}") from None
             if decoded is None:
                 raise errors.unsupported_media_type(ctype, [JSON])
             return decoded
@@ -207,7 +207,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         try:
             return json.loads(body.decode("utf-8") or "null")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}")
+            raise errors.bad_request(f"couldn't get version/kind; json parse error: {exc}") from None
 
     def _dry_run(self) -> bool:
         for value in self._dry_values:
@@ -375,7 +375,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         try:
             document = json.loads(body.decode("utf-8") or "null")
         except (ValueError, UnicodeDecodeError) as exc:
-            raise errors.bad_request(f"error decoding patch: {exc}")
+            raise errors.bad_request(f"error decoding patch: {exc}") from None
         return self.app.store.patch(rt, name, document, patch_type, namespace, sub, self._dry_run())
 
     def _delete_options(self, body: bytes, query: Dict[str, str]) -> Dict[str, Any]:
@@ -546,4 +546,4 @@ def _int_param(query: Dict[str, str], name: str) -> Optional[int]:
     try:
         return int(value)  # type: ignore[arg-type]
     except ValueError:
-        raise errors.bad_request(f"invalid {name}: {value!r}")
+        raise errors.bad_request(f"invalid {name}: {value!r}") from None

@@ -21,8 +21,7 @@ from . import crds, disruption, errors, strategy
 from .errors import ApiError, status_object
 from .patch import PatchError, apply_patch
 from .resources import ResourceType, ResourceTypes
-from .selectors import (SelectorError, field_selector_matches, labels_of, parse_field_selector,
-                        parse_label_selector)
+from .selectors import SelectorError, field_selector_matches, labels_of, parse_field_selector, parse_label_selector
 from .store import Obj, VersionedStore, key_string, obj_key
 from .validation import validate, validate_update
 from .watch import Watcher
@@ -129,7 +128,7 @@ class Registry:
             labels = parse_label_selector(label_selector)
             fields = parse_field_selector(field_selector)
         except SelectorError as exc:
-            raise errors.bad_request(str(exc))
+            raise errors.bad_request(str(exc)) from None
         supported = rt.supported_fields()
         for name, _, _ in fields:
             if name not in supported:
@@ -188,7 +187,7 @@ class Registry:
                 raise ValueError("unexpected version")
             return int(data["rv"]), str(data["start"])
         except (ValueError, KeyError, TypeError, binascii.Error) as exc:
-            raise errors.bad_request(f"continue key is not valid: {exc}")
+            raise errors.bad_request(f"continue key is not valid: {exc}") from None
 
     def _continue_expired(self, start: str) -> ApiError:
         err = errors.expired(
@@ -287,7 +286,7 @@ class Registry:
             try:
                 patched = apply_patch(patch_type, self.decorate(rt, old), body, rt.schema())
             except PatchError as exc:
-                raise self._patch_error(exc)
+                raise self._patch_error(exc) from None
             if not isinstance(patched, dict):
                 raise errors.bad_request("the patched object is not a JSON object")
             patched = self._decode(rt, patched)
@@ -304,7 +303,8 @@ class Registry:
         try:
             strategy.normalize_times(obj)
         except strategy.BadTime as exc:
-            raise errors.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {exc}')
+            raise errors.bad_request(f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
+                                     f'{exc}') from None
 
     @staticmethod
     def _patch_error(exc: PatchError) -> ApiError:

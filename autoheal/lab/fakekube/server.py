@@ -58,7 +58,7 @@ class FakeKubeServer:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> "FakeKubeServer":
+    def start(self) -> FakeKubeServer:
         if self._httpd is not None:
             return self
         handler = type("BoundHandler", (ApiHandler,), {"app": self})
@@ -96,7 +96,7 @@ class FakeKubeServer:
         self._httpd = None
         self._thread = None
 
-    def __enter__(self) -> "FakeKubeServer":
+    def __enter__(self) -> FakeKubeServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

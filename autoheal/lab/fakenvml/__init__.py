@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Iterable, List, Optional
 
 __all__ = [
-    "STATE_ENV",
     "LIB_NAME",
     "SOURCE",
+    "STATE_ENV",
     "FakeNvmlBuildError",
-    "find_nvml_header",
     "build_library",
+    "find_nvml_header",
 ]
 
 STATE_ENV = "AUTOHEAL_FAKE_NVML_STATE"
@@ -152,8 +152,7 @@ def build_library(out_dir: Path) -> Path:
             proc = subprocess.run(
                 cmd,
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
+                capture_output=True,
                 text=True,
                 timeout=_BUILD_TIMEOUT_S,
                 check=False,
