@@ -28,15 +28,17 @@ def one_soak(lab_dir: Path, seed: int, faults: int, kube: bool, exclude, save: P
     for kind in exclude:
         argv += ["--exclude", kind]
     t0 = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: the soak takes its lab down
-        proc.communicate(timeout=120)
-        return {"seed": seed, "ok": False, "why": f"soak did not end within {timeout:.0f} s",
-                "wall_s": round(time.monotonic() - t0, 1)}
-    res = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    log = save.with_suffix(".log")  # the soak's progress (faults, on-call, violations) as it runs
+    with open(log, "w") as err_f:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err_f, text=True)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # SIGTERM: the soak takes its lab down
+            proc.communicate(timeout=120)
+            return {"seed": seed, "ok": False, "why": f"soak did not end within {timeout:.0f} s",
+                    "wall_s": round(time.monotonic() - t0, 1)}
+    res = subprocess.CompletedProcess(argv, proc.returncode, out, log.read_text(errors="replace"))
     save.write_text(res.stdout + ("\n--- stderr ---\n" + res.stderr if res.stderr else ""))
     try:
         data = json.loads(res.stdout[res.stdout.index("{"):])

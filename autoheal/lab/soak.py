@@ -8,6 +8,11 @@ Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. Afte
 the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
 processes left behind, and reports.
 
+The remediation circuit breaker latches when most of the fleet is affected (a human must look): the
+soak's on-call admin is paged when a snapshot shows it tripped, and after the schedule's delay for that
+trip looks (``autoheal sync breaker``) and resets it (``autoheal sync breaker reset``), through the real
+CLI, as a site's on-call would. The report counts trips and resets.
+
 Fault targets are resolved when the fault fires: ``@replacement`` is the newest spare in service; a
 node that left (retired, its slurmd stopped) is swapped for a node in service (``note`` says so), and
 an admin's drain goes to a node in service (an admin drains working nodes for maintenance).
@@ -28,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, node_in_service, ours_kind
+from autoheal.lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, Trip, node_in_service, ours_kind
 from autoheal.lab.soak_plan import KINDS, REPLACEMENT, Schedule, make_schedule
 
 STEP_SECONDS = 0.1
@@ -66,6 +71,7 @@ class SoakReport:
     wall_seconds: float = 0.0
     snapshots: int = 0
     timeline: List[dict] = field(default_factory=list)
+    breaker: dict = field(default_factory=dict)  # trips, resets by the on-call, episodes
 
     @property
     def ok(self) -> bool:
@@ -73,7 +79,8 @@ class SoakReport:
 
     def to_dict(self, timeline: bool = False) -> dict:
         out = {k: getattr(self, k) for k in ("seed", "counts", "recovery", "restarts", "jobs", "violations",
-                                               "notes", "wall_seconds", "snapshots", "injected", "schedule")}
+                                               "notes", "wall_seconds", "snapshots", "injected", "schedule",
+                                               "breaker")}
         out["ok"] = self.ok
         if timeline:
             out["timeline"] = self.timeline
@@ -100,6 +107,7 @@ class Soak:
         self._core = None
         self._api_url = ""
         self._ctld_down = False
+        self._paged = 0
 
     # ---- lab -----------------------------------------------------------------------------------------
     def start_lab(self) -> None:
@@ -229,9 +237,55 @@ class Soak:
                                                               _request_timeout=5)["items"]
                 snap.replacements = [{"node": (c.get("spec") or {}).get("nodeName") or c["metadata"]["name"],
                                       "name": c["metadata"]["name"]} for c in crs]
+                snap.breaker = self._breaker_state()
             except Exception:  # the API in a planned 5xx/429/slow window: no Kubernetes view this time
                 snap.kube = None
         return snap
+
+    def _breaker_state(self) -> dict:
+        """The breaker's ConfigMap as the sync keeps it (what pages the on-call): {tripped_at, why}."""
+        from kubernetes.client import ApiException
+
+        try:
+            cm = self._core.read_namespaced_config_map(self.cfg.sync.breaker_configmap, self.cfg.sync.namespace,
+                                                       _request_timeout=5)
+        except ApiException as exc:
+            if exc.status == 404:
+                return {"tripped_at": None, "why": ""}  # no state yet: never tripped
+            raise
+        data = cm.data or {}
+        try:
+            at = float(data["trippedAt"]) if data.get("trippedAt") else None
+        except ValueError:
+            at = 0.0  # hand-edited: the sync keeps such a breaker tripped, so does the page
+        return {"tripped_at": at, "why": data.get("why") or ""}
+
+    # ---- the on-call admin ---------------------------------------------------------------------------
+    def _autoheal(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        return self._run([sys.executable, "-m", "autoheal.cli.main", *args], timeout=timeout, check=False)
+
+    def _oncall(self, trip: Trip) -> None:
+        """Paged ``trip.delay`` s ago: look at the breaker, reset it if it is still tripped. Retried
+        through API outages like every person's command; given up, the next look is another delay away."""
+        oncall = self.monitor.oncall
+
+        def look_and_reset() -> None:
+            res = self._autoheal("sync", "breaker", "--json")
+            state = json.loads(res.stdout)  # not JSON (the API refused): raises, tried again 1 s later
+            if not state.get("tripped"):
+                oncall.looked(trip, time.time(), still_tripped=False)
+                self.log(f"t+{time.time() - self.t0:6.1f} on-call: breaker armed again by itself (trip {trip.n})")
+                return
+            res = self._autoheal("sync", "breaker", "reset", "--json")
+            out = json.loads(res.stdout)
+            if res.returncode != 0 or not out.get("reset"):
+                raise LabError(f"autoheal sync breaker reset: {out}")
+            oncall.did_reset(trip, time.time())
+            self.log(f"t+{time.time() - self.t0:6.1f} on-call: breaker reset after {time.time() - trip.start:.0f} s "
+                     f"(trip {trip.n}: {trip.why})")
+
+        self._person(f"on-call resets the breaker (trip {trip.n})", look_and_reset, within=120.0,
+                     failed=lambda: oncall.gave_up(trip))
 
     # ---- fault execution -----------------------------------------------------------------------------
     def _at(self, t: float, what: str, fn: Callable[[], None]) -> None:
@@ -394,18 +448,21 @@ class Soak:
         self._at(inj.start + duration, what, undo)
 
     def _person(self, what: str, call: Callable[[], object], then: Callable[[], object] = lambda: None,
-                within: float = 60.0, _deadline: Optional[float] = None) -> None:
+                within: float = 60.0, _deadline: Optional[float] = None,
+                failed: Callable[[], object] = lambda: None) -> None:
         """A person's command (scontrol, sbatch, kubectl): tried now and, while slurmctld restarts or the
         API refuses, again 1 s later through the event queue (never blocking the loop, whose snapshots
-        and daemon restarts must go on), for ``within`` seconds; ``then`` once it worked."""
+        and daemon restarts must go on), for ``within`` seconds; ``then`` once it worked, ``failed``
+        when they gave up."""
         deadline = time.time() + within if _deadline is None else _deadline
         try:
             call()
         except Exception as exc:
             if time.time() >= deadline:
                 self.notes.append(f"{what}: gave up after {within:.0f} s: {type(exc).__name__}: {exc}"[:300])
+                failed()
                 return
-            self._at(time.time() + 1.0, what, lambda: self._person(what, call, then, within, deadline))
+            self._at(time.time() + 1.0, what, lambda: self._person(what, call, then, within, deadline, failed))
             return
         then()
 
@@ -451,7 +508,8 @@ class Soak:
             self.submit_workload()
             self.monitor = Monitor(self.jobs, seed=self.opts.seed, breaker_max=self.cfg.sync.breaker_max_concurrent,
                                    spare_prefix=self._spare_prefix(),
-                                   opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "")
+                                   opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "",
+                                   oncall_delays=self.schedule.oncall)
             self._wait_running(60.0)
             self.t0 = time.time()
             for f in self.schedule.faults:
@@ -496,6 +554,14 @@ class Soak:
                     self._last = snap
                     for v in self.monitor.observe(snap):
                         self.log(f"VIOLATION {v.invariant}: {v.message}")
+                    trip = self.monitor.oncall.current
+                    if trip is not None and len(self.monitor.oncall.trips) > self._paged:
+                        self._paged = len(self.monitor.oncall.trips)
+                        self.log(f"t+{now - self.t0:6.1f} on-call paged: breaker tripped ({trip.why}); "
+                                 f"acting in {trip.delay:.0f} s")
+                    trip = self.monitor.oncall.due(time.time())
+                    if trip is not None:
+                        self._oncall(trip)
                 next_snap = time.time() + self.opts.snapshot_every
             if until_events and not self.events:
                 return
@@ -570,6 +636,9 @@ class Soak:
                             recovery_bound=self.recovery_bound())
         if self.monitor.recovering:
             self.notes.append(f"still recovering at the end, within the loop's bound: {', '.join(self.monitor.recovering)}")
+        if self.monitor.waiting_human:
+            self.notes.append(f"waiting for the on-call at the end (breaker tripped, not reset yet): "
+                              f"{', '.join(self.monitor.waiting_human)}")
         if self.monitor.awaiting:
             self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
                               f"{', '.join(self.monitor.awaiting)}")
@@ -591,6 +660,7 @@ class Soak:
         report.notes = self.notes
         report.snapshots = self.monitor.snapshots
         report.timeline = self.monitor.timeline
+        report.breaker = self.monitor.oncall.summary()
         report.violations = [v.to_dict() for v in self.monitor.violations]
         return report
 
@@ -647,6 +717,13 @@ def render(report: SoakReport) -> str:
             return "-" if x is None else f"{x:.1f}"
         lines.append(f"{name:<34} {p['n']:>4} {f(p['p50']):>7} {f(p['p95']):>7} {f(p['max']):>7}")
     lines.append("")
+    b = report.breaker or {}
+    if b:
+        w = b.get("tripped_to_reset_s") or {}
+        lines.append(f"breaker: {b['trips']} trip(s), {b['resets']} reset by the on-call"
+                     + (f" (tripped -> reset p50 {w['p50']:.0f} s, max {w['max']:.0f} s)" if w.get("n") else "")
+                     + f", {b['rearmed_by_itself']} re-armed by itself, {b['open_at_end']} open at the end")
+        lines.append("")
     lines.append("jobs: " + ", ".join(f"{j} {v['role']} {v['state']} restarts={v['restarts']}"
                                       for j, v in report.jobs.items()))
     for note in report.notes:

@@ -20,6 +20,13 @@ Invariants (numbers as in issue 12):
    opted-out node.
 7. ``journal``: no torn line; a job whose comment counts restarts has journal records.
 8. ``end-state``: every node in service or retired/held with an ``autoheal:`` reason; no process left.
+
+The remediation circuit breaker latches by design (like a NodeHealthCheck's maxUnhealthy): when most of
+the fleet is affected, a human must look. :class:`OnCall` is that human: paged when a snapshot shows the
+breaker tripped, it resets it after the schedule's delay. While a trip waits for them (from the moment
+the breaker tripped until their reset, or until it re-armed by itself), nodes drained by autoheal and
+jobs with no usable node are waiting for a human, not stranded by autoheal; after the reset the normal
+bounds apply again.
 """
 
 from __future__ import annotations
@@ -58,13 +65,15 @@ class Snapshot:
 
     ``nodes``: name -> {state, drain, reason, responding}; ``jobs``: id -> {state, reason, comment,
     restarts, nodes (list), held}; ``kube``: Node name -> {unschedulable, remediation, labels} or None
-    without Kubernetes; ``replacements``: [{node, name}] replacement requests seen."""
+    without Kubernetes; ``replacements``: [{node, name}] replacement requests seen; ``breaker``: the
+    remediation breaker's state {tripped_at (None: armed), why}, or None when not read."""
 
     time: float
     nodes: Dict[str, dict] = field(default_factory=dict)
     jobs: Dict[str, dict] = field(default_factory=dict)
     kube: Optional[Dict[str, dict]] = None
     replacements: List[dict] = field(default_factory=list)
+    breaker: Optional[dict] = None
 
 
 @dataclass
@@ -118,13 +127,113 @@ def ours_kind(reason: str, spare_prefix: str = "autoheal: spare") -> str:
     return "health"
 
 
+@dataclass
+class Trip:
+    """One trip of the breaker as the on-call saw it: ``start`` the sync's ``trippedAt``, ``paged`` the
+    first snapshot that showed it, ``due`` when the on-call acts (paged + delay); it ends with their
+    ``reset`` or, when it re-armed by itself first, at ``rearmed``."""
+
+    n: int
+    start: float
+    paged: float
+    delay: float
+    why: str = ""
+    acting: bool = False
+    reset: Optional[float] = None
+    rearmed: Optional[float] = None
+
+    @property
+    def due(self) -> float:
+        return self.paged + self.delay
+
+    @property
+    def end(self) -> Optional[float]:
+        return self.reset if self.reset is not None else self.rearmed
+
+    def to_dict(self) -> dict:
+        return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "acting"}
+
+
+class OnCall:
+    """The on-call admin (pure: the runner feeds it what it saw and carries out what is due).
+
+    ``observe(t, tripped_at, why)`` with the breaker's state from a snapshot (``tripped_at`` None when
+    armed) pages them on a new trip (a ``tripped_at`` not seen before); ``due(now)`` is the trip to act
+    on (once); the runner looks (``autoheal sync breaker``) and resets (``autoheal sync breaker reset``)
+    and reports back with ``looked``/``did_reset``. ``delays``: seconds per trip, in order (cycled)."""
+
+    def __init__(self, delays: Sequence[float] = (60.0,)):
+        self.delays = list(delays) or [60.0]
+        self.trips: List[Trip] = []
+        self._seen: set = set()
+
+    @property
+    def current(self) -> Optional[Trip]:
+        t = self.trips[-1] if self.trips else None
+        return t if t is not None and t.end is None else None
+
+    def observe(self, t: float, tripped_at: Optional[float], why: str = "") -> Optional[Trip]:
+        """A snapshot's view of the breaker; returns the trip it paged for, if a new one."""
+        cur = self.current
+        if tripped_at is None:
+            if cur is not None and not cur.acting:
+                cur.rearmed = t  # re-armed by itself (cool-down over, share below the re-arm level)
+            return None
+        if tripped_at in self._seen:
+            return None  # the trip already handled (a snapshot read before the reset landed)
+        self._seen.add(tripped_at)
+        if cur is not None:
+            cur.rearmed = min(t, tripped_at)  # re-armed and tripped again between two snapshots
+        trip = Trip(len(self.trips) + 1, min(tripped_at, t), t, self.delays[len(self.trips) % len(self.delays)], why)
+        self.trips.append(trip)
+        return trip
+
+    def due(self, now: float) -> Optional[Trip]:
+        cur = self.current
+        if cur is not None and not cur.acting and now >= cur.due:
+            cur.acting = True
+            return cur
+        return None
+
+    def looked(self, trip: Trip, t: float, still_tripped: bool) -> None:
+        """What ``autoheal sync breaker`` said when they looked; armed again: nothing to reset."""
+        if not still_tripped and trip.end is None:
+            trip.rearmed = t
+
+    def did_reset(self, trip: Trip, t: float) -> None:
+        if trip.end is None:
+            trip.reset = t
+
+    def gave_up(self, trip: Trip) -> None:
+        """Their command failed for good (an API outage): they will try again at the next page."""
+        trip.acting = False
+        trip.paged = trip.due  # the next attempt after another delay
+
+    def waiting(self, t: float) -> bool:
+        """A trip waits for the on-call at ``t``: nodes and jobs blocked then wait for a human."""
+        return any(tr.start <= t and (tr.end is None or t < tr.end) for tr in self.trips)
+
+    def overlaps(self, a: float, b: float) -> bool:
+        """A trip was waiting for a human at some moment between ``a`` and ``b``."""
+        return any(tr.start <= b and (tr.end is None or tr.end > a) for tr in self.trips)
+
+    def summary(self) -> dict:
+        waits = [tr.reset - tr.start for tr in self.trips if tr.reset is not None]
+        return {"trips": len(self.trips), "resets": sum(1 for tr in self.trips if tr.reset is not None),
+                "rearmed_by_itself": sum(1 for tr in self.trips if tr.rearmed is not None and tr.reset is None),
+                "open_at_end": sum(1 for tr in self.trips if tr.end is None),
+                "tripped_to_reset_s": percentiles(waits), "episodes": [tr.to_dict() for tr in self.trips]}
+
+
 class Monitor:
     """Invariants checked snapshot by snapshot, then once at the end (``finish``)."""
 
     def __init__(self, jobs: Sequence[JobMeta], seed: int = 0, held_grace: float = 45.0,
                  pending_limit: float = 180.0, cause_linger: float = 90.0, breaker_max: int = 2,
-                 spare_prefix: str = "autoheal: spare", opt_out_label: str = ""):
+                 spare_prefix: str = "autoheal: spare", opt_out_label: str = "",
+                 oncall_delays: Sequence[float] = (60.0,)):
         self.jobs = {j.job_id: j for j in jobs}
+        self.oncall = OnCall(oncall_delays)
         self.seed = seed
         self.held_grace = held_grace
         self.pending_limit = pending_limit
@@ -145,12 +254,14 @@ class Monitor:
         self.to_drain: Dict[int, float] = {}
         self.to_back: Dict[int, float] = {}
         self.to_job_running: Dict[int, List[float]] = {}
+        self.to_job_running_human: Dict[int, List[float]] = {}  # the wait overlapped a breaker trip
         self._job_waits: Dict[tuple, int] = {}  # (fault id, job) -> restarts at the fault
         self._drained_after: Dict[int, bool] = {}
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
         self.awaiting: List[str] = []  # nodes that end the soak waiting for a replacement (see finish)
         self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
+        self.waiting_human: List[str] = []  # nodes and jobs blocked at the end by a trip the on-call has not reset
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
 
     # ---- inputs -----------------------------------------------------------------------------------
@@ -194,6 +305,8 @@ class Monitor:
                                                          ("admin" if v.get("drain") else "down"))
                                                      for n, v in s.nodes.items()},
                               "jobs": {j: v.get("state") for j, v in s.jobs.items()}})
+        if s.breaker is not None:
+            self.oncall.observe(s.time, s.breaker.get("tripped_at"), s.breaker.get("why") or "")
         self._check_nodes(s)
         self._check_jobs(s)
         if s.kube is not None:
@@ -304,7 +417,9 @@ class Monitor:
                 self._job_waits.pop((fid, jid))
                 continue
             if j.get("state") == "RUNNING" and int(j.get("restarts") or 0) > base:
-                self.to_job_running.setdefault(fid, []).append(s.time - f.start)
+                human = self.oncall.overlaps(f.start, s.time)
+                (self.to_job_running_human if human else self.to_job_running).setdefault(fid, []).append(
+                    s.time - f.start)
                 self._job_waits.pop((fid, jid))
 
     def note_drain_time(self, fault_id: int, seconds: float) -> None:
@@ -325,11 +440,17 @@ class Monitor:
         before = len(self.violations)
         t = final.time
         cancelled = set(user_cancelled)
+        human = self.oncall.waiting(t)
+        in_service = {n for n, v in final.nodes.items() if node_in_service(v)}
         # 1. final states
         for jid, meta in self.jobs.items():
             views = {k: v for k, v in final.jobs.items() if k == jid or k.split("_")[0] == jid}
             for vid, j in views.items():
                 state = j.get("state", "")
+                excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+                if human and state == "PENDING" and len(in_service - excl) < max(1, meta.nodes):
+                    self.waiting_human.append(f"job {vid} (pending, {len(in_service - excl)} usable node(s))")
+                    continue
                 if state not in FINAL_STATES and state != "RUNNING":
                     self._violate("stranded", f"final-{vid}", f"job {vid} ended the soak {state} "
                                   f"({j.get('reason')})", t, job=vid, state=state, reason=j.get("reason"),
@@ -380,6 +501,9 @@ class Monitor:
             if recovery_bound is not None and kind in ("health", "") and latest is not None \
                     and (kind == "health" or not n.get("reason")) and t - latest < recovery_bound:
                 self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
+                continue
+            if human and kind == "health":
+                self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))})")
                 continue
             requested = {r.get("node") for r in final.replacements}
             if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(
@@ -468,6 +592,7 @@ class Monitor:
     # ---- report figures ----------------------------------------------------------------------------
     def recovery(self) -> Dict[str, Dict[str, Optional[float]]]:
         running = [x for xs in self.to_job_running.values() for x in xs]
+        human = [x for xs in self.to_job_running_human.values() for x in xs]
         kinds = {f.id: f.kind for f in self.faults}
         # XIDs reach xid-watch as events (bound: 2 s p95); NVML-only faults wait for the next healthcheck
         event = [v for fid, v in self.to_drain.items() if kinds.get(fid, "").startswith("xid")]
@@ -475,7 +600,9 @@ class Monitor:
         return {"fault_to_drain_s": percentiles(list(self.to_drain.values())),
                 "fault_to_drain_xid_event_s": percentiles(event),
                 "fault_to_drain_polled_s": percentiles(polled),
-                "fault_to_job_running_again_s": percentiles(running),
+                "fault_to_job_running_again_s": percentiles(running + human),
+                # the ones whose wait overlapped no breaker trip (no human in the loop)
+                "fault_to_job_running_again_no_trip_s": percentiles(running),
                 "fault_to_node_back_or_replaced_s": percentiles(list(self.to_back.values()))}
 
 

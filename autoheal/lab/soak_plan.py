@@ -8,6 +8,11 @@ restarts), how long they last. Overlaps are part of the plan: a second fault on 
 moment, a fault during the recovery of the previous one on the same node, and a fault on the spare that
 replaced a node (target ``@replacement``, resolved by the runner to the newest spare in service).
 
+The schedule also plans the on-call admin: ``oncall`` holds, for the 1st, 2nd, ... time the remediation
+circuit breaker trips, how many seconds the person on call takes to be paged, look and reset it
+(``ONCALL_DELAY``, drawn from a random stream of its own, so the faults of a seed are the same with or
+without it).
+
 Nothing here touches the lab; the runner (``autoheal.lab.soak``) carries the schedule out.
 """
 
@@ -20,6 +25,8 @@ from typing import Dict, List, Optional, Sequence
 #: Target of a fault on "the spare that replaced a node": the runner picks the newest spare in service
 #: (or, when none has taken over yet, the node the schedule names in ``fallback``).
 REPLACEMENT = "@replacement"
+#: Seconds the on-call admin takes from the breaker's page to `autoheal sync breaker reset` (min, max).
+ONCALL_DELAY = (30.0, 90.0)
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,15 @@ class Fault:
 class Schedule:
     seed: int
     faults: List[Fault] = field(default_factory=list)
+    oncall: List[float] = field(default_factory=list)  # seconds to reset the breaker, per trip (cycled)
 
     def to_dict(self) -> dict:
-        return {"seed": self.seed, "faults": [f.to_dict() for f in self.faults]}
+        return {"seed": self.seed, "faults": [f.to_dict() for f in self.faults], "oncall": list(self.oncall)}
+
+    def oncall_delay(self, trip: int) -> float:
+        """Seconds the on-call admin takes to reset the ``trip``-th trip of the breaker (0-based; the
+        planned delays are reused in order when there are more trips than delays)."""
+        return self.oncall[trip % len(self.oncall)] if self.oncall else ONCALL_DELAY[0]
 
     @property
     def span(self) -> float:
@@ -129,13 +142,15 @@ def kinds_for(kube: bool, include: Optional[Sequence[str]] = None, exclude: Sequ
 
 def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: bool = True,
                   gap: tuple = (4.0, 10.0), include: Optional[Sequence[str]] = None, exclude: Sequence[str] = (),
-                  overlap_rate: float = 0.3, spares: int = 0) -> Schedule:
+                  overlap_rate: float = 0.3, spares: int = 0, oncall: tuple = ONCALL_DELAY) -> Schedule:
     """``count`` faults drawn with ``random.Random(seed)``: every kind in the pool once before any
     repeats (so a short soak covers the kinds it can), in a seeded order, ``gap`` seconds apart; with
     probability ``overlap_rate`` a fault is placed instead at the same moment as the one before on
     another node (``pair``) or 1-3 s after it on the same node (``during-recovery``). With ``spares``, one
     GPU fault in every eight (after the first) targets the replacement spare. Process kills and API
-    windows never overlap each other (one daemon restart at a time keeps the evidence readable)."""
+    windows never overlap each other (one daemon restart at a time keeps the evidence readable).
+    ``oncall``: (min, max) seconds the on-call admin takes to reset a tripped breaker; one delay per
+    possible trip (at most one per fault), from ``random.Random(f"{seed}/on-call")``."""
     if count < 0:
         raise ValueError("count must be >= 0")
     if not nodes:
@@ -181,4 +196,9 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
         dur = round(rng.uniform(*spec.clears_after), 2) if spec.clears_after else 0.0
         faults.append(Fault(id=i + 1, kind=kind, at=round(at, 2), node=node, gpu=gpu, duration=dur,
                             overlap=overlap, fallback=fallback))
-    return Schedule(seed=seed, faults=faults)
+    lo, hi = oncall
+    if not 0 <= lo <= hi:
+        raise ValueError("oncall must be (min, max) seconds with 0 <= min <= max")
+    page = random.Random(f"{seed}/on-call")
+    delays = [round(page.uniform(lo, hi), 1) for _ in range(max(1, count))]
+    return Schedule(seed=seed, faults=faults, oncall=delays)

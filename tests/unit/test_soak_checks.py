@@ -213,3 +213,90 @@ def test_a_node_still_within_its_recovery_bound_is_recovering_not_stuck():
     m = _mon()
     m.add_fault(Injected(1, "ecc-dbe", "gpu", 100.0, node="gpu3", gpu=2))
     assert [v.invariant for v in m.finish(final, [], 0, {}, recovery_bound=125.0)] == ["end-state"]
+
+
+# ---- the on-call admin and the breaker ----------------------------------------------------------------
+
+from autoheal.lab.soak_checks import OnCall  # noqa: E402
+
+
+def test_on_call_is_paged_once_per_trip_and_acts_after_its_delay():
+    oc = OnCall([40.0, 70.0])
+    assert oc.observe(100.0, None) is None and oc.trips == []
+    trip = oc.observe(105.0, 103.5, "3 of 4 nodes (75%) > 50%")
+    assert trip.n == 1 and trip.start == 103.5 and trip.due == 145.0 and oc.current is trip
+    assert oc.observe(106.0, 103.5) is None and len(oc.trips) == 1  # the same trip: one page
+    assert oc.due(144.9) is None
+    assert oc.due(145.0) is trip and oc.due(146.0) is None  # acted on once
+    assert oc.waiting(120.0) and not oc.waiting(103.0)
+    oc.observe(147.0, None)  # a snapshot between their look and their reset does not close it
+    assert oc.current is trip
+    oc.did_reset(trip, 150.0)
+    assert oc.current is None and not oc.waiting(150.0) and oc.waiting(149.9)
+    assert oc.observe(151.0, 103.5) is None  # read before the reset landed: not a new trip
+    # the sync trips it again: a new page with the next planned delay
+    again = oc.observe(160.0, 158.0, "3 of 4")
+    assert again.n == 2 and again.delay == 70.0 and again.due == 230.0
+    s = oc.summary()
+    assert (s["trips"], s["resets"], s["rearmed_by_itself"], s["open_at_end"]) == (2, 1, 0, 1)
+    assert s["tripped_to_reset_s"]["p50"] == 46.5 and s["episodes"][0]["reset"] == 150.0
+
+
+def test_on_call_finds_the_breaker_armed_again_or_gives_up_and_tries_later():
+    oc = OnCall([30.0])
+    t1 = oc.observe(10.0, 10.0)
+    oc.observe(20.0, None)  # re-armed by itself before they acted
+    assert t1.rearmed == 20.0 and oc.current is None and oc.due(100.0) is None
+    t2 = oc.observe(50.0, 49.0)
+    assert oc.due(80.0) is t2
+    oc.looked(t2, 81.0, still_tripped=False)  # `autoheal sync breaker` says armed: nothing to reset
+    assert t2.rearmed == 81.0 and t2.reset is None
+    t3 = oc.observe(90.0, 90.0)
+    assert oc.due(120.0) is t3
+    oc.gave_up(t3)  # the API refused for two minutes: they look again one delay later
+    assert oc.due(121.0) is None and oc.due(150.0) is t3
+    s = oc.summary()
+    assert (s["trips"], s["resets"], s["rearmed_by_itself"]) == (3, 0, 2)
+    assert oc.overlaps(0.0, 15.0) and not oc.overlaps(21.0, 48.0)
+
+
+def _breaker(at=None, why=""):
+    return {"tripped_at": at, "why": why}
+
+
+def test_blocked_nodes_and_jobs_wait_for_a_human_only_while_the_trip_is_open():
+    replace = _node("IDLE+DRAIN", True, "autoheal: replace: xid 79 on GPU 0")
+    blocked = _nodes(gpu1=replace, gpu2=replace, gpu3=replace, gpu4=replace)
+    pend = _job("PENDING", "Resources", nodes=())
+
+    def run(reset: bool):
+        m = _mon()
+        for i, n in enumerate(("gpu1", "gpu2", "gpu3", "gpu4")):
+            m.add_fault(Injected(i + 1, "xid79", "gpu", 10.0, node=n, gpu=0))
+        m.observe(Snapshot(20.0, blocked, {"10": pend}, kube={}, breaker=_breaker(19.0, "4 of 4")))
+        trip = m.oncall.due(200.0)
+        if reset:
+            m.oncall.did_reset(trip, 201.0)
+        final = Snapshot(300.0, blocked, {"10": pend, "11": _job("PENDING", "Resources", nodes=())}, kube={},
+                         breaker=_breaker(None))
+        m.observe(final)
+        return m, m.finish(final, [], 0, {}, awaiting_ok=True)
+
+    m, v = run(reset=False)  # still tripped at the end: the on-call has not acted yet
+    assert v == [] and len(m.waiting_human) == 6, m.waiting_human
+    m, v = run(reset=True)  # reset, and nothing moved since: autoheal's bounds apply again
+    assert sorted({x.invariant for x in v}) == ["end-state", "stranded"] and m.waiting_human == []
+
+
+def test_job_running_again_is_split_by_whether_a_trip_was_open():
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(), {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    m.observe(Snapshot(110.0, _nodes(), {"10": _job(nodes=("gpu2",), restarts=1)}))
+    m.observe(Snapshot(120.0, _nodes(), {"10": _job(nodes=("gpu2",), restarts=1)}, kube={},
+                       breaker=_breaker(118.0)))
+    m.add_fault(Injected(2, "xid48", "gpu", 121.0, node="gpu2", gpu=1))
+    m.observe(Snapshot(150.0, _nodes(), {"10": _job(nodes=("gpu3",), restarts=2)}))
+    r = m.recovery()
+    assert r["fault_to_job_running_again_s"]["n"] == 2
+    assert r["fault_to_job_running_again_no_trip_s"] == {"n": 1, "p50": 10.0, "p95": 10.0, "max": 10.0}

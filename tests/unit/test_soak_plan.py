@@ -73,3 +73,20 @@ def test_include_and_exclude():
     s = make_schedule(2, 30, NODES, 4, include=list(GPU_KINDS), exclude=["flapping"])
     assert {f.kind for f in s.faults} <= set(GPU_KINDS) - {"flapping"}
     assert make_schedule(2, 0, NODES, 4).faults == []
+
+
+def test_on_call_delays_are_seeded_bounded_and_leave_the_faults_alone():
+    a = make_schedule(7, 40, NODES, 4, spares=2)
+    b = make_schedule(7, 40, NODES, 4, spares=2)
+    c = make_schedule(8, 40, NODES, 4, spares=2)
+    assert a.oncall == b.oncall and a.oncall != c.oncall
+    assert len(a.oncall) == 40 and all(30.0 <= d <= 90.0 for d in a.oncall)
+    assert a.to_dict()["oncall"] == a.oncall
+    # a stream of its own: other on-call bounds, the very same faults
+    d = make_schedule(7, 40, NODES, 4, spares=2, oncall=(5.0, 6.0))
+    assert d.faults == a.faults and all(5.0 <= x <= 6.0 for x in d.oncall)
+    # the n-th trip gets the n-th delay, reused in order past the end
+    assert a.oncall_delay(0) == a.oncall[0] and a.oncall_delay(41) == a.oncall[1]
+    assert make_schedule(7, 0, NODES, 4).oncall_delay(3) > 0
+    with pytest.raises(ValueError):
+        make_schedule(7, 5, NODES, 4, oncall=(9.0, 3.0))
