@@ -287,6 +287,32 @@ class Soak:
         self._person(f"on-call resets the breaker (trip {trip.n})", look_and_reset, within=120.0,
                      failed=lambda: oncall.gave_up(trip))
 
+    def _technician(self, node: str) -> None:
+        """``node`` waited for a replacement the empty pool cannot give: a technician swaps its broken
+        GPUs (the fake ones healed), then hands it back as a site would: ``autoheal check --clear-faults``
+        (the node forgets the faults and its recovery ladder) and ``autoheal node resume`` (only a drain
+        of autoheal's; the sync then abandons the replacement request)."""
+        from autoheal.lab import gpus as labgpus
+
+        oncall = self.monitor.oncall
+
+        def repair() -> None:
+            labgpus.clear_all(self.lab, node)
+            res = self._autoheal("check", "--node", node, "--clear-faults", "--json")
+            if res.returncode != 0:
+                raise LabError(f"autoheal check --clear-faults: {res.stderr.strip() or res.stdout.strip()}"[:300])
+            res = self._autoheal("node", "resume", node, "--json")
+            try:
+                out = json.loads(res.stdout)
+            except ValueError:
+                raise LabError(f"autoheal node resume: {res.stderr.strip()}"[:300]) from None
+            outcome = "resumed" if res.returncode == 0 else f"left alone: {out.get('action')} {out.get('reason') or ''}"
+            oncall.repaired(node, time.time(), outcome.strip())
+            self.log(f"t+{time.time() - self.t0:6.1f} technician: {node} repaired in place: {outcome}")
+
+        self._person(f"technician repairs {node}", repair, within=120.0,
+                     failed=lambda: oncall.repaired(node, time.time(), "gave up"))
+
     # ---- fault execution -----------------------------------------------------------------------------
     def _at(self, t: float, what: str, fn: Callable[[], None]) -> None:
         self._seq += 1
@@ -509,7 +535,7 @@ class Soak:
             self.monitor = Monitor(self.jobs, seed=self.opts.seed, breaker_max=self.cfg.sync.breaker_max_concurrent,
                                    spare_prefix=self._spare_prefix(),
                                    opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "",
-                                   oncall_delays=self.schedule.oncall)
+                                   oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair)
             self._wait_running(60.0)
             self.t0 = time.time()
             for f in self.schedule.faults:
@@ -562,6 +588,8 @@ class Soak:
                     trip = self.monitor.oncall.due(time.time())
                     if trip is not None:
                         self._oncall(trip)
+                    for node in self.monitor.oncall.repairs_due(time.time()):
+                        self._technician(node)
                 next_snap = time.time() + self.opts.snapshot_every
             if until_events and not self.events:
                 return
@@ -637,7 +665,7 @@ class Soak:
         if self.monitor.recovering:
             self.notes.append(f"still recovering at the end, within the loop's bound: {', '.join(self.monitor.recovering)}")
         if self.monitor.waiting_human:
-            self.notes.append(f"waiting for the on-call at the end (breaker tripped, not reset yet): "
+            self.notes.append(f"waiting for the on-call or the technician at the end: "
                               f"{', '.join(self.monitor.waiting_human)}")
         if self.monitor.awaiting:
             self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
@@ -722,7 +750,8 @@ def render(report: SoakReport) -> str:
         w = b.get("tripped_to_reset_s") or {}
         lines.append(f"breaker: {b['trips']} trip(s), {b['resets']} reset by the on-call"
                      + (f" (tripped -> reset p50 {w['p50']:.0f} s, max {w['max']:.0f} s)" if w.get("n") else "")
-                     + f", {b['rearmed_by_itself']} re-armed by itself, {b['open_at_end']} open at the end")
+                     + f", {b['rearmed_by_itself']} re-armed by itself, {b['open_at_end']} open at the end; "
+                     f"{b.get('repairs', 0)} node(s) repaired in place by a technician (spare pool empty)")
         lines.append("")
     lines.append("jobs: " + ", ".join(f"{j} {v['role']} {v['state']} restarts={v['restarts']}"
                                       for j, v in report.jobs.items()))

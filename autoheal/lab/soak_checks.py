@@ -27,6 +27,12 @@ breaker tripped, it resets it after the schedule's delay. While a trip waits for
 the breaker tripped until their reset, or until it re-armed by itself), nodes drained by autoheal and
 jobs with no usable node are waiting for a human, not stranded by autoheal; after the reset the normal
 bounds apply again.
+
+A site's spare pool is refilled; the lab's holds 2 spares. When it is empty, a node drained for a
+replacement that was requested waits for a technician, who repairs it in place after the schedule's
+delay (the soak swaps the fake GPUs, then ``autoheal check --clear-faults`` and ``autoheal node
+resume``); the sync then abandons the replacement. Until then the node and the jobs with no usable node
+wait for a human too.
 """
 
 from __future__ import annotations
@@ -162,10 +168,14 @@ class OnCall:
     on (once); the runner looks (``autoheal sync breaker``) and resets (``autoheal sync breaker reset``)
     and reports back with ``looked``/``did_reset``. ``delays``: seconds per trip, in order (cycled)."""
 
-    def __init__(self, delays: Sequence[float] = (60.0,)):
+    def __init__(self, delays: Sequence[float] = (60.0,), repair_delays: Sequence[float] = (90.0,)):
         self.delays = list(delays) or [60.0]
+        self.repair_delays = list(repair_delays) or [90.0]
         self.trips: List[Trip] = []
         self._seen: set = set()
+        self._awaiting: Dict[str, dict] = {}  # node -> {since, delay, acting}: waits for the technician
+        self.repairs: List[dict] = []  # {node, since, done, outcome}
+        self._episodes = 0
 
     @property
     def current(self) -> Optional[Trip]:
@@ -217,12 +227,60 @@ class OnCall:
         """A trip was waiting for a human at some moment between ``a`` and ``b``."""
         return any(tr.start <= b and (tr.end is None or tr.end > a) for tr in self.trips)
 
+    # ---- the technician: nodes waiting for a replacement the empty pool cannot give ------------------
+    def observe_awaiting(self, t: float, nodes: Iterable[str]) -> None:
+        """The nodes that wait, at ``t``, for a requested replacement with no spare left in the pool
+        (see ``awaiting_replacement``). Each new wait gets the next planned repair delay; a node that
+        stops waiting (replaced after all, resumed) is forgotten."""
+        nodes = set(nodes)
+        for n in sorted(nodes):
+            if n not in self._awaiting:
+                self._awaiting[n] = {"since": t, "delay": self.repair_delays[self._episodes % len(self.repair_delays)],
+                                     "acting": False}
+                self._episodes += 1
+        for n in list(self._awaiting):
+            if n not in nodes and not self._awaiting[n]["acting"]:
+                del self._awaiting[n]
+
+    def repairs_due(self, now: float) -> List[str]:
+        """Nodes the technician repairs now (each once per wait)."""
+        out = []
+        for n, w in sorted(self._awaiting.items()):
+            if not w["acting"] and now >= w["since"] + w["delay"]:
+                w["acting"] = True
+                out.append(n)
+        return out
+
+    def repaired(self, node: str, t: float, outcome: str) -> None:
+        """The technician is done with ``node`` (``outcome``: resumed, or why not)."""
+        w = self._awaiting.pop(node, None)
+        self.repairs.append({"node": node, "since": round(w["since"], 2) if w else None, "done": round(t, 2),
+                             "outcome": outcome})
+
+    def awaiting_technician(self) -> List[str]:
+        return sorted(self._awaiting)
+
     def summary(self) -> dict:
         waits = [tr.reset - tr.start for tr in self.trips if tr.reset is not None]
         return {"trips": len(self.trips), "resets": sum(1 for tr in self.trips if tr.reset is not None),
+                "repairs": sum(1 for r in self.repairs if r["outcome"] == "resumed"),
+                "repairs_list": list(self.repairs),
                 "rearmed_by_itself": sum(1 for tr in self.trips if tr.rearmed is not None and tr.reset is None),
                 "open_at_end": sum(1 for tr in self.trips if tr.end is None),
                 "tripped_to_reset_s": percentiles(waits), "episodes": [tr.to_dict() for tr in self.trips]}
+
+
+def awaiting_replacement(s: Snapshot, spare_prefix: str = "autoheal: spare") -> List[str]:
+    """Nodes of ``s`` drained ``autoheal: replace: ...`` whose replacement was requested while no spare
+    is left in the pool (no node held with the spare reason): a technician's job. [] without the
+    Kubernetes view."""
+    if s.kube is None:
+        return []
+    if any(n.get("drain") and ours_kind(n.get("reason", ""), spare_prefix) == "spare" for n in s.nodes.values()):
+        return []
+    requested = {r.get("node") for r in s.replacements}
+    return sorted(name for name, n in s.nodes.items() if n.get("drain") and name in requested
+                  and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
 
 
 class Monitor:
@@ -231,9 +289,9 @@ class Monitor:
     def __init__(self, jobs: Sequence[JobMeta], seed: int = 0, held_grace: float = 45.0,
                  pending_limit: float = 180.0, cause_linger: float = 90.0, breaker_max: int = 2,
                  spare_prefix: str = "autoheal: spare", opt_out_label: str = "",
-                 oncall_delays: Sequence[float] = (60.0,)):
+                 oncall_delays: Sequence[float] = (60.0,), repair_delays: Sequence[float] = (90.0,)):
         self.jobs = {j.job_id: j for j in jobs}
-        self.oncall = OnCall(oncall_delays)
+        self.oncall = OnCall(oncall_delays, repair_delays)
         self.seed = seed
         self.held_grace = held_grace
         self.pending_limit = pending_limit
@@ -307,6 +365,8 @@ class Monitor:
                               "jobs": {j: v.get("state") for j, v in s.jobs.items()}})
         if s.breaker is not None:
             self.oncall.observe(s.time, s.breaker.get("tripped_at"), s.breaker.get("why") or "")
+        if s.kube is not None:
+            self.oncall.observe_awaiting(s.time, awaiting_replacement(s, self.spare_prefix))
         self._check_nodes(s)
         self._check_jobs(s)
         if s.kube is not None:
@@ -440,7 +500,7 @@ class Monitor:
         before = len(self.violations)
         t = final.time
         cancelled = set(user_cancelled)
-        human = self.oncall.waiting(t)
+        human = self.oncall.waiting(t) or bool(self.oncall.awaiting_technician())
         in_service = {n for n, v in final.nodes.items() if node_in_service(v)}
         # 1. final states
         for jid, meta in self.jobs.items():
@@ -502,7 +562,7 @@ class Monitor:
                     and (kind == "health" or not n.get("reason")) and t - latest < recovery_bound:
                 self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
                 continue
-            if human and kind == "health":
+            if human and kind == "health" and (self.oncall.waiting(t) or name in self.oncall.awaiting_technician()):
                 self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))})")
                 continue
             requested = {r.get("node") for r in final.replacements}

@@ -11,7 +11,8 @@ replaced a node (target ``@replacement``, resolved by the runner to the newest s
 The schedule also plans the on-call admin: ``oncall`` holds, for the 1st, 2nd, ... time the remediation
 circuit breaker trips, how many seconds the person on call takes to be paged, look and reset it
 (``ONCALL_DELAY``, drawn from a random stream of its own, so the faults of a seed are the same with or
-without it).
+without it), and ``repair`` how long a technician takes to repair in place a node that waits for a
+replacement the spare pool can no longer give (``REPAIR_DELAY``; a stream of its own too).
 
 Nothing here touches the lab; the runner (``autoheal.lab.soak``) carries the schedule out.
 """
@@ -27,6 +28,9 @@ from typing import Dict, List, Optional, Sequence
 REPLACEMENT = "@replacement"
 #: Seconds the on-call admin takes from the breaker's page to `autoheal sync breaker reset` (min, max).
 ONCALL_DELAY = (30.0, 90.0)
+#: Seconds a technician takes to swap the broken part of a node waiting for a replacement when the spare
+#: pool is empty, then hand it back (min, max).
+REPAIR_DELAY = (60.0, 120.0)
 
 
 @dataclass(frozen=True)
@@ -115,9 +119,11 @@ class Schedule:
     seed: int
     faults: List[Fault] = field(default_factory=list)
     oncall: List[float] = field(default_factory=list)  # seconds to reset the breaker, per trip (cycled)
+    repair: List[float] = field(default_factory=list)  # seconds to repair a node in place, per repair (cycled)
 
     def to_dict(self) -> dict:
-        return {"seed": self.seed, "faults": [f.to_dict() for f in self.faults], "oncall": list(self.oncall)}
+        return {"seed": self.seed, "faults": [f.to_dict() for f in self.faults], "oncall": list(self.oncall),
+                "repair": list(self.repair)}
 
     def oncall_delay(self, trip: int) -> float:
         """Seconds the on-call admin takes to reset the ``trip``-th trip of the breaker (0-based; the
@@ -142,7 +148,8 @@ def kinds_for(kube: bool, include: Optional[Sequence[str]] = None, exclude: Sequ
 
 def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: bool = True,
                   gap: tuple = (4.0, 10.0), include: Optional[Sequence[str]] = None, exclude: Sequence[str] = (),
-                  overlap_rate: float = 0.3, spares: int = 0, oncall: tuple = ONCALL_DELAY) -> Schedule:
+                  overlap_rate: float = 0.3, spares: int = 0, oncall: tuple = ONCALL_DELAY,
+                  repair: tuple = REPAIR_DELAY) -> Schedule:
     """``count`` faults drawn with ``random.Random(seed)``: every kind in the pool once before any
     repeats (so a short soak covers the kinds it can), in a seeded order, ``gap`` seconds apart; with
     probability ``overlap_rate`` a fault is placed instead at the same moment as the one before on
@@ -150,7 +157,8 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
     GPU fault in every eight (after the first) targets the replacement spare. Process kills and API
     windows never overlap each other (one daemon restart at a time keeps the evidence readable).
     ``oncall``: (min, max) seconds the on-call admin takes to reset a tripped breaker; one delay per
-    possible trip (at most one per fault), from ``random.Random(f"{seed}/on-call")``."""
+    possible trip (at most one per fault), from ``random.Random(f"{seed}/on-call")``; ``repair``: (min,
+    max) seconds a technician takes to repair a node in place, from ``random.Random(f"{seed}/technician")``."""
     if count < 0:
         raise ValueError("count must be >= 0")
     if not nodes:
@@ -196,9 +204,11 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
         dur = round(rng.uniform(*spec.clears_after), 2) if spec.clears_after else 0.0
         faults.append(Fault(id=i + 1, kind=kind, at=round(at, 2), node=node, gpu=gpu, duration=dur,
                             overlap=overlap, fallback=fallback))
-    lo, hi = oncall
-    if not 0 <= lo <= hi:
-        raise ValueError("oncall must be (min, max) seconds with 0 <= min <= max")
-    page = random.Random(f"{seed}/on-call")
-    delays = [round(page.uniform(lo, hi), 1) for _ in range(max(1, count))]
-    return Schedule(seed=seed, faults=faults, oncall=delays)
+    people = []
+    for name, bounds in (("on-call", oncall), ("technician", repair)):
+        lo, hi = bounds
+        if not 0 <= lo <= hi:
+            raise ValueError(f"{name} delay must be (min, max) seconds with 0 <= min <= max")
+        r = random.Random(f"{seed}/{name}")
+        people.append([round(r.uniform(lo, hi), 1) for _ in range(max(1, count))])
+    return Schedule(seed=seed, faults=faults, oncall=people[0], repair=people[1])

@@ -300,3 +300,31 @@ def test_job_running_again_is_split_by_whether_a_trip_was_open():
     r = m.recovery()
     assert r["fault_to_job_running_again_s"]["n"] == 2
     assert r["fault_to_job_running_again_no_trip_s"] == {"n": 1, "p50": 10.0, "p95": 10.0, "max": 10.0}
+
+
+def test_a_technician_repairs_in_place_only_nodes_waiting_on_an_empty_pool():
+    from autoheal.lab.soak_checks import awaiting_replacement
+
+    replace = _node("IDLE+DRAIN", True, "autoheal: replace: xid 79 on GPU 0 [autoheal@2026-12-01T10:00:00]")
+    req = [{"node": "gpu2", "name": "r1"}]
+    with_spare = Snapshot(10.0, _nodes(gpu2=replace, gpu3=replace), {}, kube={}, replacements=req)
+    assert awaiting_replacement(with_spare, "autoheal: spare") == []  # the pool will give spare1
+    empty = _nodes(gpu2=replace, gpu3=replace, spare1=_node("ALLOCATED"))
+    assert awaiting_replacement(Snapshot(10.0, empty, {}, kube={}, replacements=req)) == ["gpu2"]  # gpu3: not asked
+    assert awaiting_replacement(Snapshot(10.0, empty, {}, kube=None, replacements=req)) == []
+
+    m = Monitor([JobMeta("10", "trainer", opted_in=True, steps=5, nodes=1)], oncall_delays=[50.0],
+                repair_delays=[60.0, 100.0])
+    m.observe(Snapshot(10.0, empty, {}, kube={}, replacements=req))
+    m.observe(Snapshot(20.0, empty, {}, kube={}, replacements=req + [{"node": "gpu3", "name": "r2"}]))
+    oc = m.oncall
+    assert oc.awaiting_technician() == ["gpu2", "gpu3"]
+    assert oc.repairs_due(69.0) == [] and oc.repairs_due(70.0) == ["gpu2"] and oc.repairs_due(71.0) == []
+    assert oc.repairs_due(120.0) == ["gpu3"]  # its own (second) planned delay, from its own wait
+    oc.repaired("gpu2", 75.0, "resumed")
+    oc.repaired("gpu3", 125.0, "left alone: skipped-not-ours")
+    assert oc.awaiting_technician() == [] and oc.summary()["repairs"] == 1
+    # a node replaced after all before the technician came is forgotten
+    oc.observe_awaiting(200.0, ["gpu4"])
+    oc.observe_awaiting(201.0, [])
+    assert oc.awaiting_technician() == [] and oc.repairs_due(1000.0) == []
