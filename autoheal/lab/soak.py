@@ -739,11 +739,11 @@ def render(report: SoakReport) -> str:
     for kind, c in report.counts.items():
         lines.append(f"{kind:<16} {c['injected']:>8} {c['retargeted']:>10}")
     lines.append("")
-    lines.append(f"{'recovery (s)':<34} {'n':>4} {'p50':>7} {'p95':>7} {'max':>7}")
+    lines.append(f"{'recovery (s)':<38} {'n':>4} {'p50':>7} {'p95':>7} {'max':>7}")
     for name, p in report.recovery.items():
         def f(x):
             return "-" if x is None else f"{x:.1f}"
-        lines.append(f"{name:<34} {p['n']:>4} {f(p['p50']):>7} {f(p['p95']):>7} {f(p['max']):>7}")
+        lines.append(f"{name:<38} {p['n']:>4} {f(p['p50']):>7} {f(p['p95']):>7} {f(p['max']):>7}")
     lines.append("")
     b = report.breaker or {}
     if b:
