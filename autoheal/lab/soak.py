@@ -11,7 +11,9 @@ processes left behind, and reports.
 The remediation circuit breaker latches when most of the fleet is affected (a human must look): the
 soak's on-call admin is paged when a snapshot shows it tripped, and after the schedule's delay for that
 trip looks (``autoheal sync breaker``) and resets it (``autoheal sync breaker reset``), through the real
-CLI, as a site's on-call would. The report counts trips and resets.
+CLI, as a site's on-call would. When the lab's spare pool is empty, a technician repairs in place a node
+waiting for its replacement (the fake GPUs healed, ``autoheal check --clear-faults``, ``autoheal node
+resume``). The report counts trips, resets and repairs.
 
 Fault targets are resolved when the fault fires: ``@replacement`` is the newest spare in service; a
 node that left (retired, its slurmd stopped) is swapped for a node in service (``note`` says so), and
