@@ -319,7 +319,7 @@ class Monitor:
         self.snapshots = 0
         self.awaiting: List[str] = []  # nodes that end the soak waiting for a replacement (see finish)
         self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
-        self.waiting_human: List[str] = []  # nodes and jobs blocked at the end by a trip the on-call has not reset
+        self.waiting_human: List[str] = []  # nodes and jobs blocked at the end, waiting for the on-call or technician
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
 
     # ---- inputs -----------------------------------------------------------------------------------
