@@ -273,8 +273,10 @@ class Soak:
 
         def look_and_reset() -> None:
             res = self._autoheal("sync", "breaker", "--json")
-            state = json.loads(res.stdout)  # not JSON (the API refused): raises, tried again 1 s later
-            if not state.get("tripped"):
+            state = json.loads(res.stdout)  # not JSON: raises, tried again 1 s later
+            if "tripped" not in state:  # the error envelope (the API refused): they could not tell
+                raise LabError(f"autoheal sync breaker: {state.get('error') or res.stderr.strip()}"[:300])
+            if not state["tripped"]:
                 oncall.looked(trip, time.time(), still_tripped=False)
                 self.log(f"t+{time.time() - self.t0:6.1f} on-call: breaker armed again by itself (trip {trip.n})")
                 return

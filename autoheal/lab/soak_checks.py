@@ -144,6 +144,7 @@ class Trip:
     paged: float
     delay: float
     why: str = ""
+    stamp: Optional[float] = None  # the ConfigMap's trippedAt that paged
     acting: bool = False
     reset: Optional[float] = None
     rearmed: Optional[float] = None
@@ -157,7 +158,8 @@ class Trip:
         return self.reset if self.reset is not None else self.rearmed
 
     def to_dict(self) -> dict:
-        return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items() if k != "acting"}
+        return {k: (round(v, 2) if isinstance(v, float) else v) for k, v in asdict(self).items()
+                if k not in ("acting", "stamp")}
 
 
 class OnCall:
@@ -190,11 +192,19 @@ class OnCall:
                 cur.rearmed = t  # re-armed by itself (cool-down over, share below the re-arm level)
             return None
         if tripped_at in self._seen:
-            return None  # the trip already handled (a snapshot read before the reset landed)
-        self._seen.add(tripped_at)
+            last = next(tr for tr in reversed(self.trips) if tr.stamp == tripped_at)
+            if last.end is None or t <= last.end:
+                return None  # the trip already paged, or a snapshot started before the reset landed
+            # the same trip, still there in a snapshot started after they closed it (their look said
+            # armed, their reset did not land): it never ended; page again
+            start = last.end
+        else:
+            self._seen.add(tripped_at)
+            start = min(tripped_at, t)
         if cur is not None:
-            cur.rearmed = min(t, tripped_at)  # re-armed and tripped again between two snapshots
-        trip = Trip(len(self.trips) + 1, min(tripped_at, t), t, self.delays[len(self.trips) % len(self.delays)], why)
+            cur.rearmed = min(t, start)  # re-armed and tripped again between two snapshots
+        trip = Trip(len(self.trips) + 1, start, t, self.delays[len(self.trips) % len(self.delays)], why,
+                    stamp=tripped_at)
         self.trips.append(trip)
         return trip
 

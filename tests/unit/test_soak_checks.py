@@ -233,7 +233,7 @@ def test_on_call_is_paged_once_per_trip_and_acts_after_its_delay():
     assert oc.current is trip
     oc.did_reset(trip, 150.0)
     assert oc.current is None and not oc.waiting(150.0) and oc.waiting(149.9)
-    assert oc.observe(151.0, 103.5) is None  # read before the reset landed: not a new trip
+    assert oc.observe(149.5, 103.5) is None  # a snapshot started before the reset landed: not a new trip
     # the sync trips it again: a new page with the next planned delay
     again = oc.observe(160.0, 158.0, "3 of 4")
     assert again.n == 2 and again.delay == 70.0 and again.due == 230.0
@@ -328,3 +328,17 @@ def test_a_technician_repairs_in_place_only_nodes_waiting_on_an_empty_pool():
     oc.observe_awaiting(200.0, ["gpu4"])
     oc.observe_awaiting(201.0, [])
     assert oc.awaiting_technician() == [] and oc.repairs_due(1000.0) == []
+
+
+def test_a_trip_closed_by_mistake_pages_again_when_a_later_snapshot_still_shows_it():
+    oc = OnCall([30.0, 40.0])
+    t1 = oc.observe(10.0, 9.0)
+    assert oc.due(40.0) is t1
+    oc.looked(t1, 45.0, still_tripped=False)  # what they read said armed (an API error misread as armed)
+    assert oc.observe(44.0, 9.0) is None  # a snapshot that started before they looked: nothing new
+    t2 = oc.observe(46.0, 9.0)  # still tripped after they closed it: it never ended
+    assert t2 is not None and t2.n == 2 and t2.start == 45.0 and t2.due == 86.0
+    assert oc.waiting(45.5) and oc.observe(47.0, 9.0) is None
+    assert oc.due(86.0) is t2
+    oc.did_reset(t2, 90.0)
+    assert oc.observe(89.0, 9.0) is None and oc.current is None
