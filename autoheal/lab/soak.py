@@ -310,6 +310,8 @@ class Soak:
                 out = json.loads(res.stdout)
             except ValueError:
                 raise LabError(f"autoheal node resume: {res.stderr.strip()}"[:300]) from None
+            if "error" in out:  # the error envelope (slurmctld restarting): try again 1 s later
+                raise LabError(f"autoheal node resume: {out['error']}"[:300])
             outcome = "resumed" if res.returncode == 0 else f"left alone: {out.get('action')} {out.get('reason') or ''}"
             oncall.repaired(node, time.time(), outcome.strip())
             self.log(f"t+{time.time() - self.t0:6.1f} technician: {node} repaired in place: {outcome}")
