@@ -301,6 +301,14 @@ class Soak:
         oncall = self.monitor.oncall
 
         def repair() -> None:
+            from autoheal.reasons import strip_reason_suffix
+
+            # looked at again on every try: while they were kept out (slurmctld restarting) the node may
+            # have been replaced, resumed, or drained for a new fault, and then there is nothing to repair
+            now_reason = strip_reason_suffix(self.slurm.get_node(node).reason or "")
+            if not now_reason.startswith("autoheal: replace"):
+                oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
+                return
             labgpus.clear_all(self.lab, node)
             res = self._autoheal("check", "--node", node, "--clear-faults", "--json")
             if res.returncode != 0:
