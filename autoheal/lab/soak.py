@@ -444,9 +444,24 @@ class Soak:
                 self._person(f"uncordon {node}",
                              lambda: self._core.patch_node(node, {"spec": {"unschedulable": False}}), then=ended)
 
+            def cordon() -> bool:
+                # as kubectl: a Node already cordoned (autoheal's remediation) is left as it is
+                # ("already cordoned"), so there is no cordon of theirs for anyone to keep or undo
+                if (self._core.read_node(node).spec.unschedulable):
+                    return False
+                self._core.patch_node(node, {"spec": {"unschedulable": True}})
+                return True
+
+            def cordoned(done: List[bool]) -> None:
+                if done[0]:
+                    self._started(inj, f.duration, f"uncordon {node}", uncordon)
+                else:
+                    inj.note = (inj.note + " already cordoned: kubectl cordon changed nothing").strip()
+                    ended()
+
+            done: List[bool] = [False]
             self._pending(inj)
-            self._person(f"cordon {node}", lambda: self._core.patch_node(node, {"spec": {"unschedulable": True}}),
-                         then=lambda: self._started(inj, f.duration, f"uncordon {node}", uncordon))
+            self._person(f"cordon {node}", lambda: done.__setitem__(0, cordon()), then=lambda: cordoned(done))
         elif f.kind == "user-cancel":
             target = self._cancel_target(snap)
             inj.job = target
