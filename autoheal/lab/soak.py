@@ -291,6 +291,27 @@ class Soak:
         self._person(f"on-call resets the breaker (trip {trip.n})", look_and_reset, within=120.0,
                      failed=lambda: oncall.gave_up(trip))
 
+    def _oncall_resume(self, node: str) -> None:
+        """A node Slurm drained by itself with a runbook reason (``ONCALL_RESUMES``): the on-call looks
+        at it again and resumes it (``scontrol update state=resume``) if the reason is still Slurm's."""
+        from autoheal.lab.soak_checks import ONCALL_RESUMES
+        from autoheal.reasons import strip_reason_suffix
+
+        oncall = self.monitor.oncall
+
+        def look_and_resume() -> None:
+            n = self.slurm.get_node(node)
+            reason = strip_reason_suffix(n.reason or "")
+            if not n.drain or reason not in ONCALL_RESUMES:
+                oncall.resumed(node, time.time(), f"not needed any more: {reason or 'in service'}")
+                return
+            self._run(["scontrol", "update", f"nodename={node}", "state=resume"])
+            oncall.resumed(node, time.time(), "resumed")
+            self.log(f"t+{time.time() - self.t0:6.1f} on-call: resumed {node} (Slurm's own drain: {reason})")
+
+        self._person(f"on-call resumes {node}", look_and_resume, within=120.0,
+                     failed=lambda: oncall.resumed(node, time.time(), "gave up"))
+
     def _technician(self, node: str) -> None:
         """``node`` waited for a replacement the empty pool cannot give: a technician swaps its broken
         GPUs (the fake ones healed), then hands it back as a site would: ``autoheal check --clear-faults``
@@ -619,6 +640,8 @@ class Soak:
                         self._oncall(trip)
                     for node in self.monitor.oncall.repairs_due(time.time()):
                         self._technician(node)
+                    for node in self.monitor.oncall.resumes_due(time.time()):
+                        self._oncall_resume(node)
                 next_snap = time.time() + self.opts.snapshot_every
             if until_events and not self.events:
                 return
@@ -780,7 +803,8 @@ def render(report: SoakReport) -> str:
         lines.append(f"breaker: {b['trips']} trip(s), {b['resets']} reset by the on-call"
                      + (f" (tripped -> reset p50 {w['p50']:.0f} s, max {w['max']:.0f} s)" if w.get("n") else "")
                      + f", {b['rearmed_by_itself']} re-armed by itself, {b['open_at_end']} open at the end; "
-                     f"{b.get('repairs', 0)} node(s) repaired in place by a technician (spare pool empty)")
+                     f"{b.get('repairs', 0)} node(s) repaired in place by a technician (spare pool empty); "
+                     f"{b.get('slurm_drains_resumed', 0)} Slurm drain(s) of the runbook resumed by the on-call")
         lines.append("")
     lines.append("jobs: " + ", ".join(f"{j} {v['role']} {v['state']} restarts={v['restarts']}"
                                       for j, v in report.jobs.items()))

@@ -28,6 +28,12 @@ the breaker tripped until their reset, or until it re-armed by itself), nodes dr
 jobs with no usable node are waiting for a human, not stranded by autoheal; after the reset the normal
 bounds apply again.
 
+Slurm drains a node by itself in a few cases a site's runbook has the on-call clear by hand
+(``ONCALL_RESUMES``): "Duplicate jobid" follows a ``kill -9`` of slurmctld that lost the state of a job
+just started, so the restarted slurmctld hands its id to the next job and the node still running (or
+just done with) the first one refuses it. The on-call resumes such a node after the delay for that
+page; until then it waits for a human.
+
 A site's spare pool is refilled; the lab's holds 2 spares. When it is empty, a node drained for a
 replacement that was requested waits for a technician, who repairs it in place after the schedule's
 delay (the soak swaps the fake GPUs, then ``autoheal check --clear-faults`` and ``autoheal node
@@ -176,6 +182,8 @@ class OnCall:
         self.trips: List[Trip] = []
         self._seen: set = set()
         self._awaiting: Dict[str, dict] = {}  # node -> {since, delay, acting}: waits for the technician
+        self._drained: Dict[str, dict] = {}  # node -> {since, delay, acting}: Slurm's own drain, for the on-call
+        self.resumes: List[dict] = []  # {node, since, done, outcome}
         self.repairs: List[dict] = []  # {node, since, done, outcome}
         self._episodes = 0
 
@@ -270,11 +278,42 @@ class OnCall:
     def awaiting_technician(self) -> List[str]:
         return sorted(self._awaiting)
 
+    # ---- the on-call again: Slurm's own drains of the runbook (ONCALL_RESUMES) -------------------------
+    def observe_slurm_drains(self, t: float, nodes: Iterable[str]) -> None:
+        """Nodes drained by Slurm itself with a runbook reason at ``t``; each new one pages the on-call
+        (the next planned delay); one no longer drained so is forgotten."""
+        nodes = set(nodes)
+        for n in sorted(nodes - set(self._drained)):
+            self._drained[n] = {"since": t, "delay": self.delays[(len(self.trips) + len(self.resumes) + len(self._drained))
+                                                             % len(self.delays)], "acting": False}
+        for n in list(self._drained):
+            if n not in nodes and not self._drained[n]["acting"]:
+                del self._drained[n]
+
+    def resumes_due(self, now: float) -> List[str]:
+        out = []
+        for n, w in sorted(self._drained.items()):
+            if not w["acting"] and now >= w["since"] + w["delay"]:
+                w["acting"] = True
+                out.append(n)
+        return out
+
+    def resumed(self, node: str, t: float, outcome: str) -> None:
+        w = self._drained.pop(node, None)
+        self.resumes.append({"node": node, "since": round(w["since"], 2) if w else None, "done": round(t, 2),
+                             "outcome": outcome})
+
+    def awaiting_oncall(self) -> List[str]:
+        """Nodes drained by Slurm itself that wait for the on-call."""
+        return sorted(self._drained)
+
     def summary(self) -> dict:
         waits = [tr.reset - tr.start for tr in self.trips if tr.reset is not None]
         return {"trips": len(self.trips), "resets": sum(1 for tr in self.trips if tr.reset is not None),
                 "repairs": sum(1 for r in self.repairs if r["outcome"] == "resumed"),
                 "repairs_list": list(self.repairs),
+                "slurm_drains_resumed": sum(1 for r in self.resumes if r["outcome"] == "resumed"),
+                "slurm_drains_list": list(self.resumes),
                 "rearmed_by_itself": sum(1 for tr in self.trips if tr.rearmed is not None and tr.reset is None),
                 "open_at_end": sum(1 for tr in self.trips if tr.end is None),
                 "tripped_to_reset_s": percentiles(waits), "episodes": [tr.to_dict() for tr in self.trips]}
@@ -291,6 +330,16 @@ def awaiting_replacement(s: Snapshot, spare_prefix: str = "autoheal: spare") -> 
     requested = {r.get("node") for r in s.replacements}
     return sorted(name for name, n in s.nodes.items() if n.get("drain") and name in requested
                   and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
+
+
+#: Reasons of Slurm's own drains the on-call resumes by hand (runbook), after their delay.
+ONCALL_RESUMES = ("Duplicate jobid",)
+
+
+def slurm_own_drains(s: Snapshot) -> List[str]:
+    """Nodes of ``s`` drained by Slurm itself with a reason of ``ONCALL_RESUMES``."""
+    return sorted(name for name, n in s.nodes.items() if n.get("drain")
+                  and strip_reason_suffix(n.get("reason", "")) in ONCALL_RESUMES)
 
 
 class Monitor:
@@ -377,6 +426,7 @@ class Monitor:
             self.oncall.observe(s.time, s.breaker.get("tripped_at"), s.breaker.get("why") or "")
         if s.kube is not None:
             self.oncall.observe_awaiting(s.time, awaiting_replacement(s, self.spare_prefix))
+        self.oncall.observe_slurm_drains(s.time, slurm_own_drains(s))
         self._check_nodes(s)
         self._check_jobs(s)
         if s.kube is not None:
@@ -510,7 +560,7 @@ class Monitor:
         before = len(self.violations)
         t = final.time
         cancelled = set(user_cancelled)
-        human = self.oncall.waiting(t) or bool(self.oncall.awaiting_technician())
+        human = self.oncall.waiting(t) or bool(self.oncall.awaiting_technician()) or bool(self.oncall.awaiting_oncall())
         in_service = {n for n, v in final.nodes.items() if node_in_service(v)}
         # 1. final states
         for jid, meta in self.jobs.items():
@@ -574,6 +624,9 @@ class Monitor:
                 continue
             if human and kind == "health" and (self.oncall.waiting(t) or name in self.oncall.awaiting_technician()):
                 self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))})")
+                continue
+            if name in self.oncall.awaiting_oncall():
+                self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))}, Slurm's own drain)")
                 continue
             requested = {r.get("node") for r in final.replacements}
             if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(

@@ -342,3 +342,22 @@ def test_a_trip_closed_by_mistake_pages_again_when_a_later_snapshot_still_shows_
     assert oc.due(86.0) is t2
     oc.did_reset(t2, 90.0)
     assert oc.observe(89.0, 9.0) is None and oc.current is None
+
+
+def test_the_on_call_resumes_slurm_own_duplicate_jobid_drain_and_until_then_it_waits_for_a_human():
+    dup = _node("IDLE+DRAIN", True, "Duplicate jobid")
+    m = Monitor([JobMeta("10", "plain", nodes=1)], oncall_delays=[40.0])
+    m.observe(Snapshot(100.0, _nodes(gpu2=dup, gpu3=_node("IDLE+DRAIN", True, "admin: bios")), {}))
+    oc = m.oncall
+    assert oc.awaiting_oncall() == ["gpu2"]  # an admin's own drain is theirs, not a page
+    assert oc.resumes_due(139.0) == [] and oc.resumes_due(140.0) == ["gpu2"] and oc.resumes_due(141.0) == []
+    # at the end, before they acted, the node waits for a human (not an end-state violation)
+    assert m.finish(Snapshot(141.0, _nodes(gpu2=dup), {}), [], 0, {}) == []
+    assert m.waiting_human and "Duplicate jobid" in m.waiting_human[0]
+    oc.resumed("gpu2", 142.0, "resumed")
+    assert oc.awaiting_oncall() == [] and oc.summary()["slurm_drains_resumed"] == 1
+    m2 = Monitor([JobMeta("10", "plain", nodes=1)], oncall_delays=[40.0])
+    m2.observe(Snapshot(100.0, _nodes(gpu2=dup), {}))
+    m2.oncall.resumed("gpu2", 142.0, "resumed")  # resumed, and Slurm drained it again: a new page
+    m2.observe(Snapshot(150.0, _nodes(gpu2=dup), {}))
+    assert m2.oncall.awaiting_oncall() == ["gpu2"] and m2.oncall.resumes_due(189.0) == []
