@@ -62,6 +62,9 @@ def test_soak_report_counts_every_fault_and_measures_recovery(soak_report):
     assert json.loads((lab_dir / "lab.json").read_text()).get("procs") == {}  # torn down
     data = report.to_dict()
     assert data["seed"] == SEED and data["ok"] is True and len(data["schedule"]["faults"]) == FAULTS
+    # the people on duty are in the report: what the breaker did and what the on-call did about it
+    b = data["breaker"]
+    assert b["trips"] == len(b["episodes"]) and b["resets"] + b["rearmed_by_itself"] + b["open_at_end"] == b["trips"]
 
 
 def test_soak_plot_or_a_clear_error(soak_report, tmp_path):
