@@ -464,6 +464,12 @@ class Monitor:
 
     def _check_jobs(self, s: Snapshot) -> None:
         in_service = {n for n, v in s.nodes.items() if node_in_service(v)}
+        # nodes where a job of the workload started since the last snapshot: a pending job that could
+        # use one of them is waiting its turn in a queue that moves (a backlog behind an outage drains
+        # one short job at a time), so its clock starts again
+        before = self.last.jobs if self.last is not None else {}
+        started = {n for jid, j in s.jobs.items() if j.get("state") == "RUNNING"
+                   and (before.get(jid) or {}).get("state") != "RUNNING" for n in (j.get("nodes") or [])}
         for jid, j in s.jobs.items():
             meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
             if meta is None:
@@ -484,6 +490,8 @@ class Monitor:
                 excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
                 usable = in_service - excl
                 if len(usable) >= max(1, meta.nodes):
+                    if usable & started:
+                        self._pending_since[jid] = s.time
                     since = self._pending_since.setdefault(jid, s.time)
                     if s.time - since > self.pending_limit:
                         self._violate("stranded", f"pending-{jid}", f"job {jid} pending ({reason}) for "

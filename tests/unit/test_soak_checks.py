@@ -361,3 +361,20 @@ def test_the_on_call_resumes_slurm_own_duplicate_jobid_drain_and_until_then_it_w
     m2.oncall.resumed("gpu2", 142.0, "resumed")  # resumed, and Slurm drained it again: a new page
     m2.observe(Snapshot(150.0, _nodes(gpu2=dup), {}))
     assert m2.oncall.awaiting_oncall() == ["gpu2"] and m2.oncall.resumes_due(189.0) == []
+
+
+def test_a_job_waiting_its_turn_in_a_moving_queue_is_not_stranded():
+    m = _mon(pending_limit=30.0)
+    m.jobs["12"] = JobMeta("12", "short", nodes=1)
+    pend = _job("PENDING", "ReqNodeNotAvail", nodes=())
+    busy = _nodes(gpu1=_node("ALLOCATED"), gpu2=_node("ALLOCATED"), gpu3=_node("ALLOCATED"),
+                  gpu4=_node("MIXED"))
+    # another job of the workload starts on a node it could use every 20 s: the backlog moves
+    for i, t in enumerate(range(100, 200, 10)):
+        jobs = {"11": pend, "12": _job(nodes=("gpu4",)) if i % 2 else pend}
+        assert m.observe(Snapshot(float(t), busy, jobs)) == [], t
+    # nothing starts any more: 30 s later it is stranded
+    v = []
+    for t in range(200, 240, 10):
+        v += m.observe(Snapshot(float(t), busy, {"11": pend, "12": _job(nodes=("gpu4",))}))
+    assert [x.invariant for x in v] == ["stranded"] and "job 11" in v[0].message
