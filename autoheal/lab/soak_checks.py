@@ -284,8 +284,8 @@ class OnCall:
         (the next planned delay); one no longer drained so is forgotten."""
         nodes = set(nodes)
         for n in sorted(nodes - set(self._drained)):
-            self._drained[n] = {"since": t, "delay": self.delays[(len(self.trips) + len(self.resumes) + len(self._drained))
-                                                             % len(self.delays)], "acting": False}
+            k = len(self.trips) + len(self.resumes) + len(self._drained)
+            self._drained[n] = {"since": t, "delay": self.delays[k % len(self.delays)], "acting": False}
         for n in list(self._drained):
             if n not in nodes and not self._drained[n]["acting"]:
                 del self._drained[n]
