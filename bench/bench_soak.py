@@ -8,8 +8,8 @@ at a time in one lab directory). Figures come from each soak's JSON: violations 
 percentiles (fault -> drain, fault -> job running again, fault -> node back or replaced). Goal (issue
 12): zero violations; fault -> job running again p95 <= 20 s. The table also counts the remediation
 breaker's trips, the on-call's resets and the technician's repairs in place (docs/soak.md).
-200 faults at the default 4-10 s gap take about 27 minutes per seed on 2 cores. Each soak's JSON is kept in DIR.runs/ (violations carry their
-evidence and the seed to replay).
+200 faults at the default 4-10 s gap take about 27 minutes per seed on 2 cores. Each soak's JSON is kept
+in DIR.runs/ (violations carry their evidence and the seed to replay), its progress log next to it.
 """
 
 from __future__ import annotations
