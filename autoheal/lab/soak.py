@@ -129,7 +129,8 @@ class Soak:
         self.workdir = self.lay.path("drill", f"soak-{self.opts.seed}-{os.getpid()}")
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.opts.kube:
-            from kubernetes import client, config as kconfig
+            from kubernetes import client
+            from kubernetes import config as kconfig
 
             cfg = client.Configuration()
             kconfig.load_kube_config(config_file=self.lab.load_state()["kubeconfig"], client_configuration=cfg)
@@ -416,7 +417,8 @@ class Soak:
                 inj.count = 3
                 for k, dt in enumerate((2.0, 4.0, 6.0, 8.0, 10.0)):
                     kind = "clear" if k % 2 == 0 else "thermal"
-                    self._at(inj.start + dt, f"flap {node}", lambda kind=kind: labgpus.inject(self.lab, node, f.gpu, kind))
+                    self._at(inj.start + dt, f"flap {node}",
+                             lambda kind=kind: labgpus.inject(self.lab, node, f.gpu, kind))
                 self._at(end, f"flapping over on {node}", lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"),
                                                                    ended()))
                 return
@@ -613,7 +615,8 @@ class Soak:
             time.sleep(0.5)
         self.notes.append(f"the workload was not running after {timeout:.0f} s; faults start anyway")
 
-    def _loop(self, until_events: bool, deadline: Optional[float] = None, done: Callable[[], bool] = None) -> None:
+    def _loop(self, until_events: bool, deadline: Optional[float] = None,
+              done: Optional[Callable[[], bool]] = None) -> None:
         next_snap = 0.0
         while True:
             now = time.time()
@@ -667,7 +670,7 @@ class Soak:
         s = self._last
         if s is None or not self._jobs_done():
             return False
-        for n, v in s.nodes.items():
+        for _n, v in s.nodes.items():
             if node_in_service(v):
                 continue
             kind = ours_kind(v.get("reason", ""), self._spare_prefix()) if v.get("drain") else ""
@@ -715,7 +718,8 @@ class Soak:
         self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True,
                             recovery_bound=self.recovery_bound())
         if self.monitor.recovering:
-            self.notes.append(f"still recovering at the end, within the loop's bound: {', '.join(self.monitor.recovering)}")
+            self.notes.append("still recovering at the end, within the loop's bound: "
+                              f"{', '.join(self.monitor.recovering)}")
         if self.monitor.waiting_human:
             self.notes.append(f"waiting for the on-call or the technician at the end: "
                               f"{', '.join(self.monitor.waiting_human)}")

@@ -628,7 +628,8 @@ class Monitor:
             # drained by autoheal, or not responding without a reason (a lab reboot under way)
             if recovery_bound is not None and kind in ("health", "") and latest is not None \
                     and (kind == "health" or not n.get("reason")) and t - latest < recovery_bound:
-                self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, bound {recovery_bound:.0f} s)")
+                self.recovering.append(f"{name} ({t - latest:.0f} s after its last fault, "
+                                       f"bound {recovery_bound:.0f} s)")
                 continue
             if human and kind == "health" and (self.oncall.waiting(t) or name in self.oncall.awaiting_technician()):
                 self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))})")

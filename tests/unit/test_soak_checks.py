@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-from autoheal.lab.soak_checks import (Injected, JobMeta, Monitor, Snapshot, check_trainer_output,
-                                      node_in_service, percentiles)
+from autoheal.lab.soak_checks import (
+    Injected,
+    JobMeta,
+    Monitor,
+    Snapshot,
+    check_trainer_output,
+    node_in_service,
+    percentiles,
+)
 from autoheal.sbatch_helpers.examples.tiny_trainer import advance, expected_final_state
 
 SPARE = "autoheal: spare: held for replacement"
