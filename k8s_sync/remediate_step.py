@@ -149,6 +149,12 @@ def _survey(ctx: Context, settings: R.RemediationSettings) -> _Survey:
     opted_out_key = R.keys(ctx.cfg.annotation_prefix)["opted-out"]
     for kname in sorted(ctx.snap.nodes):
         _survey_node(ctx, kname, slurm_of, opted_out_key, settings, survey)
+    # The breaker's share is of the pool: a Slurm node counts once, and only while it is bound to a Node.
+    # A remediation still under way for a node that has left the pool (its slurmd pod gone once the spare
+    # took over) is held by the concurrency limit (``active``), not counted against a total it is not
+    # part of (the soak saw "5 of 4 nodes (125%)" and an early trip during a hand-over).
+    pool = set(slurm_of.values())
+    survey.affected = sorted({name for name in survey.affected if name in pool})
     return survey
 
 

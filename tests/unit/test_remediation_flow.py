@@ -725,3 +725,30 @@ def test_done_is_written_only_after_the_old_node_is_retired_in_slurm():
     slurm.drain, slurm.set_reason = real_drain, real_set
     run_to(r, kube, "n1", "done")
     assert slurm.nodes["n1"].reason == "autoheal: retired: replaced by spare1"
+
+
+def test_breaker_share_counts_only_the_pool_a_node_that_left_it_is_not_affected():
+    """Soak bench seed 1: "5 of 4 nodes (125%) in remediation or drained by autoheal": a remediation still
+    `replacing` after its node left the pool (slurmd pod gone, spare registering) counted against the pool.
+    It still counts against the concurrency limit."""
+    slurm, kube, cfg, clock = world(n=4, spares=1, breaker_max_concurrent=2, breaker_max_percent=50,
+                                    breaker_rearm_percent=10)
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    slurm.nodes["spare1"] = replace(slurm.nodes["spare1"], flags=frozenset({"DRAIN", "NOT_RESPONDING"}))
+    kube.pods.pop(("slurm", pod_name("n1")))  # the old machine's slurmd is gone: n1 left the pool
+    for name in ("n2", "n3"):
+        slurm.drain(name, XID79)
+    res = r.run_pass()
+    # pool: n2 n3 n4 spare1; out: n2 n3 = 50 %, not > 50 %: no trip (n1 counted too made it 75 %)
+    assert not res.breaker["tripped"], res.breaker
+    assert state(kube, "n1") == "replacing"
+    # n1's remediation still holds one of the 2 concurrent slots: one of n2/n3 starts, not both
+    assert [n for n in ("n2", "n3") if state(kube, n)] == ["n2"]
+    slurm.drain("n4", XID79)
+    res = r.run_pass()
+    assert res.breaker["tripped"]  # n2 n3 n4 of 4 = 75 %
+    why = kube.configmaps[("slurm", "autoheal-sync-breaker")]["data"]["why"]
+    assert why.startswith("3 of 4 nodes (75%)"), why
