@@ -87,3 +87,20 @@ def cancel_all_jobs(env) -> None:
     out = subprocess.run(["squeue", "-h", "-o", "%i"], env=env, capture_output=True, text=True, timeout=20)
     for job in sorted({j.split("_")[0] for j in out.stdout.split()}):
         cancel_job(env, job)
+
+
+def wait_epilogs_done(env, node: str, timeout: float = 60.0) -> None:
+    """Wait until no job is COMPLETING on ``node`` (its epilogs have ended). A test that resumes a node
+    while the epilog of the job the fault killed still runs gets that epilog's exit 1 after the resume:
+    Slurm then drains the node "Epilog error", a reason autoheal rightly never resumes (seen in CI).
+    Best effort: a node whose slurmd is gone stays COMPLETING; the caller's own wait says what holds it."""
+    import subprocess
+
+    def completing() -> bool:
+        out = subprocess.run(["scontrol", "-o", "show", "node", node], env=env, capture_output=True, text=True,
+                             timeout=20).stdout
+        return "COMPLETING" in out
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and completing():
+        time.sleep(0.2)

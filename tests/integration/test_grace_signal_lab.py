@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from helpers import wait_for
+from helpers import wait_epilogs_done, wait_for
 
 from autoheal.config.hooks_section import GRACE_SIGNALS
 from autoheal.lab import wiring
@@ -78,6 +78,7 @@ def _read(path) -> str:
 
 
 def _heal(handle, node: str) -> None:
+    wait_epilogs_done(handle.env, node)
     for gpu in range(handle.layout.gpus):
         gstate.inject(handle.layout.gpu_state(node), gpu, "clear")
     env = dict(handle.env, **handle.lab.node_env(node))

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
+from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
 from autoheal.lab import procs, wiring
 from autoheal.lab.gpus import inject
@@ -147,6 +147,7 @@ def lab(healing_lab):
 def heal(handle, node):
     from autoheal.lab.fakenvml import state as gstate
 
+    wait_epilogs_done(handle.env, node)
     for gpu in range(handle.layout.gpus):
         gstate.inject(handle.layout.gpu_state(node), gpu, "clear")
     env = dict(handle.env, **handle.lab.node_env(node))

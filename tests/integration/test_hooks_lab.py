@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from helpers import cancel_all_jobs, cancel_job, wait_for, wait_node_idle
+from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
 from autoheal.lab import wiring
 from autoheal.lab.fakenvml import state as gstate
@@ -43,6 +43,7 @@ def autoheal(handle, node, *args, timeout=30):
 
 def heal_node(handle, node):
     """Put a node back as the next test expects it: healthy GPUs, no faults or ladder counts, resumed."""
+    wait_epilogs_done(handle.env, node)
     for gpu in range(handle.layout.gpus):
         gstate.inject(handle.layout.gpu_state(node), gpu, "clear")
     autoheal(handle, node, "check", "--clear-faults")
