@@ -43,6 +43,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
+from bench_sync import CacheView  # the in-memory informer view, shared with the in-memory bench
+
 NAMESPACE = "slurm"
 SELECTOR = "app.kubernetes.io/component=slurmd"
 TAINT_KEY = "autoheal.io/gpu-unhealthy"
@@ -180,8 +182,8 @@ class MemoryWorld:
             self.kube.add_node(node_name(i))
             self.kube.add_pod(NAMESPACE, f"slurmd-{node_name(i)}", node_name(i), node_name(i), labels)
         self.daemon = SyncDaemon(self.slurm, self.kube, cfg, use_watch=False)
-        self.daemon.reconciler.nodes_cache = _View(self.kube.nodes)
-        self.daemon.reconciler.pods_cache = _View(self.kube.pods, key=lambda k: k[1])
+        self.daemon.reconciler.nodes_cache = CacheView(self.kube.nodes)
+        self.daemon.reconciler.pods_cache = CacheView(self.kube.pods, key=lambda k: k[1])
         self.setup: Dict[str, Any] = {"kube_side": "MemoryKube (in-memory adapter) via cache views"}
         self._instrument()
 
@@ -243,19 +245,6 @@ class MemoryWorld:
 
     def close(self) -> Dict[str, Any]:
         return {}
-
-
-class _View:
-    """What the informer caches give the reconciler, over MemoryKube's dicts (as bench_sync.py)."""
-
-    def __init__(self, store: Dict[Any, Any], key: Callable[[Any], str] = lambda k: k) -> None:
-        self.store, self.key, self.synced = store, key, True
-
-    def snapshot(self) -> Dict[str, Any]:
-        return {self.key(k): v for k, v in self.store.items()}
-
-    def update(self, obj: Dict[str, Any]) -> None:
-        pass
 
 
 class HttpWorld:
