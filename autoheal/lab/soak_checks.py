@@ -12,13 +12,14 @@ Invariants (numbers as in issue 12):
    cordon kept while it lasts.
 3. ``false-drain``: every drain with an ``autoheal:`` reason maps to an injected fault (or a cordon) on
    that node.
-4. ``acted-twice``: no more resets, reboots, replacement requests or requeues than faults that could
-   cause them.
-5. ``lost-work``: every finished trainer's final state equals an uninterrupted run's, and every restart
-   resumed from the newest checkpoint saved before it.
+4. ``acted-twice``: no more resets, reboots, replacement requests or requeues (plus hot-spare swaps;
+   for a submitit job, Slurm's restart count too) than faults that could cause them.
+5. ``lost-work``: every finished trainer's (and submitit job's) final state equals an uninterrupted
+   run's, and every restart or swap resumed from the newest checkpoint saved before it.
 6. ``breaker``: no more nodes in remediation at once than the breaker allows; no replacement of an
    opted-out node.
-7. ``journal``: no torn line; a job whose comment counts restarts has journal records.
+7. ``journal``: no torn line; a job whose comment counts restarts has journal records; a hot-spare
+   job's ``swaps=``/``spares=``/``nodes=`` agree with its swap records.
 8. ``end-state``: every node in service or retired/held with an ``autoheal:`` reason; no process left.
 
 The remediation circuit breaker latches by design (like a NodeHealthCheck's maxUnhealthy): when most of
@@ -108,8 +109,9 @@ class Injected:
 
 @dataclass
 class JobMeta:
-    """A job of the workload: ``role`` trainer / plain / array / short / time-limit; ``opted_in``:
-    submitted with ``autoheal sbatch``; ``steps``: the trainer's step count."""
+    """A job of the workload: ``role`` trainer / hotspare (a trainer with ``--spare-nodes``) / submitit (a
+    submitit ``Checkpointable`` job) / plain / array / short / time-limit; ``opted_in``: submitted with
+    ``autoheal sbatch``; ``steps``: the trainer's step count."""
 
     job_id: str
     role: str
@@ -372,7 +374,8 @@ class Monitor:
         self.to_back: Dict[int, float] = {}
         self.to_job_running: Dict[int, List[float]] = {}
         self.to_job_running_human: Dict[int, List[float]] = {}  # the wait overlapped a breaker trip
-        self._job_waits: Dict[tuple, int] = {}  # (fault id, job) -> restarts at the fault
+        self._job_waits: Dict[tuple, tuple] = {}  # (fault id, job) -> (restarts, hot-spare swaps) at the fault
+        self.running_again_by: Dict[str, List[float]] = {"requeue": [], "swap": []}  # how it ran again
         self._drained_after: Dict[int, bool] = {}
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
@@ -388,7 +391,7 @@ class Monitor:
             for jid, j in self.last.jobs.items():
                 if j.get("state") == "RUNNING" and (f.group == "gpu" or f.kind in ("kill-slurmd", "kill-slurmctld")) \
                         and (not f.node or f.node in (j.get("nodes") or [])):
-                    self._job_waits[(f.id, jid)] = int(j.get("restarts") or 0)
+                    self._job_waits[(f.id, jid)] = (int(j.get("restarts") or 0), comment_swaps(j.get("comment", "")))
 
     def _violate(self, invariant: str, key: str, message: str, t: float, **evidence) -> None:
         if (invariant, key) in self._seen_violation:
@@ -487,7 +490,7 @@ class Monitor:
             else:
                 self._held_since.pop(jid, None)
             if state == "PENDING" and not held and reason not in QUEUE_REASONS:
-                excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+                excl = set(comment_field(j.get("comment", ""), "excl").split(",")) - {""}
                 usable = in_service - excl
                 if len(usable) >= max(1, meta.nodes):
                     if usable & started:
@@ -544,10 +547,15 @@ class Monitor:
             if j is None or j.get("state") in FINAL_STATES:
                 self._job_waits.pop((fid, jid))
                 continue
-            if j.get("state") == "RUNNING" and int(j.get("restarts") or 0) > base:
+            restarted = int(j.get("restarts") or 0) > base[0]
+            # a hot-spare job runs again in its own allocation: its comment (written before the resize)
+            # counts the swap, and the lost node has left the job
+            swapped = comment_swaps(j.get("comment", "")) > base[1] and f.node not in (j.get("nodes") or [])
+            if j.get("state") == "RUNNING" and (restarted or swapped):
                 human = self.oncall.overlaps(f.start, s.time)
                 (self.to_job_running_human if human else self.to_job_running).setdefault(fid, []).append(
                     s.time - f.start)
+                self.running_again_by["requeue" if restarted else "swap"].append(s.time - f.start)
                 self._job_waits.pop((fid, jid))
 
     def note_drain_time(self, fault_id: int, seconds: float) -> None:
@@ -575,7 +583,7 @@ class Monitor:
             views = {k: v for k, v in final.jobs.items() if k == jid or k.split("_")[0] == jid}
             for vid, j in views.items():
                 state = j.get("state", "")
-                excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+                excl = set(comment_field(j.get("comment", ""), "excl").split(",")) - {""}
                 if human and state == "PENDING" and len(in_service - excl) < max(1, meta.nodes):
                     self.waiting_human.append(f"job {vid} (pending, {len(in_service - excl)} usable node(s))")
                     continue
@@ -584,7 +592,12 @@ class Monitor:
                                   f"({j.get('reason')})", t, job=vid, state=state, reason=j.get("reason"),
                                   comment=j.get("comment", ""))
                 if meta.opted_in and state in FINAL_STATES and state != "COMPLETED" and jid not in cancelled:
-                    cstate = _comment_field(j.get("comment", ""), "state")
+                    cstate = comment_field(j.get("comment", ""), "state")
+                    if frozen_comment(vid, journal) is not None:
+                        # a hot-spare run that resized its job: Slurm froze the comment at the swap; the
+                        # journal says how the job ended
+                        cstate = next((r["event"][4:] for r in reversed(_job_records(vid, journal))
+                                       if r.get("event", "")[4:] in CHOSEN_COMMENT_STATES), cstate)
                     if cstate not in CHOSEN_COMMENT_STATES:
                         self._violate("stranded", f"chosen-{vid}", f"opted-in job {vid} ended {state} with comment "
                                       f"state {cstate or 'none'}: not a final state it chose", t, job=vid,
@@ -594,9 +607,16 @@ class Monitor:
         # 5. no lost work
         for jid, text in outputs.items():
             meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
-            if meta is not None and meta.role in ("trainer", "array"):
-                for msg, ev in check_trainer_output(text, meta.steps):
-                    self._violate("lost-work", f"{jid}-{msg[:40]}", f"job {jid}: {msg}", t, job=jid, **ev)
+            if meta is None:
+                continue
+            if meta.role in ("trainer", "array", "hotspare"):
+                problems = check_trainer_output(text, meta.steps)
+            elif meta.role == "submitit":
+                problems = check_submitit_output(text, meta.steps, (final.jobs.get(jid) or {}).get("state", ""))
+            else:
+                continue
+            for msg, ev in problems:
+                self._violate("lost-work", f"{jid}-{msg[:40]}", f"job {jid}: {msg}", t, job=jid, **ev)
         # 7. journal
         if journal_skipped:
             self._violate("journal", "torn", f"the journal has {journal_skipped} line(s) that are not records "
@@ -606,11 +626,15 @@ class Monitor:
             if not meta.opted_in or j is None:
                 continue
             restarts = _comment_restarts(j.get("comment", ""))
-            recs = [r for r in journal if jid in [str(x) for x in r.get("job_ids") or []]]
-            cstate = _comment_field(j.get("comment", ""), "state")
+            recs = _job_records(jid, journal)
+            cstate = comment_field(j.get("comment", ""), "state")
             ended = sorted({r["event"][4:] for r in recs if r.get("event", "").startswith("job-")
                             and r["event"][4:] in CHOSEN_COMMENT_STATES})
-            if j.get("state") in FINAL_STATES and ended and cstate not in ended:
+            if meta.role == "hotspare":
+                self._check_hotspare_comment(jid, j, recs, t)
+            if frozen_comment(jid, journal) is not None:
+                pass  # the comment is the swap's (checked above): Slurm refuses updates of a resized job
+            elif j.get("state") in FINAL_STATES and ended and cstate not in ended:
                 self._violate("journal", f"state-{jid}", f"job {jid} ended {j.get('state')}: the journal says "
                               f"{'/'.join(ended)}, its comment says state={cstate or 'none'}", t, job=jid,
                               comment=j.get("comment", ""), journal=ended)
@@ -648,6 +672,35 @@ class Monitor:
                           faults_on_node=[asdict(f) for f in self.faults if f.node == name])
         self.check_leaks(leaked, t)
         return self.violations[before:]
+
+    def _check_hotspare_comment(self, jid: str, j: dict, recs: Sequence[dict], t: float) -> None:
+        """7. A hot-spare job's comment agrees with the journal: ``swaps=`` counts its ``job-hot-swap``
+        records (the count is carried across requeues), and when its last run swapped or dropped a spare
+        (the comment is written just before the resize, and Slurm refuses updates after it), ``nodes=`` and
+        ``spares=`` are that record's active nodes and spares left."""
+        comment = j.get("comment", "")
+        if "spares" not in _fields(comment):
+            self._violate("journal", f"spares-{jid}", f"hot-spare job {jid}'s comment has no spares= key",
+                          t, job=jid, comment=comment)
+            return
+        swaps = [r for r in recs if r.get("event") == "job-hot-swap"]
+        if comment_swaps(comment) != len(swaps):
+            self._violate("journal", f"swaps-{jid}", f"hot-spare job {jid}'s comment counts "
+                          f"{comment_swaps(comment)} swap(s), the journal {len(swaps)}", t, job=jid,
+                          comment=comment, journal=[r.get("message") for r in swaps])
+        last = frozen_comment(jid, recs)
+        if last is None:
+            return
+        ev = last.get("evidence") or {}
+        want = {"spares": ev.get("spares") or "none"}
+        if last.get("event") == "job-hot-swap":
+            want["nodes"] = ev.get("active") or ""
+        got = {k: comment_field(comment, k) for k in want}
+        if got != want:
+            self._violate("journal", f"hot-{jid}", f"hot-spare job {jid}'s comment says "
+                          f"{' '.join(f'{k}={v}' for k, v in got.items())}, its last {last.get('event')} record "
+                          f"{' '.join(f'{k}={v}' for k, v in want.items())}", t, job=jid, comment=comment,
+                          record=last.get("message"))
 
     def check_leaks(self, leaked: Sequence[str], t: float) -> List[Violation]:
         """8. Processes of the lab still running after it went down."""
@@ -701,11 +754,17 @@ class Monitor:
             if j is None or not meta.opted_in:
                 continue
             restarts = _comment_restarts(j.get("comment", ""))
+            if meta.role == "submitit":
+                # submitit requeues the job itself on the grace signal; Slurm's count shows a second
+                # requeue (autoheal's) for the same fault even when the comment does not
+                restarts = max(restarts, int(j.get("restarts") or 0))
+            swaps = comment_swaps(j.get("comment", ""))
             causes = self.possible_requeue_causes(jid)
-            if restarts > causes:
-                self._violate("acted-twice", f"requeue-{jid}", f"job {jid} restarted {restarts} times but only "
+            if restarts + swaps > causes:
+                what = f"restarted {restarts} times" + (f" and swapped {swaps} time(s)" if swaps else "")
+                self._violate("acted-twice", f"requeue-{jid}", f"job {jid} {what} but only "
                               f"{causes} fault(s) hit its nodes", t, job=jid, comment=j.get("comment", ""),
-                              causes=causes)
+                              causes=causes, slurm_restarts=j.get("restarts"))
 
     def possible_requeue_causes(self, jid: str) -> int:
         """Faults that could requeue ``jid``: a GPU fault or slurmd kill on a node it was running on at
@@ -735,6 +794,9 @@ class Monitor:
                 "fault_to_job_running_again_s": percentiles(running + human),
                 # the ones whose wait overlapped no breaker trip (no human in the loop)
                 "fault_to_job_running_again_no_trip_s": percentiles(running),
+                # how the job ran again: requeued (and started again), or swapped to its hot spare
+                "fault_to_job_running_again_requeue_s": percentiles(self.running_again_by["requeue"]),
+                "fault_to_job_running_again_swap_s": percentiles(self.running_again_by["swap"]),
                 "fault_to_node_back_or_replaced_s": percentiles(list(self.to_back.values()))}
 
 
@@ -751,13 +813,46 @@ def percentiles(values: List[float]) -> Dict[str, Optional[float]]:
     return {"n": len(xs), "p50": rank(50), "p95": rank(95), "max": round(xs[-1], 2)}
 
 
-def _comment_field(comment: str, key: str) -> str:
+def comment_field(comment: str, key: str) -> str:
     m = re.search(rf"\b{key}=(\S*)", (comment or "").split("|", 1)[0])
     return m.group(1) if m else ""
 
 
+def _fields(comment: str) -> set:
+    return set(re.findall(r"\b(\w+)=", (comment or "").split("|", 1)[0]))
+
+
+def comment_swaps(comment: str) -> int:
+    """A hot-spare job's ``swaps=`` count (0 without)."""
+    m = re.match(r"\d+", comment_field(comment, "swaps"))
+    return int(m.group(0)) if m else 0
+
+
+def _job_records(jid: str, journal: Sequence[dict]) -> List[dict]:
+    return sorted((r for r in journal if jid in [str(x) for x in r.get("job_ids") or []]),
+                  key=lambda r: r.get("time", 0))
+
+
+#: Journal events that start a new run of a job (the runner writes its comment again then).
+NEW_RUN_EVENTS = ("job-restart", "job-requeue")
+
+
+def frozen_comment(jid: str, journal: Sequence[dict]) -> Optional[dict]:
+    """The ``job-hot-swap`` or ``job-spare-dropped`` record of the job's last run, if that run resized the
+    job: the runner wrote the comment just before the resize and Slurm (22.05, no accounting) refuses
+    every update of the job after it, until the job is requeued. None when the last run resized nothing."""
+    last = None
+    for r in _job_records(jid, journal):
+        ev = r.get("event")
+        if ev in ("job-hot-swap", "job-spare-dropped"):
+            last = r
+        elif ev in NEW_RUN_EVENTS:
+            last = None
+    return last
+
+
 def _comment_restarts(comment: str) -> int:
-    v = _comment_field(comment, "restarts")
+    v = comment_field(comment, "restarts")
     return int(v) if v.isdigit() else 0
 
 
@@ -795,4 +890,53 @@ def check_trainer_output(text: str, steps: int) -> List[tuple]:
             if int(m.group(1)) != steps or int(m.group(2)) != want:
                 out.append((f"final state {m.group(2)} at step {m.group(1)}, an uninterrupted run ends at step "
                             f"{steps} with {want}", {"line": line.strip()}))
+    return out
+
+
+_SUB_START = re.compile(r"submitit-trainer: start step=(\d+) node=(\S*)")
+_SUB_CKPT = re.compile(r"submitit-trainer: checkpoint step=(\d+)")
+_SUB_DONE = re.compile(r"submitit-trainer: done step=(\d+) final_state=(\d+)")
+_SUB_RESULT = re.compile(r"^result (\{.*\})\s*$", re.M)
+
+
+def check_submitit_output(text: str, steps: int, state: str = "") -> List[tuple]:
+    """Problems in a submitit job's log (every run appended) and its client's output: a run that did not
+    start from the newest step submitit checkpointed (pickled) before it (from step 0 without one), a
+    final state that differs from an uninterrupted run's (in the log and in the result the client got),
+    or a COMPLETED job whose client got no result. A job not finished has nothing to say yet."""
+    import json
+
+    from autoheal.sbatch_helpers.examples.submitit_job import expected_final_state
+
+    out: List[tuple] = []
+    newest = 0
+    runs = 0
+    want = expected_final_state(steps)
+    for line in text.splitlines():
+        m = _SUB_START.search(line)
+        if m:
+            runs += 1
+            if runs > 1 and int(m.group(1)) != newest:
+                out.append((f"run {runs} started from step {m.group(1)}, submitit's newest checkpoint was "
+                            f"step {newest}", {"line": line.strip()}))
+            continue
+        m = _SUB_CKPT.search(line)
+        if m:
+            newest = int(m.group(1))
+            continue
+        m = _SUB_DONE.search(line)
+        if m and (int(m.group(1)) != steps or int(m.group(2)) != want):
+            out.append((f"final state {m.group(2)} at step {m.group(1)}, an uninterrupted run ends at step "
+                        f"{steps} with {want}", {"line": line.strip()}))
+    m = _SUB_RESULT.search(text)
+    if m:
+        try:
+            res = json.loads(m.group(1))
+        except ValueError:
+            res = {}
+        if res.get("step") != steps or res.get("final_state") != want:
+            out.append((f"the client's result is step {res.get('step')} final_state {res.get('final_state')}, an "
+                        f"uninterrupted run's is step {steps} final_state {want}", {"line": m.group(0)[:300]}))
+    elif state == "COMPLETED":
+        out.append(("the job COMPLETED but its submitit client got no result", {"state": state}))
     return out
