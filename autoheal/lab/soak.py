@@ -1,8 +1,10 @@
 """``autoheal lab soak``: a seeded campaign of compound faults against the whole loop, invariants live.
 
-The runner starts a clean lab, submits a mixed workload (``autoheal sbatch`` trainers on 2 nodes and on
-1 node with different grace and restart limits, a job array under ``autoheal sbatch``, a plain
-``sbatch`` job, a job that runs into its time limit, short jobs that come and go), then carries out the
+The runner starts a clean lab, submits a mixed workload (a hot-spare trainer, ``autoheal sbatch
+--spare-nodes 1``; a submitit ``Checkpointable`` job through ``autoheal sbatch``; ``autoheal sbatch``
+trainers on 2 nodes and on 1 node with different grace and restart limits, a job array under ``autoheal
+sbatch``, a plain ``sbatch`` job, a job that runs into its time limit, short jobs that come and go), then
+carries out the
 schedule of ``autoheal.lab.soak_plan`` (same seed, same schedule) while taking snapshots of Slurm and
 Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. After the last fault it lets
 the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
@@ -25,6 +27,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -35,8 +38,17 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, Trip, node_in_service, ours_kind
-from autoheal.lab.soak_plan import KINDS, REPLACEMENT, Schedule, make_schedule
+from autoheal.lab.soak_checks import (
+    Injected,
+    JobMeta,
+    Monitor,
+    Snapshot,
+    Trip,
+    comment_swaps,
+    node_in_service,
+    ours_kind,
+)
+from autoheal.lab.soak_plan import HOT_SPARE, KINDS, REPLACEMENT, Schedule, make_schedule
 
 STEP_SECONDS = 0.1
 
@@ -45,7 +57,8 @@ STEP_SECONDS = 0.1
 class SoakOptions:
     seed: int = 1
     faults: int = 30
-    jobs: int = 3  # autoheal sbatch trainers: the first on 2 nodes, the others on 1
+    jobs: int = 2  # autoheal sbatch trainers: the first on 2 nodes, the others on 1 (the hot-spare trainer
+    # and the submitit job come on top)
     kube: bool = True
     nodes: int = 4
     spares: int = 2
@@ -96,7 +109,7 @@ class Soak:
         self.log = log
         self.schedule: Schedule = make_schedule(opts.seed, opts.faults, [f"gpu{i}" for i in range(1, opts.nodes + 1)],
                                                 opts.gpus, kube=opts.kube, gap=opts.gap, include=opts.include,
-                                                exclude=opts.exclude, spares=opts.spares)
+                                                exclude=opts.exclude, spares=opts.spares, hot_spare=True)
         self.jobs: List[JobMeta] = []
         self.events: list = []  # heap of (time, seq, description, callable)
         self._seq = 0
@@ -110,6 +123,8 @@ class Soak:
         self._api_url = ""
         self._ctld_down = False
         self._paged = 0
+        self._client: Optional[subprocess.Popen] = None  # the submitit job's client
+        self._client_out = ""
 
     # ---- lab -----------------------------------------------------------------------------------------
     def start_lab(self) -> None:
@@ -179,6 +194,14 @@ class Soak:
         span = self.schedule.span
         work = self.opts.trainer_seconds or max(30.0, 0.6 * span)
         steps = int(work / STEP_SECONDS)
+        # first the hot-spare trainer (3 nodes with a free core each: 2 active, 1 idle spare; a fault on
+        # the active node that is not the batch host is swapped to the spare, on the batch host or once the
+        # spare is used it is requeued) and the submitit job, so that both run when the faults start
+        jid = self._autoheal_sbatch("hotspare", 2, steps, ["--spare-nodes", "1", "--grace", "10",
+                                                           "--max-restarts", "20"])
+        self.jobs.append(JobMeta(jid, "hotspare", opted_in=True, steps=steps, nodes=2,
+                                 output=str(self.workdir / "hotspare.out")))
+        self._submit_submitit(steps)
         for i in range(self.opts.jobs):
             nodes = 2 if i == 0 else 1
             grace, restarts = (("10", "20") if i % 2 == 0 else ("20", "10"))
@@ -193,6 +216,52 @@ class Soak:
         jid = self._sbatch("plain", f"sleep {int(work)}", ["--requeue"])
         self.jobs.append(JobMeta(jid, "plain", nodes=1))
         self.log(f"workload: {', '.join(f'{j.role} {j.job_id}' for j in self.jobs)}")
+
+    def _submit_submitit(self, steps: int) -> None:
+        """A submitit ``Checkpointable`` job (the recipe in sbatch_helpers/examples/submitit_job.py, the
+        real submitit), submitted by its own client through ``autoheal sbatch``. On the grace signal
+        submitit pickles the trainer (``checkpoint()``) and requeues the job itself; autoheal's runner
+        forwards the signal and leaves the requeue to it. The client waits for the result."""
+        try:
+            import submitit  # noqa: F401
+        except ImportError:
+            self.notes.append("submitit is not installed (pip install -e '.[test]'): no submitit job in the workload")
+            return
+        import autoheal.sbatch_helpers as helpers
+
+        example = Path(helpers.__file__).parent / "examples" / "submitit_job.py"
+        folder = self.workdir / "submitit"
+        argv = [sys.executable, str(example), "--folder", str(folder), "--steps", str(steps), "--step-seconds",
+                str(STEP_SECONDS), "--grace", str(int(self.cfg.hooks.grace_seconds)), "--wait", "3600",
+                "--via-autoheal-sbatch"]
+        env = dict(self.env, PATH=os.path.dirname(sys.executable) + os.pathsep + self.env.get("PATH", ""))
+        out = self.workdir / "submitit-client.out"
+        with open(out, "w") as fh:
+            self._client = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                            cwd=str(self.workdir), stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = re.search(r"(?m)^submitted (\S+)$", _read(str(out)))
+            if m:
+                jid = m.group(1)
+                self.jobs.append(JobMeta(jid, "submitit", opted_in=True, steps=steps, nodes=1,
+                                         output=str(folder / f"{jid}_0_log.out")))
+                self._client_out = str(out)
+                return
+            if self._client.poll() is not None:
+                break
+            time.sleep(0.3)
+        raise LabError(f"the submitit client did not submit within 60 s: {_read(str(out))[-800:]}")
+
+    def _stop_client(self) -> None:
+        c = self._client
+        if c is not None and c.poll() is None:
+            c.terminate()
+            try:
+                c.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                c.kill()
+                c.wait(timeout=10)
 
     def _short_job(self) -> None:
         if self._ctld_down:
@@ -381,6 +450,8 @@ class Soak:
             used = [s for s in self.lay.spares if s in self._alive_nodes(snap)]
             node = used[-1] if used else f.fallback
             note = f"on replacement {node}" if used else f"no spare in service yet: on {node}"
+        elif node == HOT_SPARE:
+            node, note = self._hot_spare_target(f, snap)
         if f.kind == "admin-drain":
             ok = self._in_service(snap)
             if node not in ok and ok:
@@ -392,6 +463,24 @@ class Soak:
                 new = alive[f.id % len(alive)]
                 note, node = f"{node} left the cluster: on {new} instead", new
         return node, note
+
+    def _hot_spare_target(self, f, snap: Optional[Snapshot]) -> tuple:
+        """The hot-spare job's second active node (its comment's ``nodes=``: the batch host first, which
+        cannot leave the allocation), where a fault is swapped to the spare while one is left, else
+        requeued; the previous fault's node for a fault during its recovery; ``f.fallback`` when the job
+        is not running on two active nodes."""
+        from autoheal.lab.soak_checks import comment_field
+
+        if f.overlap == "during-recovery" and f.id - 1 in self.injected:
+            prev = self.injected[f.id - 1].node
+            return prev, f"during the recovery on {prev}"
+        hot = next((j.job_id for j in self.jobs if j.role == "hotspare"), "")
+        view = (snap.jobs.get(hot) if snap else None) or {}
+        active = [n for n in comment_field(view.get("comment", ""), "nodes").split(",") if n]
+        if view.get("state") == "RUNNING" and len(active) > 1 and active[1] in (view.get("nodes") or []):
+            spares = comment_field(view.get("comment", ""), "spares")
+            return active[1], f"on hot-spare job {hot}'s active node {active[1]} (spares={spares})"
+        return f.fallback, f"hot-spare job {hot or '-'} not running on two active nodes: on {f.fallback}"
 
     def fire(self, f, snap: Optional[Snapshot]) -> None:
         spec = KINDS[f.kind]
@@ -601,6 +690,7 @@ class Soak:
             self._settle()
             report = self._finish()
         finally:
+            self._stop_client()
             self.lab.down()
         report.violations += [v.to_dict() for v in self.monitor.check_leaks(self.leaked(), time.time())]
         report.wall_seconds = round(time.monotonic() - wall0, 1)
@@ -610,7 +700,9 @@ class Soak:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             snap = self.snapshot()
-            if snap and sum(1 for j in snap.jobs.values() if j["state"] == "RUNNING") >= min(3, len(self.jobs)):
+            running = {k for k, j in (snap.jobs if snap else {}).items() if j["state"] == "RUNNING"}
+            first = {j.job_id for j in self.jobs if j.role in ("hotspare", "submitit")}
+            if snap and len(running) >= min(3, len(self.jobs)) and first <= running:
                 return
             time.sleep(0.5)
         self.notes.append(f"the workload was not running after {timeout:.0f} s; faults start anyway")
@@ -661,7 +753,7 @@ class Soak:
             return False
         for j in self.jobs:
             views = [v for k, v in s.jobs.items() if k == j.job_id or k.split("_")[0] == j.job_id]
-            if j.role in ("trainer", "array", "short", "plain") and any(
+            if j.role in ("trainer", "hotspare", "submitit", "array", "short", "plain") and any(
                     v["state"] in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "SUSPENDED") for v in views):
                 return False
         return True
@@ -705,8 +797,15 @@ class Soak:
                 self.monitor.note_drain_time(inj.id, min(drains) - inj.start)
         outputs = {}
         for j in self.jobs:
-            if j.role == "trainer":
+            if j.role in ("trainer", "hotspare"):
                 outputs[j.job_id] = _read(j.output)
+            elif j.role == "submitit":
+                if (final.jobs.get(j.job_id) or {}).get("state") == "COMPLETED" and self._client is not None:
+                    try:  # the client reads the result pickle once a second
+                        self._client.wait(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        pass
+                outputs[j.job_id] = _read(j.output) + "\n" + _read(self._client_out)
             elif j.role == "array":
                 for task in (0, 1):
                     outputs[f"{j.job_id}_{task}"] = _read(j.output.replace("%a", str(task)))
@@ -739,7 +838,9 @@ class Soak:
             meta = self.monitor.jobs.get(jid) or self.monitor.jobs.get(jid.split("_")[0])
             report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "comment": v["comment"],
                                 "restarts": v["restarts"]}
-            if meta and meta.role in ("trainer", "array"):
+            if meta and meta.role == "hotspare":
+                report.jobs[jid]["swaps"] = comment_swaps(v["comment"])
+            if meta and meta.role in ("trainer", "hotspare", "submitit", "array"):
                 report.restarts[jid] = v["restarts"]
         report.notes = self.notes
         report.snapshots = self.monitor.snapshots
@@ -811,6 +912,7 @@ def render(report: SoakReport) -> str:
                      f"{b.get('slurm_drains_resumed', 0)} Slurm drain(s) of the runbook resumed by the on-call")
         lines.append("")
     lines.append("jobs: " + ", ".join(f"{j} {v['role']} {v['state']} restarts={v['restarts']}"
+                                      + (f" swaps={v['swaps']}" if "swaps" in v else "")
                                       for j, v in report.jobs.items()))
     for note in report.notes:
         lines.append(f"note: {note}")

@@ -28,9 +28,10 @@ def _duration(text: str) -> float:
 @click.option("--faults", type=click.IntRange(0, 10000), help="How many faults to inject [default 30].")
 @click.option("--duration", help="Or: how long to inject faults (90s, 30m, 1h); the count follows from the "
                                  "mean gap between faults.")
-@click.option("--jobs", default=3, show_default=True, type=click.IntRange(1, 8),
-              help="autoheal sbatch trainer jobs (the first on 2 nodes, the others on 1); the array, the plain "
-                   "sbatch job and the short jobs come on top.")
+@click.option("--jobs", default=2, show_default=True, type=click.IntRange(1, 8),
+              help="autoheal sbatch trainer jobs (the first on 2 nodes, the others on 1); a hot-spare trainer "
+                   "(--spare-nodes 1: 2 active nodes + 1 spare), a submitit job, the array, the plain sbatch job "
+                   "and the short jobs come on top (the lab's 4 nodes x 2 cores hold 2 trainers with them).")
 @click.option("--kube/--no-kube", default=True, show_default=True,
               help="With the fake Kubernetes API, autoheal sync and the spare pool (and their fault kinds).")
 @click.option("--nodes", default=4, show_default=True, type=click.IntRange(2, 16), help="GPU nodes.")
@@ -50,17 +51,19 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
     """Seeded compound faults against the whole self-healing loop, invariants checked live.
 
     Starts a clean lab (4 GPU nodes x 4 fake GPUs + 2 spares; --kube: fake Kubernetes API, sync, spare
-    pool), runs a workload (autoheal sbatch trainers on 2 and 1 nodes, an array, a plain sbatch job, a
-    time-limit job, short jobs that come and go) and injects faults from a schedule derived from --seed:
-    GPU XIDs 79/48/63/64/74/94/95, DBE, row-remap failure, GPU lost, thermal, NVLink, PCIe, flapping;
-    kill -9 of slurmd, slurmctld, xid-watch, the sync (each restarted); API 5xx/429/slow windows; an admin
-    draining a node, a cordon, a user cancelling or holding a job, a time limit. Single and overlapping
-    (two nodes at once, a fault during a recovery, a fault on the replacement spare).
+    pool), runs a workload (autoheal sbatch trainers on 2 and 1 nodes, a hot-spare trainer, a submitit
+    Checkpointable job, an array, a plain sbatch job, a time-limit job, short jobs that come and go) and
+    injects faults from a schedule derived from --seed: GPU XIDs 79/48/63/64/74/94/95, DBE, row-remap
+    failure, GPU lost, thermal, NVLink, PCIe, flapping; kill -9 of slurmd, slurmctld, xid-watch, the sync
+    (each restarted); API 5xx/429/slow windows; an admin draining a node, a cordon, a user cancelling or
+    holding a job, a time limit. Single and overlapping (two nodes at once, a fault during a recovery, a
+    fault on the replacement spare).
 
     \b
     Checked while it runs and at the end (each violation with evidence and the seed):
       no job stranded; admin drains and cordons untouched; no false drain; each fault acted on once;
-      no lost work (trainer final state = an uninterrupted run's, resumed from the newest checkpoint);
+      no lost work (trainer final state = an uninterrupted run's, resumed from the newest checkpoint;
+      the same for the submitit job's result); a hot-spare swap counts as running again, once per fault;
       breaker and opt-out respected; journal whole and agreeing with job comments; every node in
       service or retired with an autoheal: reason; no process left after the lab goes down.
 

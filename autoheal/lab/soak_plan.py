@@ -6,7 +6,9 @@ GPU, a lab process, the fake API, a job role) and, for faults that end by themse
 hand (a thermal event, an admin's maintenance, a cordon, an API outage, a killed daemon that systemd
 restarts), how long they last. Overlaps are part of the plan: a second fault on another node at the same
 moment, a fault during the recovery of the previous one on the same node, and a fault on the spare that
-replaced a node (target ``@replacement``, resolved by the runner to the newest spare in service).
+replaced a node (target ``@replacement``, resolved by the runner to the newest spare in service). With
+a hot-spare job in the workload, a few faults that drain target the node of that job a spare can replace
+(``@hot-spare``), so every soak swaps.
 
 The schedule also plans the on-call admin: ``oncall`` holds, for the 1st, 2nd, ... time the remediation
 circuit breaker trips, how many seconds the person on call takes to be paged, look and reset it
@@ -26,6 +28,10 @@ from typing import Dict, List, Optional, Sequence
 #: Target of a fault on "the spare that replaced a node": the runner picks the newest spare in service
 #: (or, when none has taken over yet, the node the schedule names in ``fallback``).
 REPLACEMENT = "@replacement"
+#: Target of a fault on "the hot-spare job's node that a spare can replace": the runner picks the
+#: hot-spare trainer's second active node (the first is its batch host, which cannot leave the allocation),
+#: or, when the job does not run on two active nodes then, the node the schedule names in ``fallback``.
+HOT_SPARE = "@hot-spare"
 #: Seconds the on-call admin takes from the breaker's page to `autoheal sync breaker reset` (min, max).
 ONCALL_DELAY = (30.0, 90.0)
 #: Seconds a technician takes to swap the broken part of a node waiting for a replacement when the spare
@@ -93,9 +99,10 @@ NODE_KINDS = GPU_KINDS + ("kill-slurmd", "kill-xid-watch", "admin-drain", "kubec
 class Fault:
     """One planned fault. ``at``: seconds after the soak's start; ``duration``: seconds until it clears
     (0: never by itself). ``node``/``gpu``: the target (node may be ``REPLACEMENT``, then ``fallback``
-    names a node to use when no spare is in service). ``overlap``: why it was placed where it is
+    names a node to use when no spare is in service; or ``HOT_SPARE``, the same). ``overlap``: why it was
+    placed where it is
     (``single``, ``pair`` with the fault before, ``during-recovery`` of the fault before on its node,
-    ``on-replacement``)."""
+    ``on-replacement``, ``on-hot-spare-job``)."""
 
     id: int
     kind: str
@@ -149,12 +156,15 @@ def kinds_for(kube: bool, include: Optional[Sequence[str]] = None, exclude: Sequ
 def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: bool = True,
                   gap: tuple = (4.0, 10.0), include: Optional[Sequence[str]] = None, exclude: Sequence[str] = (),
                   overlap_rate: float = 0.3, spares: int = 0, oncall: tuple = ONCALL_DELAY,
-                  repair: tuple = REPAIR_DELAY) -> Schedule:
+                  repair: tuple = REPAIR_DELAY, hot_spare: bool = False) -> Schedule:
     """``count`` faults drawn with ``random.Random(seed)``: every kind in the pool once before any
     repeats (so a short soak covers the kinds it can), in a seeded order, ``gap`` seconds apart; with
     probability ``overlap_rate`` a fault is placed instead at the same moment as the one before on
     another node (``pair``) or 1-3 s after it on the same node (``during-recovery``). With ``spares``, one
-    GPU fault in every eight (after the first) targets the replacement spare. Process kills and API
+    GPU fault in every eight (after the first) targets the replacement spare. With ``hot_spare`` (a
+    hot-spare job in the workload), the first GPU fault that drains and then every eighth GPU fault after
+    the fourth that drains target ``HOT_SPARE``, when placed alone; only their targets differ, the kinds,
+    times and GPUs of a seed are the same with or without it. Process kills and API
     windows never overlap each other (one daemon restart at a time keeps the evidence readable).
     ``oncall``: (min, max) seconds the on-call admin takes to reset a tripped breaker; one delay per
     possible trip (at most one per fault), from ``random.Random(f"{seed}/on-call")``; ``repair``: (min,
@@ -176,6 +186,7 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
     faults: List[Fault] = []
     t = 0.0
     gpu_faults = 0
+    hot_done = False
     for i, kind in enumerate(order):
         spec = KINDS[kind]
         prev = faults[-1] if faults else None
@@ -185,7 +196,9 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
                 and prev.group in ("gpu", "people") and spec.group in ("gpu", "people"):
             if rng.random() < 0.5 and len(nodes) > 1:
                 overlap, at = "pair", prev.at
-                node = rng.choice([n for n in nodes if n != prev.node])
+                # the planned node of a fault aimed at the hot-spare job: the same draws as without it
+                prev_node = prev.fallback if prev.node == HOT_SPARE else prev.node
+                node = rng.choice([n for n in nodes if n != prev_node])
             else:
                 overlap, at = "during-recovery", prev.at + round(rng.uniform(1.0, 3.0), 2)
                 node = prev.node
@@ -195,11 +208,14 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
             t += round(rng.uniform(*gap), 2)
             at = t
         t = max(t, at)
-        fallback = inherited if node == REPLACEMENT else ""
+        fallback = inherited if node in (REPLACEMENT, HOT_SPARE) else ""
         if spec.group == "gpu":
             gpu_faults += 1
             if spares and gpu_faults > 1 and gpu_faults % 8 == 0 and overlap == "single":
                 fallback, node, overlap = node, REPLACEMENT, "on-replacement"
+            elif hot_spare and spec.drains and overlap == "single" and (not hot_done or gpu_faults % 8 == 4):
+                fallback, node, overlap = node, HOT_SPARE, "on-hot-spare-job"
+                hot_done = True
         gpu = rng.randrange(gpus) if spec.group == "gpu" else None
         dur = round(rng.uniform(*spec.clears_after), 2) if spec.clears_after else 0.0
         faults.append(Fault(id=i + 1, kind=kind, at=round(at, 2), node=node, gpu=gpu, duration=dur,

@@ -1,5 +1,9 @@
 """A short seeded soak on the real lab (issue 12): 15 faults against the whole loop, zero violations.
 
+The workload is the soak's default: 2 trainers, a hot-spare trainer (``--spare-nodes 1``), a submitit
+``Checkpointable`` job (the real submitit: it must be installed, as in CI's test extras), an array, a
+plain job and short jobs.
+
 The seed is fixed (12, the issue's number; not picked to pass) so a failure replays exactly with
 ``autoheal lab soak --seed 12 --faults 15 --gap 2.5-4.5 --settle 75 --include ...`` (the kinds of ``CI_KINDS``).
 The schedule draws every kind once before any repeats, so the 15 faults are these 15 kinds, one each, in
@@ -57,8 +61,16 @@ def test_soak_report_counts_every_fault_and_measures_recovery(soak_report):
     assert sorted(report.counts) == sorted(CI_KINDS)  # every-kind-once: 15 faults, 15 kinds
     assert sorted(CI_KINDS + list(LEFT_OUT)) == sorted(KINDS)  # a new kind must be placed in one or the other
     assert report.recovery["fault_to_drain_s"]["n"] >= 1
-    trainers = {j: v for j, v in report.jobs.items() if v["role"] == "trainer"}
-    assert trainers and all(v["state"] == "COMPLETED" for v in trainers.values()), report.jobs
+    trainers = {j: v for j, v in report.jobs.items() if v["role"] in ("trainer", "hotspare", "submitit")}
+    # the hot-spare trainer and the submitit job ran with the rest of the workload, and finished
+    assert sorted(v["role"] for v in trainers.values()) == ["hotspare", "submitit", "trainer", "trainer"], report.jobs
+    assert all(v["state"] == "COMPLETED" for v in trainers.values()), report.jobs
+    hot = next(v for v in trainers.values() if v["role"] == "hotspare")
+    assert "spares=" in hot["comment"] and hot["swaps"] >= 0, hot
+    # every "running again" is a requeue or a swap to the hot spare, and the report says which
+    r = report.recovery
+    assert (r["fault_to_job_running_again_requeue_s"]["n"] + r["fault_to_job_running_again_swap_s"]["n"]
+            == r["fault_to_job_running_again_s"]["n"]), r
     assert json.loads((lab_dir / "lab.json").read_text()).get("procs") == {}  # torn down
     data = report.to_dict()
     assert data["seed"] == SEED and data["ok"] is True and len(data["schedule"]["faults"]) == FAULTS

@@ -90,3 +90,22 @@ def test_on_call_delays_are_seeded_bounded_and_leave_the_faults_alone():
     assert make_schedule(7, 0, NODES, 4).oncall_delay(3) > 0
     with pytest.raises(ValueError):
         make_schedule(7, 5, NODES, 4, oncall=(9.0, 3.0))
+
+
+def test_hot_spare_targets_change_only_targets_and_start_with_the_first_draining_gpu_fault():
+    from autoheal.lab.soak_plan import HOT_SPARE
+
+    for seed in (5, 12, 40):
+        plain = make_schedule(seed, 60, NODES, 4, spares=2)
+        hot = make_schedule(seed, 60, NODES, 4, spares=2, hot_spare=True)
+        assert [(f.kind, f.at, f.gpu, f.duration) for f in plain.faults] == \
+            [(f.kind, f.at, f.gpu, f.duration) for f in hot.faults]
+        aimed = [f for f in hot.faults if f.node == HOT_SPARE]
+        first_drain = next(f for f in hot.faults if KINDS[f.kind].drains and KINDS[f.kind].group == "gpu"
+                           and f.overlap in ("single", "on-hot-spare-job"))
+        assert aimed and aimed[0].id == first_drain.id, (seed, aimed)
+        for f in aimed:
+            assert f.fallback in NODES
+            assert f.overlap == "during-recovery" or (KINDS[f.kind].drains and f.overlap == "on-hot-spare-job")
+        # every other fault keeps its planned node
+        assert all(p.node == h.node for p, h in zip(plain.faults, hot.faults) if h.node != HOT_SPARE)
