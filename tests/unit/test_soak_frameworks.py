@@ -148,3 +148,64 @@ def test_submitit_output_checks():
     # a requeue without a checkpoint (a node failure) starts again from the submission: step 0
     restart = "submitit-trainer: start step=0 node=gpu1 job=21\nsubmitit-trainer: start step=0 node=gpu2 job=21"
     assert check_submitit_output(restart, 30, "RUNNING") == []
+
+
+def test_a_swap_lost_to_a_slurmctld_kill_may_be_missing_from_the_comment():
+    """Seed 12 (CI): slurmctld killed 4.3 s after a swap restarted with the job on its old nodes and its
+    comment from before the swap (no swaps=); the journal keeps the swap record."""
+    journal = [_swap_record(101.0), {"event": "job-requeue", "job_ids": [HS], "time": 111.0},
+               {"event": "job-restart", "job_ids": [HS], "time": 130.0},
+               {"event": "job-completed", "job_ids": [HS], "time": 200.0}]
+    final = Snapshot(300.0, _nodes(), {HS: _job("COMPLETED", restarts=1,
+                                                 comment=_hs_comment("gpu1,gpu3", "spare1", 0, "completed", 1))})
+    m = _mon()
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    m.add_fault(Injected(2, "kill-slurmctld", "process", 105.3))
+    assert [v for v in m.finish(final, journal, 0, {}) if v.invariant == "journal"] == []
+    # without the kill, a comment that forgot the swap is a violation
+    m = _mon()
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    m.add_fault(Injected(2, "kill-slurmctld", "process", 140.0))  # long after: the swap was saved
+    v = [v for v in m.finish(final, journal, 0, {}) if v.invariant == "journal"]
+    assert len(v) == 1 and "0 swap(s), the journal 1" in v[0].message
+
+
+def test_a_restart_is_judged_by_the_checkpoint_its_runner_picked():
+    """Seed 12 (CI): after a slurmctld kill, Slurm started array task 5_1 a second time while its first
+    copy still ran; the first copy saved step 100 after the second's runner had picked step 80, and
+    before the second's trainer printed its start. The runner's pick was the newest then."""
+    from autoheal.lab.soak_checks import check_trainer_output
+    from autoheal.sbatch_helpers.examples.tiny_trainer import advance
+
+    def ck(step):
+        return f"autoheal-trainer: checkpoint saved step={step} path=/x/ckpt-{step}"
+
+    def start(step, restart=0):
+        return (f"autoheal-trainer: start step={step} resumed_from=/x restart={restart} host=gpu4 rank=0 world=1 "
+                "steps=134")
+
+    state = 0
+    for step in range(134):
+        state = advance(state, step)
+    lines = ["autoheal-runner: job 5_1 run 0 on gpu3: checkpoint dir /x, resume from step none", start(0),
+             ck(20), ck(80), "autoheal-runner: job 5_1 run 0 on gpu4: checkpoint dir /x, resume from step 80",
+             ck(100), start(80), ck(86),
+             "autoheal-runner: job 5_1 run 1 on gpu2: checkpoint dir /x, resume from step 100, previous run ended by x",
+             start(100, 1), f"autoheal-trainer: done step=134 final_state={state}"]
+    assert check_trainer_output("\n".join(lines), 134) == []
+    # the runner picking an older checkpoint than the newest is still lost work
+    bad = list(lines)
+    bad[8] = bad[8].replace("resume from step 100", "resume from step 86")
+    bad[9] = start(86, 1)
+    v = check_trainer_output("\n".join(bad), 134)
+    assert len(v) == 1 and "resumed a run from step 86, the newest checkpoint was 100" in v[0][0]
+    # so is a trainer that did not start where its runner said
+    other = list(lines)
+    other[9] = start(80, 1)
+    v = check_trainer_output("\n".join(other), 134)
+    assert len(v) == 1 and "its runner resumed it from step 100" in v[0][0]
+    # a hot-spare swap's pick counts the same way
+    swap = ["autoheal-runner: job 1 run 0 on gpu1,gpu2: checkpoint dir /x, resume from step none", start(0), ck(79),
+            "autoheal-runner: job 1: gpu2 swapped for spare gpu3 inside the allocation (signal); resuming from "
+            "checkpoint step 60 on gpu1,gpu3; no requeue (0 spare(s) left)", start(60)]
+    assert "newest checkpoint was 79" in check_trainer_output("\n".join(swap), 134)[0][0]
