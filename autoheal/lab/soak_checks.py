@@ -604,6 +604,9 @@ class Monitor:
                                       comment=j.get("comment", ""))
         # 4. acted once
         self._check_acted_once(final, journal, t)
+        for jid, meta in self.jobs.items():
+            if meta.role == "hotspare":
+                self._check_swap_then_requeue(jid, journal, t)
         # 5. no lost work
         for jid, text in outputs.items():
             meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
@@ -774,6 +777,24 @@ class Monitor:
                 self._violate("acted-twice", f"requeue-{jid}", f"job {jid} {what} but only "
                               f"{causes} fault(s) hit its nodes", t, job=jid, comment=j.get("comment", ""),
                               causes=causes, slurm_restarts=j.get("restarts"))
+
+    def _check_swap_then_requeue(self, jid: str, journal: Sequence[dict], t: float) -> None:
+        """4. A hot-spare job swapped off a node is not requeued for the same fault on that node too:
+        xid-watch's requeue after the grace finds the job gone from the node. Unless slurmctld lost the
+        swap (killed within ``SLURMCTLD_STATE_LAG``): it then has the job on the node again, and xid-watch
+        rightly requeues it."""
+        recs = _job_records(jid, journal)
+        for i, r in enumerate(recs):
+            if r.get("event") != "job-hot-swap" or self._lost_to_slurmctld(r.get("time", 0.0)):
+                continue
+            lost = set(str((r.get("evidence") or {}).get("lost") or r.get("node") or "").split(",")) - {""}
+            for q in recs[i + 1:]:
+                if q.get("event") in NEW_RUN_EVENTS:
+                    break  # a new run: a later requeue is for something else
+                if q.get("event") == "requeue" and q.get("node") in lost:
+                    self._violate("acted-twice", f"swap-requeue-{jid}-{q.get('time')}", f"job {jid} was swapped off "
+                                  f"{q.get('node')} and then requeued for the same node", t, job=jid,
+                                  swap=r.get("message"), requeue=q.get("message"))
 
     def possible_requeue_causes(self, jid: str) -> int:
         """Faults that could requeue ``jid``: a GPU fault or slurmd kill on a node it was running on at

@@ -209,3 +209,21 @@ def test_a_restart_is_judged_by_the_checkpoint_its_runner_picked():
             "autoheal-runner: job 1: gpu2 swapped for spare gpu3 inside the allocation (signal); resuming from "
             "checkpoint step 60 on gpu1,gpu3; no requeue (0 spare(s) left)", start(60)]
     assert "newest checkpoint was 79" in check_trainer_output("\n".join(swap), 134)[0][0]
+
+
+def test_a_job_swapped_off_a_node_must_not_be_requeued_for_it_too_unless_slurmctld_lost_the_swap():
+    requeue = {"event": "requeue", "job_ids": [HS], "time": 111.0, "node": "gpu2", "source": "xid-watch",
+               "message": "autoheal: requeued after xid 48 on GPU 3 of gpu2"}
+    journal = [_swap_record(101.0), requeue, {"event": "job-requeue", "job_ids": [HS], "time": 111.3}]
+    final = Snapshot(300.0, _nodes(), {HS: _job("RUNNING", comment=_hs_comment("gpu1,gpu3", "none", 1))})
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(), {HS: _job(comment=_hs_comment())}))
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    v = [x for x in m.finish(final, journal, 0, {}) if x.invariant == "acted-twice"]
+    assert len(v) == 1 and "swapped off gpu2 and then requeued" in v[0].message
+    # seed 12: slurmctld, killed 4.3 s after the swap, restarted with the job on gpu2 again
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(), {HS: _job(comment=_hs_comment())}))
+    m.add_fault(Injected(1, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    m.add_fault(Injected(2, "kill-slurmctld", "process", 105.3))
+    assert [x for x in m.finish(final, journal, 0, {}) if x.invariant == "acted-twice"] == []
