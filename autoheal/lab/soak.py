@@ -4,10 +4,9 @@ The runner starts a clean lab, submits a mixed workload (a hot-spare trainer, ``
 --spare-nodes 1``; a submitit ``Checkpointable`` job through ``autoheal sbatch``; ``autoheal sbatch``
 trainers on 2 nodes and on 1 node with different grace and restart limits, a job array under ``autoheal
 sbatch``, a plain ``sbatch`` job, a job that runs into its time limit, short jobs that come and go), then
-carries out the
-schedule of ``autoheal.lab.soak_plan`` (same seed, same schedule) while taking snapshots of Slurm and
-Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. After the last fault it lets
-the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
+carries out the schedule of ``autoheal.lab.soak_plan`` (same seed, same schedule) while taking snapshots of
+Slurm and Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. After the last fault
+it lets the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
 processes left behind, and reports.
 
 The remediation circuit breaker latches when most of the fleet is affected (a human must look): the

@@ -635,9 +635,9 @@ class Monitor:
                             and r["event"][4:] in CHOSEN_COMMENT_STATES})
             if meta.role == "hotspare":
                 self._check_hotspare_comment(jid, j, recs, t)
-            if frozen_comment(jid, journal) is not None:
-                pass  # the comment is the swap's (checked above): Slurm refuses updates of a resized job
-            elif j.get("state") in FINAL_STATES and ended and cstate not in ended:
+            # (a resized hot-spare job's comment is the swap's, checked above: Slurm refuses updates after it)
+            if frozen_comment(jid, journal) is None and j.get("state") in FINAL_STATES and ended \
+                    and cstate not in ended:
                 self._violate("journal", f"state-{jid}", f"job {jid} ended {j.get('state')}: the journal says "
                               f"{'/'.join(ended)}, its comment says state={cstate or 'none'}", t, job=jid,
                               comment=j.get("comment", ""), journal=ended)

@@ -162,8 +162,8 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
     probability ``overlap_rate`` a fault is placed instead at the same moment as the one before on
     another node (``pair``) or 1-3 s after it on the same node (``during-recovery``). With ``spares``, one
     GPU fault in every eight (after the first) targets the replacement spare. With ``hot_spare`` (a
-    hot-spare job in the workload), the first GPU fault that drains and then every eighth GPU fault after
-    the fourth that drains target ``HOT_SPARE``, when placed alone; only their targets differ, the kinds,
+    hot-spare job in the workload), the first GPU fault that drains and the 4th, 12th, 20th, ... GPU fault
+    when it drains target ``HOT_SPARE`` (each when placed alone); only their targets differ, the kinds,
     times and GPUs of a seed are the same with or without it. Process kills and API
     windows never overlap each other (one daemon restart at a time keeps the evidence readable).
     ``oncall``: (min, max) seconds the on-call admin takes to reset a tripped breaker; one delay per
