@@ -373,6 +373,10 @@ class Monitor:
         self.to_job_running: Dict[int, List[float]] = {}
         self.to_job_running_human: Dict[int, List[float]] = {}  # the wait overlapped a breaker trip
         self._job_waits: Dict[tuple, int] = {}  # (fault id, job) -> restarts at the fault
+        # (fault id, job) -> seconds of its wait the job was pending with no free node it could use (the
+        # queue, not the loop): taken off its wait for the ``..._loop_s`` figure
+        self._job_wait_queued: Dict[tuple, float] = {}
+        self.to_job_running_loop: Dict[int, List[float]] = {}
         self._drained_after: Dict[int, bool] = {}
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
@@ -538,17 +542,36 @@ class Monitor:
                 if node_in_service(n) or kind == "retired":
                     self.to_back[f.id] = s.time - f.start
                     self.resolved.setdefault(f.id, s.time)
+        prev = self.last.time if self.last is not None else None
         for (fid, jid), base in list(self._job_waits.items()):
             j = s.jobs.get(jid)
             f = next(x for x in self.faults if x.id == fid)
             if j is None or j.get("state") in FINAL_STATES:
                 self._job_waits.pop((fid, jid))
+                self._job_wait_queued.pop((fid, jid), None)
                 continue
+            if j.get("state") == "PENDING" and prev is not None and s.time - prev <= 5.0 \
+                    and not self._free_node_for(s, jid, j):
+                # no snapshot for a while (slurmctld down): not counted as queue time, the figure stays honest
+                self._job_wait_queued[(fid, jid)] = self._job_wait_queued.get((fid, jid), 0.0) + s.time - prev
             if j.get("state") == "RUNNING" and int(j.get("restarts") or 0) > base:
                 human = self.oncall.overlaps(f.start, s.time)
                 (self.to_job_running_human if human else self.to_job_running).setdefault(fid, []).append(
                     s.time - f.start)
+                queued = self._job_wait_queued.pop((fid, jid), 0.0)
+                if not human:
+                    self.to_job_running_loop.setdefault(fid, []).append(max(0.0, s.time - f.start - queued))
                 self._job_waits.pop((fid, jid))
+
+    def _free_node_for(self, s: Snapshot, jid: str, j: dict) -> bool:
+        """Whether ``s`` has as many idle nodes in service, outside the job's exclusions, as the job needs."""
+        meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
+        need = max(1, meta.nodes if meta is not None else 1)
+        excl = set(_comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+        idle = [name for name, n in s.nodes.items() if name not in excl and node_in_service(n)
+                and str(n.get("state", "")).upper().split("+")[0] == "IDLE"
+                and "COMPLETING" not in str(n.get("state", "")).upper()]
+        return len(idle) >= need
 
     def note_drain_time(self, fault_id: int, seconds: float) -> None:
         """A drain time read from the journal (finer than the snapshots): keep the earlier one."""
@@ -735,6 +758,10 @@ class Monitor:
                 "fault_to_job_running_again_s": percentiles(running + human),
                 # the ones whose wait overlapped no breaker trip (no human in the loop)
                 "fault_to_job_running_again_no_trip_s": percentiles(running),
+                # the same waits without the time no idle node the job could use was free (a full queue):
+                # the loop's own part (detection, grace, requeue, Slurm's requeue delay, scheduling, prolog)
+                "fault_to_job_running_again_loop_s": percentiles(
+                    [x for xs in self.to_job_running_loop.values() for x in xs]),
                 "fault_to_node_back_or_replaced_s": percentiles(list(self.to_back.values()))}
 
 
