@@ -86,7 +86,8 @@ def main() -> int:
     print(f"autoheal lab soak: {args.faults} faults per seed, kube={'off' if args.no_kube else 'on'}"
           + (f", excluded: {', '.join(args.exclude)}" if args.exclude else ""))
     print(f"{'seed':>5} {'faults':>6} {'viol.':>5} | {'drain p50':>9} {'p95':>7} | {'job again p50':>13} {'p95':>7} | "
-          f"{'loop p50':>8} {'p95':>7} | {'node back p50':>13} {'p95':>7} | {'trips':>5} {'resets':>6} {'repairs':>7} | {'wall s':>7}")
+          f"{'loop p50':>8} {'p95':>7} | {'node back p50':>13} {'p95':>7} | "
+          f"{'trips':>5} {'resets':>6} {'repairs':>7} | {'wall s':>7}")
     for r in rows:
         rec = r.get("recovery") or {}
         b = r.get("breaker") or {}  # trips, resets by the on-call, repairs in place by the technician
