@@ -544,15 +544,33 @@ class Soak:
             return
         then()
 
+    #: Seconds after their resume the admin looks at the node again (see ``_admin_resume``).
+    ADMIN_LOOKS_AGAIN = 30.0
+
     def _admin_resume(self, inj: Injected) -> None:
-        """The admin ends the maintenance: resumes the node if it still has their reason."""
+        """The admin ends the maintenance: resumes the node if it still has their reason, and looks once
+        more a little later. A ``kill -9`` of slurmctld within seconds of an update loses it (slurmctld
+        saves node state in the background: seed 1 of the 200-fault bench, resume at 16:35:30.161, kill
+        2 s later, "Recovered state of 6 nodes" with spare2 still drained "admin: soak maintenance 192"),
+        and an admin who finds their maintenance drain back resumes it again."""
         from autoheal.reasons import strip_reason_suffix
 
-        def look() -> None:
+        def theirs() -> bool:
             n = self.slurm.get_node(inj.node)
-            if n.drain and strip_reason_suffix(n.reason) == inj.reason:
+            return bool(n.drain) and strip_reason_suffix(n.reason) == inj.reason
+
+        def look() -> None:
+            if theirs():
                 self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
             inj.end = time.time()
+            self._at(time.time() + self.ADMIN_LOOKS_AGAIN, f"admin looks at {inj.node} again",
+                     lambda: self._person(f"admin looks at {inj.node} again", look_again))
+
+        def look_again() -> None:
+            if theirs():
+                self.notes.append(f"admin: {inj.node} was drained again with their reason after their resume "
+                                  "(a slurmctld restart lost it): resumed again")
+                self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
 
         self._person(f"admin resumes {inj.node}", look)
 
