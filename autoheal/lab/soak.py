@@ -90,6 +90,9 @@ class SoakReport:
 
 
 class Soak:
+    #: Seconds after an admin's resume or a user's release that they look again (``_admin_resume``).
+    PEOPLE_LOOK_AGAIN = 30.0
+
     def __init__(self, lab: Lab, opts: SoakOptions, log: Callable[[str], None] = lambda s: None):
         self.lab = lab
         self.opts = opts
@@ -504,9 +507,29 @@ class Soak:
                 if f.kind == "user-hold":
                     self._started(inj, f.duration, f"release {jid}",
                                   lambda: self._person(f"release {jid}",
-                                                       lambda: self._run(["scontrol", "release", jid]), then=ended))
+                                                       lambda: self._run(["scontrol", "release", jid]),
+                                                       then=lambda: (ended(), self._user_looks_again(jid))))
 
             self._person(f"submit {name}", lambda: submitted(self._sbatch(name, wrap, extra)))
+
+    def _user_looks_again(self, jid: str) -> None:
+        """The user who released their job looks at it again a little later and releases it once more if
+        it is still held: a ``kill -9`` of slurmctld seconds after the release loses it, as it loses an
+        admin's resume (``_admin_resume``)."""
+        from autoheal.errors import SlurmNotFound
+
+        def look() -> None:
+            try:
+                job = self.slurm.get_job(jid)
+            except SlurmNotFound:
+                return  # it ran and left Slurm's memory
+            if job.held:
+                self.notes.append(f"user: job {jid} was held again after their release (a slurmctld restart "
+                                  "lost it): released again")
+                self._run(["scontrol", "release", jid])
+
+        self._at(time.time() + self.PEOPLE_LOOK_AGAIN, f"user looks at {jid} again",
+                 lambda: self._person(f"user looks at {jid} again", look))
 
     def _cancel_target(self, snap: Optional[Snapshot]) -> str:
         """The newest short job still queued or running, else the plain job."""
@@ -544,9 +567,6 @@ class Soak:
             return
         then()
 
-    #: Seconds after their resume the admin looks at the node again (see ``_admin_resume``).
-    ADMIN_LOOKS_AGAIN = 30.0
-
     def _admin_resume(self, inj: Injected) -> None:
         """The admin ends the maintenance: resumes the node if it still has their reason, and looks once
         more a little later. A ``kill -9`` of slurmctld within seconds of an update loses it (slurmctld
@@ -563,7 +583,7 @@ class Soak:
             if theirs():
                 self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
             inj.end = time.time()
-            self._at(time.time() + self.ADMIN_LOOKS_AGAIN, f"admin looks at {inj.node} again",
+            self._at(time.time() + self.PEOPLE_LOOK_AGAIN, f"admin looks at {inj.node} again",
                      lambda: self._person(f"admin looks at {inj.node} again", look_again))
 
         def look_again() -> None:

@@ -65,3 +65,34 @@ def test_the_admin_leaves_a_node_alone_that_someone_else_drained_since():
     ctld.node = Node("spare2", "IDLE", frozenset({"DRAIN"}), "autoheal: xid 79 on GPU 1 of spare2")
     _run_events(soak)
     assert ctld.resumes == 1 and ctld.node.reason.startswith("autoheal:")  # not theirs: not touched
+
+
+def test_the_user_releases_again_a_job_a_slurmctld_restart_left_held():
+    from autoheal.slurm.model import Job
+
+    class JobCtld:
+        def __init__(self):
+            self.job = Job("77", "PENDING", (), state_reason="JobHeldUser", priority=0)
+            self.releases = 0
+
+        def get_job(self, jid):
+            assert jid == "77"
+            return self.job
+
+    ctld = JobCtld()
+    soak = Soak(None, SoakOptions(seed=1, faults=3, kube=False))
+    soak.slurm = ctld
+
+    def run(argv, timeout=30.0, check=True):
+        assert argv == ["scontrol", "release", "77"], argv
+        ctld.releases += 1
+        ctld.job = Job("77", "PENDING", (), state_reason="Priority", priority=1)
+
+    soak._run = run
+    soak._user_looks_again("77")
+    ctld.job = Job("77", "PENDING", (), state_reason="JobHeldUser", priority=0)  # the release was lost
+    _run_events(soak)
+    assert ctld.releases == 1 and not ctld.job.held
+    soak._user_looks_again("77")  # released and kept: nothing to do
+    _run_events(soak)
+    assert ctld.releases == 1
