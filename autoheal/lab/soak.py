@@ -74,6 +74,7 @@ class SoakReport:
     snapshots: int = 0
     timeline: List[dict] = field(default_factory=list)
     breaker: dict = field(default_factory=dict)  # trips, resets by the on-call, episodes
+    per_fault: Dict[int, dict] = field(default_factory=dict)  # each fault's figures (Monitor.per_fault)
 
     @property
     def ok(self) -> bool:
@@ -82,7 +83,7 @@ class SoakReport:
     def to_dict(self, timeline: bool = False) -> dict:
         out = {k: getattr(self, k) for k in ("seed", "counts", "recovery", "restarts", "jobs", "violations",
                                                "notes", "wall_seconds", "snapshots", "injected", "schedule",
-                                               "breaker")}
+                                               "breaker", "per_fault")}
         out["ok"] = self.ok
         if timeline:
             out["timeline"] = self.timeline
@@ -773,6 +774,7 @@ class Soak:
             c["retargeted"] += 1 if ("instead" in i.note or "no spare" in i.note) else 0
         report.counts = dict(sorted(counts.items()))
         report.recovery = self.monitor.recovery()
+        report.per_fault = self.monitor.per_fault()
         for jid, v in sorted(final.jobs.items()):
             meta = self.monitor.jobs.get(jid) or self.monitor.jobs.get(jid.split("_")[0])
             report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "comment": v["comment"],

@@ -384,10 +384,14 @@ class Monitor:
         self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
         self.waiting_human: List[str] = []  # nodes and jobs blocked at the end, waiting for the on-call or technician
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
+        self.node_at_fault: Dict[int, str] = {}  # fault id -> its node's state and reason just before it
 
     # ---- inputs -----------------------------------------------------------------------------------
     def add_fault(self, f: Injected) -> None:
         self.faults.append(f)
+        if self.last is not None and f.node in self.last.nodes:
+            n = self.last.nodes[f.node]
+            self.node_at_fault[f.id] = f"{n.get('state', '')} {strip_reason_suffix(n.get('reason', ''))}".strip()
         if self.last is not None:
             for jid, j in self.last.jobs.items():
                 if j.get("state") == "RUNNING" and (f.group == "gpu" or f.kind in ("kill-slurmd", "kill-slurmctld")) \
@@ -745,6 +749,18 @@ class Monitor:
         return n
 
     # ---- report figures ----------------------------------------------------------------------------
+    def per_fault(self) -> Dict[int, dict]:
+        """Each fault's own figures (the percentiles' samples), and its node as the last snapshot before
+        it saw it: why one fault took long (a node already drained by an admin, rebooting, ...)."""
+        out: Dict[int, dict] = {}
+        for f in self.faults:
+            row = {"kind": f.kind, "node": f.node, "node_before": self.node_at_fault.get(f.id, ""),
+                   "drain_s": self.to_drain.get(f.id), "back_s": self.to_back.get(f.id),
+                   "job_running_again_s": self.to_job_running.get(f.id, []) + self.to_job_running_human.get(f.id, []),
+                   "job_running_again_loop_s": self.to_job_running_loop.get(f.id, [])}
+            out[f.id] = {k: v for k, v in row.items() if v not in (None, [], "")}
+        return out
+
     def recovery(self) -> Dict[str, Dict[str, Optional[float]]]:
         running = [x for xs in self.to_job_running.values() for x in xs]
         human = [x for xs in self.to_job_running_human.values() for x in xs]

@@ -413,3 +413,20 @@ def test_the_loop_figure_leaves_out_the_time_no_node_the_job_could_use_was_free(
     m.observe(Snapshot(121.0, busy, {"10": _job("PENDING", "Resources", (), 0, excl)}))
     m.observe(Snapshot(122.0, free, {"10": _job(nodes=("gpu3",), restarts=1, comment=excl)}))
     assert m.recovery()["fault_to_job_running_again_loop_s"]["p50"] == 20.0  # 22 s less the 2 s before 101
+
+
+def test_per_fault_figures_say_what_the_node_was_doing_when_the_fault_came():
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "admin: bios [root@2026-12-01T10:00:00]")),
+                       {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    m.add_fault(Injected(2, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    m.observe(Snapshot(101.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "admin: bios")), {"10": _job("PENDING")}))
+    m.observe(Snapshot(113.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "admin: bios")),
+                       {"10": _job(nodes=("gpu3",), restarts=1)}))
+    pf = m.per_fault()
+    assert pf[1] == {"kind": "xid79", "node": "gpu1", "node_before": "IDLE", "drain_s": 1.0,
+                     "job_running_again_s": [13.0], "job_running_again_loop_s": [13.0]}
+    assert pf[2] == {"kind": "xid48", "node": "gpu2", "node_before": "IDLE+DRAIN admin: bios"}  # not ours to drain
