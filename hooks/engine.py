@@ -77,7 +77,7 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             continue
         gpu = ev.gpu if ev.gpu is not None else pci_map.get(ev.pci)
         pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
-        dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds)
+        dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds, source=ev.source)
         if dup is not None:
             sources = dup.setdefault("sources", [])
             if ev.source not in sources:

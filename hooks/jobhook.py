@@ -1,9 +1,10 @@
 """The shared body of the prolog and epilog: a fast, cheap pass, drain on failure, DCGM mapping.
 
 Exit codes are what Slurm acts on, so they follow one rule: 1 only for a GPU fault found on this node
-(our drain reason is set first, so Slurm keeps it and requeues the job); 0 for everything else, our
-own trouble included (a config that does not load or crashes the loader, a state dir that is read-only
-or full, a lock held by a stuck hook, a bug): that is journalled (stderr when the journal cannot be
+(our drain reason is set first, so Slurm keeps it and requeues the job; the epilog, whose job has
+ended, exits 1 only when our drain could not be set); 0 for everything else, our own trouble
+included (a config that does not load or crashes the loader, a state dir that is read-only or full,
+a lock held by a stuck hook, a bug): that is journalled (stderr when the journal cannot be
 written), never a traceback, and never a "Prolog error" drain autoheal would not own.
 """
 
@@ -67,8 +68,12 @@ def _run(ctx: Context, kind: str) -> int:
         if p.sample is not None and job:
             _baseline(ctx, kind, job, p.sample)
     if failure is not None:
-        _fail(ctx, kind, job, failure)
-        return 1
+        drained = _fail(ctx, kind, job, failure)
+        # A failed prolog is how Slurm requeues the job off this node: always 1. A failed epilog only makes
+        # Slurm drain the node "Epilog error" (the job has ended), which is worth it only as a fallback when
+        # our own drain is not in place. Once it is, exit 0: an admin who resumes the node in the moment
+        # before this epilog ends would otherwise get an "Epilog error" drain that autoheal never owns.
+        return 1 if kind == "prolog" or not drained else 0
     if kind == "prolog" and job and mapping_dir:
         _write_mapping(ctx, job, mapping_dir)
     return 0
@@ -87,20 +92,26 @@ def _accept_resume(ctx: Context, kind: str) -> bool:
         return False
 
 
-def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> None:
-    """A GPU fault: drain first (healing never waits for a record or a webhook), then journal."""
+def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
+    """A GPU fault: drain first (healing never waits for a record or a webhook), then journal. True when
+    the node is drained now (by this call, an earlier drain of ours, or someone else's drain)."""
+    from autoheal import nodeops
     from autoheal.errors import SlurmError
     from autoheal.hooks.engine import drain_for
 
     print(f"autoheal-{kind}: {ctx.node}: {failure.reason}", file=sys.stderr)
+    drained = False
     try:
-        drain_for(ctx, failure)
+        act = drain_for(ctx, failure)
+        drained = act.get("outcome") in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME,
+                                         nodeops.SKIPPED_FOREIGN)
     except SlurmError as exc:
         print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)
     except Exception as exc:  # the fault stands: exit 1 all the same, and say what went wrong
         print(f"autoheal-{kind}: could not drain: {type(exc).__name__}: {exc}", file=sys.stderr)
     ctx.record("detection", job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
                message=failure.reason, severity="action", evidence=failure.evidence)
+    return drained
 
 
 def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:

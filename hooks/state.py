@@ -170,9 +170,18 @@ def seen_recently(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str,
     return recent_xid(state, xid, gpu, pci, now, window) is not None
 
 
+#: Seconds within which the other source's report of one XID arrives (the driver writes the NVML event and
+#: the kernel-log record at the same moment; xid-watch reads both within a poll). Such a copy is the same
+#: XID even when a repair came in between: seen in the soak, an NVML XID 48 at .800, a reset of that GPU
+#: for an earlier fault at .953, the kernel-log copy at .972 judged "back after a repair" (a ladder climb).
+COMPANION_SECONDS = 5.0
+
+
 def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
-               window: float) -> Optional[Dict[str, Any]]:
-    """The remembered XID this one duplicates (see ``seen_recently``), or None."""
+               window: float, source: str = "") -> Optional[Dict[str, Any]]:
+    """The remembered XID this one duplicates (see ``seen_recently``), or None. ``source``: where this
+    one was read (nvml, kmsg, file); the other source's copy of an XID judged just before a repair is
+    still that XID (``COMPANION_SECONDS``)."""
     r: Dict[str, Any]
     for r in reversed(state.get("recent_xids", [])):
         if r.get("xid") != xid or now - float(r.get("time", 0)) > window:
@@ -182,6 +191,9 @@ def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, no
         if not same:
             continue
         if float(r.get("time", 0)) < repaired_at(state, r.get("gpu") if r.get("gpu") is not None else gpu):
+            if source and r.get("sources") and source not in r["sources"] \
+                    and now - float(r.get("time", 0)) <= COMPANION_SECONDS:
+                return r  # the other source's copy of the XID judged before the repair
             continue  # judged before the last repair: that window is closed
         return r
     return None

@@ -86,6 +86,7 @@ class SoakReport:
     snapshots: int = 0
     timeline: List[dict] = field(default_factory=list)
     breaker: dict = field(default_factory=dict)  # trips, resets by the on-call, episodes
+    per_fault: Dict[int, dict] = field(default_factory=dict)  # each fault's figures (Monitor.per_fault)
 
     @property
     def ok(self) -> bool:
@@ -94,7 +95,7 @@ class SoakReport:
     def to_dict(self, timeline: bool = False) -> dict:
         out = {k: getattr(self, k) for k in ("seed", "counts", "recovery", "restarts", "jobs", "violations",
                                                "notes", "wall_seconds", "snapshots", "injected", "schedule",
-                                               "breaker")}
+                                               "breaker", "per_fault")}
         out["ok"] = self.ok
         if timeline:
             out["timeline"] = self.timeline
@@ -102,6 +103,9 @@ class SoakReport:
 
 
 class Soak:
+    #: Seconds after an admin's resume or a user's release that they look again (``_admin_resume``).
+    PEOPLE_LOOK_AGAIN = 30.0
+
     def __init__(self, lab: Lab, opts: SoakOptions, log: Callable[[str], None] = lambda s: None):
         self.lab = lab
         self.opts = opts
@@ -592,9 +596,29 @@ class Soak:
                 if f.kind == "user-hold":
                     self._started(inj, f.duration, f"release {jid}",
                                   lambda: self._person(f"release {jid}",
-                                                       lambda: self._run(["scontrol", "release", jid]), then=ended))
+                                                       lambda: self._run(["scontrol", "release", jid]),
+                                                       then=lambda: (ended(), self._user_looks_again(jid))))
 
             self._person(f"submit {name}", lambda: submitted(self._sbatch(name, wrap, extra)))
+
+    def _user_looks_again(self, jid: str) -> None:
+        """The user who released their job looks at it again a little later and releases it once more if
+        it is still held: a ``kill -9`` of slurmctld seconds after the release loses it, as it loses an
+        admin's resume (``_admin_resume``)."""
+        from autoheal.errors import SlurmNotFound
+
+        def look() -> None:
+            try:
+                job = self.slurm.get_job(jid)
+            except SlurmNotFound:
+                return  # it ran and left Slurm's memory
+            if job.held:
+                self.notes.append(f"user: job {jid} was held again after their release (a slurmctld restart "
+                                  "lost it): released again")
+                self._run(["scontrol", "release", jid])
+
+        self._at(time.time() + self.PEOPLE_LOOK_AGAIN, f"user looks at {jid} again",
+                 lambda: self._person(f"user looks at {jid} again", look))
 
     def _cancel_target(self, snap: Optional[Snapshot]) -> str:
         """The newest short job still queued or running, else the plain job."""
@@ -633,14 +657,29 @@ class Soak:
         then()
 
     def _admin_resume(self, inj: Injected) -> None:
-        """The admin ends the maintenance: resumes the node if it still has their reason."""
+        """The admin ends the maintenance: resumes the node if it still has their reason, and looks once
+        more a little later. A ``kill -9`` of slurmctld within seconds of an update loses it (slurmctld
+        saves node state in the background: seed 1 of the 200-fault bench, resume at 16:35:30.161, kill
+        2 s later, "Recovered state of 6 nodes" with spare2 still drained "admin: soak maintenance 192"),
+        and an admin who finds their maintenance drain back resumes it again."""
         from autoheal.reasons import strip_reason_suffix
 
-        def look() -> None:
+        def theirs() -> bool:
             n = self.slurm.get_node(inj.node)
-            if n.drain and strip_reason_suffix(n.reason) == inj.reason:
+            return bool(n.drain) and strip_reason_suffix(n.reason) == inj.reason
+
+        def look() -> None:
+            if theirs():
                 self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
             inj.end = time.time()
+            self._at(time.time() + self.PEOPLE_LOOK_AGAIN, f"admin looks at {inj.node} again",
+                     lambda: self._person(f"admin looks at {inj.node} again", look_again))
+
+        def look_again() -> None:
+            if theirs():
+                self.notes.append(f"admin: {inj.node} was drained again with their reason after their resume "
+                                  "(a slurmctld restart lost it): resumed again")
+                self._run(["scontrol", "update", f"nodename={inj.node}", "state=resume"])
 
         self._person(f"admin resumes {inj.node}", look)
 
@@ -833,6 +872,7 @@ class Soak:
             c["retargeted"] += 1 if ("instead" in i.note or "no spare" in i.note) else 0
         report.counts = dict(sorted(counts.items()))
         report.recovery = self.monitor.recovery()
+        report.per_fault = self.monitor.per_fault()
         for jid, v in sorted(final.jobs.items()):
             meta = self.monitor.jobs.get(jid) or self.monitor.jobs.get(jid.split("_")[0])
             report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "comment": v["comment"],

@@ -376,6 +376,10 @@ class Monitor:
         self.to_job_running_human: Dict[int, List[float]] = {}  # the wait overlapped a breaker trip
         self._job_waits: Dict[tuple, tuple] = {}  # (fault id, job) -> (restarts, hot-spare swaps) at the fault
         self.running_again_by: Dict[str, List[float]] = {"requeue": [], "swap": []}  # how it ran again
+        # (fault id, job) -> seconds of its wait the job was pending with no free node it could use (the
+        # queue, not the loop): taken off its wait for the ``..._loop_s`` figure
+        self._job_wait_queued: Dict[tuple, float] = {}
+        self.to_job_running_loop: Dict[int, List[float]] = {}
         self._drained_after: Dict[int, bool] = {}
         self.resolved: Dict[int, float] = {}  # fault id -> time its node was seen back/replaced
         self.snapshots = 0
@@ -383,10 +387,14 @@ class Monitor:
         self.recovering: List[str] = []  # nodes still within the loop's recovery bound at the end
         self.waiting_human: List[str] = []  # nodes and jobs blocked at the end, waiting for the on-call or technician
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
+        self.node_at_fault: Dict[int, str] = {}  # fault id -> its node's state and reason just before it
 
     # ---- inputs -----------------------------------------------------------------------------------
     def add_fault(self, f: Injected) -> None:
         self.faults.append(f)
+        if self.last is not None and f.node in self.last.nodes:
+            n = self.last.nodes[f.node]
+            self.node_at_fault[f.id] = f"{n.get('state', '')} {strip_reason_suffix(n.get('reason', ''))}".strip()
         if self.last is not None:
             for jid, j in self.last.jobs.items():
                 if j.get("state") == "RUNNING" and (f.group == "gpu" or f.kind in ("kill-slurmd", "kill-slurmctld")) \
@@ -541,12 +549,18 @@ class Monitor:
                 if node_in_service(n) or kind == "retired":
                     self.to_back[f.id] = s.time - f.start
                     self.resolved.setdefault(f.id, s.time)
+        prev = self.last.time if self.last is not None else None
         for (fid, jid), base in list(self._job_waits.items()):
             j = s.jobs.get(jid)
             f = next(x for x in self.faults if x.id == fid)
             if j is None or j.get("state") in FINAL_STATES:
                 self._job_waits.pop((fid, jid))
+                self._job_wait_queued.pop((fid, jid), None)
                 continue
+            if j.get("state") == "PENDING" and prev is not None and s.time - prev <= 5.0 \
+                    and not self._free_node_for(s, jid, j):
+                # no snapshot for a while (slurmctld down): not counted as queue time, the figure stays honest
+                self._job_wait_queued[(fid, jid)] = self._job_wait_queued.get((fid, jid), 0.0) + s.time - prev
             restarted = int(j.get("restarts") or 0) > base[0]
             # a hot-spare job runs again in its own allocation: its comment (written before the resize)
             # counts the swap, and the lost node has left the job
@@ -556,7 +570,20 @@ class Monitor:
                 (self.to_job_running_human if human else self.to_job_running).setdefault(fid, []).append(
                     s.time - f.start)
                 self.running_again_by["requeue" if restarted else "swap"].append(s.time - f.start)
+                queued = self._job_wait_queued.pop((fid, jid), 0.0)
+                if not human:
+                    self.to_job_running_loop.setdefault(fid, []).append(max(0.0, s.time - f.start - queued))
                 self._job_waits.pop((fid, jid))
+
+    def _free_node_for(self, s: Snapshot, jid: str, j: dict) -> bool:
+        """Whether ``s`` has as many idle nodes in service, outside the job's exclusions, as the job needs."""
+        meta = self.jobs.get(jid) or self.jobs.get(jid.split("_")[0])
+        need = max(1, meta.nodes if meta is not None else 1)
+        excl = set(comment_field(j.get("comment", ""), "excl").split(",")) - {""}
+        idle = [name for name, n in s.nodes.items() if name not in excl and node_in_service(n)
+                and str(n.get("state", "")).upper().split("+")[0] == "IDLE"
+                and "COMPLETING" not in str(n.get("state", "")).upper()]
+        return len(idle) >= need
 
     def note_drain_time(self, fault_id: int, seconds: float) -> None:
         """A drain time read from the journal (finer than the snapshots): keep the earlier one."""
@@ -811,6 +838,18 @@ class Monitor:
         return n
 
     # ---- report figures ----------------------------------------------------------------------------
+    def per_fault(self) -> Dict[int, dict]:
+        """Each fault's own figures (the percentiles' samples), and its node as the last snapshot before
+        it saw it: why one fault took long (a node already drained by an admin, rebooting, ...)."""
+        out: Dict[int, dict] = {}
+        for f in self.faults:
+            row = {"kind": f.kind, "node": f.node, "node_before": self.node_at_fault.get(f.id, ""),
+                   "drain_s": self.to_drain.get(f.id), "back_s": self.to_back.get(f.id),
+                   "job_running_again_s": self.to_job_running.get(f.id, []) + self.to_job_running_human.get(f.id, []),
+                   "job_running_again_loop_s": self.to_job_running_loop.get(f.id, [])}
+            out[f.id] = {k: v for k, v in row.items() if v not in (None, [], "")}
+        return out
+
     def recovery(self) -> Dict[str, Dict[str, Optional[float]]]:
         running = [x for xs in self.to_job_running.values() for x in xs]
         human = [x for xs in self.to_job_running_human.values() for x in xs]
@@ -824,6 +863,10 @@ class Monitor:
                 "fault_to_job_running_again_s": percentiles(running + human),
                 # the ones whose wait overlapped no breaker trip (no human in the loop)
                 "fault_to_job_running_again_no_trip_s": percentiles(running),
+                # the same waits without the time no idle node the job could use was free (a full queue):
+                # the loop's own part (detection, grace, requeue, Slurm's requeue delay, scheduling, prolog)
+                "fault_to_job_running_again_loop_s": percentiles(
+                    [x for xs in self.to_job_running_loop.values() for x in xs]),
                 # how the job ran again: requeued (and started again), or swapped to its hot spare
                 "fault_to_job_running_again_requeue_s": percentiles(self.running_again_by["requeue"]),
                 "fault_to_job_running_again_swap_s": percentiles(self.running_again_by["swap"]),

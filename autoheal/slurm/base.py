@@ -53,8 +53,9 @@ def filter_jobs(jobs: List[Job], node: Optional[str] = None, states: Optional[Li
 
 
 #: What a backend may be asked to do; ``SlurmAdapter.capabilities`` says which of them it can.
+#: ``update-job``: exclusions and comments; ``resize-job``: a job's node list or count (hot spares).
 OPERATIONS = ("read", "show-config", "drain", "resume", "reboot", "requeue", "release", "update-job",
-              "signal", "batch-script", "job-gpus", "job-history")
+              "resize-job", "signal", "batch-script", "job-gpus", "job-history")
 
 
 class SlurmAdapter(ABC):

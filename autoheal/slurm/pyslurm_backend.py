@@ -131,6 +131,7 @@ class PyslurmSlurm(SlurmAdapter):
     def capabilities(self) -> Dict[str, str]:
         caps = super().capabilities()
         caps["reboot"] = ""
+        caps["resize-job"] = ""  # cannot shrink a running job (the hot-spare swap does): update_job says so
         caps["batch-script"] = ""  # not read through pyslurm (SlurmNotSupported, the base default)
         caps["job-gpus"] = caps["job-history"] = ""  # likewise: no mapping file, no restart cause from sacct
         return caps

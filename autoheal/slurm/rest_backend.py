@@ -79,7 +79,7 @@ class RestSlurm(SlurmAdapter):
     name = "rest"
 
     #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
-    CLI_ONLY = ("requeue", "reboot", "show-config", "batch-script", "job-gpus", "job-history")
+    CLI_ONLY = ("requeue", "reboot", "show-config", "resize-job", "batch-script", "job-gpus", "job-history")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
                  timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):

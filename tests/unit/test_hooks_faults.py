@@ -279,6 +279,25 @@ def test_a_fault_back_after_a_reset_is_new_and_the_storm_is_journalled(tmp_path)
     assert engine.xid_results(ctx, st, [ev], {}, 1091.0) == []
 
 
+def test_the_other_sources_copy_of_an_xid_judged_just_before_a_repair_is_not_a_new_fault(tmp_path):
+    """Soak seed 3: NVML's XID 48 at .800, the healthcheck reset that GPU (for an earlier fault) at .953, the
+    kernel log's copy of the same XID at .972 was judged "back after a repair" and the ladder climbed."""
+    ctx = _xctx(tmp_path)
+    st = S.empty()
+    assert [r.status for r in engine.xid_results(ctx, st, [XidEvent(xid=48, gpu=2, source="nvml")], {}, 1000.8)] \
+        == [C.FAIL]
+    S.mark_repaired(st, 2, 1000.953)
+    assert engine.xid_results(ctx, st, [XidEvent(xid=48, gpu=2, source="file")], {}, 1000.972) == []
+    # the same source again after the repair, or the other source long after it: the fault is back
+    again = engine.xid_results(ctx, st, [XidEvent(xid=48, gpu=2, source="nvml")], {}, 1002.0)
+    assert [r.status for r in again] == [C.FAIL] and again[0].evidence["after_repair"] == 1000.953
+    st2 = S.empty()
+    engine.xid_results(ctx, st2, [XidEvent(xid=48, gpu=2, source="nvml")], {}, 1000.0)
+    S.mark_repaired(st2, 2, 1001.0)
+    late = engine.xid_results(ctx, st2, [XidEvent(xid=48, gpu=2, source="file")], {}, 1000.0 + 60)
+    assert [r.status for r in late] == [C.FAIL]
+
+
 def test_node_repair_ends_every_gpus_window(tmp_path):
     st = S.empty()
     S.remember_xid(st, 79, 1, "0000:3b:00", 100.0)

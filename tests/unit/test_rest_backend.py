@@ -229,7 +229,7 @@ def test_cli_only_calls_without_scontrol_are_not_supported():
         with pytest.raises(SlurmNotSupported, match="scontrol is not installed"):
             call()
     caps = slurm.capabilities()
-    assert caps["requeue"] == caps["reboot"] == caps["show-config"] == ""
+    assert caps["requeue"] == caps["reboot"] == caps["show-config"] == caps["resize-job"] == ""
     assert caps["drain"] == caps["release"] == "rest"
 
 
@@ -254,6 +254,7 @@ def test_requeue_and_reboot_go_through_the_cli_fallback():
     assert cli.calls[0] == ("requeue", ("7",), {"hold": True})
     caps = slurm.capabilities()
     assert caps["requeue"] == "cli" and caps["drain"] == "rest" and caps["read"] == "rest"
+    assert caps["update-job"] == "rest" and caps["resize-job"] == "cli"  # update_job's resize goes to scontrol
 
 
 def test_v0038_writes_go_through_the_cli_fallback(tcp_stub):
@@ -552,3 +553,12 @@ def test_job_gpus_and_history_go_through_the_cli_fallback():
 ])
 def test_not_found_words_are_shared_by_the_backends(msg, expected):
     assert base.not_found_if(msg) is expected
+
+
+def test_a_resize_goes_through_the_cli_fallback_as_capabilities_say():
+    cli = RecordingCli()
+    slurm = RestSlurm("http://127.0.0.1:9", api_version="v0.0.40", fallback=cli)
+    slurm.update_job("8", JobUpdate(nodes=("gpu1", "gpu3")))
+    slurm.update_job("8", JobUpdate(node_count=(2, 2)))
+    assert [c[0] for c in cli.calls] == ["update_job", "update_job"]  # nothing was posted to slurmrestd
+    assert slurm.capabilities()["resize-job"] == "cli"

@@ -201,7 +201,7 @@ def test_capabilities_say_what_pyslurm_cannot_do():
     fake, _ = make_fake()
     slurm = PyslurmSlurm(module=fake)
     caps = slurm.capabilities()
-    assert caps["reboot"] == caps["batch-script"] == "" and caps["requeue"] == "pyslurm"
+    assert caps["reboot"] == caps["batch-script"] == caps["resize-job"] == "" and caps["requeue"] == "pyslurm"
     with pytest.raises(SlurmNotSupported):
         slurm.batch_script("7")  # xid-watch then goes by the submit line and hooks.grace_signal
     assert caps["job-gpus"] == caps["job-history"] == ""

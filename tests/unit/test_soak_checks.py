@@ -385,3 +385,48 @@ def test_a_job_waiting_its_turn_in_a_moving_queue_is_not_stranded():
     for t in range(200, 240, 10):
         v += m.observe(Snapshot(float(t), busy, {"11": pend, "12": _job(nodes=("gpu4",))}))
     assert [x.invariant for x in v] == ["stranded"] and "job 11" in v[0].message
+
+
+def test_the_loop_figure_leaves_out_the_time_no_node_the_job_could_use_was_free():
+    """A requeued job that waits for a free node waits for the queue, not for the loop: the ``_loop_s``
+    figure takes that time off (idle nodes it excludes do not count; a gap in the snapshots is not
+    counted as queue time)."""
+    m = _mon()
+    busy = _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"), gpu2=_node("ALLOCATED"),
+                  gpu3=_node("MIXED"), gpu4=_node("IDLE"))
+    excl = "autoheal-runner restarts=1 excl=gpu1,gpu4"
+    m.observe(Snapshot(99.0, _nodes(), {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    for t in range(101, 121):  # gpu4 idle but excluded: no node for it
+        m.observe(Snapshot(float(t), busy, {"10": _job("PENDING", "Resources", (), 0, excl)}))
+    free = dict(busy, gpu3=_node("IDLE"))
+    for t in range(121, 126):  # gpu3 free: the loop's own time (requeue delay, scheduling)
+        m.observe(Snapshot(float(t), free, {"10": _job("PENDING", "BeginTime", (), 0, excl)}))
+    m.observe(Snapshot(126.0, free, {"10": _job(nodes=("gpu3",), restarts=1, comment=excl)}))
+    r = m.recovery()
+    assert r["fault_to_job_running_again_no_trip_s"]["p50"] == 26.0
+    assert r["fault_to_job_running_again_loop_s"] == {"n": 1, "p50": 5.0, "p95": 5.0, "max": 5.0}
+    m = _mon()  # no snapshot for 20 s (slurmctld down): that time stays in the figure
+    m.observe(Snapshot(99.0, _nodes(), {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    m.observe(Snapshot(101.0, busy, {"10": _job("PENDING", "Resources", (), 0, excl)}))
+    m.observe(Snapshot(121.0, busy, {"10": _job("PENDING", "Resources", (), 0, excl)}))
+    m.observe(Snapshot(122.0, free, {"10": _job(nodes=("gpu3",), restarts=1, comment=excl)}))
+    assert m.recovery()["fault_to_job_running_again_loop_s"]["p50"] == 20.0  # 22 s less the 2 s before 101
+
+
+def test_per_fault_figures_say_what_the_node_was_doing_when_the_fault_came():
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "admin: bios [root@2026-12-01T10:00:00]")),
+                       {"10": _job(nodes=("gpu1",))}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    m.add_fault(Injected(2, "xid48", "gpu", 100.0, node="gpu2", gpu=0))
+    m.observe(Snapshot(101.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "admin: bios")), {"10": _job("PENDING")}))
+    m.observe(Snapshot(113.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "admin: bios")),
+                       {"10": _job(nodes=("gpu3",), restarts=1)}))
+    pf = m.per_fault()
+    assert pf[1] == {"kind": "xid79", "node": "gpu1", "node_before": "IDLE", "drain_s": 1.0,
+                     "job_running_again_s": [13.0], "job_running_again_loop_s": [13.0]}
+    assert pf[2] == {"kind": "xid48", "node": "gpu2", "node_before": "IDLE+DRAIN admin: bios"}  # not ours to drain

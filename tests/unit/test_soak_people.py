@@ -1,0 +1,98 @@
+"""The soak's people, without a lab: what they do is carried out through the runner's event queue, so a
+fake Slurm and the queue are enough to replay a case the 200-fault bench found."""
+
+from __future__ import annotations
+
+import heapq
+
+from autoheal.lab.soak import Soak, SoakOptions
+from autoheal.lab.soak_checks import Injected
+from autoheal.slurm.model import Node
+
+REASON = "admin: soak maintenance 192"
+
+
+class Ctld:
+    """Slurm's view of one node; ``resumes`` counts the admin's scontrol resumes."""
+
+    def __init__(self, node: Node):
+        self.node = node
+        self.resumes = 0
+
+    def get_node(self, name):
+        return self.node
+
+
+def _soak(ctld):
+    soak = Soak(None, SoakOptions(seed=1, faults=3, kube=False))
+    soak.slurm = ctld
+
+    def run(argv, timeout=30.0, check=True):
+        assert argv[:2] == ["scontrol", "update"] and argv[-1] == "state=resume", argv
+        ctld.resumes += 1
+        ctld.node = Node("spare2", "ALLOCATED", frozenset(), "")
+
+    soak._run = run
+    return soak
+
+
+def _run_events(soak):
+    while soak.events:
+        _t, _seq, _what, fn = heapq.heappop(soak.events)
+        fn()
+
+
+def test_the_admin_resumes_again_when_a_slurmctld_restart_lost_their_resume():
+    """Seed 1, fault 192: the admin's resume at 16:35:30.161, slurmctld killed 2 s later, and the restarted
+    slurmctld recovered spare2 drained with the admin's reason; the soak ended with it drained
+    (end-state). The admin now looks again and resumes it once more."""
+    ctld = Ctld(Node("spare2", "ALLOCATED", frozenset({"DRAIN"}), REASON))
+    soak = _soak(ctld)
+    inj = Injected(192, "admin-drain", "people", 0.0, node="spare2", reason=REASON)
+    soak._admin_resume(inj)
+    assert ctld.resumes == 1 and inj.end is not None
+    ctld.node = Node("spare2", "ALLOCATED", frozenset({"DRAIN"}), REASON)  # slurmctld lost the resume
+    _run_events(soak)
+    assert ctld.resumes == 2 and not ctld.node.drain
+    assert any("lost it" in n for n in soak.notes)
+
+
+def test_the_admin_leaves_a_node_alone_that_someone_else_drained_since():
+    ctld = Ctld(Node("spare2", "ALLOCATED", frozenset({"DRAIN"}), REASON))
+    soak = _soak(ctld)
+    inj = Injected(192, "admin-drain", "people", 0.0, node="spare2", reason=REASON)
+    soak._admin_resume(inj)
+    ctld.node = Node("spare2", "IDLE", frozenset({"DRAIN"}), "autoheal: xid 79 on GPU 1 of spare2")
+    _run_events(soak)
+    assert ctld.resumes == 1 and ctld.node.reason.startswith("autoheal:")  # not theirs: not touched
+
+
+def test_the_user_releases_again_a_job_a_slurmctld_restart_left_held():
+    from autoheal.slurm.model import Job
+
+    class JobCtld:
+        def __init__(self):
+            self.job = Job("77", "PENDING", (), state_reason="JobHeldUser", priority=0)
+            self.releases = 0
+
+        def get_job(self, jid):
+            assert jid == "77"
+            return self.job
+
+    ctld = JobCtld()
+    soak = Soak(None, SoakOptions(seed=1, faults=3, kube=False))
+    soak.slurm = ctld
+
+    def run(argv, timeout=30.0, check=True):
+        assert argv == ["scontrol", "release", "77"], argv
+        ctld.releases += 1
+        ctld.job = Job("77", "PENDING", (), state_reason="Priority", priority=1)
+
+    soak._run = run
+    soak._user_looks_again("77")
+    ctld.job = Job("77", "PENDING", (), state_reason="JobHeldUser", priority=0)  # the release was lost
+    _run_events(soak)
+    assert ctld.releases == 1 and not ctld.job.held
+    soak._user_looks_again("77")  # released and kept: nothing to do
+    _run_events(soak)
+    assert ctld.releases == 1
