@@ -385,8 +385,8 @@ class Monitor:
         self.waiting_human: List[str] = []  # nodes and jobs blocked at the end, waiting for the on-call or technician
         self.timeline: List[dict] = []  # compact per-snapshot node states for the plot
         self.node_at_fault: Dict[int, str] = {}  # fault id -> its node's state and reason just before it
-        # fault ids whose node autoheal had to drain: in service, or already drained by autoheal, just before
-        # it (not an admin's drain, Slurm's own, a node down or rebooting: those drain when that ends)
+        # fault ids whose node was in service just before it: autoheal had to drain it (not an admin's drain,
+        # Slurm's own, a node down or rebooting, which drain when that ends; nor one autoheal had drained)
         self.ours_to_drain: Set[int] = set()
 
     # ---- inputs -----------------------------------------------------------------------------------
@@ -395,8 +395,7 @@ class Monitor:
         if self.last is not None and f.node in self.last.nodes:
             n = self.last.nodes[f.node]
             self.node_at_fault[f.id] = f"{n.get('state', '')} {strip_reason_suffix(n.get('reason', ''))}".strip()
-            if node_in_service(n) or (n.get("drain") and n.get("responding", True)
-                                      and ours_kind(n.get("reason", ""), self.spare_prefix) == "health"):
+            if node_in_service(n):
                 self.ours_to_drain.add(f.id)
         if self.last is not None:
             for jid, j in self.last.jobs.items():
@@ -778,8 +777,8 @@ class Monitor:
                             if kinds.get(fid, "").startswith("xid") and fid in self.ours_to_drain]
         return {"fault_to_drain_s": percentiles(list(self.to_drain.values())),
                 "fault_to_drain_xid_event_s": percentiles(event),
-                # the XID faults on a node autoheal had to drain at once (in service or drained by it already):
-                # the "drain <= 2 s p95" bound of invariant 4 is about these
+                # the XID faults on a node in service, which autoheal had to drain at once: the "drain <= 2 s
+                # p95" bound of invariant 4 is about these
                 "fault_to_drain_xid_event_in_service_s": percentiles(in_service_event),
                 "fault_to_drain_polled_s": percentiles(polled),
                 "fault_to_job_running_again_s": percentiles(running + human),
