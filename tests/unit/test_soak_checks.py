@@ -430,3 +430,19 @@ def test_per_fault_figures_say_what_the_node_was_doing_when_the_fault_came():
     assert pf[1] == {"kind": "xid79", "node": "gpu1", "node_before": "IDLE", "drain_s": 1.0,
                      "job_running_again_s": [13.0], "job_running_again_loop_s": [13.0]}
     assert pf[2] == {"kind": "xid48", "node": "gpu2", "node_before": "IDLE+DRAIN admin: bios"}  # not ours to drain
+
+
+def test_the_xid_drain_bound_is_judged_on_nodes_autoheal_had_to_drain():
+    """An XID on a node an admin had drained drains only when the admin resumes it (autoheal never takes
+    over their drain): that wait is not the loop's, and stays out of the in-service figure."""
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(gpu2=_node("IDLE+DRAIN", True, "admin: bios")), {}))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu1", gpu=0))
+    m.add_fault(Injected(2, "xid79", "gpu", 100.0, node="gpu2", gpu=0))
+    m.observe(Snapshot(100.5, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "admin: bios")), {}))
+    m.observe(Snapshot(160.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: xid 79"),
+                                      gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 79")), {}))
+    r = m.recovery()
+    assert r["fault_to_drain_xid_event_s"]["n"] == 2 and r["fault_to_drain_xid_event_s"]["max"] == 60.0
+    assert r["fault_to_drain_xid_event_in_service_s"] == {"n": 1, "p50": 0.5, "p95": 0.5, "max": 0.5}
