@@ -12,6 +12,12 @@ fault, every job still running on it gets its grace signal and, if it still runs
 ``hooks.grace_seconds``, a requeue, exactly once per job and fault, retried with backoff while
 slurmctld does not answer. NVML errors are counted and retried with backoff; counters go to a
 node-exporter textfile.
+
+A third source polls the NVML health state every ``hooks.xid_watch_health_poll`` seconds (default 5, 0
+off) with the healthcheck's own reads (``gather``) and checks (``checks.judge_sample``), and acts at once
+on the hard faults that raise no XID event (see ``HARD_CHECKS``), through the same drain and job side as
+an XID; everything else is left to the healthcheck, which then finds the node drained by us and climbs
+the recovery ladder as after an XID drain.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import signal as _signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside
@@ -33,6 +39,63 @@ if TYPE_CHECKING:
     from autoheal.hooks.context import Context
 
 METRICS_FILE = "autoheal_xid_watch.prom"
+
+#: The checks the health poll acts on at once. Each reads a state the GPU does not leave by itself and
+#: that breaks the job running on it now: an uncorrectable ECC count (only a reset clears it), a row
+#: remap that failed or more retired pages than allowed (bad memory), a GPU fallen off the bus, an
+#: NVLink link down (collectives fail or hang), a recovery action NVML asks for. One failing sample is
+#: the fault; a drain seconds earlier than the healthcheck's is the gain. Left to the healthcheck (its
+#: HealthCheckInterval is their "several samples" filter, and a drain for them is not urgent):
+#: temperature and clock events (a thermal blip cools down; a throttled job is slow, not wrong), PCIe
+#: (the link generation drops with the power state, a width change may be retrained), a row remap or
+#: page retirement *pending* a reset (the memory is already fenced off; the reset can wait for the
+#: healthcheck, and the prolog keeps new jobs off the GPU), persistence, and the node-wide driver and
+#: GPU count. A reading NVML could not give (timeout, unknown, library error) is never FAIL in the
+#: checks, so it never drains from here either (the healthcheck escalates persistent unknowns).
+HARD_CHECKS = frozenset({"ecc", "remapped-rows", "retired-pages", "gpu-lost", "nvlink", "recovery-action"})
+#: Evidence that makes a failing result of a hard check a pending-reset one, left to the healthcheck.
+PENDING_EVIDENCE = ("remap_pending", "retired_pending")
+
+#: Node-state key of the faults the health poll has already acted on (``"<check>:<gpu>"`` -> reason,
+#: since): one detection record per fault, not one per poll.
+POLLED = "polled_faults"
+
+
+def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
+    """The failing results of ``HARD_CHECKS`` (never an unknown, a warning, a soft check or a repair
+    that is only pending)."""
+    return [r for r in results if r.status == C.FAIL and r.check in HARD_CHECKS
+            and not any(r.evidence.get(k) for k in PENDING_EVIDENCE)]
+
+
+def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: List[int],
+                  now: float) -> Tuple[List[C.CheckResult], bool]:
+    """Pure: what one health poll does to the node state ``st``. Returns (the hard faults new since the
+    last poll, whether to drain for them).
+
+    A fault is new unless the poll already acted on it (same check and GPU) after the GPU's last repair
+    (``state.repaired_at``: a reset, reboot, resume or admin clear ends it, as it ends the XID dedupe
+    window). A remembered fault is forgotten once its GPU reads cleanly without it (``read_ok``: the
+    GPUs the poll read in full); a GPU not read keeps what is remembered. New faults on a node that is
+    already drained by us, or about to be (a pending drain), are only remembered: the healthcheck owns
+    that node's recovery, nothing new is journalled or drained."""
+    mem: Dict[str, Any] = st.setdefault(POLLED, {})
+    hard = hard_failures(results)
+    keys = {f"{r.check}:{r.gpu}" for r in hard}
+    for key in list(mem):
+        gpu = mem[key].get("gpu")
+        if key not in keys and gpu in read_ok:
+            del mem[key]
+    new: List[C.CheckResult] = []
+    for r in hard:
+        key = f"{r.check}:{r.gpu}"
+        seen = mem.get(key)
+        if seen is not None and float(seen.get("since", 0)) >= S.repaired_at(st, r.gpu):
+            continue
+        mem[key] = {"check": r.check, "gpu": r.gpu, "reason": r.reason, "since": now}
+        new.append(r)
+    drain = bool(new) and not (st.get("drain") or st.get("pending_drain"))
+    return new, drain
 
 
 class XidWatch:
@@ -47,6 +110,8 @@ class XidWatch:
         self._metrics_error = ""
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self._retries: Dict[XidEvent, int] = {}
+        # health-poll results, handed from the poll thread to the main loop (which alone runs the job side)
+        self.polls: queue.Queue[Tuple[List[C.CheckResult], List[int], float]] = queue.Queue()
 
     def stop(self, *_args: object) -> None:
         self._stop.set()
@@ -133,7 +198,59 @@ class XidWatch:
                 print(f"xid-watch: kernel log {path}: {exc}", file=sys.stderr, flush=True)
             self._stop.wait(self.h.kernel_log_poll)
 
+    def health_loop(self) -> None:
+        """Poll the NVML health state every ``hooks.xid_watch_health_poll`` seconds. The reads run in
+        ``gather``'s worker threads with the healthcheck's budget (``hooks.nvml_timeout``): a hung call
+        leaves this thread waiting at most that long, never the XID loop, and while a hung read is still
+        stuck in the driver the next poll is skipped (counted) rather than piling up threads. Healthy
+        polls take no lock and write nothing; results with a hard fault go to the main loop."""
+        from autoheal.hooks.gather import gather
+
+        interval = max(1.0, float(self.h.xid_watch_health_poll))
+        while not self._stop.wait(interval):
+            if any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate()):
+                self._count("health_polls_skipped_total")  # a read of an earlier poll hangs in the driver
+                continue
+            try:
+                sample = gather(self.ctx.node, budget=self.h.nvml_timeout)
+                results = C.judge_sample(sample, self.h, 0)
+            except Exception as exc:  # a bug in a judge: say it, poll again later
+                print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                continue
+            read_ok = [g.index for g in sample.gpus if g.ok and not g.error]
+            if hard_failures(results) or self.ctx.store.read().get(POLLED):
+                self.polls.put((results, read_ok, time.time()))
+
     # ---- handling ----------------------------------------------------------------------------------
+    def handle_poll(self, results: List[C.CheckResult], read_ok: List[int],
+                    now: Optional[float] = None) -> List[C.CheckResult]:
+        """Act on one health poll: a new hard fault drains the node the way the healthcheck would (its
+        worst failure names the drain) and moves the jobs as an XID drain does; drain first, journal
+        after. The lock is held only for the decision. Returns the new faults (for tests)."""
+        now = time.time() if now is None else now
+        with self.ctx.store.locked() as st:
+            new, drain = poll_decision(st, results, read_ok, now)
+            # the drain reason is the one the healthcheck would give on this sample: its worst failure
+            # over every check (a soft one may outrank the hard fault that made the poll act)
+            worst = C.worst_failure(results) if drain else None
+            if worst is not None:
+                jobside.request_drain(st, worst, now)
+                for r in new:
+                    S.bump(st, f'health_faults_total{{check="{r.check}",gpu="{r.gpu}"}}')
+        if worst is None:
+            return []
+        self._metrics_dirty = True
+        self.jobs.step(now, urgent=True)
+        after = self.ctx.store.read()
+        if not after.get("drain") and not after.get("pending_drain"):
+            # dealt with, but not drained by us: someone else's drain was kept, and drain_for journalled
+            # the fault once with that reason; a second detection record would say the same again
+            return new
+        for r in new:
+            self.ctx.record("detection", check=r.check, evidence={**r.evidence, "source": "health-poll"},
+                            message=r.reason, severity="action", action=r.action, time=now)
+        return new
+
     def handle(self, events: List[XidEvent], now: Optional[float] = None) -> List[C.CheckResult]:
         """Judge events once each and act on failures: drain first (and the jobs), then journal and
         notify; healing never waits for a record or a webhook. Returns the results (for tests)."""
@@ -239,10 +356,14 @@ class XidWatch:
             threads.append(threading.Thread(target=self.nvml_loop, daemon=True, name="xid-nvml"))
         if kernel_log and self.h.kernel_log:
             threads.append(threading.Thread(target=self.log_loop, daemon=True, name="xid-kmsg"))
+        if nvml and self.h.xid_watch_health_poll > 0:
+            threads.append(threading.Thread(target=self.health_loop, daemon=True, name="xid-health"))
         for t in threads:
             t.start()
+        poll = self.h.xid_watch_health_poll if nvml and self.h.xid_watch_health_poll > 0 else 0
         print(f"xid-watch: watching node {self.ctx.node} (nvml={nvml}, kernel log="
-              f"{self.ctx.path(self.h.kernel_log) or 'off'})", flush=True)
+              f"{self.ctx.path(self.h.kernel_log) or 'off'}, health poll={f'{max(1.0, poll):g}s' if poll else 'off'})",
+              flush=True)
         next_housekeeping = 0.0
         while not self._stop.is_set():
             batch: List[XidEvent] = []
@@ -261,6 +382,15 @@ class XidWatch:
                     print(f"xid-watch: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                     self._retry(batch)
                     self._stop.wait(1.0)
+            while True:
+                try:
+                    results, read_ok, seen = self.polls.get_nowait()
+                except queue.Empty:
+                    break
+                try:
+                    self.handle_poll(results, read_ok, seen)
+                except Exception as exc:  # a failed decision changed nothing: the next poll sees it again
+                    print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             if time.monotonic() >= next_housekeeping:
                 next_housekeeping = time.monotonic() + 1.0
                 try:

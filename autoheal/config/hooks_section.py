@@ -116,6 +116,12 @@ class HooksSection:
                                           "node in Slurm (jittered), which catch a drain for a GPU fault made by "
                                           "another process that could not record it; Slurm is otherwise asked "
                                           "only while a fault is open.", min=5, max=3600)
+    xid_watch_health_poll: float = setting(5.0, doc="Seconds between xid-watch's polls of the NVML health "
+                                           "state (the healthcheck's own reads and checks): a hard fault without "
+                                           "an XID (uncorrectable ECC, row remap, page retirement, GPU lost, "
+                                           "NVLink down, a recovery action) drains the node at once instead of "
+                                           "at the next HealthCheckInterval. Thermal and PCIe are left to the "
+                                           "healthcheck. 0: off; under 1 counts as 1.", min=0, max=3600)
     requeue_jobs: bool = setting(True, doc="Requeue jobs still running on the drained node after the grace "
                                  "window (false: leave them to Slurm / the user).")
     textfile_dir: str = setting("/var/lib/prometheus/node-exporter", doc="node-exporter textfile collector "

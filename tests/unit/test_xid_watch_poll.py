@@ -1,0 +1,229 @@
+"""xid-watch's health poll: which polled faults drain at once (the healthcheck's own checks on the same
+gathered data), one detection per fault and not per poll, no action on a node already drained by us,
+never a drain from a reading NVML could not give, and a hung NVML read never piling up threads."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from test_hooks_jobside import FakeCtld
+
+from autoheal import nodeops
+from autoheal.config import parse_config
+from autoheal.config.hooks_section import HooksSection
+from autoheal.errors import ConfigError
+from autoheal.hooks import checks as C
+from autoheal.hooks import engine
+from autoheal.hooks import state as S
+from autoheal.hooks import xid_watch as X
+from autoheal.hooks.gather import GpuSample, NodeSample
+from autoheal.journal import Record
+
+
+def healthy(i: int) -> GpuSample:
+    return GpuSample(index=i, ok=True, pci=f"0000:{0x1b + i:02x}:00.0", persistence=True, temperature=40,
+                     ecc_dbe_volatile=0, remap_pending=False, remap_failure=False, remap_uncorrectable=0,
+                     pcie_gen=4, pcie_gen_max=4, pcie_width=16, pcie_width_max=16, nvlinks_down=[],
+                     clock_events=0, recovery_action=0, idle=False)
+
+
+def sample(*changes) -> NodeSample:
+    """Two healthy GPUs, then ``(gpu, field, value)`` changes."""
+    gpus = [healthy(0), healthy(1)]
+    for gpu, fld, val in changes:
+        setattr(gpus[gpu], fld, val)
+    return NodeSample(node="n1", driver_version="550.54", count=2, gpus=gpus)
+
+
+def judge(s: NodeSample):
+    return C.judge_sample(s, HooksSection(), 0)
+
+
+def read_ok(s: NodeSample):
+    return [g.index for g in s.gpus if g.ok and not g.error]
+
+
+@pytest.mark.parametrize("changes,check", [
+    ([(1, "ecc_dbe_volatile", 1)], "ecc"),
+    ([(1, "remap_failure", True)], "remapped-rows"),
+    ([(1, "retired_pages", 61)], "retired-pages"),
+    ([(1, "error", "lost"), (1, "ok", False)], "gpu-lost"),
+    ([(1, "nvlinks_down", [3])], "nvlink"),
+    ([(1, "recovery_action", 2)], "recovery-action"),
+])
+def test_hard_faults_are_the_healthchecks_own_failures(changes, check):
+    results = judge(sample(*changes))
+    hard = X.hard_failures(results)
+    assert [(r.check, r.gpu) for r in hard] == [(check, 1)]
+    assert hard[0] in [r for r in results if r.status == C.FAIL]  # the very result the healthcheck judges
+
+
+@pytest.mark.parametrize("changes", [
+    [(1, "temperature", 95), (1, "clock_events", C.CLOCKS_HW_THERMAL)],   # thermal: the healthcheck's
+    [(1, "pcie_width", 8)],                                                # PCIe degraded: idem
+    [(1, "remap_pending", True)],                                          # a reset that can wait
+    [(1, "retired_pending", True), (1, "retired_pages", 2)],
+    [(1, "error", "timeout"), (1, "ok", False)],                           # not read: unknown
+    [(1, "error", "NVML_ERROR_UNKNOWN"), (1, "ok", False)],
+])
+def test_soft_pending_and_unknown_are_left_to_the_healthcheck(changes):
+    results = judge(sample(*changes))
+    assert X.hard_failures(results) == []
+    if not any(f == "error" for _, f, _ in changes):
+        assert [r for r in results if r.status == C.FAIL]  # the healthcheck does fail the node for them
+
+
+def test_nvml_that_does_not_answer_never_drains():
+    s = NodeSample(node="n1", init_error="NVML did not answer within 3s (nvmlInit or device count hung)")
+    st = S.empty()
+    assert X.poll_decision(st, judge(s), read_ok(s), 100.0) == ([], False)
+    s = NodeSample(node="n1", init_error="Driver Not Loaded")  # the healthcheck's reboot, not ours
+    assert X.poll_decision(st, judge(s), read_ok(s), 100.0) == ([], False)
+
+
+def test_one_detection_per_fault_not_per_poll_and_a_repair_makes_it_new():
+    st = S.empty()
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    new, drain = X.poll_decision(st, judge(bad), read_ok(bad), 100.0)
+    assert [r.check for r in new] == ["ecc"] and drain
+    for t in (105.0, 110.0, 115.0):
+        assert X.poll_decision(st, judge(bad), read_ok(bad), t) == ([], False)
+    # the GPU is not read (a timeout): what is remembered stays
+    unread = sample((1, "error", "timeout"), (1, "ok", False))
+    X.poll_decision(st, judge(unread), read_ok(unread), 120.0)
+    assert X.poll_decision(st, judge(bad), read_ok(bad), 125.0) == ([], False)
+    # the GPU reads clean (reset): forgotten; the fault back later is a new one
+    good = sample()
+    X.poll_decision(st, judge(good), read_ok(good), 130.0)
+    assert st[X.POLLED] == {}
+    assert [r.check for r in X.poll_decision(st, judge(bad), read_ok(bad), 135.0)[0]] == ["ecc"]
+    # a repair of that GPU while it still failed (a reset that did not help, an admin's resume): new again
+    S.mark_repaired(st, 1, 140.0)
+    assert [r.check for r in X.poll_decision(st, judge(bad), read_ok(bad), 145.0)[0]] == ["ecc"]
+    # a repair of another GPU does not
+    S.mark_repaired(st, 0, 150.0)
+    assert X.poll_decision(st, judge(bad), read_ok(bad), 155.0) == ([], False)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("drain", {"reason": "autoheal: xid 48 on GPU 1 of n1: double bit ECC error", "time": 99.0}),
+    ("pending_drain", {"failure": {"check": "xid", "status": "fail"}, "since": 99.0}),
+])
+def test_a_node_already_drained_by_us_gets_nothing_new(key, value):
+    st = S.empty()
+    st[key] = value
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    new, drain = X.poll_decision(st, judge(bad), read_ok(bad), 100.0)
+    assert new and not drain  # remembered, not acted on: the healthcheck owns this node's recovery
+    st[key] = None
+    assert X.poll_decision(st, judge(bad), read_ok(bad), 105.0) == ([], False)
+
+
+# ---- through xid-watch, against an in-memory slurmctld ---------------------------------------------
+
+def make_watch(tmp_path, **hooks):
+    h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="",
+                     grace_seconds=10.0, **hooks)
+    recs = []
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(),
+                          source="xid-watch", path=lambda t: t, close=lambda *a: None, records=recs)
+    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
+    return X.XidWatch(ctx), ctx
+
+
+def test_polled_fault_drains_like_the_healthcheck_and_moves_the_job_once(tmp_path):
+    watch, ctx = make_watch(tmp_path)
+    ctx.slurm.add_job("7")
+    bad = sample((1, "ecc_dbe_volatile", 1), (1, "recovery_action", 1))
+    new = watch.handle_poll(judge(bad), read_ok(bad), now=100.0)
+    assert sorted(r.check for r in new) == ["ecc", "recovery-action"]
+    # the reason the healthcheck gives for the same sample (its worst failure, through drain_for)
+    hc_watch, hc_ctx = make_watch(tmp_path / "hc")
+    engine.drain_for(hc_ctx, C.worst_failure(judge(bad)))
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason == hc_ctx.slurm.node.reason
+    assert ctx.slurm.node.reason.startswith("autoheal: ecc: GPU 1 of n1 (0000:1c:00.0): 1 uncorrectable ECC")
+    assert ctx.slurm.writes("requeue") == ["requeue 7"]  # TERM: the requeue is the grace, as for an XID
+    assert ctx.store.read()["drain"]["source"] == "xid-watch"
+    # the next polls see the same fault: nothing more
+    for t in (105.0, 110.0):
+        assert watch.handle_poll(judge(bad), read_ok(bad), now=t) == []
+    dets = [kw for ev, kw in ctx.records if ev == "detection"]
+    assert [d["check"] for d in dets] == ["ecc", "recovery-action"]
+    assert len([1 for ev, _ in ctx.records if ev == "drain"]) == 1
+    assert len(ctx.slurm.writes("drain")) == 1 and ctx.slurm.writes("requeue") == ["requeue 7"]
+    # the healthcheck then finds the node drained by us for it: no reason churn, no record
+    calls = len(ctx.slurm.calls)
+    act = engine.drain_for(ctx, C.worst_failure(judge(bad)))
+    assert act["outcome"] == nodeops.SKIPPED_SAME and not ctx.slurm.writes("set_reason")
+    assert len(ctx.slurm.calls) == calls + 1 and len(ctx.records) == len(dets) + 2  # + drain + requeue records
+
+
+def test_an_admins_drain_is_never_overwritten(tmp_path):
+    watch, ctx = make_watch(tmp_path)
+    ctx.slurm.drain("n1", "admin: bios update")
+    bad = sample((0, "error", "lost"), (0, "ok", False))
+    watch.handle_poll(judge(bad), read_ok(bad), now=100.0)
+    assert ctx.slurm.node.reason == "admin: bios update"
+    watch.handle_poll(judge(bad), read_ok(bad), now=105.0)
+    dets = [kw for ev, kw in ctx.records if ev == "detection"]
+    assert len(dets) == 1 and "already drained by someone else: admin: bios update" in dets[0]["message"], dets
+    assert dets[0]["check"] == "gpu-lost"
+
+
+def test_a_hung_read_skips_the_next_polls_instead_of_piling_up_threads(tmp_path, monkeypatch):
+    watch, ctx = make_watch(tmp_path)
+    calls = []
+    monkeypatch.setattr("autoheal.hooks.gather.gather",
+                        lambda node, budget, cheap=False: calls.append(budget) or sample((1, "ecc_dbe_volatile", 1)))
+    release = threading.Event()
+    stuck = threading.Thread(target=release.wait, args=(10,), name="nvml-gpu1", daemon=True)
+    stuck.start()
+    rounds = []
+
+    def wait(_t):
+        rounds.append(1)
+        if len(rounds) == 3:
+            release.set()
+            stuck.join(5)
+        return len(rounds) > 4
+
+    monkeypatch.setattr(watch._stop, "wait", wait)
+    watch.health_loop()
+    assert calls == [ctx.hooks.nvml_timeout, ctx.hooks.nvml_timeout]  # polls 1, 2 skipped; 3 and 4 read
+    assert ctx.store.read()["counters"]["health_polls_skipped_total"] == 2
+    assert watch.polls.qsize() == 2  # handed to the main loop, which alone drains and moves jobs
+    assert not ctx.slurm.calls
+
+
+def test_healthy_polls_take_no_lock_and_write_nothing(tmp_path, monkeypatch):
+    watch, ctx = make_watch(tmp_path)
+    monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: sample())
+    rounds = []
+    monkeypatch.setattr(watch._stop, "wait", lambda _t: rounds.append(1) or len(rounds) > 3)
+    monkeypatch.setattr(ctx.store, "locked", lambda *a, **k: pytest.fail("a healthy poll took the lock"))
+    watch.health_loop()
+    assert watch.polls.empty() and not (tmp_path / "state.json").exists()
+
+
+def test_the_poll_interval_is_typed_and_checked():
+    assert HooksSection().xid_watch_health_poll == 5.0
+    assert parse_config("[hooks]\nxid_watch_health_poll = 0\n").hooks.xid_watch_health_poll == 0
+    with pytest.raises(ConfigError, match="did you mean"):
+        parse_config("[hooks]\nxid_watch_health_pol = 5\n")
+    with pytest.raises(ConfigError):
+        parse_config("[hooks]\nxid_watch_health_poll = -1\n")
+    with pytest.raises(ConfigError):
+        parse_config('[hooks]\nxid_watch_health_poll = "often"\n')
+
+
+@pytest.mark.parametrize("poll,nvml,runs", [(5.0, True, True), (0, True, False), (5.0, False, False)])
+def test_the_poll_runs_only_when_on_and_nvml_is_watched(tmp_path, monkeypatch, poll, nvml, runs):
+    watch, _ = make_watch(tmp_path, xid_watch_health_poll=poll)
+    ran = threading.Event()
+    monkeypatch.setattr(watch, "nvml_loop", lambda: None)
+    monkeypatch.setattr(watch, "health_loop", ran.set)
+    watch.stop()
+    watch.run(nvml=nvml, kernel_log=False)
+    assert ran.wait(2.0 if runs else 0.2) is runs
