@@ -1,6 +1,7 @@
 """Faults that used to break the node side, on a real lab (issue 16 findings 2, 3, 11; issue 17 item 3):
 slurmctld killed or stopped at the fault, the healthcheck draining first, a state dir that is
-read-only or full under the prolog, a fault that comes back after a repair."""
+read-only or full under the prolog, a fault that comes back after a repair; xid-watch's health poll
+(a fault without an XID drains within seconds, a thermal blip does not)."""
 
 from __future__ import annotations
 
@@ -290,5 +291,72 @@ def test_xid_back_after_a_repair_is_caught_by_xid_watch_and_escalates(lab):
         assert [r for r in new if r["source"] == "xid-watch" and r["event"] == "drain"], new
         run_hook(lab, node)
         wait_for(lambda: "Reason=autoheal: replace: " in node_line(lab, node), 15, "a replacement request")
+    finally:
+        heal(lab, node)
+
+
+# ---- xid-watch's health poll: a fault without an XID drains within seconds ------------------------------
+
+def _healthcheck_held(handle, node):
+    """Hold the node's health-pass lock: Slurm's periodic HealthCheckProgram (every 30 s in the lab) waits
+    for it, so whatever drains meanwhile is xid-watch's, whenever the healthcheck's turn falls."""
+    from autoheal.hooks import state as S
+
+    return S.NodeState(str(handle.layout.root / "nodestate" / node)).pass_lock(5.0)
+
+
+def test_polled_fault_drains_at_once_moves_the_job_and_the_healthcheck_climbs_on(lab):
+    """A double-bit ECC count whose XID 48 never came (no NVML event, no kernel-log line: the lab's
+    ``ecc-dbe`` logs one, which xid-watch's XID path would drain for): xid-watch's health poll drains the
+    node with the healthcheck's own reason while the healthcheck cannot run, the job is requeued as after
+    an XID drain, and the next healthcheck finds our drain and runs the reset rung, with one detection
+    record for the fault."""
+    from autoheal.lab.fakenvml import state as gstate
+
+    node, gpu = "gpu1", 4
+    job = submit(lab, node)
+    before = len(journal(lab))
+    try:
+        with _healthcheck_held(lab, node):
+            with gstate.update_state(lab.layout.gpu_state(node)) as st:
+                st.gpus[gpu].ecc_volatile_uncorrected += 1
+                st.gpus[gpu].ecc_aggregate_uncorrected += 1
+            wait_for(lambda: f"Reason=autoheal: ecc: GPU {gpu} of {node} " in node_line(lab, node), 20,
+                     "xid-watch's health poll to drain the node")
+        new = [r for r in journal(lab)[before:] if r["node"] == node]
+        drains = [r for r in new if r["event"] == "drain"]
+        assert [r["source"] for r in drains] == ["xid-watch"] and drains[0]["check"] == "ecc", new
+        wait_for(lambda: restarts(lab, job) >= 1, 30, "xid-watch to requeue the job")
+        wait_for(lambda: requeues_by_xid_watch(lab, job), 15, "xid-watch's requeue record")
+        cancel_job(lab.env, job)  # the requeued job must not hold the node the ladder waits for
+        wait_epilogs_done(lab.env, node)
+        run_hook(lab, node)  # drained and idle: the reset rung (or Slurm's periodic run just did it)
+        new = [r for r in journal(lab)[before:] if r["node"] == node]
+        steps = [r for r in new if r["event"] == "remediation-step"]
+        assert [r["action"] for r in steps] == ["reset-gpu"], new
+        assert gstate.read_state(lab.layout.gpu_state(node)).gpus[gpu].ecc_volatile_uncorrected == 0
+        # one detection of the fault by the node daemons (the epilog's record of the job it ended on that
+        # GPU, action epilog-fail, is the job's, as after an XID drain)
+        assert len([r for r in new if r["event"] == "detection" and r["source"] in ("xid-watch", "healthcheck")
+                    and r.get("check") == "ecc"]) == 1, new
+        assert len([r for r in new if r["event"] == "drain"]) == 1, new
+    finally:
+        cancel_job(lab.env, job)
+        heal(lab, node)
+
+
+def test_thermal_blip_is_left_to_the_healthcheck(lab):
+    """Over two polls of 92 C with HW thermal slowdown, cooled down before the next healthcheck: xid-watch
+    neither drains nor journals (thermal is not a hard fault for its poll)."""
+    node, gpu = "gpu2", 6
+    before = len(journal(lab))
+    try:
+        with _healthcheck_held(lab, node):
+            inject(lab.lab, node, gpu, "thermal")
+            time.sleep(2 * lab.config().hooks.xid_watch_health_poll + 1)
+            inject(lab.lab, node, gpu, "clear")
+            time.sleep(1)
+            assert "DRAIN" not in node_line(lab, node)
+        assert not [r for r in journal(lab)[before:] if r["node"] == node and r["source"] == "xid-watch"]
     finally:
         heal(lab, node)
