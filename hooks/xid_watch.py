@@ -218,7 +218,14 @@ class XidWatch:
                 print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 continue
             read_ok = [g.index for g in sample.gpus if g.ok and not g.error]
-            if hard_failures(results) or self.ctx.store.read().get(POLLED):
+            if not hard_failures(results) and not self.ctx.store.read().get(POLLED):
+                continue  # the common case: healthy, nothing remembered
+            # decided once on a snapshot: a fault already acted on, seen again, changes nothing and takes
+            # no lock (the main loop decides again under the lock when something does change)
+            snap = self.ctx.store.read()
+            before = dict(snap.get(POLLED) or {})
+            new, _ = poll_decision(snap, results, read_ok, time.time())
+            if new or snap.get(POLLED) != before:
                 self.polls.put((results, read_ok, time.time()))
 
     # ---- handling ----------------------------------------------------------------------------------

@@ -207,6 +207,23 @@ def test_healthy_polls_take_no_lock_and_write_nothing(tmp_path, monkeypatch):
     assert watch.polls.empty() and not (tmp_path / "state.json").exists()
 
 
+def test_a_fault_already_acted_on_takes_no_lock_on_later_polls(tmp_path, monkeypatch):
+    watch, ctx = make_watch(tmp_path)
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    watch.handle_poll(judge(bad), read_ok(bad), now=100.0)
+    monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: bad)
+    rounds = []
+    monkeypatch.setattr(watch._stop, "wait", lambda _t: rounds.append(1) or len(rounds) > 3)
+    monkeypatch.setattr(ctx.store, "locked", lambda *a, **k: pytest.fail("a repeated fault took the lock"))
+    watch.health_loop()
+    assert watch.polls.empty()
+    # once the GPU reads clean, the one poll that forgets the fault goes to the main loop
+    monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: sample())
+    rounds.clear()
+    watch.health_loop()
+    assert watch.polls.qsize() == 3  # (not handled here: the main loop would forget it at the first)
+
+
 def test_the_poll_interval_is_typed_and_checked():
     assert HooksSection().xid_watch_health_poll == 5.0
     assert parse_config("[hooks]\nxid_watch_health_poll = 0\n").hooks.xid_watch_health_poll == 0
