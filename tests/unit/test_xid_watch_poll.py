@@ -160,6 +160,49 @@ def test_polled_fault_drains_like_the_healthcheck_and_moves_the_job_once(tmp_pat
     assert len(ctx.slurm.calls) == calls + 1 and len(ctx.records) == len(dets) + 2  # + drain + requeue records
 
 
+def test_a_drain_of_ours_an_admin_resumed_does_not_hide_a_new_fault(tmp_path):
+    """The bench found it: the healthcheck's drain record outlives an admin's resume until the next
+    healthcheck, and a new fault in between waited for that healthcheck."""
+    watch, ctx = make_watch(tmp_path)
+    ours = "autoheal: ecc: GPU 0 of n1 (0000:1b:00.0): 1 uncorrectable ECC errors"
+    with ctx.store.locked() as st:
+        st["drain"] = {"reason": ours, "time": 90.0, "source": "healthcheck", "check": "ecc", "gpu": 0}
+    ctx.slurm.drain("n1", ours)
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    assert watch.handle_poll(judge(bad), read_ok(bad), now=100.0) == []  # still drained by us: nothing new
+    assert ctx.slurm.writes("drain") == ["drain"]  # (the test's own)
+    ctx.slurm.resume("n1")  # the admin's resume; the healthcheck has not run since
+    # the same fault alone is not new to the poll: it is acted on once the job side's self-check sees the
+    # node back in service (closing the fault episode counts as a repair), not before
+    assert watch.handle_poll(judge(bad), read_ok(bad), now=102.0) == [] and not ctx.slurm.node.drain
+    # a new fault: Slurm is asked, the drain on record is stale, and every fault now seen is one on a
+    # node in service
+    bad2 = sample((1, "ecc_dbe_volatile", 1), (0, "nvlinks_down", [2]))
+    new = watch.handle_poll(judge(bad2), read_ok(bad2), now=105.0)
+    assert sorted(r.check for r in new) == ["ecc", "nvlink"]
+    assert ctx.slurm.writes("drain") == ["drain", "drain"]
+    assert ctx.slurm.node.reason.startswith("autoheal: nvlink: GPU 0")
+    assert ctx.store.read()["drain"]["source"] == "xid-watch"
+
+
+def test_the_same_fault_on_a_node_an_admin_resumed_is_acted_on_at_the_job_sides_next_look(tmp_path):
+    watch, ctx = make_watch(tmp_path)
+    ours = "autoheal: ecc: GPU 1 of n1 (0000:1c:00.0): 1 uncorrectable ECC errors"
+    ctx.slurm.drain("n1", ours)
+    with ctx.store.locked() as st:  # the healthcheck drained
+        st["drain"] = {"reason": ours, "time": 90.0, "source": "healthcheck", "check": "ecc", "gpu": 1}
+    watch.jobs.step(now=91.0)  # the drain on record is new to xid-watch: it looks, the fault episode opens
+    assert ctx.store.read()["episode"]
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    assert watch.handle_poll(judge(bad), read_ok(bad), now=100.0) == []
+    ctx.slurm.resume("n1")  # an admin resumed it, the GPU still bad
+    watch.jobs.step(now=watch.jobs.next_check + 0.1)  # the slow self-check: back in service, episode over
+    assert not ctx.store.read()["episode"]
+    new = watch.handle_poll(judge(bad), read_ok(bad), now=watch.jobs.next_check)
+    assert [r.check for r in new] == ["ecc"] and ctx.slurm.node.drain
+    assert ctx.store.read()["drain"]["source"] == "xid-watch"
+
+
 def test_an_admins_drain_is_never_overwritten(tmp_path):
     watch, ctx = make_watch(tmp_path)
     ctx.slurm.drain("n1", "admin: bios update")
