@@ -56,6 +56,11 @@ HARD_CHECKS = frozenset({"ecc", "remapped-rows", "retired-pages", "gpu-lost", "n
 #: Evidence that makes a failing result of a hard check a pending-reset one, left to the healthcheck.
 PENDING_EVIDENCE = ("remap_pending", "retired_pending")
 
+#: Seconds a new hard fault waits before the poll acts on it: most such faults come with an XID (DBE:
+#: 48, remap failure: 64, NVLink: 74), which the XID path turns into a drain within this time; the poll
+#: then finds the node drained by us and adds no second drain reason and no second detection record.
+XID_SETTLE_SECONDS = 1.0
+
 #: Node-state key of the faults the health poll has already acted on (``"<check>:<gpu>"`` -> reason,
 #: since): one detection record per fault, not one per poll.
 POLLED = "polled_faults"
@@ -224,9 +229,12 @@ class XidWatch:
             # no lock (the main loop decides again under the lock when something does change)
             snap = self.ctx.store.read()
             before = dict(snap.get(POLLED) or {})
-            new, _ = poll_decision(snap, results, read_ok, time.time())
+            seen = time.time()
+            new, _ = poll_decision(snap, results, read_ok, seen)
+            if new and self._stop.wait(XID_SETTLE_SECONDS):
+                break
             if new or snap.get(POLLED) != before:
-                self.polls.put((results, read_ok, time.time()))
+                self.polls.put((results, read_ok, seen))
 
     # ---- handling ----------------------------------------------------------------------------------
     def handle_poll(self, results: List[C.CheckResult], read_ok: List[int],

@@ -223,9 +223,12 @@ def test_a_hung_read_skips_the_next_polls_instead_of_piling_up_threads(tmp_path,
     release = threading.Event()
     stuck = threading.Thread(target=release.wait, args=(10,), name="nvml-gpu1", daemon=True)
     stuck.start()
-    rounds = []
+    rounds, settles = [], []
 
-    def wait(_t):
+    def wait(t):
+        if t == X.XID_SETTLE_SECONDS:  # a new fault waits a moment for its XID before it is handed on
+            settles.append(t)
+            return False
         rounds.append(1)
         if len(rounds) == 3:
             release.set()
@@ -237,6 +240,7 @@ def test_a_hung_read_skips_the_next_polls_instead_of_piling_up_threads(tmp_path,
     assert calls == [ctx.hooks.nvml_timeout, ctx.hooks.nvml_timeout]  # polls 1, 2 skipped; 3 and 4 read
     assert ctx.store.read()["counters"]["health_polls_skipped_total"] == 2
     assert watch.polls.qsize() == 2  # handed to the main loop, which alone drains and moves jobs
+    assert len(settles) == 2
     assert not ctx.slurm.calls
 
 
@@ -265,6 +269,31 @@ def test_a_fault_already_acted_on_takes_no_lock_on_later_polls(tmp_path, monkeyp
     rounds.clear()
     watch.health_loop()
     assert watch.polls.qsize() == 3  # (not handled here: the main loop would forget it at the first)
+
+
+def test_a_fault_the_xid_path_drains_meanwhile_gets_no_second_record(tmp_path, monkeypatch):
+    """A DBE comes with XID 48: when the poll reads the count before the XID is handled, the moment it
+    waits lets the XID path drain first, and the poll then adds nothing."""
+    from autoheal.hooks.xids import XidEvent
+
+    watch, ctx = make_watch(tmp_path)
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: bad)
+    rounds = []
+
+    def wait(t):
+        if t == X.XID_SETTLE_SECONDS:
+            watch.handle([XidEvent(xid=48, gpu=1, source="nvml")], now=100.0)  # the XID arrives meanwhile
+            return False
+        rounds.append(1)
+        return len(rounds) > 1
+
+    monkeypatch.setattr(watch._stop, "wait", wait)
+    watch.health_loop()
+    results, ok, seen = watch.polls.get_nowait()
+    assert watch.handle_poll(results, ok, seen) == []
+    assert ctx.slurm.node.reason.startswith("autoheal: xid 48 on GPU 1 of n1")
+    assert [kw["check"] for ev, kw in ctx.records if ev == "detection"] == ["xid"]
 
 
 def test_the_poll_interval_is_typed_and_checked():
