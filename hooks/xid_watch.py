@@ -427,7 +427,8 @@ class XidWatch:
                     break
                 try:
                     self.handle_poll(results, read_ok, seen)
-                except Exception as exc:  # a failed decision changed nothing: the next poll sees it again
+                except Exception as exc:  # failed before the decision was saved: the next poll sees it
+                    # again; after it, the pending drain is the job side's to retry (housekeeping)
                     print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
             if time.monotonic() >= next_housekeeping:
                 next_housekeeping = time.monotonic() + 1.0
