@@ -246,7 +246,10 @@ class XidWatch:
         snap = self.ctx.store.read()
         new, drain = poll_decision(snap, results, read_ok, now)
         if new and not drain and snap.get("drain") and not snap.get("pending_drain"):
-            self._forget_stale_drain(snap["drain"], now)
+            if self._forget_stale_drain(snap["drain"]):
+                # back in service since: this sample may predate the admin's repair and resume (the lab
+                # tests clear the GPU and resume within a second); the next poll, read after, decides
+                return []
         with self.ctx.store.locked() as st:
             new, drain = poll_decision(st, results, read_ok, now)
             # the drain reason is the one the healthcheck would give on this sample: its worst failure
@@ -303,24 +306,26 @@ class XidWatch:
             self.ctx.record("detection", **n)
         return results
 
-    def _forget_stale_drain(self, ours: Dict[str, Any], now: float) -> None:
+    def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
         """A new hard fault on a node whose state says "drained by us": ask Slurm whether it still is.
         An admin's ``scontrol resume`` is seen by the healthcheck only at its next run; until then the
         record would keep the poll from acting on a node that is back in service. Back in service: the
-        record is forgotten and the node counts as repaired (as ``engine.maybe_resume`` does). Still
-        drained (by us or anyone over us), or Slurm could not tell: the record stands, nothing new."""
+        record is forgotten and the node counts as repaired now (as ``engine.maybe_resume`` does), and
+        True is returned. Still drained (by us or anyone over us), or Slurm could not tell: the record
+        stands, nothing new (False)."""
         from autoheal.errors import SlurmError
 
         try:
             node = self.ctx.slurm.get_node(self.ctx.node)
         except SlurmError:
-            return
+            return False
         if node.drain or node.down:
-            return
+            return False
         with self.ctx.store.locked() as st:
             if st.get("drain") == ours:
                 st["drain"] = None
-                S.mark_repaired(st, None, now)
+                S.mark_repaired(st, None, time.time())
+        return True
 
     def _refresh_repairs(self, events: List[XidEvent], now: float) -> None:
         """An XID that repeats one already handled, while a drain or reboot of ours is on record: ask
