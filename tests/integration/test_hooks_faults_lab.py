@@ -323,9 +323,10 @@ def test_polled_fault_drains_at_once_moves_the_job_and_the_healthcheck_climbs_on
                 st.gpus[gpu].ecc_aggregate_uncorrected += 1
             wait_for(lambda: f"Reason=autoheal: ecc: GPU {gpu} of {node} " in node_line(lab, node), 20,
                      "xid-watch's health poll to drain the node")
-        new = [r for r in journal(lab)[before:] if r["node"] == node]
-        drains = [r for r in new if r["event"] == "drain"]
-        assert [r["source"] for r in drains] == ["xid-watch"] and drains[0]["check"] == "ecc", new
+        # the drain is journalled right after Slurm took it (a run read the journal in between)
+        drains = wait_for(lambda: [r for r in journal(lab)[before:] if r["node"] == node and r["event"] == "drain"],
+                          10, "the drain record")
+        assert [r["source"] for r in drains] == ["xid-watch"] and drains[0]["check"] == "ecc", drains
         wait_for(lambda: restarts(lab, job) >= 1, 30, "xid-watch to requeue the job")
         wait_for(lambda: requeues_by_xid_watch(lab, job), 15, "xid-watch's requeue record")
         cancel_job(lab.env, job)  # the requeued job must not hold the node the ladder waits for
