@@ -859,7 +859,8 @@ class Monitor:
         running = [x for xs in self.to_job_running.values() for x in xs]
         human = [x for xs in self.to_job_running_human.values() for x in xs]
         kinds = {f.id: f.kind for f in self.faults}
-        # XIDs reach xid-watch as events (bound: 2 s p95); NVML-only faults wait for the next healthcheck
+        # XIDs reach xid-watch as events (bound: 2 s p95); NVML-only faults: xid-watch's health poll (5 s) for hard
+        # ones (GPU lost), the next healthcheck for thermal, PCIe and flapping
         event = [v for fid, v in self.to_drain.items() if kinds.get(fid, "").startswith("xid")]
         polled = [v for fid, v in self.to_drain.items() if not kinds.get(fid, "").startswith("xid")]
         in_service_event = [v for fid, v in self.to_drain.items()
