@@ -196,7 +196,13 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         with ctx.store.locked() as st:
-            if not st.get("drain") or is_preswap(st["drain"].get("reason")):
+            rec = st.get("drain") or {}
+            # A record naming another reason than the node now carries, or one left from before a fresh drain,
+            # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
+            # between two healthchecks). Kept, maybe_resume read the mismatch as "re-drained by someone else"
+            # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
+            if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
+                    or rec.get("reason") != (out.reason or current):
                 st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
                                "check": failure.check, "gpu": failure.gpu}
             st["passes"] = 0

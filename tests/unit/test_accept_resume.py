@@ -14,6 +14,7 @@ from test_hooks_jobside import FakeCtld
 
 from autoheal.config import Config
 from autoheal.config.hooks_section import HooksSection
+from autoheal.hooks import checks as C
 from autoheal.hooks import engine, jobhook
 from autoheal.hooks.context import Context
 from autoheal.hooks.gather import GpuSample, NodeSample
@@ -139,3 +140,22 @@ def test_the_same_xid_back_after_the_resume_is_a_new_fault(lab):
     assert st["repaired"]["node"] == 500.0  # ends the dedupe window: the ladder climbs if it returns
     assert engine.accept_resume(lab, now=501.0) is None  # nothing left to forget: Slurm is not asked
     assert lab.slurm.calls.count("get_node") == 1
+
+
+def test_a_drain_record_left_by_a_technicians_resume_is_replaced_by_the_next_drain(lab):
+    """Soak seed 2, gpu4: a technician cleared the faults and resumed the node (`autoheal node resume`), the
+    next healthcheck found a new fault and drained, but kept the old drain record; the pass after it read
+    "our record names another reason than Slurm's" as someone else's re-drain and forgot it, and nobody
+    ever resumed gpu4. The new drain's record replaces the stale one, and the node is resumed once healthy."""
+    with lab.store.locked() as st:
+        st["faults"] = []  # the technician's --clear-faults; the drain record stays
+        st["last_result"] = None
+    lab.slurm.node = Node("n1", "IDLE", frozenset(), "")  # the technician's resume
+    pcie = C.CheckResult("pcie", C.FAIL, "pcie: GPU 1 of n1 (0000:3b:00.0): link x8 below x16", C.DRAIN, 1)
+    engine.drain_for(lab, pcie)
+    assert lab.slurm.node.drain and lab.store.read()["drain"]["reason"] == lab.slurm.node.reason
+    with lab.store.locked() as st:
+        st["passes"] = 99
+        st["drain"]["time"] = 0.0  # past the cool-down
+    assert engine.maybe_resume(lab, now=1e10)["outcome"] == "resumed"
+    assert not lab.slurm.node.drain
