@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from helpers import cancel_job, wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
+from autoheal.config import load_config
 from autoheal.journal import Journal
 from autoheal.lab.cluster import Lab
 from autoheal.lab.gpus import inject
@@ -101,6 +103,7 @@ def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
     jid, out, batch, victim, spare = hslab.submit(tmp_path)
     try:
         inject(hslab.lab, victim, 1, "xid", xid=79)
+        fault_at = time.time()
         starts = wait_text(out, SWAP_START, 60, count=2)
         text = out.read_text()
         step = _resumed_at_checkpoint(text, starts)
@@ -118,6 +121,13 @@ def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
         # accounting): it already names the new active nodes and the swap
         assert re.search(rf"nodes={batch},{spare} .*spares=none swaps=1", job.comment), job.comment
         wait_text(out, rf"step={step + 5}$", 30)
+        # past xid-watch's grace for the drained node: the job swapped off it is not requeued for it too
+        grace = load_config(hslab.layout.autoheal_conf).hooks.grace_seconds
+        time.sleep(max(0.0, fault_at + grace + 5 - time.time()))
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0, job
+        assert not [r for r in hslab.journal.read(job=jid) if r.event in ("requeue", "job-requeue")], \
+            hslab.journal.read(job=jid)
     finally:
         hslab.cleanup(jid, [victim])
 
