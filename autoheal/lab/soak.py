@@ -857,6 +857,9 @@ class Soak:
         if self.monitor.recovering:
             self.notes.append("still recovering at the end, within the loop's bound: "
                               f"{', '.join(self.monitor.recovering)}")
+        if self.monitor.queued_at_end:
+            self.notes.append(f"pending at the end, waiting their turn with enough usable nodes: "
+                              f"{', '.join(self.monitor.queued_at_end)}")
         if self.monitor.waiting_human:
             self.notes.append(f"waiting for the on-call or the technician at the end: "
                               f"{', '.join(self.monitor.waiting_human)}")

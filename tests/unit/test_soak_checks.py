@@ -446,3 +446,34 @@ def test_the_xid_drain_bound_is_judged_on_nodes_autoheal_had_to_drain():
     r = m.recovery()
     assert r["fault_to_drain_xid_event_s"]["n"] == 2 and r["fault_to_drain_xid_event_s"]["max"] == 60.0
     assert r["fault_to_drain_xid_event_in_service_s"] == {"n": 1, "p50": 0.5, "p95": 0.5, "max": 0.5}
+
+
+def test_a_job_waiting_its_turn_at_the_end_is_not_stranded():
+    """Bench seed 1: a short job pending for Resources at the end, behind trainers given one more settle
+    period, with every node in service and busy. Pending with a satisfiable request is an allowed end
+    (invariant 1); pending with no usable node, or held by nobody, is not."""
+    m = _mon()
+    busy = _nodes(gpu1=_node("ALLOCATED"), gpu2=_node("ALLOCATED"), gpu3=_node("MIXED"), gpu4=_node("ALLOCATED"))
+    final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "Resources", ())})
+    m.observe(final)
+    assert m.finish(final, [], 0, {}) == [] and m.queued_at_end == ["job 11 (Resources)"]
+    m = _mon()
+    excluded = _job("PENDING", "Resources", (), comment="x excl=gpu1,gpu2,gpu3,gpu4")
+    final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": excluded})
+    m.observe(final)
+    assert [v.invariant for v in m.finish(final, [], 0, {})] == ["stranded"]
+
+
+def test_drain_figures_count_only_the_kinds_autoheal_drains_for():
+    """Bench seed 1: an XID 94 (requeue the job, no drain) on a node in service "drained" 102 s later,
+    when another fault of the node did: that is not its drain time."""
+    m = _mon()
+    m.observe(Snapshot(99.0, _nodes(), {}))
+    m.add_fault(Injected(1, "xid94", "gpu", 100.0, node="gpu1", gpu=0))
+    m.add_fault(Injected(2, "xid79", "gpu", 200.0, node="gpu2", gpu=0))
+    m.observe(Snapshot(200.5, _nodes(gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 79")), {}))
+    m.observe(Snapshot(202.0, _nodes(gpu1=_node("IDLE+DRAIN", True, "autoheal: thermal"),
+                                      gpu2=_node("IDLE+DRAIN", True, "autoheal: xid 79")), {}))
+    r = m.recovery()
+    assert r["fault_to_drain_s"] == {"n": 1, "p50": 0.5, "p95": 0.5, "max": 0.5}
+    assert r["fault_to_drain_xid_event_in_service_s"]["n"] == 1
