@@ -621,13 +621,15 @@ class Monitor:
                 if human and state == "PENDING" and len(in_service - excl) < max(1, meta.nodes):
                     self.waiting_human.append(f"job {vid} (pending, {len(in_service - excl)} usable node(s))")
                     continue
-                if state == "PENDING" and not j.get("held") and str(j.get("reason") or "") in QUEUE_REASONS \
-                        and len(in_service - excl) >= max(1, meta.nodes):
+                reason = str(j.get("reason") or "")
+                if state == "PENDING" and not j.get("held") and len(in_service - excl) >= max(1, meta.nodes) \
+                        and (reason in QUEUE_REASONS or t - self._pending_since.get(vid, t) <= self.pending_limit):
                     # "pending with a satisfiable request" (invariant 1): waiting its turn behind jobs that
-                    # still run (seed 1 of the bench: a short job queued for Resources behind the trainers
-                    # given one more settle period). Pending for any other reason with usable nodes is judged
-                    # while the soak runs (180 s) and here.
-                    self.queued_at_end.append(f"job {vid} ({j.get('reason')})")
+                    # still run (bench seeds 1 and 3: short jobs queued for Resources, Priority or, while
+                    # retired nodes stay drained in the partition, ReqNodeNotAvail, behind the trainers given
+                    # one more settle period). Waiting without the queue moving is judged as while the soak
+                    # runs: more than pending_limit (180 s) is stranded.
+                    self.queued_at_end.append(f"job {vid} ({reason})")
                     continue
                 if state not in FINAL_STATES and state != "RUNNING":
                     self._violate("stranded", f"final-{vid}", f"job {vid} ended the soak {state} "

@@ -457,6 +457,15 @@ def test_a_job_waiting_its_turn_at_the_end_is_not_stranded():
     final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "Resources", ())})
     m.observe(final)
     assert m.finish(final, [], 0, {}) == [] and m.queued_at_end == ["job 11 (Resources)"]
+    m = _mon()  # ReqNodeNotAvail (retired nodes drained in the partition) while the queue moves: its turn too
+    m.observe(Snapshot(400.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "ReqNodeNotAvail", ())}))
+    final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "ReqNodeNotAvail", ())})
+    m.observe(final)
+    assert m.finish(final, [], 0, {}) == [] and m.queued_at_end == ["job 11 (ReqNodeNotAvail)"]
+    m = _mon()  # the same, not moving for longer than the pending limit: stranded
+    m.observe(Snapshot(100.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "ReqNodeNotAvail", ())}))
+    final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": _job("PENDING", "ReqNodeNotAvail", ())})
+    assert "stranded" in [v.invariant for v in m.observe(final)]
     m = _mon()
     excluded = _job("PENDING", "Resources", (), comment="x excl=gpu1,gpu2,gpu3,gpu4")
     final = Snapshot(500.0, busy, {"10": _job(nodes=("gpu1",)), "11": excluded})
