@@ -822,7 +822,7 @@ class Soak:
     def _finish(self) -> SoakReport:
         from autoheal.journal import Journal
 
-        final = self.snapshot() or self._last
+        final = self.monitor.with_last_seen(self.snapshot() or self._last)
         journal = Journal(self.lay.path("journal", "journal.jsonl"))
         res = journal.read_all()
         records = [r.to_dict() for r in res.records]

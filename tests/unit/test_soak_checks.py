@@ -486,3 +486,15 @@ def test_drain_figures_count_only_the_kinds_autoheal_drains_for():
     r = m.recovery()
     assert r["fault_to_drain_s"] == {"n": 1, "p50": 0.5, "p95": 0.5, "max": 0.5}
     assert r["fault_to_drain_xid_event_in_service_s"]["n"] == 1
+
+
+def test_a_job_slurm_forgot_before_the_end_is_judged_as_last_seen():
+    """slurmctld forgets a job MinJobAge (300 s) after it ended: the bench's submitit job was missing from
+    every seed's final squeue and escaped the final-state checks. It is judged as last seen."""
+    m = _mon()
+    m.observe(Snapshot(100.0, _nodes(), {"10": _job("FAILED", comment="autoheal-runner restarts=0 state=running"),
+                                         "11": _job(nodes=("gpu2",))}))
+    final = Snapshot(500.0, _nodes(), {"11": _job("COMPLETED", nodes=("gpu2",))})
+    v = m.finish(final, [], 0, {})
+    assert [x.invariant for x in v] == ["stranded"] and "opted-in job 10 ended FAILED" in v[0].message
+    assert final.jobs["10"]["purged"] is True
