@@ -279,10 +279,18 @@ def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Dict[st
     node = ctx.slurm.get_node(ctx.node)
     if node.drain or node.down:  # still drained (ours, or an admin's over it): the faults stand
         return None
-    now = time.time() if now is None else now
+    return forget_behind_drain(ctx, time.time() if now is None else now)
+
+
+def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """``accept_resume``'s work once the caller knows the node we drained is back in service and we did
+    not resume it: forget our drain record, the faults opened before it and a failing result; the
+    node counts as repaired now. Also used by xid-watch's health poll, which sees a new fault on such a
+    node before any hook has run. ``expect``: only that record (one written since is a new drain). Returns
+    what was forgotten, or None when no such record of ours is left."""
     with ctx.store.locked() as st2:
         ours = st2.get("drain")
-        if not ours:  # another hook took care of it meanwhile
+        if not ours or (expect is not None and ours != expect):  # another hook took care of it meanwhile
             return None
         drained_at = float(ours.get("time", 0) or 0)
         faults = st2.get("faults") or []

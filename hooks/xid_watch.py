@@ -308,12 +308,16 @@ class XidWatch:
 
     def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
         """A new hard fault on a node whose state says "drained by us": ask Slurm whether it still is.
-        An admin's ``scontrol resume`` is seen by the healthcheck only at its next run; until then the
-        record would keep the poll from acting on a node that is back in service. Back in service: the
-        record is forgotten and the node counts as repaired now (as ``engine.maybe_resume`` does), and
-        True is returned. Still drained (by us or anyone over us), or Slurm could not tell: the record
-        stands, nothing new (False)."""
+        An admin's ``scontrol resume`` is seen by the hooks only when one of them next runs; until then
+        the record would keep the poll from acting on a node that is back in service. Back in service:
+        the admin's resume is accepted as the hooks accept it (``engine.forget_behind_drain``: the record,
+        the faults opened before our drain and a failing result are forgotten, the node counts as
+        repaired), and True is returned. Forgetting only the record left those faults open, and the next
+        healthcheck drained the node again for the XID the admin had dealt with, not for the live fault
+        (CI: test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still_drains). Still
+        drained (by us or anyone over us), or Slurm could not tell: the record stands, nothing new."""
         from autoheal.errors import SlurmError
+        from autoheal.hooks.engine import forget_behind_drain
 
         try:
             node = self.ctx.slurm.get_node(self.ctx.node)
@@ -321,10 +325,7 @@ class XidWatch:
             return False
         if node.drain or node.down:
             return False
-        with self.ctx.store.locked() as st:
-            if st.get("drain") == ours:
-                st["drain"] = None
-                S.mark_repaired(st, None, time.time())
+        forget_behind_drain(self.ctx, time.time(), expect=ours)
         return True
 
     def _refresh_repairs(self, events: List[XidEvent], now: float) -> None:

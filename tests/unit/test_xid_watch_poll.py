@@ -189,6 +189,31 @@ def test_a_drain_of_ours_an_admin_resumed_does_not_hide_a_new_fault(tmp_path):
     assert ctx.store.read()["drain"]["source"] == "xid-watch"
 
 
+def test_a_resume_the_poll_sees_first_forgets_the_faults_behind_our_drain_as_the_hooks_do(tmp_path):
+    """CI (test_admin_resume_without_clear_faults_...): XID 79 on GPU 1 opened a fault and drained the
+    node; the admin resumed it; the poll saw the GPU lost before any hook ran and forgot only the drain
+    record. The XID fault stayed open, and the next healthcheck drained the node for it (the fault the
+    admin had dealt with) instead of for the live one. The poll now accepts the resume as the hooks do."""
+    watch, ctx = make_watch(tmp_path)
+    xid79 = "xid 79 on GPU 1 of n1 (0000:1c:00.0): fallen off the bus"
+    with ctx.store.locked() as st:
+        st["faults"] = [{"check": "xid", "gpu": 1, "action": "replace-node", "reason": xid79, "since": 90.0}]
+        st["drain"] = {"reason": f"autoheal: {xid79}", "time": 90.5, "source": "xid-watch", "check": "xid",
+                       "gpu": 1}
+    ctx.slurm.resume("n1")  # the admin's resume; no hook has run since
+    lost = sample((1, "error", "lost"), (1, "ok", False))
+    assert watch.handle_poll(judge(lost), read_ok(lost), now=100.0) == []  # the sample may predate it
+    st = ctx.store.read()
+    assert st["faults"] == [] and st["drain"] is None and S.repaired_at(st, 1) > 0
+    assert [kw["action"] for ev, kw in ctx.records if ev == "resume"] == ["accept-resume"]
+    new = watch.handle_poll(judge(lost), read_ok(lost), now=time.time())
+    assert [r.check for r in new] == ["gpu-lost"]
+    assert ctx.slurm.node.reason.startswith("autoheal: gpu-lost: GPU 1 of n1")
+    # the healthcheck that follows judges the live GPU, not the forgotten XID: no other reason
+    assert engine.drain_for(ctx, C.worst_failure(judge(lost)))["outcome"] == nodeops.SKIPPED_SAME
+    assert not ctx.store.read()["faults"]
+
+
 def test_the_same_fault_on_a_node_an_admin_resumed_is_acted_on_at_the_job_sides_next_look(tmp_path):
     watch, ctx = make_watch(tmp_path)
     ours = "autoheal: ecc: GPU 1 of n1 (0000:1c:00.0): 1 uncorrectable ECC errors"
