@@ -34,6 +34,32 @@ def submitit_available() -> bool:
     return True
 
 
+def start_client(env: dict, workdir: Path, folder: Path, steps: int, step_seconds: float, grace: int,
+                 extra: List[str], out: Path, timeout: float = 60.0) -> tuple:
+    """Start the submitit example's client (sbatch_helpers/examples/submitit_job.py, the real submitit)
+    and wait until it has submitted its job. Returns (the client process, the job id). Raises LabError
+    when it does not submit within ``timeout`` (its output's tail says why)."""
+    import autoheal.sbatch_helpers as helpers
+
+    example = Path(helpers.__file__).parent / "examples" / "submitit_job.py"
+    argv = [sys.executable, str(example), "--folder", str(folder), "--steps", str(steps),
+            "--step-seconds", str(step_seconds), "--grace", str(grace), "--wait", "3600", *extra]
+    env = dict(env, PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
+    with open(out, "w") as fh:
+        client = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(workdir),
+                                  stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = re.search(r"(?m)^submitted (\S+)$", out.read_text(errors="replace"))
+        if m:
+            return client, m.group(1)
+        if client.poll() is not None:
+            break
+        time.sleep(POLL)
+    raise LabError(f"the submitit client did not submit within {timeout:.0f} s: "
+                   f"{out.read_text(errors='replace')[-800:]}")
+
+
 class SubmititDrill(Drill):
     """The drill with a submitit job (one node) instead of the 2-node example trainer."""
 
@@ -48,36 +74,20 @@ class SubmititDrill(Drill):
 
     # ---- submission --------------------------------------------------------------------------------
     def submit(self) -> str:
-        import autoheal.sbatch_helpers as helpers
         from autoheal.config import load_config
 
         if not submitit_available():
             raise LabError("--submitit needs submitit: pip install submitit (or pip install -e '.[test]')")
         self.workdir.mkdir(parents=True, exist_ok=True)
-        example = Path(helpers.__file__).parent / "examples" / "submitit_job.py"
         grace = int(load_config(self.lay.autoheal_conf).hooks.grace_seconds)
-        argv = [sys.executable, str(example), "--folder", str(self.folder), "--steps", str(STEPS),
-                "--step-seconds", str(self.step_seconds), "--grace", str(grace), "--wait", "3600"]
-        if self.lay.spares:
-            argv += ["--exclude", ",".join(self.lay.spares)]
+        extra = ["--exclude", ",".join(self.lay.spares)] if self.lay.spares else []
         if self.opt_in:
-            argv.append("--via-autoheal-sbatch")
-        env = dict(self.env, PATH=os.path.dirname(sys.executable) + os.pathsep + self.env.get("PATH", ""))
-        out = self.workdir / "client.out"
-        with open(out, "w") as fh:
-            self.client = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                           cwd=str(self.workdir), stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = re.search(r"(?m)^submitted (\S+)$", out.read_text(errors="replace"))
-            if m:
-                self.report.job_id = m.group(1)
-                self.tail = OutputTail(self.folder / f"{m.group(1)}_0_log.out")
-                return m.group(1)
-            if self.client.poll() is not None:
-                break
-            time.sleep(POLL)
-        raise LabError(f"the submitit client did not submit within 60 s: {out.read_text(errors='replace')[-800:]}")
+            extra.append("--via-autoheal-sbatch")
+        self.client, jid = start_client(self.env, self.workdir, self.folder, STEPS, self.step_seconds, grace, extra,
+                                        self.workdir / "client.out")
+        self.report.job_id = jid
+        self.tail = OutputTail(self.folder / f"{jid}_0_log.out")
+        return jid
 
     def wait_first_checkpoint(self, timeout: float = 90.0) -> str:
         """Until the trainer computes (step 5: submitit checkpoints only when signalled); its node."""

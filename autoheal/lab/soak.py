@@ -230,31 +230,15 @@ class Soak:
         except ImportError:
             self.notes.append("submitit is not installed (pip install -e '.[test]'): no submitit job in the workload")
             return
-        import autoheal.sbatch_helpers as helpers
+        from autoheal.lab.drill_submitit import start_client
 
-        example = Path(helpers.__file__).parent / "examples" / "submitit_job.py"
         folder = self.workdir / "submitit"
-        argv = [sys.executable, str(example), "--folder", str(folder), "--steps", str(steps), "--step-seconds",
-                str(STEP_SECONDS), "--grace", str(int(self.cfg.hooks.grace_seconds)), "--wait", "3600",
-                "--via-autoheal-sbatch"]
-        env = dict(self.env, PATH=os.path.dirname(sys.executable) + os.pathsep + self.env.get("PATH", ""))
         out = self.workdir / "submitit-client.out"
-        with open(out, "w") as fh:
-            self._client = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                            cwd=str(self.workdir), stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = re.search(r"(?m)^submitted (\S+)$", _read(str(out)))
-            if m:
-                jid = m.group(1)
-                self.jobs.append(JobMeta(jid, "submitit", opted_in=True, steps=steps, nodes=1,
-                                         output=str(folder / f"{jid}_0_log.out")))
-                self._client_out = str(out)
-                return
-            if self._client.poll() is not None:
-                break
-            time.sleep(0.3)
-        raise LabError(f"the submitit client did not submit within 60 s: {_read(str(out))[-800:]}")
+        self._client, jid = start_client(self.env, self.workdir, folder, steps, STEP_SECONDS,
+                                         int(self.cfg.hooks.grace_seconds), ["--via-autoheal-sbatch"], out)
+        self.jobs.append(JobMeta(jid, "submitit", opted_in=True, steps=steps, nodes=1,
+                                 output=str(folder / f"{jid}_0_log.out")))
+        self._client_out = str(out)
 
     def _stop_client(self) -> None:
         c = self._client
@@ -842,7 +826,7 @@ class Soak:
                     try:  # the client reads the result pickle once a second
                         self._client.wait(timeout=20)
                     except subprocess.TimeoutExpired:
-                        pass
+                        pass  # judged below: a COMPLETED job whose client got no result is a violation
                 outputs[j.job_id] = _read(j.output) + "\n" + _read(self._client_out)
             elif j.role == "array":
                 for task in (0, 1):
@@ -895,8 +879,6 @@ class Soak:
         """Seconds the loop needs by design to bring a drained node back: a healthcheck to find the
         fault and one to repair it, ``hooks.resume_after_passes`` passing ones, the cool-down, and 15 s
         of slack (HealthCheckInterval read from the lab's slurm.conf)."""
-        import re
-
         m = re.search(r"^HealthCheckInterval=(\d+)", self.lay.slurm_conf.read_text(), re.M)
         interval = float(m.group(1)) if m else 30.0
         return (2 + self.cfg.hooks.resume_after_passes) * interval + self.cfg.hooks.resume_cooldown + 15.0
