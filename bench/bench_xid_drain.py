@@ -28,7 +28,6 @@ def measure(runs: int = 20) -> dict:
     from autoheal import nodeops
     from autoheal.lab.cluster import Lab
     from autoheal.lab.gpus import inject
-    from autoheal.reasons import is_ours
     from autoheal.slurm.cli_backend import CliSlurm
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-xid-")))
@@ -39,20 +38,25 @@ def measure(runs: int = 20) -> dict:
         for i in range(runs):
             node = lab.layout().nodes[i % 3]
             t0 = inject(lab, node, i % 8, "xid", xid=79)["time"]
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                n = slurm.get_node(node)
-                if n.drain and is_ours(n.reason):
-                    samples.append(time.time() - t0)
-                    break
-                time.sleep(0.02)
+            _sample_drain(slurm, node, t0, samples, timeout=30, step=0.02)
             inject(lab, node, i % 8, "clear")
             nodeops.resume(slurm, node)
-        samples.sort()
-        return {"runs": len(samples), "p50_s": round(statistics.median(samples), 3),
-                "p95_s": round(samples[max(0, int(0.95 * len(samples)) - 1)], 3), "max_s": round(samples[-1], 3)}
+        return _percentiles(samples)
     finally:
         lab.down()
+
+
+def _sample_drain(slurm, node: str, t0: float, samples: list, timeout: float, step: float) -> None:
+    """Append the seconds from ``t0`` until ``node`` carries a drain of ours (nothing after ``timeout``)."""
+    from autoheal.reasons import is_ours
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        n = slurm.get_node(node)
+        if n.drain and is_ours(n.reason):
+            samples.append(time.time() - t0)
+            return
+        time.sleep(step)
 
 
 def _percentiles(samples: list) -> dict:
@@ -78,7 +82,6 @@ def measure_polled(runs: int, idle_seconds: float) -> dict:
     from autoheal.lab import procs, wiring
     from autoheal.lab.cluster import Lab
     from autoheal.lab.fakenvml import state as gstate
-    from autoheal.reasons import is_ours
     from autoheal.slurm.cli_backend import CliSlurm
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-polled-")))
@@ -126,13 +129,7 @@ def measure_polled(runs: int, idle_seconds: float) -> dict:
                 with gstate.update_state(lay.gpu_state(node)) as st:
                     st.gpus[gpu].ecc_volatile_uncorrected += 1
                     st.gpus[gpu].ecc_aggregate_uncorrected += 1
-                deadline = time.monotonic() + 90
-                while time.monotonic() < deadline:
-                    n = slurm.get_node(node)
-                    if n.drain and is_ours(n.reason):
-                        samples.append(time.time() - t0)
-                        break
-                    time.sleep(0.05)
+                _sample_drain(slurm, node, t0, samples, timeout=90, step=0.05)
                 heal(node, gpu)
                 time.sleep(1.0)  # the poll sees the healed GPU (and a fault on the next node is its own)
             out[mode] = dict(_percentiles(samples), samples=[round(x, 2) for x in samples])
