@@ -7,22 +7,16 @@ before the epilog ended (seen in CI: 11 ms) left the node drained "Epilog error"
 from __future__ import annotations
 
 import pytest
+from test_accept_resume import _sample
 from test_hooks_jobside import FakeCtld
 
 from autoheal.config import Config
 from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import engine, jobhook
 from autoheal.hooks.context import Context
-from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.slurm.model import Node
 
 LOST = "autoheal: gpu-lost: GPU 2 of n1"
-
-
-def _sample(lost=()):
-    gpus = [GpuSample(index=i, ok=i not in lost, error="lost" if i in lost else "", name="fake",
-                      pci=f"0000:{i:02x}:00.0") for i in range(4)]
-    return NodeSample(node="n1", driver_version="550.54.15", count=4, gpus=gpus)
 
 
 @pytest.fixture
