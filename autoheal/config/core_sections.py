@@ -67,3 +67,10 @@ class NotifySection:
     min_severity: str = setting("action", doc="Post records of this severity and above.",
                                 choices=("info", "action", "error"))
     cluster_name: Optional[str] = setting(None, doc="Name shown in notifications; default: Slurm's ClusterName.")
+    job_burst: int = setting(1, doc="Records about one job with the same event posted per job_window by a "
+                             "long-running sender (guard, xid-watch, sync); the rest are held back and one "
+                             "summary is posted when the window ends. A user looping requeues on their own job "
+                             "cannot flood the on-call. 0: no limit.", min=0, max=1000)
+    job_window: float = setting(600.0, doc="Seconds of one job_burst window.", min=1, max=86400)
+    job_tracked: int = setting(1000, doc="(job, event) pairs the limit remembers at most (the oldest is "
+                               "summarised and forgotten first): bounded memory.", min=1, max=1_000_000)
