@@ -357,7 +357,8 @@ class Notifier:
         urls = list(self.urls) + [u for u in (extra_urls or []) if _is_http(u)]
         if not urls or not (force or self.wants(rec) or extra_urls):
             return
-        admitted, due = True, []
+        admitted = True
+        due: List[Tuple[Record, List[str]]] = []
         if self.job_limit is not None and not force:
             with self._lock:
                 admitted, due = self.job_limit.admit(rec, list(extra_urls or []))
