@@ -1048,6 +1048,12 @@ class CheckpointManager:
         """One attempt to put ``tmp`` in the place of an existing ``final``; False: try again."""
         st = os.lstat(final)
         is_dir = stat.S_ISDIR(st.st_mode)
+        if is_dir and st.st_uid not in self.trusted:
+            # another user's folder under this name (a shared folder): not ours to replace or delete
+            keep_as = self.directory / f"{final.name}.foreign-uid{st.st_uid}-{secrets.token_hex(2)}"
+            os.rename(final, keep_as)
+            log.warning("checkpoint %s belongs to uid %d; kept as %s", final, st.st_uid, keep_as.name)
+            return False
         other = verify_checkpoint(final, "size", uids=self.trusted) if is_dir else None
         reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
         # another job's checkpoint: never overwritten; kept under a name loading ignores
@@ -1094,7 +1100,12 @@ class CheckpointManager:
         valid_seen = 0
         for step, name in ckpts:
             path = self.directory / name
-            if path.is_symlink():  # not something we made: leave it alone
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            # not something we made (a symlink), or another user's: leave it alone
+            if stat.S_ISLNK(st.st_mode) or st.st_uid not in self.trusted:
                 continue
             found = verify_checkpoint(path, "size", uids=self.trusted)
             ok = isinstance(found, Checkpoint)

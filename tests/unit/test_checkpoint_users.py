@@ -244,3 +244,26 @@ def test_trusted_uids_and_missing_parts_of_a_path():
     assert trusted_uids({TRUSTED_UIDS_ENV: " 7, x,8 ,"}, euid=1000) == {0, 1000, 7, 8}
     assert path_problem("/nonexistent-autoheal/x/y", frozenset({0})) is None  # nothing there to resume
     assert stat.S_ISVTX & os.stat("/tmp").st_mode  # the premise of the sticky tests
+
+
+def test_pruning_and_saving_never_delete_another_users_checkpoint(base):
+    """A folder both users may write (no sticky bit): the victim's pruning and a save of the same step
+    leave the other user's checkpoints in place (a checkpoint is never lost, even one we do not trust)."""
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    theirs = as_user(ATTACKER, save, str(shared), 5, "teammate's step 5", {})
+    as_user(ATTACKER, save, str(shared), 1, "teammate's step 1", {})
+
+    def save_many(d):
+        mgr = CheckpointManager(d, rank=0, keep=1, environ=VICTIM_ENV)
+        for step in (2, 3, 5, 6):
+            mgr.save(step, f"mine {step}".encode())
+        return sorted(os.listdir(d))
+
+    names = as_user(VICTIM, save_many, str(shared))
+    assert "ckpt-00000001" in names, names  # not pruned
+    kept = [n for n in names if n.startswith(f"ckpt-00000005.foreign-uid{ATTACKER}-")]
+    assert len(kept) == 1, names
+    assert (shared / kept[0] / "payload.bin").read_bytes() == b"teammate's step 5"
+    assert Path(theirs).name == "ckpt-00000005" and (shared / "ckpt-00000006").stat().st_uid == VICTIM
