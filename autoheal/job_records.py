@@ -46,6 +46,8 @@ from autoheal.reasons import sanitize
 #: A job's records on one node; more is not the runner's (a few per run) and is dropped.
 MAX_BYTES = 1 << 20
 MAX_RECORDS = 500
+#: Spool entries the epilog looks at (the files of finished jobs are removed by their epilogs).
+MAX_SCAN = 20000
 #: The claimed evidence kept per record (JSON characters).
 MAX_EVIDENCE = 4096
 SOURCE = "job"
@@ -188,11 +190,19 @@ def collect(spool: Union[str, Path], ident: JobIdentity, local_node: str) -> Col
         out.problems.append(problem)
         return out
     pattern = _name_pattern(ident.job_id)
-    try:
-        names = sorted(n for n in os.listdir(spool) if pattern.fullmatch(n))
+    names: List[str] = []
+    try:  # bounded: a spool a user filled with files must not hold up the epilog
+        with os.scandir(spool) as entries:
+            for seen, entry in enumerate(entries):
+                if seen >= MAX_SCAN:
+                    out.problems.append(f"job spool {spool}: more than {MAX_SCAN} files; the rest not looked at")
+                    break
+                if pattern.fullmatch(entry.name):
+                    names.append(entry.name)
     except OSError as exc:
         out.problems.append(f"job spool {spool}: {exc.strerror or exc}")
         return out
+    names.sort()
     budget = MAX_RECORDS
     for name in names:
         path = Path(spool) / name

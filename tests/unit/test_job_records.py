@@ -63,3 +63,17 @@ def test_the_outbox_is_bounded(tmp_path, monkeypatch):
     assert 1 <= sum(r is not None for r in kept) < 20
     assert (tmp_path / f"77.{os.geteuid()}.jsonl").stat().st_size <= 2000
     assert len(said) == 1 and "more than 2000 bytes of records" in said[0]
+
+
+def test_the_epilog_looks_at_a_bounded_number_of_spool_files(tmp_path, monkeypatch):
+    if os.geteuid() != 0:
+        import pytest
+
+        pytest.skip("the spool is root's")
+    spool = tmp_path / "spool"
+    assert JR.ensure_spool(spool) is None and oct(spool.stat().st_mode & 0o7777) == "0o1733"
+    for i in range(30):
+        (spool / f"junk-{i}").write_text("")
+    monkeypatch.setattr(JR, "MAX_SCAN", 10)
+    found = JR.collect(spool, IDENT, "n1")
+    assert found.records == [] and found.problems == [f"job spool {spool}: more than 10 files; the rest not looked at"]
