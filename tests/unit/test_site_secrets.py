@@ -129,3 +129,18 @@ def test_an_old_config_with_webhooks_in_the_main_file_keeps_working_with_a_warni
     S._WARNED.clear()
     load_config(main)
     assert "can be read by every user" not in capsys.readouterr().err
+
+
+def test_config_show_never_prints_the_secrets_and_validate_checks_them(site):
+    from click.testing import CliRunner
+
+    from autoheal.cli.main import cli
+
+    main, secrets = site
+    write(secrets, f'[notify]\nwebhooks = ["{SITE}"]\n', 0o600)
+    for args in (["config", "show", "--config", str(main)], ["config", "show", "--json", "--config", str(main)]):
+        res = CliRunner().invoke(cli, args)
+        assert res.exit_code == 0 and "SITE" not in res.output, res.output
+    secrets.chmod(0o666)
+    res = CliRunner().invoke(cli, ["config", "validate", str(main)])
+    assert res.exit_code == 2 and "other users can change the secrets file" in res.output
