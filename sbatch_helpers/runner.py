@@ -810,8 +810,8 @@ def _records(cfg: Any, ident: JobIdentity, as_root: bool) -> Tuple[Any, Optional
             return journal, Notifier.from_config(cfg, journal)
         from autoheal.job_records import JobOutbox
 
-        return (JobOutbox(cfg.journal.job_spool, ident.raw_id or ident.job_id, say=say),
-                Notifier([], n.timeout, n.retries, n.min_severity, n.cluster_name or ""))
+        outbox = JobOutbox(cfg.journal.job_spool, ident.raw_id, say=say) if ident.raw_id.isdigit() else None
+        return outbox, Notifier([], n.timeout, n.retries, n.min_severity, n.cluster_name or "")
     except Exception as exc:
         say(f"warning: journal/notifications unavailable: {exc}")
         return None, None
@@ -833,8 +833,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         cfg = load_config(secrets=as_root)  # a user's runner never reads (or needs) a site secret
     except AutohealError as exc:
-        say(f"warning: {exc}; using default settings")
-        cfg = Config()
+        cfg = None
+        if as_root:  # a broken secrets file costs the webhooks, not the Slurm settings
+            try:
+                cfg = load_config(secrets=False)
+                say(f"warning: {exc}; going on without the site's secrets")
+            except AutohealError:
+                cfg = None
+        if cfg is None:
+            say(f"warning: {exc}; using default settings")
+            cfg = Config()
     ident = JobIdentity.from_env(os.environ)
     slurm = None
     try:

@@ -144,3 +144,20 @@ def test_config_show_never_prints_the_secrets_and_validate_checks_them(site):
     secrets.chmod(0o666)
     res = CliRunner().invoke(cli, ["config", "validate", str(main)])
     assert res.exit_code == 2 and "other users can change the secrets file" in res.output
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runner reads the secrets only as root")
+def test_a_root_runner_with_a_broken_secrets_file_keeps_the_rest_of_the_config(tmp_path, monkeypatch, capsys):
+    from autoheal.journal import Journal
+    from autoheal.sbatch_helpers import runner
+
+    journal = tmp_path / "journal.jsonl"
+    main = write(tmp_path / "autoheal.toml", f'[journal]\npath = "{journal}"\nfsync = false\n'
+                 f'[slurm]\nbin_dir = "{tmp_path}"\n[notify]\nsecrets_file = "{tmp_path}/secrets.toml"\n', 0o644)
+    write(tmp_path / "secrets.toml", f'[notify]\nwebhooks = ["{SITE}"]\n', 0o666)
+    for k, v in {"AUTOHEAL_CONFIG": str(main), "SLURM_JOB_ID": "5", "SLURM_RESTART_COUNT": "3"}.items():
+        monkeypatch.setenv(k, v)
+    assert runner.main(["--max-restarts", "1", "--", "/bin/true"]) == runner.EXIT_MAX_RESTARTS
+    err = capsys.readouterr().err
+    assert "other users can change the secrets file" in err and "going on without the site's secrets" in err
+    assert [r.event for r in Journal(journal).read()][-1] == "job-max-restarts"  # the configured journal
