@@ -10,6 +10,13 @@ into 10 s). So:
   minutes; here a timer shuts the attempt's socket down when the deadline passes.
 - ``flush(timeout)`` waits at most ``timeout`` for the queues to drain, and says whether they did.
 
+Text from users (job comments, job names, the records a job's runner leaves for the epilog) reaches these
+messages, so every field of the human text goes through ``escape_markup`` (issue 25, item 7): no Slack
+``<!channel>``/``<!here>``/``<@U..>``, no ``@channel``/``@here``/``@everyone`` for Mattermost, Discord or
+Teams, no HTML and no Markdown link. And one job cannot flood the on-call: a long-running sender (the
+guard, xid-watch) sends the first ``job_burst`` records of each (job, event) per ``job_window`` seconds
+and then one summary of what it held back (``JobRateLimit``).
+
 Uses urllib (stdlib) rather than requests: hooks import this on compute nodes, where start-up time is
 the budget. Proxies from the environment still apply; redirects are not followed (a POST redirected
 would arrive as an empty GET, or at another scheme). Failures are journalled as ``notify-failed``.
@@ -19,13 +26,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections import deque
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Deque, Dict, List, Optional, Tuple
 from urllib.parse import urlsplit
 
@@ -45,19 +54,128 @@ QUEUE_MAX = 200
 RESULTS_MAX = 1000
 
 
+#: ``@`` starting a word: ``@channel``, ``@here``, ``@everyone``, ``@all``, ``@user`` (not ``a@b.c``).
+_AT_WORD = re.compile(r"(?<![\w.])@(?=\w)")
+_ZWSP = "\u200b"
+
+
+def escape_markup(text: str) -> str:
+    """``text`` that no chat service reads as a mention, a link or markup, and that still reads the same.
+
+    ``& < >`` become ``&amp; &lt; &gt;`` (Slack's own escaping, which it shows as the characters: no
+    ``<!channel>``, ``<!here>``, ``<@U123>``, ``<#C1>``, ``<!subteam^..>``, ``<http://x|click>``; and no HTML
+    tag for Teams); a zero-width space after an ``@`` that starts a word keeps ``@channel``, ``@here``,
+    ``@everyone`` from notifying anyone (Mattermost, Discord, Teams); and one between ``](`` breaks a
+    Markdown link ``[text](url)``. Apply it to text already through ``sanitize`` (which would turn the
+    zero-width space into a plain space).
+    """
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    text = _AT_WORD.sub("@" + _ZWSP, text)
+    return text.replace("](", "]" + _ZWSP + "(")
+
+
+def _field(text: Any, limit: int) -> str:
+    return escape_markup(sanitize("" if text is None else str(text), limit))
+
+
 def format_text(rec: Record, cluster: str = "") -> str:
-    """One human line: ``[cluster] gpu1: drain (xid 79 on GPU 3 of gpu1...) -> drained``."""
-    where = f"[{cluster}] " if cluster else ""
-    parts = [f"{where}{rec.node or rec.host}: {rec.event}"]
+    """One human line: ``[cluster] gpu1: drain (xid 79 on GPU 3 of gpu1...) -> drained``; every field
+    sanitised and escaped (:func:`escape_markup`), the separators kept as they are."""
+    where = f"[{_field(cluster, 100)}] " if cluster else ""
+    parts = [f"{where}{_field(rec.node or rec.host, 100)}: {_field(rec.event, 100)}"]
     if rec.check:
-        parts.append(f"check {rec.check}")
+        parts.append(f"check {_field(rec.check, 100)}")
     if rec.message:
-        parts.append(rec.message)
+        parts.append(_field(rec.message, 1200))
     if rec.job_ids:
-        parts.append("jobs " + ",".join(str(j) for j in rec.job_ids))
+        parts.append("jobs " + _field(",".join(str(j) for j in rec.job_ids), 200))
     if rec.outcome:
-        parts.append(f"-> {rec.outcome}")
-    return sanitize(" | ".join(parts), 1500)
+        parts.append(f"-> {_field(rec.outcome, 100)}")
+    return " | ".join(parts)
+
+
+# ---- at most a few notifications per job ---------------------------------------------------------------------
+
+#: Defaults of ``notify.job_burst``, ``notify.job_window`` and ``notify.job_tracked``.
+JOB_BURST, JOB_WINDOW, JOB_TRACKED = 1, 600.0, 1000
+
+
+@dataclass
+class _Held:
+    """One (job, event): when its window began, how many were sent and held back in it."""
+
+    start: float
+    sent: int = 0
+    held: int = 0
+    last: Optional[Record] = None
+    extra_urls: List[str] = field(default_factory=list)
+
+
+class JobRateLimit:
+    """Per (job, event): the first ``burst`` records of a ``window`` are sent, the rest held back and
+    counted; one summary record says how many once the window ends (or the sender stops). A user who
+    loops ``scontrol requeuehold`` on their own job gets one guard-release notification and a summary,
+    not one a pass. Only records about exactly one job count (a node's drain naming several jobs is
+    never held back), each event on its own (a job's first requeue is never hidden behind its releases).
+    At most ``tracked`` keys are kept (the oldest goes first, its summary sent): bounded memory.
+    ``burst`` 0: no limit."""
+
+    def __init__(self, burst: int = JOB_BURST, window: float = JOB_WINDOW, tracked: int = JOB_TRACKED,
+                 clock: Callable[[], float] = time.monotonic):
+        self.burst = burst
+        self.window = window
+        self.tracked = max(1, tracked)
+        self.clock = clock
+        self._keys: OrderedDict[Tuple[str, str], _Held] = OrderedDict()
+
+    @staticmethod
+    def key(rec: Record) -> Optional[Tuple[str, str]]:
+        if len(rec.job_ids) != 1:
+            return None
+        return (str(rec.job_ids[0]), rec.event)
+
+    def admit(self, rec: Record, extra_urls: List[str]) -> Tuple[bool, List[Tuple[Record, List[str]]]]:
+        """(send ``rec`` now?, summaries due now). Caller holds the notifier's lock."""
+        now = self.clock()
+        due = self.due(now)
+        key = self.key(rec)
+        if not self.burst or key is None:
+            return True, due
+        held = self._keys.get(key)
+        if held is None:
+            held = self._keys[key] = _Held(start=now)
+            while len(self._keys) > self.tracked:
+                _, old = self._keys.popitem(last=False)
+                due.extend(self._summary(old))
+        self._keys.move_to_end(key)
+        if held.sent < self.burst:
+            held.sent += 1
+            return True, due
+        held.held += 1
+        held.last, held.extra_urls = rec, list(extra_urls)
+        return False, due
+
+    def due(self, now: Optional[float] = None, everything: bool = False) -> List[Tuple[Record, List[str]]]:
+        """Summaries of windows that ended (all of them with ``everything``); ended windows are forgotten."""
+        now = self.clock() if now is None else now
+        out: List[Tuple[Record, List[str]]] = []
+        for key in [k for k, h in self._keys.items() if everything or now - h.start >= self.window]:
+            out.extend(self._summary(self._keys.pop(key), now))
+        return out
+
+    def _summary(self, held: _Held, now: Optional[float] = None) -> List[Tuple[Record, List[str]]]:
+        if not held.held or held.last is None:
+            return []
+        last = held.last
+        job = last.job_ids[0]
+        span = (self.clock() if now is None else now) - held.start
+        rec = Record(event="notify-summary", node=last.node, job_ids=[job], severity=last.severity,
+                     source="notify", time=time.time(),
+                     message=f"{held.held} more '{last.event}' record(s) about job {job} in {span:.0f}s were not "
+                             f"posted (at most {self.burst} per job and event every {self.window:g}s: "
+                             f"notify.job_burst, notify.job_window); the last: {last.message}; all are in the "
+                             f"journal: autoheal events --job {job}")
+        return [(rec, held.extra_urls)]
 
 
 # ---- one HTTP attempt with a total deadline ---------------------------------------------------------------
@@ -203,7 +321,10 @@ class Notifier:
 
     def __init__(self, urls: List[str], timeout: float = 3.0, retries: int = 2, min_severity: str = "action",
                  cluster: str = "", journal: Optional[Journal] = None,
-                 sleep: Callable[[float], None] = time.sleep, queue_max: int = QUEUE_MAX):
+                 sleep: Callable[[float], None] = time.sleep, queue_max: int = QUEUE_MAX,
+                 job_limit: Optional[JobRateLimit] = None):
+        #: None: no per-job limit (``from_config`` sets the configured one)
+        self.job_limit = job_limit
         self.urls = [u for u in urls if _is_http(u)]
         self.timeout = timeout
         self.retries = retries
@@ -223,7 +344,9 @@ class Notifier:
     @classmethod
     def from_config(cls, config: Config, journal: Optional[Journal] = None) -> Notifier:
         n = config.notify
-        return cls(n.webhooks, n.timeout, n.retries, n.min_severity, n.cluster_name or "", journal)
+        limit = JobRateLimit(n.job_burst, n.job_window, n.job_tracked) if n.job_burst else None
+        return cls(n.webhooks, n.timeout, n.retries, n.min_severity, n.cluster_name or "", journal,
+                   job_limit=limit)
 
     def wants(self, rec: Record) -> bool:
         level = SEVERITIES.index(rec.severity) if rec.severity in SEVERITIES else 0
@@ -234,12 +357,38 @@ class Notifier:
         urls = list(self.urls) + [u for u in (extra_urls or []) if _is_http(u)]
         if not urls or not (force or self.wants(rec) or extra_urls):
             return
+        admitted = True
+        due: List[Tuple[Record, List[str]]] = []
+        if self.job_limit is not None and not force:
+            with self._lock:
+                admitted, due = self.job_limit.admit(rec, list(extra_urls or []))
+        for summary, summary_urls in due:
+            self._post(summary, list(self.urls) + [u for u in summary_urls if _is_http(u)])
+        if admitted:
+            self._post(rec, urls)
+
+    def _post(self, rec: Record, urls: List[str]) -> None:
         payload = {"text": format_text(rec, self.cluster), "autoheal": json.loads(rec.to_json())}
         for url in dict.fromkeys(urls):
             self._enqueue(url, payload, rec)
 
-    def flush(self, timeout: float = 5.0) -> bool:
-        """Wait up to ``timeout`` seconds in total for queued deliveries; True when all finished."""
+    def send_summaries(self, everything: bool = True) -> None:
+        """Post the summaries of records the per-job limit held back (all of them: the sender is stopping;
+        else those whose window ended)."""
+        if self.job_limit is None:
+            return
+        with self._lock:
+            due = self.job_limit.due(everything=everything)
+        for summary, summary_urls in due:
+            self._post(summary, list(self.urls) + [u for u in summary_urls if _is_http(u)])
+
+    def flush(self, timeout: float = 5.0, summaries: Optional[bool] = None) -> bool:
+        """Wait up to ``timeout`` seconds in total for queued deliveries; True when all finished.
+
+        ``summaries`` (default: when ``timeout`` > 0, i.e. the sender is about to stop; ``flush(0)`` only
+        forgets finished deliveries): first post every summary of records the per-job limit held back."""
+        if summaries if summaries is not None else timeout > 0:
+            self.send_summaries()
         deadline = time.monotonic() + timeout
         with self._idle:
             while self._pending:

@@ -53,6 +53,8 @@ def _run(ctx: Context, kind: str) -> int:
     mapping_dir = ctx.path(h.dcgm_mapping_dir)
     if kind == "epilog" and job and mapping_dir:
         mapping.remove_job(mapping_dir, job)
+    if kind == "epilog" and job:
+        _job_records(ctx)
     failure = None
     # Our drain on record while Slurm has the node in service: someone resumed it. That resume ends the
     # faults behind our drain; the GPUs are then checked in full, live (engine.accept_resume).
@@ -77,6 +79,35 @@ def _run(ctx: Context, kind: str) -> int:
     if kind == "prolog" and job and mapping_dir:
         _write_mapping(ctx, job, mapping_dir)
     return 0
+
+
+def _job_records(ctx: Context) -> None:
+    """Move the records the job's runner left in the node's spool (as the job's user) into the journal
+    and the webhooks, as that user's text (``autoheal/job_records.py``). Never fails the epilog."""
+    from autoheal import job_records
+
+    notifier = None
+    try:
+        ident = job_records.JobIdentity.from_env(dict(os.environ))
+        if ident is None:
+            return
+        found = job_records.collect(ctx.cfg.journal.job_spool, ident, ctx.node)
+        for problem in found.problems:
+            print(f"autoheal: warning: job {ident.job_id}'s records: {problem}", file=sys.stderr)
+        for rec in found.records:
+            ctx.journal.append(rec)  # JournalError: the files stay for the next epilog (at least once)
+            if rec.severity != "info" and ctx.cfg.notify.webhooks:
+                if notifier is None:
+                    from autoheal.notify import Notifier
+
+                    notifier = Notifier.from_config(ctx.cfg, ctx.journal)
+                notifier.send(rec)
+        job_records.remove(found.files)
+    except Exception as exc:  # the job's records are worth a warning, never an epilog failure
+        print(f"autoheal: warning: job records: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        if notifier is not None:
+            notifier.flush(min(5.0, ctx.cfg.notify.timeout))
 
 
 def _accept_resume(ctx: Context, kind: str) -> bool:

@@ -43,6 +43,14 @@ id, e.g. after the cluster's job ids were reset -- unless ``AUTOHEAL_ALLOW_FOREI
 checkpoints of other job ids (a folder shared on purpose, e.g. one ``--checkpoint-dir`` for a chain of
 jobs) load as before. Pruning never deletes such a foreign checkpoint, and a save never overwrites one:
 it is kept under ``ckpt-<step>.foreign-<token>`` (a name loading ignores).
+
+Users (issue 25, item 8; ``ckpt_trust.py``): the token and job id say which *job* saved a checkpoint, not
+which *user*: both can be copied. Every save also records ``uid`` (the saver's effective uid), and
+loading only accepts a checkpoint whose folder, manifest, marker and files are owned by a trusted uid
+(root, this process's user, ``AUTOHEAL_CHECKPOINT_TRUSTED_UIDS``), whose recorded ``uid`` (when there is
+one) is trusted, and whose folder lies on a path no other user can swap (every folder on it owned by a
+trusted uid, none world-writable without the sticky bit). A manifest without ``uid`` (older releases)
+loads when the owner checks pass.
 """
 
 from __future__ import annotations
@@ -64,7 +72,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
+
+from autoheal.sbatch_helpers.ckpt_trust import TRUSTED_UIDS_ENV, file_problem, path_problem, trusted_uids
 
 log = logging.getLogger(__name__)
 
@@ -538,6 +548,9 @@ class Checkpoint:
         self.metadata: Dict[str, Any] = md if isinstance(md, dict) else {}
         #: who saved it (None for checkpoints saved outside autoheal sbatch or by older versions)
         self.owner: Optional[Owner] = Owner.from_json(manifest.get("owner"))
+        uid = manifest.get("uid")
+        #: the uid that saved it (None: saved by an older release; its files' owners were checked instead)
+        self.uid: Optional[int] = uid if isinstance(uid, int) and not isinstance(uid, bool) else None
 
     def __repr__(self) -> str:
         return f"Checkpoint(step={self.step}, path={str(self.path)!r})"
@@ -573,16 +586,19 @@ class Checkpoint:
         raise KeyError(f"checkpoint {self.name} has no shard for rank {rank}")
 
 
-def verify_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256") -> Union[Checkpoint, Rejection]:
+def verify_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256", *,
+                      uids: Optional[FrozenSet[int]] = None) -> Union[Checkpoint, Rejection]:
     """Check one checkpoint directory; return it as a :class:`Checkpoint` or a :class:`Rejection`.
 
-    Never raises on bad contents (only on a bad ``verify`` argument).
+    ``uids``: who may own its folder and files and be its recorded ``uid`` (default
+    :func:`~autoheal.sbatch_helpers.ckpt_trust.trusted_uids`: root, this process's user, and
+    ``AUTOHEAL_CHECKPOINT_TRUSTED_UIDS``). Never raises on bad contents (only on a bad ``verify`` argument).
     """
     _check_verify(verify)
     path = Path(path)
     name = path.name
     try:
-        return _verify(path, verify)
+        return _verify(path, verify, trusted_uids() if uids is None else uids)
     except _Reject as r:
         return Rejection(name, str(r))
     except (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
@@ -593,7 +609,19 @@ class _Reject(Exception):
     pass
 
 
-def _verify(path: Path, verify: str) -> Checkpoint:
+def _untrusted(path: Path, uids: FrozenSet[int], st: Optional[os.stat_result] = None) -> None:
+    """Reject when ``path`` (lstat'ed now unless ``st`` is given) is owned by an untrusted uid."""
+    if st is None:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return  # the caller's own read says "missing"
+    problem = file_problem(str(path), st, uids)
+    if problem:
+        raise _Reject(f"{problem}: another user's files are never resumed (set {TRUSTED_UIDS_ENV} to trust them)")
+
+
+def _verify(path: Path, verify: str, uids: FrozenSet[int]) -> Checkpoint:
     step = parse_name(path.name)
     if step is None:
         raise _Reject(f"not a checkpoint name ({PREFIX}<{STEP_DIGITS} digits>)")
@@ -605,6 +633,9 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         raise _Reject("is a symlink, not a checkpoint directory")
     if not stat.S_ISDIR(st.st_mode):
         raise _Reject("not a directory" if stat.S_ISREG(st.st_mode) else f"is {_kind(st.st_mode)}, not a directory")
+    _untrusted(path, uids, st)
+    _untrusted(path / MARKER, uids)
+    _untrusted(path / MANIFEST, uids)
     try:
         marker_raw = _read_regular(path / MARKER, 4096)
     except OSError as exc:
@@ -632,6 +663,12 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         raise _Reject(f"{MANIFEST} is not an {FORMAT} manifest")
     if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
         raise _Reject(f"{MANIFEST} step {manifest.get('step')!r} does not match the directory name")
+    saved_by = manifest.get("uid")
+    if saved_by is not None and (isinstance(saved_by, bool) or not isinstance(saved_by, int)):
+        raise _Reject(f"{MANIFEST} uid {saved_by!r} is not a uid")
+    if saved_by is not None and saved_by not in uids:
+        raise _Reject(f"saved by uid {saved_by}, not by this job's user or root: another user's checkpoint is "
+                      f"never resumed (set {TRUSTED_UIDS_ENV} to trust them)")
     files = manifest.get("files")
     if not isinstance(files, dict):
         raise _Reject(f"{MANIFEST} has no file list")
@@ -643,7 +680,7 @@ def _verify(path: Path, verify: str) -> Checkpoint:
         size, digest = info.get("size"), info.get("sha256")
         if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
             raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
-        fpath = _inside(path, fname)
+        fpath = _inside(path, fname, uids)
         try:
             fst = os.lstat(fpath)
         except FileNotFoundError:
@@ -652,6 +689,7 @@ def _verify(path: Path, verify: str) -> Checkpoint:
             raise _Reject(f"{fname} is a symlink (points outside the checkpoint)")
         if not stat.S_ISREG(fst.st_mode):
             raise _Reject(f"{fname} is {_kind(fst.st_mode)}, not a regular file")
+        _untrusted(fpath, uids, fst)
         if fst.st_size != size:
             raise _Reject(f"{fname} size {fst.st_size} != {size} in manifest (truncated or overwritten)")
         if verify == "sha256" and _sha256(fpath) != digest:
@@ -659,19 +697,22 @@ def _verify(path: Path, verify: str) -> Checkpoint:
     return Checkpoint(path, manifest)
 
 
-def _inside(root: Path, relpath: str) -> Path:
+def _inside(root: Path, relpath: str, uids: Optional[FrozenSet[int]] = None) -> Path:
     """``root/relpath`` after checking that every folder on the way is a real folder (no symlink out)."""
     cur = root
     for part in relpath.split("/")[:-1]:
         cur = cur / part
         try:
-            mode = os.lstat(cur).st_mode
+            st = os.lstat(cur)
         except FileNotFoundError:
             raise _Reject(f"{relpath} missing") from None
+        mode = st.st_mode
         if stat.S_ISLNK(mode):
             raise _Reject(f"{relpath} points outside the checkpoint (through the symlink {part})")
         if not stat.S_ISDIR(mode):
             raise _Reject(f"{relpath} missing ({part} is {_kind(mode)})")
+        if uids is not None:
+            _untrusted(cur, uids, st)
     return root / relpath
 
 
@@ -700,6 +741,9 @@ class CheckpointManager:
     :meth:`Owner.from_env` of ``environ``; None records and checks nothing.
     ``allow_foreign``: also load checkpoints of an earlier job with the same id; default from
     ``AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT``.
+    ``trusted``: the uids whose checkpoints may be loaded, and who may own the folders on the way to
+    ``directory`` (see ``ckpt_trust``); default root, this process's user and
+    ``AUTOHEAL_CHECKPOINT_TRUSTED_UIDS``.
     """
 
     def __init__(
@@ -716,6 +760,7 @@ class CheckpointManager:
         owner: Optional[Owner] = _FROM_ENV,
         allow_foreign: Optional[bool] = None,
         environ: Optional[Mapping[str, str]] = None,
+        trusted: Optional[FrozenSet[int]] = None,
     ):
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 0):
             raise ValueError(f"keep must be a non-negative int or None, got {keep!r}")
@@ -731,6 +776,7 @@ class CheckpointManager:
         if self.owner is not None and not isinstance(self.owner, Owner):
             raise TypeError(f"owner must be an Owner or None, got {type(owner).__name__}")
         self.allow_foreign = env_allow_foreign(environ) if allow_foreign is None else bool(allow_foreign)
+        self.trusted: FrozenSet[int] = trusted_uids(environ) if trusted is None else frozenset(trusted)
         self.rejections: List[Rejection] = []
         self._writing: Set[str] = set()
 
@@ -943,6 +989,7 @@ class CheckpointManager:
         }
         if self.owner is not None:
             manifest["owner"] = self.owner.to_json()
+        manifest["uid"] = os.geteuid()  # who saved it; loading checks it (and the files' owners)
         manifest.update(extra or {})
         raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
         _write_durable(tmp / MANIFEST, raw)
@@ -1001,7 +1048,13 @@ class CheckpointManager:
         """One attempt to put ``tmp`` in the place of an existing ``final``; False: try again."""
         st = os.lstat(final)
         is_dir = stat.S_ISDIR(st.st_mode)
-        other = verify_checkpoint(final, "size") if is_dir else None
+        if is_dir and st.st_uid not in self.trusted:
+            # another user's folder under this name (a shared folder): not ours to replace or delete
+            keep_as = self.directory / f"{final.name}.foreign-uid{st.st_uid}-{secrets.token_hex(2)}"
+            os.rename(final, keep_as)
+            log.warning("checkpoint %s belongs to uid %d; kept as %s", final, st.st_uid, keep_as.name)
+            return False
+        other = verify_checkpoint(final, "size", uids=self.trusted) if is_dir else None
         reason = self.foreign_reason(other) if isinstance(other, Checkpoint) else None
         # another job's checkpoint: never overwritten; kept under a name loading ignores
         if reason and isinstance(other, Checkpoint) and other.owner is not None:
@@ -1047,9 +1100,14 @@ class CheckpointManager:
         valid_seen = 0
         for step, name in ckpts:
             path = self.directory / name
-            if path.is_symlink():  # not something we made: leave it alone
+            try:
+                st = os.lstat(path)
+            except OSError:
                 continue
-            found = verify_checkpoint(path, "size")
+            # not something we made (a symlink), or another user's: leave it alone
+            if stat.S_ISLNK(st.st_mode) or st.st_uid not in self.trusted:
+                continue
+            found = verify_checkpoint(path, "size", uids=self.trusted)
             ok = isinstance(found, Checkpoint)
             # another job's: neither ours to count nor to delete
             if isinstance(found, Checkpoint) and self.foreign_reason(found):
@@ -1098,15 +1156,25 @@ class CheckpointManager:
         """
         verify = _check_verify(verify or self.verify)
         self.rejections = []
+        if self._unsafe_directory():
+            return None
         pointer_problem = self._pointer_problem()
         if pointer_problem:
             self._reject(pointer_problem)
         for step in reversed(self.checkpoints()):
-            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
+            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify,
+                                                     uids=self.trusted))
             if isinstance(result, Checkpoint):
                 return result
             self._reject(result)
         return None
+
+    def _unsafe_directory(self) -> bool:
+        """Reject (and say why) when another user could swap the folder or one on its path."""
+        problem = path_problem(self.directory, self.trusted)
+        if problem:
+            self._reject(Rejection(str(self.directory), f"not resumed: {problem}"))
+        return bool(problem)
 
     def foreign_reason(self, ckpt: Checkpoint) -> Optional[str]:
         """Why ``ckpt`` must not be resumed by this job (see :func:`foreign_reason`); None if it may
@@ -1127,10 +1195,13 @@ class CheckpointManager:
             found = self.latest_valid(verify)
         else:
             self.rejections = []
-            result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify))
-            found = result if isinstance(result, Checkpoint) else None
-            if not isinstance(result, Checkpoint):
-                self._reject(result)
+            found = None
+            if not self._unsafe_directory():
+                result = self._checked(verify_checkpoint(self.directory / checkpoint_name(step), verify,
+                                                         uids=self.trusted))
+                found = result if isinstance(result, Checkpoint) else None
+                if not isinstance(result, Checkpoint):
+                    self._reject(result)
         if found is None:
             raise NoValidCheckpoint(self._summary(step))
         return found
@@ -1196,7 +1267,8 @@ def _metadata_json(metadata: Optional[Dict[str, Any]]) -> str:
 def find_resume_point(directory: Union[str, os.PathLike[str], None], verify: str = "size", *,
                       owner: Optional[Owner] = _FROM_ENV, allow_foreign: Optional[bool] = None,
                       environ: Optional[Mapping[str, str]] = None,
-                      rejections: Optional[List[Rejection]] = None) -> Optional[Path]:
+                      rejections: Optional[List[Rejection]] = None,
+                      trusted: Optional[FrozenSet[int]] = None) -> Optional[Path]:
     """Path of the newest valid checkpoint in ``directory`` (size check by default) that this job may
     resume, or None.
 
@@ -1210,7 +1282,7 @@ def find_resume_point(directory: Union[str, os.PathLike[str], None], verify: str
         return None
     try:
         mgr = CheckpointManager(directory, keep=None, rank=0, verify=verify, owner=owner,
-                                allow_foreign=allow_foreign, environ=environ)
+                                allow_foreign=allow_foreign, environ=environ, trusted=trusted)
         found = mgr.latest_valid()
         if rejections is not None:
             rejections.extend(mgr.rejections)
@@ -1221,10 +1293,14 @@ def find_resume_point(directory: Union[str, os.PathLike[str], None], verify: str
 
 
 def open_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256", *, owner: Optional[Owner] = _FROM_ENV,
-                    allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None) -> Checkpoint:
-    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad
-    or another job's (owner checks as for :class:`CheckpointManager`)."""
-    result = verify_checkpoint(path, verify)
+                    allow_foreign: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None,
+                    trusted: Optional[FrozenSet[int]] = None) -> Checkpoint:
+    """Verify one checkpoint folder given by path (e.g. ``AUTOHEAL_RESUME_FROM``); NoValidCheckpoint if bad,
+    another job's or another user's, or on a path another user controls (checks as for
+    :class:`CheckpointManager`)."""
+    uids = trusted_uids(environ) if trusted is None else frozenset(trusted)
+    problem = path_problem(path, uids)
+    result = Rejection(Path(path).name, problem) if problem else verify_checkpoint(path, verify, uids=uids)
     if isinstance(result, Checkpoint):
         expected = Owner.from_env(environ) if owner is _FROM_ENV else owner
         allowed = env_allow_foreign(environ) if allow_foreign is None else allow_foreign

@@ -162,7 +162,10 @@ def _plan_runner_job(job: Job, nodes: Mapping[str, Node], sightings: Sightings, 
                      actions: List[GuardAction], waiting: List[Tuple[str, int]]) -> None:
     """Release or prune one pending runner job (appends to ``actions`` and ``waiting``)."""
     st = CommentState.parse(job.comment)
-    ours_before = split_nodes(st.excl)
+    # The comment is the user's to write (`scontrol update JobId=.. Comment=..`): keep only names of nodes
+    # Slurm knows, so no `<!channel>` or other text of theirs reaches our records, webhooks or the
+    # ExcNodeList (which Slurm would refuse whole, leaving the job held) (issue 25, item 7).
+    ours_before = [n for n in split_nodes(st.excl) if n in nodes]
     excl = plan_exclusions(list(job.excluded_nodes), ours_before, [], nodes)
     if job.requeue_held and st.state in UNFINISHED:
         key = (job.job_id, job.restart_count)

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from autoheal.errors import (
     SlurmError,
@@ -60,6 +60,7 @@ from autoheal.sbatch_helpers.preempt import SignalHandler
 from autoheal.signals import SignalNameError, signal_name, to_signal
 
 if TYPE_CHECKING:
+    from autoheal.job_records import JobOutbox
     from autoheal.journal import Journal
     from autoheal.notify import Notifier
     from autoheal.sbatch_helpers.checkpoint import Rejection
@@ -281,7 +282,7 @@ class Runner(HotSpareRun):
     """One run of the job under the runner (see the module docstring)."""
 
     def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm: Optional[SlurmAdapter] = None,
-                 journal: Optional[Journal] = None, notifier: Optional[Notifier] = None,
+                 journal: Optional[Union[Journal, JobOutbox]] = None, notifier: Optional[Notifier] = None,
                  env: Optional[Mapping[str, str]] = None, sacct: Optional[Callable[[str], Optional[List[str]]]] = None,
                  clock: Callable[[], float] = time.time, adopt_orphans: bool = True):
         self.opts = opts
@@ -791,6 +792,31 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
                          active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes))
 
 
+def _records(cfg: Any, ident: JobIdentity, as_root: bool) -> Tuple[Any, Optional[Notifier]]:
+    """Where this run's records go (issue 25, item 4; ``autoheal/job_records.py``).
+
+    As root: the site journal and webhooks, as before. As the job's user: the job's file in the node's
+    spool (``journal.job_spool``), which the epilog moves into the site journal as the user's records
+    and posts to the site webhooks; notifications from here go only to the user's own ``--notify``
+    URLs (the site's webhooks, even where an old main config still lists them, are not posted to)."""
+    try:
+        from autoheal.notify import Notifier
+
+        n = cfg.notify
+        if as_root:
+            from autoheal.journal import Journal
+
+            journal: Any = Journal.from_config(cfg)
+            return journal, Notifier.from_config(cfg, journal)
+        from autoheal.job_records import JobOutbox
+
+        outbox = JobOutbox(cfg.journal.job_spool, ident.raw_id, say=say) if ident.raw_id.isdigit() else None
+        return outbox, Notifier([], n.timeout, n.retries, n.min_severity, n.cluster_name or "")
+    except Exception as exc:
+        say(f"warning: journal/notifications unavailable: {exc}")
+        return None, None
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         opts = parse_args(argv)
@@ -803,32 +829,38 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from autoheal.config import Config, load_config
     from autoheal.errors import AutohealError
 
+    as_root = os.geteuid() == 0
     try:
-        cfg = load_config()
+        cfg = load_config(secrets=as_root)  # a user's runner never reads (or needs) a site secret
     except AutohealError as exc:
-        say(f"warning: {exc}; using default settings")
-        cfg = Config()
-    slurm = journal = notifier = None
+        cfg = None
+        if as_root:  # a broken secrets file costs the webhooks, not the Slurm settings
+            try:
+                cfg = load_config(secrets=False)
+                say(f"warning: {exc}; going on without the site's secrets")
+            except AutohealError:
+                cfg = None
+        if cfg is None:
+            say(f"warning: {exc}; using default settings")
+            cfg = Config()
+    ident = JobIdentity.from_env(os.environ)
+    slurm = None
     try:
         from autoheal.slurm import get_adapter
 
         slurm = get_adapter(cfg)
     except Exception as exc:
         say(f"warning: no Slurm access ({exc}): the job runs but cannot requeue itself")
-    try:
-        from autoheal.journal import Journal
-        from autoheal.notify import Notifier
-
-        journal = Journal.from_config(cfg)
-        notifier = Notifier.from_config(cfg, journal)
-    except Exception as exc:
-        say(f"warning: journal/notifications unavailable: {exc}")
-    runner = Runner(opts, JobIdentity.from_env(os.environ), slurm=slurm, journal=journal, notifier=notifier)
+    journal, notifier = _records(cfg, ident, as_root)
+    runner = Runner(opts, ident, slurm=slurm, journal=journal, notifier=notifier)
     try:
         return runner.run(cmd)
     finally:
         if notifier is not None:
             notifier.flush(5.0)
+        close = getattr(journal, "close", None)
+        if close is not None:
+            close()
         if opts.script:
             try:
                 os.unlink(opts.script)

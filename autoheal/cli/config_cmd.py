@@ -33,12 +33,13 @@ def show(config_path: Optional[str], as_json: bool, docs: bool) -> None:
             for key, doc, default in rows:
                 click.echo(f"{key} = {default!r}\n    {doc}")
         return
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, secrets=False)  # what notify.secrets_file holds is never printed
     data = to_mapping(cfg)
     if as_json:
         print_json(data)
         return
     click.echo(f"# effective config (source: {cfg.source or 'built-in defaults'})")
+    click.echo(f"# not shown: the secrets in notify.secrets_file ({cfg.notify.secrets_file})")
     for section, values in data.items():
         if not isinstance(values, dict):
             continue

@@ -94,18 +94,27 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 MAX_BYTES = 1 << 20
 
 
-def load_config(explicit: Union[str, Path, None] = None) -> Config:
-    """Load the effective config (see module docstring for the search order)."""
+def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True) -> Config:
+    """Load the effective config (see module docstring for the search order).
+
+    ``secrets``: also read ``notify.secrets_file`` (``autoheal.config.secrets``) when this process may;
+    the job runner passes False: it never needs a site secret."""
+    from autoheal.config.secrets import merge_secrets
+
     path, required = config_path(explicit)
     try:
         text = _read_regular_file(path)
     except FileNotFoundError:
         if required:
             raise ConfigError(_one_line(f"{path}: config file not found")) from None
-        return Config()
+        cfg = Config()
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ConfigError(_one_line(f"{path}: cannot read config: {exc}")) from None
-    return parse_config(text, str(path))
+    else:
+        cfg = parse_config(text, str(path))
+    if secrets:
+        merge_secrets(cfg)
+    return cfg
 
 
 def _read_regular_file(path: Path) -> str:

@@ -51,6 +51,11 @@ class JournalSection:
                         doc="JSON-lines journal of every detection and action (fsync'd).",
                         parse=V.nonempty_path)
     fsync: bool = setting(True, doc="fsync after each record. Turn off only on throwaway labs.")
+    job_spool: str = setting("/var/spool/autoheal/jobs", doc="Node-local folder (root's, mode 1733) where the "
+                             "job runner, running as the job's user, leaves its records; the epilog (root) moves "
+                             "them into the journal marked as the user's (source 'job') and posts them. The "
+                             "epilog creates it when missing. The runner never writes the journal itself "
+                             "unless it runs as root.", parse=V.nonempty_path)
 
 
 @dataclass
@@ -58,8 +63,13 @@ class NotifySection:
     """Where records are posted for humans."""
 
     webhooks: List[str] = setting(default_factory=list, doc="Webhook URLs (Slack-compatible JSON "
-                                  "{'text': ...}) that receive each journal record (http:// or https:// only).",
-                                  item=V.http_url)
+                                  "{'text': ...}) that receive each journal record (http:// or https:// only). "
+                                  "Deprecated here: whoever reads this file can post fake alerts to them; put "
+                                  "them in secrets_file.", item=V.http_url)
+    secrets_file: str = setting("/etc/autoheal/secrets.toml", doc="Root-only file (0600) holding the site's "
+                                "secrets: `[notify] webhooks = [...]`, added to the ones above. Read by root's "
+                                "processes (hooks, guard, sync); the job runner never reads it. Missing: none.",
+                                parse=V.nonempty_path)
     timeout: float = setting(3.0, doc="Seconds one webhook attempt may take in total (connect, send, the "
                             "whole answer): a hung or trickling server is cut off then. Sending never "
                             "delays healing.", min=0.1, max=60)
@@ -67,3 +77,10 @@ class NotifySection:
     min_severity: str = setting("action", doc="Post records of this severity and above.",
                                 choices=("info", "action", "error"))
     cluster_name: Optional[str] = setting(None, doc="Name shown in notifications; default: Slurm's ClusterName.")
+    job_burst: int = setting(1, doc="Records about one job with the same event posted per job_window by a "
+                             "long-running sender (guard, xid-watch, sync); the rest are held back and one "
+                             "summary is posted when the window ends. A user looping requeues on their own job "
+                             "cannot flood the on-call. 0: no limit.", min=0, max=1000)
+    job_window: float = setting(600.0, doc="Seconds of one job_burst window.", min=1, max=86400)
+    job_tracked: int = setting(1000, doc="(job, event) pairs the limit remembers at most (the oldest is "
+                               "summarised and forgotten first): bounded memory.", min=1, max=1_000_000)

@@ -581,7 +581,9 @@ def render_autoheal_toml(lay: LabLayout) -> str:
 
     wanted = {
         "slurm": {"slurm_conf": str(lay.slurm_conf), "timeout": 10.0},
-        "journal": {"path": str(lay.path("journal", "journal.jsonl"))},
+        "journal": {"path": str(lay.path("journal", "journal.jsonl")), "job_spool": str(lay.path("journal", "jobs"))},
+        # the lab's own secrets file (absent unless a test writes one), never the host's /etc/autoheal
+        "notify": {"secrets_file": str(lay.path("etc", "secrets.toml"))},
         "hooks": {"state_dir": f"{lay.root}/nodestate/{{node}}", "kernel_log": f"{lay.root}/kmsg/{{node}}.log",
                   "expected_gpus": lay.gpus, "dcgm_mapping_dir": f"{lay.root}/dcgm/{{node}}",
                   "reset_command": [sys.executable, "-m", "autoheal.lab.cli", "gpu-reset", "--dir", str(lay.root),

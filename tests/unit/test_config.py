@@ -52,7 +52,7 @@ def test_unknown_key_without_close_match_lists_known_keys_but_no_suggestion():
         parse_config("[journal]\nzzzzzz = 1\n")
     msg = str(err.value)
     assert "did you mean" not in msg
-    assert "known here: fsync, path" in msg
+    assert "known here: fsync, job_spool, path" in msg
 
 
 def test_source_key_is_not_settable_from_file():
