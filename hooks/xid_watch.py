@@ -197,11 +197,30 @@ class XidWatch:
                 with self.ctx.store.locked() as st:
                     events, cur = read_kernel_log(path, LogCursor.from_dict(st.get("kmsg")))
                     st["kmsg"] = cur.to_dict()
+                    if cur.rejected:
+                        S.bump(st, "kernel_log_rejected_total", len(cur.rejected))
+                self._report_log_read(path, cur)
                 for ev in events:
                     self.q.put(ev)
             except Exception as exc:
                 print(f"xid-watch: kernel log {path}: {exc}", file=sys.stderr, flush=True)
             self._stop.wait(self.h.kernel_log_poll)
+
+    def _report_log_read(self, path: str, cur: LogCursor) -> None:
+        """Say what a read of the kernel log left out: the history a node without a cursor does not act on,
+        and lines that look like an XID but are not the driver's kernel record (a forgery, or a log format
+        autoheal does not trust: docs/security.md)."""
+        from autoheal.reasons import sanitize
+
+        if cur.skipped:
+            print(f"xid-watch: kernel log {path}: no cursor in the node state (new install, or the state was "
+                  f"lost): starting at the log's end; {cur.skipped} earlier XID record(s) not judged, the live "
+                  f"NVML checks decide", file=sys.stderr, flush=True)
+        for line in cur.rejected:
+            print(f"xid-watch: kernel log {path}: not the NVIDIA driver's kernel record, ignored: "
+                  f"{sanitize(line, 300)}", file=sys.stderr, flush=True)
+        if cur.rejected:
+            self._metrics_dirty = True
 
     def health_loop(self) -> None:
         """Poll the NVML health state every ``hooks.xid_watch_health_poll`` seconds. The reads run in
