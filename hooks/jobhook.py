@@ -45,6 +45,7 @@ def run(kind: str) -> int:
 
 def _run(ctx: Context, kind: str) -> int:
     from autoheal.hooks import mapping
+    from autoheal.hooks.context import report_own_trouble
     from autoheal.hooks.engine import observe
 
     job = os.environ.get("SLURM_JOB_ID", "")
@@ -52,7 +53,10 @@ def _run(ctx: Context, kind: str) -> int:
     h = ctx.hooks
     mapping_dir = ctx.path(h.dcgm_mapping_dir)
     if kind == "epilog" and job and mapping_dir:
-        mapping.remove_job(mapping_dir, job)
+        try:
+            mapping.remove_job(mapping_dir, job, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a lock held too long, a full disk: the job's end goes on
+            report_own_trouble(kind, ctx, f"dcgm mapping {mapping_dir}", exc)
     failure = None
     # Our drain on record while Slurm has the node in service: someone resumed it. That resume ends the
     # faults behind our drain; the GPUs are then checked in full, live (engine.accept_resume).
@@ -116,10 +120,14 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
 
 def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:
     from autoheal.hooks import mapping
+    from autoheal.hooks.context import report_own_trouble
 
     gpus = mapping.job_gpus(os.environ, ctx.node, ctx.slurm, ctx.hooks.prolog_slurm_timeout)
     if gpus:
-        mapping.add_job(mapping_dir, job, gpus)
+        try:
+            mapping.add_job(mapping_dir, job, gpus, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a lock held too long, a full disk: the job starts all the same
+            report_own_trouble("prolog", ctx, f"dcgm mapping {mapping_dir}", exc)
 
 
 def _baseline(ctx: Context, kind: str, job: str, sample: NodeSample) -> None:
