@@ -30,6 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from autoheal.atomicfile import write_atomic
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside
 from autoheal.hooks import state as S
@@ -394,18 +395,14 @@ class XidWatch:
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
-        tmp = os.path.join(d, f".{METRICS_FILE}.tmp")
         try:
             os.makedirs(d, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(lines) + "\n")
-            os.replace(tmp, os.path.join(d, METRICS_FILE))
+            # a fresh temporary name (O_EXCL|O_NOFOLLOW) and a rename: the collector directory may be
+            # another user's (node-exporter's), and a name they planted is never opened by root
+            write_atomic(os.path.join(d, METRICS_FILE), ("\n".join(lines) + "\n").encode(), mode=0o644,
+                         fsync=False)
         except (OSError, ValueError) as exc:
             self._metrics_dirty = True  # try again at the next housekeeping
-            try:
-                os.unlink(tmp)
-            except (OSError, ValueError):
-                pass
             if str(exc) != self._metrics_error:  # once per distinct error, not every second
                 self._metrics_error = str(exc)
                 print(f"xid-watch: metrics {d}: {exc}", file=sys.stderr, flush=True)
