@@ -140,17 +140,19 @@ class LogCursor:
     max_seq: int = -1
     inode: int = 0
     offset: int = 0
+    path: str = ""  # the log it is a position in ("" in cursors of older releases: taken as the same log)
     skipped: int = field(default=0, compare=False)
     rejected: List[str] = field(default_factory=list, compare=False)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset}
+        return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset,
+                "path": self.path}
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> LogCursor:
         d = d or {}
         return cls(str(d.get("boot_id", "")), int(d.get("max_seq", -1)), int(d.get("inode", 0)),
-                   int(d.get("offset", 0)))
+                   int(d.get("offset", 0)), str(d.get("path", "")))
 
     @property
     def fresh(self) -> bool:
@@ -176,19 +178,21 @@ def read_kernel_log(path: str, cursor: LogCursor, max_bytes: int = 16 << 20) -> 
     twice. Unreadable sources give no events and leave the cursor as it was (the caller reports them).
 
     A cursor of another boot (the node rebooted; the state survived): every record of this boot is new,
-    none of them can have been judged, all are. No cursor at all (a new install, or a node state wiped or
-    lost without a reboot): the records in the log may all have been judged and repaired already, and
-    acting on history alone would drain the node again for them, so the read starts at the log's end,
-    judges nothing of what is there (counted in ``skipped``) and leaves the GPUs' present health to the
-    live NVML checks. Lines that look like an XID but are not the kernel's (``parse_line``) are counted
-    and the first few returned in ``rejected``."""
+    none of them can have been judged, all are. No cursor at all (a new install, a node state wiped or
+    lost without a reboot, or a cursor into another log after ``hooks.kernel_log`` changed): the records
+    in the log may all have been judged and repaired already, and acting on history alone would drain the
+    node again for them, so the read starts at the log's end, judges nothing of what is there (counted in
+    ``skipped``) and leaves the GPUs' present health to the live NVML checks. Lines that look like an XID
+    but are not the kernel's (``parse_line``) are returned, the first few, in ``rejected``."""
     bid = boot_id()
-    fresh = cursor.fresh
-    cur = LogCursor(**cursor.to_dict())
+    # a cursor into another log (``hooks.kernel_log`` changed) says nothing about this one: none
+    fresh = cursor.fresh or bool(cursor.path and cursor.path != path)
+    cur = LogCursor(path=path) if fresh else LogCursor(**cursor.to_dict())
+    cur.path = path
     if cur.boot_id != bid:
         # a reboot since the cursor: kmsg sequence numbers restart; a file goes on where it was (it spans
         # boots: starting it over would judge every earlier boot's XIDs again)
-        cur = LogCursor(boot_id=bid, inode=cur.inode, offset=cur.offset)
+        cur = LogCursor(boot_id=bid, inode=cur.inode, offset=cur.offset, path=path)
     lines: Optional[List[str]]
     if path == "/dev/kmsg":
         lines = _read_kmsg_device(path)

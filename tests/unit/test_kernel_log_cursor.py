@@ -64,3 +64,19 @@ def test_a_reboot_does_not_start_a_file_log_over(monkeypatch, tmp_path):
         fh.write(record(0, xid=48))
     events, cur = read_kernel_log(str(log), LogCursor.from_dict(cur.to_dict()))
     assert [e.xid for e in events] == [48] and cur.boot_id == "boot-b"
+
+
+def test_a_cursor_into_another_log_counts_as_none(tmp_path):
+    old, new = tmp_path / "old.log", tmp_path / "new.log"
+    old.write_text("")
+    new.write_text(record(1))  # history in the log the site switched to
+    _, cur = read_kernel_log(str(old), LogCursor())
+    assert cur.to_dict()["path"] == str(old)
+    events, cur = read_kernel_log(str(new), LogCursor.from_dict(cur.to_dict()))
+    assert events == [] and cur.skipped == 1 and cur.path == str(new)
+    # a cursor of an older release (no path) is taken as a position in the configured log
+    legacy = {k: v for k, v in cur.to_dict().items() if k != "path"}
+    with open(new, "a") as fh:
+        fh.write(record(2, xid=48))
+    events, _ = read_kernel_log(str(new), LogCursor.from_dict(legacy))
+    assert [e.xid for e in events] == [48]
