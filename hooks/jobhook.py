@@ -54,9 +54,11 @@ def _run(ctx: Context, kind: str) -> int:
     mapping_dir = ctx.path(h.dcgm_mapping_dir)
     if kind == "epilog" and job and mapping_dir:
         try:
-            mapping.remove_job(mapping_dir, job, str(ctx.store.dir))
-        except (OSError, ValueError) as exc:  # a lock held too long, a full disk: the job's end goes on
-            report_own_trouble(kind, ctx, f"dcgm mapping {mapping_dir}", exc)
+            trouble = mapping.remove_job(mapping_dir, job, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a read-only or full mapping dir: the job's end goes on
+            trouble = f"{type(exc).__name__}: {exc}"
+        if trouble:
+            report_own_trouble(kind, ctx, f"dcgm mapping {mapping_dir}", trouble)
     failure = None
     # Our drain on record while Slurm has the node in service: someone resumed it. That resume ends the
     # faults behind our drain; the GPUs are then checked in full, live (engine.accept_resume).
@@ -125,9 +127,11 @@ def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:
     gpus = mapping.job_gpus(os.environ, ctx.node, ctx.slurm, ctx.hooks.prolog_slurm_timeout)
     if gpus:
         try:
-            mapping.add_job(mapping_dir, job, gpus, str(ctx.store.dir))
-        except (OSError, ValueError) as exc:  # a lock held too long, a full disk: the job starts all the same
-            report_own_trouble("prolog", ctx, f"dcgm mapping {mapping_dir}", exc)
+            trouble = mapping.add_job(mapping_dir, job, gpus, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a read-only or full mapping dir: the job starts all the same
+            trouble = f"{type(exc).__name__}: {exc}"
+        if trouble:  # the lock's trouble (the mapping was written without it), or the write's
+            report_own_trouble("prolog", ctx, f"dcgm mapping {mapping_dir}", trouble)
 
 
 def _baseline(ctx: Context, kind: str, job: str, sample: NodeSample) -> None:
