@@ -198,8 +198,8 @@ class XidWatch:
                 with self.ctx.store.locked() as st:
                     events, cur = read_kernel_log(path, LogCursor.from_dict(st.get("kmsg")))
                     st["kmsg"] = cur.to_dict()
-                    if cur.rejected:
-                        S.bump(st, "kernel_log_rejected_total", len(cur.rejected))
+                    if cur.rejected_count:
+                        S.bump(st, "kernel_log_rejected_total", cur.rejected_count)
                 self._report_log_read(path, cur)
                 for ev in events:
                     self.q.put(ev)
@@ -220,7 +220,10 @@ class XidWatch:
         for line in cur.rejected:
             print(f"xid-watch: kernel log {path}: not the NVIDIA driver's kernel record, ignored: "
                   f"{sanitize(line, 300)}", file=sys.stderr, flush=True)
-        if cur.rejected:
+        if cur.rejected_count > len(cur.rejected):
+            print(f"xid-watch: kernel log {path}: {cur.rejected_count - len(cur.rejected)} more such line(s) "
+                  f"ignored", file=sys.stderr, flush=True)
+        if cur.rejected_count:
             self._metrics_dirty = True
 
     def health_loop(self) -> None:

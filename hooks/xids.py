@@ -133,8 +133,8 @@ def describe(xid: int) -> str:
 class LogCursor:
     """Where the last read stopped: kmsg sequence per boot, or a file's inode and offset.
 
-    ``skipped`` and ``rejected`` are not stored: what the last read left out (see ``read_kernel_log``),
-    for the caller to report."""
+    ``skipped``, ``rejected`` and ``rejected_count`` are not stored: what the last read left out (see
+    ``read_kernel_log``), for the caller to report."""
 
     boot_id: str = ""
     max_seq: int = -1
@@ -143,6 +143,7 @@ class LogCursor:
     path: str = ""  # the log it is a position in ("" in cursors of older releases: taken as the same log)
     skipped: int = field(default=0, compare=False)
     rejected: List[str] = field(default_factory=list, compare=False)
+    rejected_count: int = field(default=0, compare=False)
 
     def to_dict(self) -> Dict[str, Any]:
         return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset,
@@ -183,7 +184,8 @@ def read_kernel_log(path: str, cursor: LogCursor, max_bytes: int = 16 << 20) -> 
     in the log may all have been judged and repaired already, and acting on history alone would drain the
     node again for them, so the read starts at the log's end, judges nothing of what is there (counted in
     ``skipped``) and leaves the GPUs' present health to the live NVML checks. Lines that look like an XID
-    but are not the kernel's (``parse_line``) are returned, the first few, in ``rejected``."""
+    but are not the kernel's (``parse_line``) are counted in ``rejected_count``, the first few returned in
+    ``rejected``."""
     bid = boot_id()
     # a cursor into another log (``hooks.kernel_log`` changed) says nothing about this one: none
     fresh = cursor.fresh or bool(cursor.path and cursor.path != path)
@@ -215,6 +217,7 @@ def read_kernel_log(path: str, cursor: LogCursor, max_bytes: int = 16 << 20) -> 
         if ev is not None:
             out.append(ev)
         elif XID_RE.search(line) or OFF_BUS_RE.search(line):  # looks like an XID, but not the driver's record
+            cur.rejected_count += 1
             if len(cur.rejected) < MAX_REJECTED:
                 cur.rejected.append(line[:300])
     if fresh:

@@ -98,5 +98,15 @@ def test_the_reader_skips_forgeries_and_reports_them(tmp_path):
                             .replace("340,", "899,"), FORGED["logger-traditional"], real]) + "\n")
     events, cur = read_kernel_log(str(log), cur)
     assert [(e.xid, e.seq) for e in events] == [(79, 900)]
-    assert len(cur.rejected) == 3 and all("segfault" in r or "NVRM" in r for r in cur.rejected)
+    assert len(cur.rejected) == cur.rejected_count == 3 and all("NVRM" in r for r in cur.rejected)
     assert "rejected" not in cur.to_dict()  # what a read left out is reported, never stored
+
+
+def test_a_flood_of_forgeries_is_counted_in_full_and_printed_in_part(tmp_path):
+    log = tmp_path / "kmsg.log"
+    log.write_text("")
+    _, cur = read_kernel_log(str(log), LogCursor())
+    with open(log, "a") as fh:
+        fh.write("".join(f"12,{seq},1,-;{NAME}\n" for seq in range(1, 51)))
+    events, cur = read_kernel_log(str(log), cur)
+    assert events == [] and cur.rejected_count == 50 and len(cur.rejected) == 5
