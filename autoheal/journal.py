@@ -1,16 +1,21 @@
 """The remediation journal: an append-only JSON-lines record of every detection and action.
 
-One line per record, written with O_APPEND under an exclusive flock and fsync'd, so concurrent writers
-(healthcheck, xid-watch, the job runner, the sync daemon) never interleave and a crash never loses an
-acknowledged record. A journal that cannot be written (or stays locked by a stuck writer for
-``LOCK_TIMEOUT``) is reported (``JournalError``, or ``None`` from ``record(..., strict=False)``) and never
-stops the caller's real work. Readers skip lines that are not records (torn, garbage, wrong field
-types) and ``read_all`` counts them.
+One line per record, written with O_APPEND as one ``write`` under an exclusive lock and fsync'd, so
+concurrent writers (healthcheck, xid-watch, the job runner, the sync daemon) never interleave and a crash
+never loses an acknowledged record. The lock is ``locks/<journal name>.lock`` beside the journal (0600 in
+a 0700 directory of the writers' user, ``autoheal.lockfile``): the journal itself is world-readable, and a
+lock on it any user could hold would make every writer wait. A lock that stays held for ``LOCK_TIMEOUT``
+(a writer stopped mid-append) or that cannot be used (its directory belongs to another user) costs the
+lock, never the record: the line is written without it (one O_APPEND write, which a local file system
+keeps whole and after every other writer's line) and a warning says so. A journal that cannot be written
+is reported (``JournalError``, or ``None`` from ``record(..., strict=False)``) and never stops the caller's
+real work. The journal is opened with O_NOFOLLOW: a symlink planted at its path is refused, not followed.
+Readers skip lines that are not records (torn, garbage, wrong field types) and ``read_all`` counts them.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import math
 import os
@@ -29,7 +34,8 @@ if TYPE_CHECKING:
     from autoheal.config import Config
 
 SEVERITIES = ("info", "action", "error")
-#: Seconds a writer waits for the journal lock (other writers hold it for one write and fsync).
+#: Seconds a writer waits for the journal lock (other writers hold it for one write and fsync); then it
+#: writes without it.
 LOCK_TIMEOUT = 5.0
 
 
@@ -145,14 +151,16 @@ class Journal:
         line = (rec.to_json() + "\n").encode()  # ASCII: json.dumps escapes everything else
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, 0o644)
         except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
             raise JournalError(f"journal {self.path}: cannot open for writing: "
                                f"{getattr(exc, 'strerror', None) or exc}") from None
+        lock = contextlib.ExitStack()
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device would block or swallow records
                 raise JournalError(f"journal {self.path}: not a regular file")
-            self._lock(fd)
+            lock = self._lock()
             # A crash may have left a torn last line: start ours on a fresh line so it stays readable.
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -165,24 +173,32 @@ class Journal:
         except OSError as exc:
             raise JournalError(f"journal {self.path}: write failed: {exc.strerror}") from None
         finally:
+            lock.close()
             os.close(fd)
         return rec
 
-    def _lock(self, fd: int) -> None:
-        """The exclusive lock, waiting at most ``lock_timeout``: a writer stopped (SIGSTOP, a hung NFS
-        server) while holding it must cost the hooks one journal record, not the hook itself."""
-        deadline = time.monotonic() + self.lock_timeout
-        pause = 0.005
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    raise JournalError(f"journal {self.path}: locked by another writer for "
-                                       f"{self.lock_timeout:g}s; record not written") from None
-                time.sleep(pause)
-                pause = min(pause * 2, 0.05)
+    def lock_path(self) -> Path:
+        """The journal's lock file (``locks/<name>.lock`` beside it)."""
+        from autoheal.lockfile import lock_path
+
+        return lock_path(self.path.parent, self.path.name + ".lock")
+
+    def _lock(self) -> contextlib.ExitStack:
+        """The exclusive lock, waiting at most ``lock_timeout``. A writer stopped (SIGSTOP, a hung NFS
+        server) while holding it, or a lock directory this user may not use, must cost neither the hook
+        nor the record: without the lock the record is still written, as one O_APPEND write, with a
+        warning (what the lock adds is only the torn-line repair's view of the last byte)."""
+        from autoheal.lockfile import exclusive
+
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(exclusive(self.path.parent, self.path.name + ".lock", self.lock_timeout,
+                                          "locked by another writer for"))
+        except (OSError, ValueError) as exc:  # LockTimeout and LockDirError are OSErrors
+            why = getattr(exc, "strerror", None) or str(exc)
+            print(f"autoheal: warning: journal {self.path}: lock: {why}; record written without the lock",
+                  file=sys.stderr)
+        return stack
 
     def record(self, event: str, strict: bool = False, **fields: Any) -> Optional[Record]:
         """Build and append a record. With ``strict=False`` a failure is printed to stderr and None is

@@ -45,6 +45,7 @@ def run(kind: str) -> int:
 
 def _run(ctx: Context, kind: str) -> int:
     from autoheal.hooks import mapping
+    from autoheal.hooks.context import report_own_trouble
     from autoheal.hooks.engine import observe
 
     job = os.environ.get("SLURM_JOB_ID", "")
@@ -52,7 +53,12 @@ def _run(ctx: Context, kind: str) -> int:
     h = ctx.hooks
     mapping_dir = ctx.path(h.dcgm_mapping_dir)
     if kind == "epilog" and job and mapping_dir:
-        mapping.remove_job(mapping_dir, job)
+        try:
+            trouble = mapping.remove_job(mapping_dir, job, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a read-only or full mapping dir: the job's end goes on
+            trouble = f"{type(exc).__name__}: {exc}"
+        if trouble:
+            report_own_trouble(kind, ctx, f"dcgm mapping {mapping_dir}", trouble)
     if kind == "epilog" and job:
         _job_records(ctx)
     failure = None
@@ -147,10 +153,16 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
 
 def _write_mapping(ctx: Context, job: str, mapping_dir: str) -> None:
     from autoheal.hooks import mapping
+    from autoheal.hooks.context import report_own_trouble
 
     gpus = mapping.job_gpus(os.environ, ctx.node, ctx.slurm, ctx.hooks.prolog_slurm_timeout)
     if gpus:
-        mapping.add_job(mapping_dir, job, gpus)
+        try:
+            trouble = mapping.add_job(mapping_dir, job, gpus, str(ctx.store.dir))
+        except (OSError, ValueError) as exc:  # a read-only or full mapping dir: the job starts all the same
+            trouble = f"{type(exc).__name__}: {exc}"
+        if trouble:  # the lock's trouble (the mapping was written without it), or the write's
+            report_own_trouble("prolog", ctx, f"dcgm mapping {mapping_dir}", trouble)
 
 
 def _baseline(ctx: Context, kind: str, job: str, sample: NodeSample) -> None:

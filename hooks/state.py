@@ -1,10 +1,12 @@
 """The node's own memory, shared by healthcheck, prolog, epilog and xid-watch.
 
-One JSON file (``<state_dir>/state.json``) changed under an exclusive flock (``state.lock``) and
-replaced atomically, so concurrent hooks never lose each other's updates and a crash never leaves
-half a file. It holds: the kernel-log cursor (XIDs seen), recent XIDs (dedupe across sources), the
-last check result, consecutive passes, the drain we made, open faults, recovery-ladder counts and
-xid-watch counters and its job-side work (pending drain, fault episode, per-job actions).
+One JSON file (``<state_dir>/state.json``) changed under an exclusive flock (``locks/state.lock``: a
+0600 file in a 0700 directory, so no other user can hold it: ``autoheal.lockfile``) and replaced
+atomically (a fresh temporary name, ``autoheal.atomicfile``), so concurrent hooks never lose each
+other's updates and a crash never leaves half a file. It holds: the kernel-log cursor (XIDs seen),
+recent XIDs (dedupe across sources), the last check result, consecutive passes, the drain we made, open
+faults, recovery-ladder counts and xid-watch counters and its job-side work (pending drain, fault
+episode, per-job actions).
 
 A state dir that cannot be written (read-only, full, lock held by a stuck hook, a path Python refuses)
 is the hooks' own trouble, never a reason to fail Slurm: with ``fallback=True`` the store keeps working
@@ -15,12 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import fcntl
 import json
-import os
-import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, ContextManager, Dict, Iterator, List, Optional
 
 STATE_FILE = "state.json"
 
@@ -141,18 +140,11 @@ class NodeState:
             yield
 
     def _write(self, state: Dict[str, Any]) -> None:
-        tmp = self.dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump(state, fh, sort_keys=True, default=str)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            # a full disk fails the write or the fsync: never leave .state.json.PID.tmp files behind
-            with contextlib.suppress(OSError, ValueError):
-                os.unlink(tmp)
-            raise
+        from autoheal.atomicfile import write_atomic
+
+        # a full disk fails the write or the fsync: write_atomic leaves no temporary file behind. 0644:
+        # `autoheal status` and admins read it; only root writes it (the directory is root's)
+        write_atomic(self.path, json.dumps(state, sort_keys=True, default=str).encode(), mode=0o644)
 
 
 def _why(exc: BaseException) -> str:
@@ -268,21 +260,9 @@ def open_fault(state: Dict[str, Any], fault: Dict[str, Any]) -> None:
     faults.append(fault)
 
 
-@contextlib.contextmanager
-def _flock(directory: Path, name: str, timeout: float, what: str) -> Iterator[None]:
-    """An exclusive flock on ``directory/name``, polled until ``timeout`` (then TimeoutError)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(str(directory / name), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{directory}/{name}: {what} {timeout:g}s") from None
-                time.sleep(0.02)
-        yield
-    finally:
-        os.close(fd)
+def _flock(directory: Path, name: str, timeout: float, what: str) -> ContextManager[None]:
+    """An exclusive lock ``directory/locks/name`` only this user can take, polled until ``timeout``
+    (then TimeoutError)."""
+    from autoheal.lockfile import exclusive
+
+    return exclusive(directory, name, timeout, what)

@@ -30,6 +30,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from autoheal.atomicfile import write_atomic
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside
 from autoheal.hooks import state as S
@@ -197,11 +198,33 @@ class XidWatch:
                 with self.ctx.store.locked() as st:
                     events, cur = read_kernel_log(path, LogCursor.from_dict(st.get("kmsg")))
                     st["kmsg"] = cur.to_dict()
+                    if cur.rejected_count:
+                        S.bump(st, "kernel_log_rejected_total", cur.rejected_count)
+                self._report_log_read(path, cur)
                 for ev in events:
                     self.q.put(ev)
             except Exception as exc:
                 print(f"xid-watch: kernel log {path}: {exc}", file=sys.stderr, flush=True)
             self._stop.wait(self.h.kernel_log_poll)
+
+    def _report_log_read(self, path: str, cur: LogCursor) -> None:
+        """Say what a read of the kernel log left out: the history a node without a cursor does not act on,
+        and lines that look like an XID but are not the driver's kernel record (a forgery, or a log format
+        autoheal does not trust: docs/security.md)."""
+        from autoheal.reasons import sanitize
+
+        if cur.skipped:
+            print(f"xid-watch: kernel log {path}: no cursor in the node state (new install, or the state was "
+                  f"lost): starting at the log's end; {cur.skipped} earlier XID record(s) not judged, the live "
+                  f"NVML checks decide", file=sys.stderr, flush=True)
+        for line in cur.rejected:
+            print(f"xid-watch: kernel log {path}: not the NVIDIA driver's kernel record, ignored: "
+                  f"{sanitize(line, 300)}", file=sys.stderr, flush=True)
+        if cur.rejected_count > len(cur.rejected):
+            print(f"xid-watch: kernel log {path}: {cur.rejected_count - len(cur.rejected)} more such line(s) "
+                  f"ignored", file=sys.stderr, flush=True)
+        if cur.rejected_count:
+            self._metrics_dirty = True
 
     def health_loop(self) -> None:
         """Poll the NVML health state every ``hooks.xid_watch_health_poll`` seconds. The reads run in
@@ -375,18 +398,14 @@ class XidWatch:
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
-        tmp = os.path.join(d, f".{METRICS_FILE}.tmp")
         try:
             os.makedirs(d, exist_ok=True)
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write("\n".join(lines) + "\n")
-            os.replace(tmp, os.path.join(d, METRICS_FILE))
+            # a fresh temporary name (O_EXCL|O_NOFOLLOW) and a rename: the collector directory may be
+            # another user's (node-exporter's), and a name they planted is never opened by root
+            write_atomic(os.path.join(d, METRICS_FILE), ("\n".join(lines) + "\n").encode(), mode=0o644,
+                         fsync=False)
         except (OSError, ValueError) as exc:
             self._metrics_dirty = True  # try again at the next housekeeping
-            try:
-                os.unlink(tmp)
-            except (OSError, ValueError):
-                pass
             if str(exc) != self._metrics_error:  # once per distinct error, not every second
                 self._metrics_error = str(exc)
                 print(f"xid-watch: metrics {d}: {exc}", file=sys.stderr, flush=True)

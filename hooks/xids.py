@@ -9,8 +9,11 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass
+import stat
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
+
+from autoheal.hooks.kmsg import kernel_record, parse_record
 
 # Default policy (from NVIDIA's XID catalogue, docs.nvidia.com/deploy/xid-errors, and the peers' choices:
 # NHC, gcm, gpud, device-plugin): ignore | warn | requeue | drain | reset | reboot | replace.
@@ -36,13 +39,19 @@ XID_TEXT: Dict[int, str] = {
 for _x in range(144, 151):
     XID_TEXT[_x] = "NVLink5 error"
 
-# NVIDIA's real formats: "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., ..." and older "NVRM: Xid (0000:03:00): 14, ..."
-XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)\).*?: (\d+),")
+# NVIDIA's real formats, matched from the first byte of a kernel record's message (hooks/kmsg.py says
+# which records are the kernel's). The driver prints (open-gpu-kernel-modules, kernel_rc.c)
+#   "NVRM: Xid (PCI:0000:3b:00): 79, pid=..., name=..., <message>"
+#   "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 13, ..."   (MIG: GPU / compute instance)
+# and older drivers "NVRM: Xid (0000:03:00): 14, ...". Nothing may stand between the parenthesis and the
+# XID number: a task named "NVRM: Xid (0:0)" that crashes in a file named "...: 79, ..." makes the kernel
+# log "NVRM: Xid (0:0)[pid]: segfault ... in ...: 79, ..." (seen on this project's kernel), which a looser
+# pattern read as XID 79.
+_PCI = r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
+XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?" + _PCI + r")(?: GPU-I:\d{1,3})?(?: GPU-CI:\d{1,3})?\): (\d{1,6}),")
 # "fallen off the bus" without an Xid line: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
 OFF_BUS_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
-                        r".*fallen off the bus", re.IGNORECASE)
-# /dev/kmsg record: "<prio>,<seq>,<usec>,<flags>[,...];message"
-KMSG_RE = re.compile(r"^(\d+),(\d+),(\d+),[^;]*;(.*)$")
+                        r"[:\s].*fallen off the bus", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -77,29 +86,30 @@ def normalize_pci(text: str) -> str:
 
 
 def parse_line(line: str, source: str = "kmsg") -> Optional[XidEvent]:
-    """An XidEvent from one kernel-log line (kmsg record or plain), or None (malformed lines too)."""
+    """An XidEvent from one kernel-log line, or None. Only a ``/dev/kmsg`` record the kernel printed
+    (facility 0) whose message *begins* with one of NVIDIA's formats counts; a user-facility record, a
+    syslog or dmesg text line (``logger`` writes those), NVRM text later in a record (a segfault line
+    naming a crafted file) and malformed lines give None (``autoheal.hooks.kmsg``)."""
     if not line or "NVRM" not in line:
         return None
-    seq = usec = None
-    m = KMSG_RE.match(line)
-    msg = line
-    if m:
-        try:
-            seq, usec = int(m.group(2)), int(m.group(3))
-        except ValueError:
-            return None
-        msg = m.group(4)
-    x = XID_RE.search(msg)
+    rec = kernel_record(line)
+    if rec is None:
+        return None
+    return parse_kernel_message(rec.message, source, rec.seq, rec.usec)
+
+
+def parse_kernel_message(msg: str, source: str = "kmsg", seq: Optional[int] = None,
+                         usec: Optional[int] = None) -> Optional[XidEvent]:
+    """An XidEvent from the message of a record already proven the kernel's (see ``parse_line``): the
+    message must begin with NVIDIA's format, nothing before it."""
+    x = XID_RE.match(msg)
     if x:
-        try:
-            xid = int(x.group(2))
-        except ValueError:
-            return None
+        xid = int(x.group(2))
         if xid <= 0 or xid > 100000:
             return None
         return XidEvent(xid=xid, pci=normalize_pci(x.group(1)), source=source, seq=seq, usec=usec,
                         line=msg.strip()[:300])
-    b = OFF_BUS_RE.search(msg)
+    b = OFF_BUS_RE.match(msg)
     if b:
         return XidEvent(xid=79, pci=normalize_pci(b.group(1)), source=source, seq=seq, usec=usec,
                         line=msg.strip()[:300])
@@ -121,21 +131,34 @@ def describe(xid: int) -> str:
 
 @dataclass
 class LogCursor:
-    """Where the last read stopped: kmsg sequence per boot, or a file's inode and offset."""
+    """Where the last read stopped: kmsg sequence per boot, or a file's inode and offset.
+
+    ``skipped``, ``rejected`` and ``rejected_count`` are not stored: what the last read left out (see
+    ``read_kernel_log``), for the caller to report."""
 
     boot_id: str = ""
     max_seq: int = -1
     inode: int = 0
     offset: int = 0
+    path: str = ""  # the log it is a position in ("" in cursors of older releases: taken as the same log)
+    skipped: int = field(default=0, compare=False)
+    rejected: List[str] = field(default_factory=list, compare=False)
+    rejected_count: int = field(default=0, compare=False)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset}
+        return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset,
+                "path": self.path}
 
     @classmethod
     def from_dict(cls, d: Optional[Dict[str, Any]]) -> LogCursor:
         d = d or {}
         return cls(str(d.get("boot_id", "")), int(d.get("max_seq", -1)), int(d.get("inode", 0)),
-                   int(d.get("offset", 0)))
+                   int(d.get("offset", 0)), str(d.get("path", "")))
+
+    @property
+    def fresh(self) -> bool:
+        """No position at all: a new install, or a node state that was wiped or lost."""
+        return not self.boot_id and self.max_seq < 0 and not self.inode and not self.offset
 
 
 def boot_id() -> str:
@@ -146,43 +169,68 @@ def boot_id() -> str:
         return ""
 
 
+#: At most this many rejected lines are handed back per read (for the caller's log line).
+MAX_REJECTED = 5
+
+
 def read_kernel_log(path: str, cursor: LogCursor, max_bytes: int = 16 << 20) -> Tuple[List[XidEvent], LogCursor]:
     """New XID events since ``cursor`` and the advanced cursor. Records already seen (kmsg sequence
     at or below the cursor in the same boot) are dropped, so replays after restarts are not acted on
-    twice. Unreadable sources give no events (the caller reports them)."""
+    twice. Unreadable sources give no events and leave the cursor as it was (the caller reports them).
+
+    A cursor of another boot (the node rebooted; the state survived): every record of this boot is new,
+    none of them can have been judged, all are. No cursor at all (a new install, a node state wiped or
+    lost without a reboot, or a cursor into another log after ``hooks.kernel_log`` changed): the records
+    in the log may all have been judged and repaired already, and acting on history alone would drain the
+    node again for them, so the read starts at the log's end, judges nothing of what is there (counted in
+    ``skipped``) and leaves the GPUs' present health to the live NVML checks. Lines that look like an XID
+    but are not the kernel's (``parse_line``) are counted in ``rejected_count``, the first few returned in
+    ``rejected``."""
     bid = boot_id()
-    cur = LogCursor(**cursor.to_dict())
-    if cur.boot_id != bid:  # new boot: sequence numbers restart
-        cur = LogCursor(boot_id=bid)
+    # a cursor into another log (``hooks.kernel_log`` changed) says nothing about this one: none
+    fresh = cursor.fresh or bool(cursor.path and cursor.path != path)
+    cur = LogCursor(path=path) if fresh else LogCursor(**cursor.to_dict())
+    cur.path = path
+    if cur.boot_id != bid:
+        # a reboot since the cursor: kmsg sequence numbers restart; a file goes on where it was (it spans
+        # boots: starting it over would judge every earlier boot's XIDs again)
+        cur = LogCursor(boot_id=bid, inode=cur.inode, offset=cur.offset, path=path)
+    lines: Optional[List[str]]
     if path == "/dev/kmsg":
         lines = _read_kmsg_device(path)
         source = "kmsg"
     else:
         lines, cur = _read_file(path, cur, max_bytes)
         source = "file"
+    if lines is None:
+        return [], cursor
     out: List[XidEvent] = []
     for line in lines:
-        m = KMSG_RE.match(line)
-        if m:
-            try:
-                seq = int(m.group(2))
-            except ValueError:
+        rec = parse_record(line)
+        if rec is not None:
+            if rec.seq <= cur.max_seq:
                 continue
-            if seq <= cur.max_seq:
-                continue
-            cur.max_seq = seq
+            cur.max_seq = rec.seq
+        if "NVRM" not in line:
+            continue
         ev = parse_line(line, source)
         if ev is not None:
             out.append(ev)
+        elif XID_RE.search(line) or OFF_BUS_RE.search(line):  # looks like an XID, but not the driver's record
+            cur.rejected_count += 1
+            if len(cur.rejected) < MAX_REJECTED:
+                cur.rejected.append(line[:300])
+    if fresh:
+        cur.skipped, out = len(out), []
     return out, cur
 
 
-def _read_kmsg_device(path: str) -> List[str]:
+def _read_kmsg_device(path: str) -> Optional[List[str]]:
     lines: List[str] = []
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return lines
+        return None
     try:
         while True:
             try:
@@ -199,13 +247,15 @@ def _read_kmsg_device(path: str) -> List[str]:
     return lines
 
 
-def _read_file(path: str, cur: LogCursor, max_bytes: int) -> Tuple[List[str], LogCursor]:
+def _read_file(path: str, cur: LogCursor, max_bytes: int) -> Tuple[Optional[List[str]], LogCursor]:
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return [], cur
+        return None, cur
     try:
         st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):  # a FIFO or device named as a log file: nothing to follow
+            return None, cur
         if st.st_ino != cur.inode or st.st_size < cur.offset:  # rotated or truncated: start over
             cur.inode, cur.offset = st.st_ino, 0
         if st.st_size == cur.offset:

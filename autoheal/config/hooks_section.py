@@ -48,8 +48,9 @@ class HooksSection:
     resume_cooldown: float = setting(300.0, doc="Seconds after our drain before we may resume the node.",
                                      min=0, max=86400)
     # ---- sources ---------------------------------------------------------------------------------
-    kernel_log: str = setting("/dev/kmsg", doc="Kernel log to scan for NVRM Xid lines: /dev/kmsg, or a file "
-                              "(kmsg records or plain dmesg/syslog lines). May contain {node}. Empty: off.")
+    kernel_log: str = setting("/dev/kmsg", doc="Kernel log to scan for NVRM Xid lines: /dev/kmsg, or a file of "
+                              "/dev/kmsg records written by root (only facility-0 records count; syslog and dmesg "
+                              "text lines are not trusted: docs/security.md). May contain {node}. Empty: off.")
     expected_gpus: int = setting(-1, doc="GPUs this node must have. -1: count the node's gpu lines in "
                                  "gres.conf (next to slurm.conf); 0: do not check the count.", min=-1, max=256)
     gres_conf: str = setting("", doc="gres.conf to read the expected GPU count from (empty: the gres.conf "

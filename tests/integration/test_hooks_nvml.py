@@ -98,7 +98,9 @@ FAILING = [
 
 @pytest.mark.parametrize("kind,kw,check,words", FAILING, ids=[f"{k}-{c}" for k, _, c, _ in FAILING])
 def test_each_fault_fails_its_check(lib_dir, tmp_path, kind, kw, check, words):
-    code, out, _ = run_check(lib_dir, tmp_path, inject(kind, **kw), healthy_first=(kind == "xid"))
+    # an XID is judged from the kernel log only by a node that read the log before it came: one without a
+    # cursor starts at the log's end and leaves what is there to the live checks (issue 27)
+    code, out, _ = run_check(lib_dir, tmp_path, inject(kind, **kw), healthy_first=(kind == "xid" or check == "xid"))
     assert code == 1, out
     got = [r for r in by_check(out, check) if r["status"] == "fail"]
     assert got and words in got[0]["reason"], out["results"]

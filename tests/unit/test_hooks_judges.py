@@ -21,14 +21,15 @@ def healthy(i: int = 0) -> GpuSample:
                      pcie_width=16, pcie_width_max=16, nvlinks_down=[], clock_events=1, recovery_action=0, idle=True)
 
 
-def test_kmsg_and_plain_xid_lines():
+def test_kmsg_xid_records_of_every_real_format():
     ev = parse_line("4,812,7003002,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
                     "GPU has fallen off the bus.")
     assert (ev.xid, ev.pci, ev.seq, ev.usec) == (79, "0000:3b:00", 812, 7003002)
-    old = parse_line("[ 12.3] NVRM: Xid (0000:03:00): 14, Channel 00000001")
-    assert (old.xid, old.pci, old.seq) == (14, "0000:03:00", None)
-    off = parse_line("NVRM: GPU 0000:5d:00.0: GPU has fallen off the bus.")
+    old = parse_line("4,13,12300000,-;NVRM: Xid (0000:03:00): 14, Channel 00000001")
+    assert (old.xid, old.pci, old.seq) == (14, "0000:03:00", 13)
+    off = parse_line("4,14,12300001,-;NVRM: GPU 0000:5d:00.0: GPU has fallen off the bus.")
     assert (off.xid, off.pci) == (79, "0000:5d:00")
+    # more test formats, and the forgeries that must not count: tests/unit/test_xid_forgery.py
 
 
 @pytest.mark.parametrize("line", ["", "garbage", "NVRM: Xid (PCI:zz): x, foo",
@@ -36,6 +37,7 @@ def test_kmsg_and_plain_xid_lines():
                                   "NVRM: Xid (PCI:0000:3b:00): 0, nothing", "\x00\xff NVRM"])
 def test_malformed_lines_are_ignored(line):
     assert parse_line(line) is None
+    assert parse_line("4,1,2,-;" + line) is None  # malformed inside a kernel record too
 
 
 def test_pci_forms_normalise_alike():
@@ -49,12 +51,13 @@ def test_policy_defaults_and_overrides():
 
 
 def test_xid_judgement_and_app_escalation():
-    ev = parse_line("NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.")
+    ev = parse_line("4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
+                    "GPU has fallen off the bus.")
     r = C.judge_xid(ev, gpu=3, pci="0000:3b:00.0", node="gpu2")
     assert r.status == C.FAIL and r.action == C.REPLACE
     # issue 15: a GPU index never reads like a node name ("on gpu3" was taken for the node gpu3)
     assert r.reason == "xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus"
-    app = parse_line("NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception")
+    app = parse_line("4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception")
     assert C.judge_xid(app, gpu=3, app_repeats=1, app_limit=5).status == C.OK
     escalated = C.judge_xid(app, gpu=3, app_repeats=5, app_limit=5)
     assert escalated.status == C.FAIL and escalated.action == C.RESET
@@ -138,8 +141,12 @@ def test_gres_conf_count():
 def test_kernel_log_file_cursor_drops_replays(tmp_path):
     log = tmp_path / "kmsg.log"
     rec = "4,7,100,-;NVRM: Xid (PCI:0000:3b:00): 48, pid=1, name=x, An uncorrectable double bit error\n"
-    log.write_text("junk line\n" + rec)
-    events, cur = read_kernel_log(str(log), LogCursor())
+    log.write_text("junk line\n")
+    events, cur = read_kernel_log(str(log), LogCursor())  # the first read places the cursor
+    assert events == []
+    with open(log, "a") as fh:
+        fh.write(rec)
+    events, cur = read_kernel_log(str(log), cur)
     assert [e.xid for e in events] == [48]
     again, cur = read_kernel_log(str(log), cur)
     assert again == []

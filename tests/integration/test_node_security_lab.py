@@ -1,0 +1,230 @@
+"""Node-side attacks on a real lab (issue 25 item 1, issue 27's wiped-state gap).
+
+1. A user makes the real kernel write "NVRM: Xid (...): 79, ..." into the real ``/dev/kmsg``: an
+   unprivileged process (``nobody``) compiles a two-line shared library whose file name is an XID 79
+   line, loads it and dereferences NULL; the kernel logs the segfault, at facility 0, naming the file.
+   A second run also names the task "NVRM: Xid (0:0)" so the kernel record *begins* like an Xid line.
+   The lab's xid-watch and healthcheck read the real ``/dev/kmsg`` here (not the lab's injected file):
+   both see the records and neither drains.
+2. A node that had an XID 79 long ago (drained, repaired, back in service) has its node state wiped
+   without a reboot: xid-watch and the healthcheck start again with no kernel-log cursor, the old record
+   still in the log, and do not drain while the GPUs are healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from helpers import wait_for, wait_node_idle
+
+from autoheal.hooks.kmsg import kernel_record
+from autoheal.hooks.xids import parse_line
+from autoheal.lab import wiring
+from autoheal.lab.gpus import inject
+
+NAME = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus"
+LIB_C = "void boom(void) { *(volatile int *)0 = 1; }\n"
+MAIN_C = r"""
+#include <dlfcn.h>
+#include <stdio.h>
+#include <sys/prctl.h>
+int main(int argc, char **argv) {
+    if (argc > 2) prctl(PR_SET_NAME, argv[2], 0, 0, 0);
+    void *h = dlopen(argv[1], RTLD_NOW);
+    if (!h) { fprintf(stderr, "%s\n", dlerror()); return 3; }
+    ((void (*)(void))dlsym(h, "boom"))();
+    return 0;
+}
+"""
+
+
+def sh(handle, *argv, timeout=15):
+    return subprocess.run(list(argv), env=handle.env, capture_output=True, text=True, timeout=timeout)
+
+
+def node_line(handle, node):
+    return sh(handle, "scontrol", "-o", "show", "node", node).stdout
+
+
+def journal(handle):
+    path = handle.layout.root / "journal" / "journal.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+
+
+def run_hook(handle, node, module="autoheal.hooks.healthcheck"):
+    env = dict(handle.env, **handle.lab.node_env(node), SLURMD_NODENAME=node)
+    return subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60)
+
+
+def node_state(handle, node):
+    path = handle.layout.root / "nodestate" / node / "state.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def xid_watch_log(handle, node):
+    path = handle.root / "log" / f"xid-watch-{node}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def kmsg_records():
+    """Every record now in the real /dev/kmsg (first lines only)."""
+    out = []
+    fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        while True:
+            try:
+                data = os.read(fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # overwritten while reading
+                continue
+            if not data:
+                break
+            out.append(data.decode("utf-8", "replace").split("\n", 1)[0])
+    finally:
+        os.close(fd)
+    return out
+
+
+def no_xid_action(records):
+    acted = [r for r in records if r.get("check") == "xid" or r.get("event") in ("drain", "requeue", "signal")]
+    return not acted, acted
+
+
+@pytest.fixture
+def kmsg_lab(lab_factory):
+    """A one-node lab whose hooks and xid-watch read the machine's real /dev/kmsg."""
+    try:
+        trace = Path("/proc/sys/debug/exception-trace").read_text().strip()
+    except OSError:
+        trace = ""
+    if trace != "1":
+        pytest.skip(f"/proc/sys/debug/exception-trace is {trace or 'missing'}: the kernel logs no segfaults")
+    if not os.access("/dev/kmsg", os.R_OK) or shutil.which("gcc") is None:
+        pytest.skip("needs a readable /dev/kmsg and gcc")
+    handle = lab_factory(nodes=1, gpus=2, spares=0, hooks=True, xid_watch=False)
+    conf = handle.layout.autoheal_conf
+    text, n = re.subn(r'^kernel_log = .*$', 'kernel_log = "/dev/kmsg"', conf.read_text(), flags=re.M)
+    assert n == 1, text
+    conf.write_text(text)
+    handle.lab.start_node_daemon("xid-watch-gpu1", "gpu1", wiring.xid_watch_argv("gpu1"))
+    # xid-watch has read /dev/kmsg once: its cursor names it
+    wait_for(lambda: (node_state(handle, "gpu1").get("kmsg") or {}).get("path") == "/dev/kmsg", 30,
+             "xid-watch to read /dev/kmsg")
+    return handle
+
+
+@pytest.fixture
+def attacker_dir():
+    work = Path(tempfile.mkdtemp(prefix="autoheal-attack-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    os.chown(work, pwd.getpwnam("nobody").pw_uid, -1)
+    yield work
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def as_nobody(argv, cwd, timeout=60):
+    return subprocess.run(argv, user="nobody", group="nogroup", cwd=str(cwd), capture_output=True, text=True,
+                          timeout=timeout, env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)})
+
+
+def test_a_users_segfault_in_an_xid_named_library_drains_nothing(kmsg_lab, attacker_dir):
+    handle, node = kmsg_lab, "gpu1"
+    before = len(journal(handle))
+    # the compile, the library's file name and the crash are nobody's (the sources are plain C)
+    for name, text in (("lib.c", LIB_C), ("main.c", MAIN_C)):
+        (attacker_dir / name).write_text(text)
+    got = as_nobody(["gcc", "-shared", "-fPIC", "-o", NAME, "lib.c"], attacker_dir)
+    assert got.returncode == 0, got
+    got = as_nobody(["gcc", "-o", "main", "main.c", "-ldl"], attacker_dir)
+    assert got.returncode == 0, got
+    pids = []
+    for comm in ("main", "NVRM: Xid (0:0)"):
+        proc = subprocess.Popen([str(attacker_dir / "main"), str(attacker_dir / NAME), comm], user="nobody",
+                                group="nogroup", cwd=str(attacker_dir), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        assert proc.wait(timeout=30) == -signal.SIGSEGV
+        pids.append(proc.pid)
+
+    def crash_records():
+        recs = [r for r in kmsg_records() if NAME in r and any(f"[{pid}]: segfault" in r for pid in pids)]
+        return recs if len(recs) == len(pids) else None
+
+    records = wait_for(crash_records, 10, "the kernel's segfault records in /dev/kmsg")
+    for rec in records:
+        # the forgery is real: a kernel record (facility 0) that carries the whole XID 79 line
+        assert kernel_record(rec) is not None and NAME in rec, rec
+        assert parse_line(rec) is None, rec
+    assert any(";NVRM: Xid (0:0)[" in r for r in records), records  # the record begins like an Xid line
+
+    # xid-watch read both records and said why it ignored them
+    def rejected():
+        log = xid_watch_log(handle, node)
+        return all(f"[{pid}]: segfault" in log for pid in pids) and "not the NVIDIA driver's kernel record" in log
+
+    wait_for(rejected, 15, "xid-watch to read and ignore the crash records")
+    wait_for(lambda: (node_state(handle, node).get("counters") or {}).get("kernel_log_rejected_total", 0) >= 2,
+             10, "the rejected-line counter")
+    res = run_hook(handle, node)  # the healthcheck reads the same /dev/kmsg (shared cursor, or its own)
+    assert res.returncode == 0, res.stderr
+    line = node_line(handle, node)
+    assert "DRAIN" not in line and "Reason=" not in line, line
+    ok, acted = no_xid_action(journal(handle)[before:])
+    assert ok, acted
+
+
+def test_wiped_node_state_does_not_rejudge_an_xid_of_long_ago(lab_factory):
+    handle, node = lab_factory(nodes=1, gpus=2, spares=0, hooks=True, xid_watch=True), "gpu1"
+    from autoheal.lab.fakenvml import state as gstate
+
+    # long ago: an XID 79 drained the node; the GPU was repaired and the node put back in service
+    inject(handle.lab, node, 1, "xid", xid=79)
+    wait_for(lambda: "DRAIN" in node_line(handle, node), 20, f"{node} to drain for the XID 79")
+    for gpu in range(handle.layout.gpus):
+        gstate.inject(handle.layout.gpu_state(node), gpu, "clear")
+    env = dict(handle.env, **handle.lab.node_env(node))
+    sh(handle, sys.executable, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node, timeout=60)
+    sh(handle, "scontrol", "update", f"nodename={node}", "state=resume")
+    assert run_hook(handle, node).returncode == 0
+    wait_node_idle(handle.env, node, 60)
+    assert ": 79," in handle.layout.kernel_log(node).read_text()  # the old record is still in the log
+
+    # the node state is wiped (an admin's rm -rf, a re-imaged disk) without a reboot
+    rec = handle.lab.records()[f"xid-watch-{node}"]
+    from autoheal.lab import procs
+
+    procs.stop(rec)
+    shutil.rmtree(handle.layout.root / "nodestate" / node)
+    before = len(journal(handle))
+    log_before = len(xid_watch_log(handle, node))
+    handle.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node))
+    wait_for(lambda: "earlier XID record(s) not judged" in xid_watch_log(handle, node)[log_before:]
+             or (node_state(handle, node).get("kmsg") or {}).get("offset"), 30,
+             "xid-watch to read the kernel log")
+    for _ in range(2):  # the healthcheck twice: live NVML checks decide, and the GPUs are healthy
+        res = run_hook(handle, node, "autoheal.hooks.healthcheck")
+        assert res.returncode == 0, (res.stdout, res.stderr)
+    res = subprocess.run([sys.executable, "-m", "autoheal.hooks.prolog"], env=dict(env, SLURMD_NODENAME=node,
+                         SLURM_JOB_ID="999"), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    line = node_line(handle, node)
+    assert "DRAIN" not in line and "Reason=" not in line, line
+    ok, acted = no_xid_action(journal(handle)[before:])
+    assert ok, acted
+    # a new XID after the wipe is still judged at once
+    inject(handle.lab, node, 0, "xid", xid=79)
+    wait_for(lambda: "DRAIN" in node_line(handle, node), 20, f"{node} to drain for the new XID 79")
+    assert "xid 79 on GPU 0" in node_line(handle, node)
