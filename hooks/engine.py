@@ -17,7 +17,7 @@ from autoheal.hooks import preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
-from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, policy_for, read_kernel_log
+from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
@@ -96,10 +96,7 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
         before = [x for x in st.get("recent_xids", []) if x.get("xid") == ev.xid and x.get("gpu") == gpu
                   and float(x.get("time", 0)) < repaired]
         S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
-        repeats = 0
-        if policy_for(ev.xid, h.xid_policy) == "ignore":
-            repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)
-        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat, node=ctx.node)
+        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
         if before and repaired:
             r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)

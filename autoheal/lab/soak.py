@@ -498,7 +498,7 @@ class Soak:
                 self._at(end, f"flapping over on {node}", lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"),
                                                                    ended()))
                 return
-            labgpus.inject(self.lab, node, f.gpu, spec.gpu_inject, xid=spec.xid)
+            labgpus.inject(self.lab, node, f.gpu, spec.gpu_inject, xid=f.xid if f.xid is not None else spec.xid)
             if end:
                 self._at(end, f"{f.kind} over on {node}",
                          lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"), ended()))
