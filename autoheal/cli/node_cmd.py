@@ -65,7 +65,8 @@ def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:
 
 @node.command("drain")
 @click.argument("name")
-@click.option("--reason", required=True, help="Why; stored as 'autoheal: <reason>' (sanitised, bounded).")
+@click.option("--reason", required=True, help="Why; stored as 'autoheal: admin: <reason>' (sanitised, "
+              "bounded): a person's drain, never taken for a GPU fault (no GPUHealthy taint, no replacement).")
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @config_option
 @json_option
@@ -73,9 +74,10 @@ def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:
 def drain(name: str, reason: str, dry_run: bool, config_path: Optional[str], as_json: bool) -> None:
     """Drain NAME with an autoheal reason, unless an admin already drained it (exit 1 then)."""
     from autoheal import nodeops
+    from autoheal.reasons import admin_reason
 
     cfg, slurm = _slurm(config_path)
-    outcome = nodeops.drain(slurm, name, reason, dry_run=dry_run)
+    outcome = nodeops.drain(slurm, name, admin_reason(reason), dry_run=dry_run)
     _report(outcome, as_json, cfg)
     sys.exit(EXIT_PROBLEM if outcome.action == nodeops.SKIPPED_FOREIGN else EXIT_OK)
 
