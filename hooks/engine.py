@@ -92,6 +92,20 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
                               f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
                               f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
             continue
+        same = _open_same_fault(st, ev.xid, gpu)
+        if same is not None:
+            # the fault this XID opened is still open (no repair since): the same XID again is that fault
+            # with a count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3
+            # nodes in 3 hours were 672 fatal events)
+            same["count"] = int(same.get("count", 1)) + 1
+            if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+                same["noted"] = now
+                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                              "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
+                              f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
+                                                                             "count": same["count"]}})
+            S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
+            continue
         repaired = S.repaired_at(st, gpu)
         before = [x for x in st.get("recent_xids", []) if x.get("xid") == ev.xid and x.get("gpu") == gpu
                   and float(x.get("time", 0)) < repaired]
@@ -104,6 +118,16 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
                               "evidence": r.evidence})
     return out
+
+
+def _open_same_fault(st: Dict[str, Any], xid: int, gpu: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The open XID fault of ``gpu`` that this same XID opened after the GPU's last repair, if any."""
+    for f in st.get("faults", []):
+        if f.get("check", "xid") == "xid" and f.get("gpu") == gpu \
+                and (f.get("evidence") or {}).get("xid") == xid \
+                and float(f.get("since", 0) or 0) >= S.repaired_at(st, gpu):
+            return f  # type: ignore[no-any-return]
+    return None
 
 
 def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = True,
@@ -125,10 +149,13 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
                 g.pci = by_index[g.index] + ".0"
         results = C.judge_sample(sample, ctx.hooks, expected)
         notes: List[Dict[str, Any]] = []
+        events: List[XidEvent] = []
+        xres: List[C.CheckResult] = []
         if read_log and ctx.hooks.kernel_log and "xid" not in off:
             events, cursor = read_kernel_log(ctx.path(ctx.hooks.kernel_log), LogCursor.from_dict(st.get("kmsg")))
             st["kmsg"] = cursor.to_dict()
-            results += xid_results(ctx, st, events, pci_map, now, notes)
+            xres = xid_results(ctx, st, events, pci_map, now, notes)
+            results += xres
         if not cheap:
             results = _escalate_unknown(ctx, st, results)
         # open faults keep failing until a repair rung closes them
@@ -148,6 +175,10 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
         p.errors.append(trouble)
     for n in notes:
         ctx.record("detection", **n)
+    if xres:  # application XIDs the healthcheck read first: the job's record (xid_jobs), never a drain
+        from autoheal.hooks import xid_jobs
+
+        xid_jobs.attribute(ctx, xres, events, None, now)
     return p
 
 
