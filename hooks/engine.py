@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
-from autoheal.hooks import preswap
+from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
@@ -210,6 +210,13 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     reason = parse_body(failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
+    lemon_body = None
+    if not ((node.drain or node.down) and current and is_ours(current)):
+        # a new fault on a node in service: one more in its history, maybe the one that makes it a lemon
+        lemon_body = lemon.verdict(ctx.store.read(), time.time(), failure.check, failure.evidence.get("xid"),
+                                   ctx.hooks.lemon_faults, ctx.hooks.lemon_window)
+        if lemon_body is not None:
+            reason = lemon.reason(lemon_body)
     # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
     # or sync would never see the fault and the hooks would later "resume" a cordoned node. Nor is a
     # pre-emptive swap's (hooks/preswap.py): a real fault (not one of the warning signs) replaces it, so
@@ -224,6 +231,9 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         with ctx.store.locked() as st:
+            if out.action == nodeops.DRAINED or (out.action == nodeops.REASON_UPDATED and lemon_body):
+                lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
+                                 failure.reason)
             rec = st.get("drain") or {}
             # A record naming another reason than the node now carries, or one left from before a fresh drain,
             # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
@@ -237,6 +247,10 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if out.changed:
         ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
+        if lemon_body is not None:
+            ctx.record("lemon", check=failure.check, action="retire", outcome="drained", severity="action",
+                       message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
+                       f"{failure.reason})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
         # once per fault and foreign reason, not on every health check while the admin's drain lasts
         key = f"{failure.check}:{failure.gpu}"
@@ -270,7 +284,10 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             st2["drain"] = None
             if not (node.drain or node.down):
                 S.mark_repaired(st2, None, now)
+                lemon.note_return(st2, now, "back in service (an admin's resume or a reboot)")
         return {"action": "forget-drain", "outcome": "node no longer carries our drain", "reason": current}
+    if lemon.is_lemon(current):
+        return {"action": "resume", "outcome": "never: a lemon is not returned automatically", "reason": current}
     if st.get("passes", 0) < ctx.hooks.resume_after_passes:
         return {"action": "resume", "outcome": f"waiting: {st.get('passes', 0)} of "
                 f"{ctx.hooks.resume_after_passes} passes", "reason": current}
@@ -281,6 +298,7 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
         with ctx.store.locked() as st2:
             st2["drain"] = None
             S.mark_repaired(st2, None, now)
+            lemon.note_return(st2, now, "resumed by autoheal")
         ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
@@ -329,6 +347,7 @@ def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any
         st2["drain"] = None
         st2["passes"] = 0
         S.mark_repaired(st2, None, now)  # back in service: the same XID again is a new fault
+        lemon.note_return(st2, now, "resumed by someone else")
     out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
            "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
     if forgotten or stale:
@@ -346,6 +365,8 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
         return []
     node = ctx.slurm.get_node(ctx.node)
     if not node.drained:  # jobs still running (or not drained): repairs wait
+        return []
+    if lemon.is_lemon(node.reason):  # retired: a replacement or a human, never another repair cycle
         return []
     done: List[Dict[str, Any]] = []
     window = ctx.hooks.ladder_window

@@ -99,6 +99,12 @@ class HooksSection:
                                   "node (a job's bug is the job's).", min=2, max=10000)
     app_xid_window: float = setting(3600.0, doc="Seconds over which one job's application XIDs are counted.",
                                     min=60, max=7 * 86400)
+    lemon_faults: int = setting(3, doc="Hardware faults (drain episodes) within lemon_window, each after the "
+                                "node was returned to service, that make it a lemon: drained 'autoheal: lemon: "
+                                "...', no repair, no automatic return (the sync asks for a replacement). 0: off.",
+                                min=0, max=1000)
+    lemon_window: float = setting(7 * 86400.0, doc="Seconds over which lemon_faults are counted.", min=3600,
+                                  max=365 * 86400)
     xid_dedupe_seconds: float = setting(120.0, doc="The same XID on the same GPU seen again within this many "
                                         "seconds (NVML event and kernel log, companion XIDs) is one fault.",
                                         min=0, max=86400)
