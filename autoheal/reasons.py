@@ -224,7 +224,7 @@ def admin_reason(text: str) -> str:
 
 # ---- the one test of "is this a health drain?" -------------------------------------------------------
 
-def _health_words() -> frozenset:
+def _health_words() -> frozenset[str]:
     from autoheal.config.hooks_section import CHECK_NAMES  # lazily: config imports this module
 
     return frozenset(CHECK_NAMES)

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 from autoheal.hooks.gather import GpuSample, NodeSample
-from autoheal.hooks.xids import DRAIN_POLICIES, XidEvent, describe, policy_for
+from autoheal.hooks.xid_catalog import DRAIN_POLICIES
+from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.strenum import StrEnum
 
 

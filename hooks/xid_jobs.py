@@ -163,8 +163,8 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
         by_xid.setdefault((ev.xid, None), ev)
     for r in apps:
         xid = int(r.evidence.get("xid", 0))
-        ev = by_xid.get((xid, r.gpu)) or by_xid.get((xid, None))
-        pid, name = process_of(ev) if ev is not None else (None, "")
+        found = by_xid.get((xid, r.gpu)) or by_xid.get((xid, None))
+        pid, name = process_of(found) if found is not None else (None, "")
         mapped = gpu_jobs(r.gpu) if (gpu_jobs is not None and r.gpu is not None) else None
         job, how = resolve_job(ctx, pid, mapped, proc)
         if pid is not None:

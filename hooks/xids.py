@@ -16,7 +16,6 @@ from typing import Any, Dict, List, Optional, Tuple
 # (autoheal.hooks.xid_catalog, read on first use); hooks.xid_policy overrides it per XID.
 # reset/reboot/replace drain the node and name the first rung of the recovery ladder; human drains for a
 # person; job/requeue are the application's (never a drain).
-from autoheal.hooks.xid_catalog import DRAIN_POLICIES, JOB_POLICIES  # noqa: F401  (re-exported)
 
 XID_TEXT: Dict[int, str] = {
     13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
