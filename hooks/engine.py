@@ -17,6 +17,7 @@ from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
+from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 
 if TYPE_CHECKING:
@@ -82,6 +83,12 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             sources = dup.setdefault("sources", [])
             if ev.source not in sources:
                 sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+                if dup.pop("app_pending", False) and ev.line:
+                    # an application XID NVML told first, with no process: the kernel log's copy names the
+                    # process, so its job can be told (xid_jobs); judged once more, for that only
+                    r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
+                    r.evidence["companion"] = True
+                    out.append(r)
                 continue
             dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
             if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
@@ -111,6 +118,8 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
                   and float(x.get("time", 0)) < repaired]
         S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
         r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
+        if ev.source == "nvml" and r.evidence.get("policy") in JOB_POLICIES:
+            st["recent_xids"][-1]["app_pending"] = True  # the kernel log's copy will name the process
         if before and repaired:
             r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)

@@ -158,7 +158,7 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
     if not apps:
         return done
     by_xid: Dict[Tuple[int, Optional[int]], XidEvent] = {}
-    for ev in events:
+    for ev in sorted(events, key=lambda e: not e.line):  # a kernel-log line (it names the process) first
         by_xid.setdefault((ev.xid, ev.gpu), ev)
         by_xid.setdefault((ev.xid, None), ev)
     for r in apps:

@@ -78,6 +78,8 @@ _KINDS: List[Kind] = [
     Kind("xid-app", "gpu", "xid", bucket="RESTART_APP", doc="an application XID of the catalog (never a drain)"),
     Kind("xid-ignore", "gpu", "xid", bucket="IGNORE", doc="an XID the catalog says to ignore (no drain)"),
     Kind("xid-reset", "gpu", "xid", bucket="RESET_GPU", drains=True, doc="a RESET_GPU XID of the catalog (reset)"),
+    Kind("bad-repair", "gpu", "xid", 95, drains=True, doc="a defect the repairs do not fix: XID 95 again each "
+         "time the node is back, 3 times (it must end a lemon)"),
     Kind("ecc-dbe", "gpu", "ecc-dbe", drains=True, doc="double-bit ECC count (NVML)"),
     Kind("remap-failure", "gpu", "remap-failure", drains=True, doc="row-remap failure (NVML)"),
     Kind("gpu-lost", "gpu", "lost", drains=True, doc="GPU lost (NVML_ERROR_GPU_IS_LOST)"),
@@ -101,6 +103,8 @@ _KINDS: List[Kind] = [
     Kind("user-cancel", "people", doc="a user cancels one of their jobs"),
     Kind("user-hold", "people", clears_after=(5.0, 15.0), doc="a user holds a pending job, releases it later"),
     Kind("time-limit", "people", doc="a job submitted with a 1-minute limit runs into it"),
+    Kind("job-storm", "job", bucket="RESTART_APP", doc="one job's processes raise an application XID on every "
+         "node it runs on (no node may drain for it)"),
 ]
 KINDS: Dict[str, Kind] = {k.name: k for k in _KINDS}
 GPU_KINDS = tuple(k.name for k in _KINDS if k.group == "gpu")

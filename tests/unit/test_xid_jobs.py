@@ -192,3 +192,19 @@ def test_the_lab_can_raise_any_catalog_xid_with_a_jobs_pid(xid):
     assert ev.xid == xid and ev.pci == "0000:3b:00" and XJ.process_of(ev) == (4567, "python")
     if xid in (46, 110, 156):  # no text of the fake driver's own: the catalog's description
         assert text.endswith(entry(xid).description)
+
+
+def test_nvml_first_then_the_kernel_logs_copy_names_the_job(tmp_path):
+    """The driver raises an NVML event (no process) and writes the Xid line; whichever xid-watch reads
+    first, the job is named once the line is read."""
+    from autoheal.hooks.xids import XidEvent
+
+    slurm = world(jobs=[Job("77", "RUNNING", ("n1",))])
+    fake_proc(tmp_path / "proc", 4567, job=77)
+    w = watch(tmp_path, slurm, "n1", tmp_path / "proc")
+    w.handle([XidEvent(13, gpu=0, source="nvml")], now=1000.0)
+    w.handle([parse_line(line(13, 0, pid=4567))], now=1000.5)
+    w.handle([parse_line(line(13, 0, pid=4567))], now=1001.0)  # a repeat of the line: no third record
+    app = records(w, "app-xid")
+    assert [r["job_ids"] for r in app] == [[], ["77"]]
+    assert slurm.get_job("77").comment.startswith("autoheal: xid 13 on GPU 0 of n1")
