@@ -120,16 +120,17 @@ def app_results(results: List[C.CheckResult]) -> List[C.CheckResult]:
     return [r for r in results if r.evidence.get("policy") in JOB_POLICIES]
 
 
-def remember(st: Dict[str, Any], job: str, xid: int, now: float) -> Tuple[int, bool]:
+def remember(st: Dict[str, Any], job: str, xid: int, now: float, repeat: int = 0) -> Tuple[int, bool]:
     """Count one application XID of ``job``; (its count of that XID on this node, tell the job now?). A
-    job is told once per XID (its comment), however many come (a storm is one record per XID and job)."""
+    job is told on the first of each XID (its comment), and again each ``repeat`` more (hooks.app_xid_repeat,
+    the count in the comment), never on every one (a storm is one record per XID and job)."""
     jobs: Dict[str, Any] = st.setdefault(APP_JOBS, {})
     ent = jobs.setdefault(job, {"xids": {}, "told": [], "first": now})
     ent["last"] = now
     key = str(xid)
     ent["xids"][key] = int(ent["xids"].get(key, 0)) + 1
-    tell = xid not in ent["told"]
-    if tell:
+    tell = xid not in ent["told"] or (repeat > 0 and ent["xids"][key] % repeat == 0)
+    if xid not in ent["told"]:
         ent["told"].append(xid)
     if len(jobs) > MAX_JOBS_KEPT:  # the oldest jobs go first
         for old in sorted(jobs, key=lambda j: float(jobs[j].get("last", 0)))[:len(jobs) - MAX_JOBS_KEPT]:
@@ -137,13 +138,14 @@ def remember(st: Dict[str, Any], job: str, xid: int, now: float) -> Tuple[int, b
     return int(ent["xids"][key]), tell
 
 
-def comment_for(r: C.CheckResult, job: str) -> str:
-    """The job comment: ``autoheal: xid 13 on GPU 2 of n1 (...): ...: raised by this job (process 4567
-    python); the node stays in service``."""
+def comment_for(r: C.CheckResult, job: str, count: int = 1) -> str:
+    """The job comment: ``autoheal: xid 13 on GPU 2 of n1 (...): ...: raised by job 77 (process 4567
+    python)[, 5 times on n1]; the node stays in service``."""
     from autoheal.reasons import MAX_COMMENT_LEN, make_reason
 
     who = r.evidence.get("process") or ""
-    return make_reason(f"{r.reason}: raised by job {job}" + (f" ({who})" if who else "")
+    times = f", {count} times on {r.reason.split(' of ', 1)[-1].split(' ', 1)[0]}" if count > 1 else ""
+    return make_reason(f"{r.reason}: raised by job {job}" + (f" ({who})" if who else "") + times
                        + "; the node stays in service", max_len=MAX_COMMENT_LEN)
 
 
@@ -174,11 +176,11 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
         count, tell = 1, False
         if job:
             with ctx.store.locked() as st:
-                count, tell = remember(st, job, xid, now)
+                count, tell = remember(st, job, xid, now, int(getattr(ctx.hooks, "app_xid_repeat", 0) or 0))
         r.evidence["job_xid_count"] = count
         out = {"xid": xid, "gpu": r.gpu, "job": job, "how": how, "count": count, "told": False}
         if job and tell:
-            out["told"] = _tell(ctx, job, r)
+            out["told"] = _tell(ctx, job, r, count)
         msg = f"{r.reason}: " + (f"raised by job {job} ({how})" if job else how) + \
             ": the application's XID (NVIDIA: restart the application); the node stays in service"
         extra: Dict[str, Any] = {"time": now} if now else {}
@@ -189,7 +191,7 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
     return done
 
 
-def _tell(ctx: Context, job: str, r: C.CheckResult) -> bool:
+def _tell(ctx: Context, job: str, r: C.CheckResult, count: int = 1) -> bool:
     """Tell the job in its comment, unless the comment is someone else's: an ``autoheal sbatch`` runner's
     state, or the user's own words, are never overwritten (the journal record stands for them)."""
     from autoheal.errors import SlurmError
@@ -199,7 +201,7 @@ def _tell(ctx: Context, job: str, r: C.CheckResult) -> bool:
         info = ctx.slurm.get_job(job)
         if info.comment and not is_ours(info.comment):
             return False
-        ctx.slurm.set_job_comment(job, comment_for(r, job))
+        ctx.slurm.set_job_comment(job, comment_for(r, job, count))
         return True
     except SlurmError:
         return False

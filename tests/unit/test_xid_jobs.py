@@ -120,9 +120,11 @@ def test_five_out_of_bounds_kernels_per_gpu_never_drain_a_shared_node(tmp_path):
     app = records(w, "app-xid")  # 43 is IGNORE in NVIDIA's catalog: nothing at all
     assert len(app) == 10 and all(r["job_ids"] == ["77"] for r in app)
     assert st[XJ.APP_JOBS]["77"]["xids"] == {"13": 5, "31": 5}
-    # told once per XID in its comment (2 writes for 10 XIDs); the neighbour's job untouched
-    assert len(slurm.writes("77")) == 2
+    # told on the first of each XID and again at hooks.app_xid_repeat (5): 4 writes for 10 XIDs; the
+    # neighbour's job untouched
+    assert len(slurm.writes("77")) == 4
     assert slurm.get_job("77").comment.startswith("autoheal: xid 31 on GPU 0 of n1")
+    assert "5 times on n1" in slurm.get_job("77").comment
     assert "raised by job 77 (process 4567 python)" in slurm.get_job("77").comment
     assert slurm.get_job("88").comment == "" and not slurm.writes("88")
 
