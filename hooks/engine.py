@@ -214,14 +214,16 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
+    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
 
     reason = parse_body(failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     lemon_body = None
-    if not ((node.drain or node.down) and current and is_ours(current)):
-        # a new fault on a node in service: one more in its history, maybe the one that makes it a lemon
+    new_episode = not ((node.drain or node.down) and is_health_drain(current))
+    if new_episode:
+        # a new fault on a node in service (or one drained for something else than a fault: a cordon, a
+        # pre-emptive swap, an admin): one more in its history, maybe the one that makes it a lemon
         lemon_body = lemon.verdict(ctx.store.read(), time.time(), failure.check, failure.evidence.get("xid"),
                                    ctx.hooks.lemon_faults, ctx.hooks.lemon_window)
         if lemon_body is not None:
@@ -240,7 +242,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         with ctx.store.locked() as st:
-            if out.action == nodeops.DRAINED or (out.action == nodeops.REASON_UPDATED and lemon_body):
+            if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
                 lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
                                  failure.reason)
             rec = st.get("drain") or {}
