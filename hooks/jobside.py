@@ -385,6 +385,11 @@ class JobSide:
         st["reboot_requested"] = None
         st["foreign_noted"] = {}
         S.mark_repaired(st, None, now)
+        # a return to service for the lemon history (hooks.lemon), also the one after our reboot, which the
+        # healthcheck alone did not note on the lab (tests/integration/test_lemon_lab.py goes around it)
+        from autoheal.hooks import lemon
+
+        lemon.note_return(st, now, "back in service (seen by xid-watch)")
         return len(dropped)
 
     def _prune(self, st: Dict[str, Any]) -> None:
