@@ -105,10 +105,14 @@ class Origin(str, Enum):
     SPARE = "spare"
     SPARE_POOL = "spare pool"
     REQUEUED = "requeued after"  # a job comment, not a drain: ``autoheal: requeued after <fault>``
+    ADMIN = "admin"  # ``autoheal node drain --reason``: a person's drain through our CLI, never a fault
+    LEMON = "lemon"  # the node side retired a repeat offender: no automatic return (a health drain)
 
 
 #: The recovery rungs a health drain reason can name (the rest of the ladder leaves the reason alone).
 RUNGS = (Origin.REBOOT, Origin.REPLACE)
+#: Origins of the node side's drains for a hardware fault (besides a plain fault body: Origin.HEALTH).
+HEALTH_ORIGINS = (Origin.HEALTH, Origin.REBOOT, Origin.REPLACE, Origin.LEMON)
 _TAGGED = sorted((o for o in Origin if o.value and o is not Origin.REQUEUED), key=lambda o: -len(o.value))
 _NODE = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _WHERE = rf"(?:GPU (?P<gpu>\d+)|a GPU)(?: of (?P<node>{_NODE}))?(?: \((?P<pci>[^()]+)\))?"
@@ -207,3 +211,43 @@ def parse_body(body: str, origin: Origin = Origin.HEALTH) -> Reason:
         if found.body() == body:
             return found
     return Reason(origin=origin, detail=body)
+
+
+def admin_reason(text: str) -> str:
+    """``autoheal: admin: <text>``: the reason of ``autoheal node drain --reason TEXT`` (our prefix, if the
+    admin typed it, is not doubled)."""
+    body = sanitize(text)
+    if is_ours(body):
+        body = body[len(PREFIX.strip()):].strip()
+    return Reason(Origin.ADMIN, detail=body or "drained by an admin").render()
+
+
+# ---- the one test of "is this a health drain?" -------------------------------------------------------
+
+def _health_words() -> frozenset[str]:
+    from autoheal.config.hooks_section import CHECK_NAMES  # lazily: config imports this module
+
+    return frozenset(CHECK_NAMES)
+
+
+def is_health_drain(reason: Optional[str]) -> bool:
+    """True for a drain the node side made for a hardware fault: a fault body (``autoheal: xid 79 on GPU
+    3 of gpu2 ...``, ``autoheal: ecc: GPU 1 of n1: ...``), a recovery rung (``autoheal: reboot: ...``,
+    ``autoheal: replace: ...``), a lemon retirement, or an older release's free-form fault text
+    (``autoheal: xid=79 gpu=3``, ``autoheal: ecc on gpu 2``). False for everything else: someone else's
+    reason, and autoheal's own drains that are not a fault: Kubernetes (``k8s``), a pre-emptive swap, the
+    spare pool, a spare, a retired node, and an admin's ``autoheal node drain --reason`` (``admin``, or
+    any free text that names no fault, e.g. ``autoheal: maintenance by bob``).
+
+    The one implementation: the hooks' job side (which jobs to move) and the sync (GPUHealthy condition,
+    taint, remediation) both ask it (issue 22)."""
+    parsed = Reason.parse(reason)
+    if parsed is None or parsed.origin not in HEALTH_ORIGINS:
+        return False
+    if parsed.origin is not Origin.HEALTH or parsed.kind:
+        return True
+    text = parsed.detail.strip()
+    word = re.split(r"[\s:=]", text, maxsplit=1)[0].lower() if text else ""
+    words = _health_words()
+    # ``ecc-dbe``: older releases wrote the check with a detail (``autoheal: ecc-dbe on gpu 2``)
+    return word in words or word.split("-")[0] in words or (word.startswith("xid") and parsed.named_xid is not None)

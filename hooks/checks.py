@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional
 
 from autoheal.hooks.gather import GpuSample, NodeSample
-from autoheal.hooks.xids import DRAIN_POLICIES, XidEvent, describe, policy_for
+from autoheal.hooks.xid_catalog import DRAIN_POLICIES
+from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.strenum import StrEnum
 
 
@@ -41,8 +42,8 @@ RESET, REBOOT, REPLACE = CheckAction.RESET, CheckAction.REBOOT, CheckAction.REPL
 _STATUSES = frozenset(s.value for s in Status)
 _ACTIONS = frozenset(a.value for a in CheckAction)
 _SEVERITY = {OK: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
-POLICY_ACTION = {"ignore": NONE, "warn": NONE, "requeue": REQUEUE, "drain": RESET, "reset": RESET,
-                 "reboot": REBOOT, "replace": REPLACE}
+POLICY_ACTION = {"ignore": NONE, "warn": NONE, "job": NONE, "requeue": REQUEUE, "recovery": NONE,
+                 "human": DRAIN, "drain": RESET, "reset": RESET, "reboot": REBOOT, "replace": REPLACE}
 CLOCKS_HW_SLOWDOWN, CLOCKS_SW_THERMAL, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
 RECOVERY_ACTIONS = {1: ("GPU reset required", RESET), 2: ("node reboot required", REBOOT),
                     3: ("drain P2P required", DRAIN), 4: ("drain and reset required", RESET)}
@@ -240,8 +241,12 @@ def check_persistence(g: GpuSample, required: bool = True, node: str = "") -> Li
 # ---- XIDs ------------------------------------------------------------------------------------------
 
 def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Optional[int] = None,
-              pci: str = "", app_repeats: int = 0, app_limit: int = 5, node: str = "") -> CheckResult:
-    """One XID through the policy table; repeated application XIDs on one GPU escalate to a reset."""
+              pci: str = "", node: str = "") -> CheckResult:
+    """One XID through the policy (NVIDIA's catalog by bucket, ``hooks.xid_policy`` over it).
+
+    Application XIDs (``job``, ``requeue``) never fail the node, however often they come: a job's bug
+    is the job's (issue 25); the caller attributes them to the job. ``human`` drains with no repair
+    rung; ``recovery`` leaves the decision to NVML's recovery action (the recovery-action check)."""
     policy = policy_for(ev.xid, overrides)
     idx = ev.gpu if ev.gpu is not None else gpu
     bus = pci or (ev.pci + ".0" if ev.pci and ev.pci.count(":") == 2 else ev.pci)
@@ -253,15 +258,14 @@ def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Opt
         evidence["seq"] = ev.seq
     if ev.line:
         evidence["line"] = ev.line
-    if policy == "ignore":
-        if app_repeats >= app_limit:
-            evidence["repeats"] = app_repeats
-            return CheckResult("xid", FAIL, f"{text} repeated {app_repeats} times", RESET, idx, evidence)
+    if policy in ("ignore", "job"):
         return CheckResult("xid", OK, text, NONE, idx, evidence)
     if policy in DRAIN_POLICIES:
         return CheckResult("xid", FAIL, text, POLICY_ACTION[policy], idx, evidence)
     if policy == "requeue":
         return CheckResult("xid", WARN, text, REQUEUE, idx, evidence)
+    if policy == "recovery":
+        evidence["decided_by"] = "recovery-action"
     return CheckResult("xid", WARN, text, NONE, idx, evidence)
 
 

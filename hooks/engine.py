@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from autoheal.hooks import checks as C
-from autoheal.hooks import preswap
+from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
-from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, policy_for, read_kernel_log
+from autoheal.hooks.xid_catalog import JOB_POLICIES
+from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
@@ -82,6 +83,12 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             sources = dup.setdefault("sources", [])
             if ev.source not in sources:
                 sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+                if dup.pop("app_pending", False) and ev.line:
+                    # an application XID NVML told first, with no process: the kernel log's copy names the
+                    # process, so its job can be told (xid_jobs); judged once more, for that only
+                    r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
+                    r.evidence["companion"] = True
+                    out.append(r)
                 continue
             dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
             if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
@@ -92,14 +99,27 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
                               f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
                               f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
             continue
+        same = _open_same_fault(st, ev.xid, gpu)
+        if same is not None:
+            # the fault this XID opened is still open (no repair since): the same XID again is that fault
+            # with a count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3
+            # nodes in 3 hours were 672 fatal events)
+            same["count"] = int(same.get("count", 1)) + 1
+            if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+                same["noted"] = now
+                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                              "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
+                              f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
+                                                                             "count": same["count"]}})
+            S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
+            continue
         repaired = S.repaired_at(st, gpu)
         before = [x for x in st.get("recent_xids", []) if x.get("xid") == ev.xid and x.get("gpu") == gpu
                   and float(x.get("time", 0)) < repaired]
         S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
-        repeats = 0
-        if policy_for(ev.xid, h.xid_policy) == "ignore":
-            repeats = S.count_app_xid(st, gpu, now, h.app_xid_window)
-        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, repeats, h.app_xid_repeat, node=ctx.node)
+        r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
+        if ev.source == "nvml" and r.evidence.get("policy") in JOB_POLICIES:
+            st["recent_xids"][-1]["app_pending"] = True  # the kernel log's copy will name the process
         if before and repaired:
             r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)
@@ -107,6 +127,16 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
                               "evidence": r.evidence})
     return out
+
+
+def _open_same_fault(st: Dict[str, Any], xid: int, gpu: Optional[int]) -> Optional[Dict[str, Any]]:
+    """The open XID fault of ``gpu`` that this same XID opened after the GPU's last repair, if any."""
+    for f in st.get("faults", []):
+        if f.get("check", "xid") == "xid" and f.get("gpu") == gpu \
+                and (f.get("evidence") or {}).get("xid") == xid \
+                and float(f.get("since", 0) or 0) >= S.repaired_at(st, gpu):
+            return f  # type: ignore[no-any-return]
+    return None
 
 
 def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = True,
@@ -128,10 +158,13 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
                 g.pci = by_index[g.index] + ".0"
         results = C.judge_sample(sample, ctx.hooks, expected)
         notes: List[Dict[str, Any]] = []
+        events: List[XidEvent] = []
+        xres: List[C.CheckResult] = []
         if read_log and ctx.hooks.kernel_log and "xid" not in off:
             events, cursor = read_kernel_log(ctx.path(ctx.hooks.kernel_log), LogCursor.from_dict(st.get("kmsg")))
             st["kmsg"] = cursor.to_dict()
-            results += xid_results(ctx, st, events, pci_map, now, notes)
+            xres = xid_results(ctx, st, events, pci_map, now, notes)
+            results += xres
         if not cheap:
             results = _escalate_unknown(ctx, st, results)
         # open faults keep failing until a repair rung closes them
@@ -151,6 +184,10 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
         p.errors.append(trouble)
     for n in notes:
         ctx.record("detection", **n)
+    if xres:  # application XIDs the healthcheck read first: the job's record (xid_jobs), never a drain
+        from autoheal.hooks import xid_jobs
+
+        xid_jobs.attribute(ctx, xres, events, None, now)
     return p
 
 
@@ -177,11 +214,20 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
+    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
 
     reason = parse_body(failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
+    lemon_body = None
+    new_episode = not ((node.drain or node.down) and is_health_drain(current))
+    if new_episode:
+        # a new fault on a node in service (or one drained for something else than a fault: a cordon, a
+        # pre-emptive swap, an admin): one more in its history, maybe the one that makes it a lemon
+        lemon_body = lemon.verdict(ctx.store.read(), time.time(), failure.check, failure.evidence.get("xid"),
+                                   ctx.hooks.lemon_faults, ctx.hooks.lemon_window)
+        if lemon_body is not None:
+            reason = lemon.reason(lemon_body)
     # A drain that mirrors a Kubernetes cordon is not a health drain: replace its reason with the fault,
     # or sync would never see the fault and the hooks would later "resume" a cordoned node. Nor is a
     # pre-emptive swap's (hooks/preswap.py): a real fault (not one of the warning signs) replaces it, so
@@ -196,6 +242,9 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         with ctx.store.locked() as st:
+            if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
+                lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
+                                 failure.reason)
             rec = st.get("drain") or {}
             # A record naming another reason than the node now carries, or one left from before a fresh drain,
             # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
@@ -209,6 +258,10 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if out.changed:
         ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
+        if lemon_body is not None:
+            ctx.record("lemon", check=failure.check, action="retire", outcome="drained", severity="action",
+                       message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
+                       f"{failure.reason})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
         # once per fault and foreign reason, not on every health check while the admin's drain lasts
         key = f"{failure.check}:{failure.gpu}"
@@ -242,7 +295,10 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             st2["drain"] = None
             if not (node.drain or node.down):
                 S.mark_repaired(st2, None, now)
+                lemon.note_return(st2, now, "back in service (an admin's resume or a reboot)")
         return {"action": "forget-drain", "outcome": "node no longer carries our drain", "reason": current}
+    if lemon.is_lemon(current):
+        return {"action": "resume", "outcome": "never: a lemon is not returned automatically", "reason": current}
     if st.get("passes", 0) < ctx.hooks.resume_after_passes:
         return {"action": "resume", "outcome": f"waiting: {st.get('passes', 0)} of "
                 f"{ctx.hooks.resume_after_passes} passes", "reason": current}
@@ -253,6 +309,7 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
         with ctx.store.locked() as st2:
             st2["drain"] = None
             S.mark_repaired(st2, None, now)
+            lemon.note_return(st2, now, "resumed by autoheal")
         ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
@@ -301,6 +358,7 @@ def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any
         st2["drain"] = None
         st2["passes"] = 0
         S.mark_repaired(st2, None, now)  # back in service: the same XID again is a new fault
+        lemon.note_return(st2, now, "resumed by someone else")
     out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
            "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
     if forgotten or stale:
@@ -318,6 +376,8 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
         return []
     node = ctx.slurm.get_node(ctx.node)
     if not node.drained:  # jobs still running (or not drained): repairs wait
+        return []
+    if lemon.is_lemon(node.reason):  # retired: a replacement or a human, never another repair cycle
         return []
     done: List[Dict[str, Any]] = []
     window = ctx.hooks.ladder_window

@@ -33,7 +33,7 @@ import random
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
@@ -78,30 +78,11 @@ ENDED_ON_SIGNAL = ("FAILED", "COMPLETED")
 #: (Slurm's default MinJobAge: a finished job is forgotten after that).
 ENDING_WAIT = 300.0
 
-_HEALTH_WORDS: Optional[Set[str]] = None
-
-
-def health_words() -> Set[str]:
-    global _HEALTH_WORDS
-    if _HEALTH_WORDS is None:
-        from autoheal.config.hooks_section import CHECK_NAMES
-
-        _HEALTH_WORDS = set(CHECK_NAMES) | {"reboot", "replace"}
-    return _HEALTH_WORDS
-
-
 def is_health_reason(reason: Optional[str]) -> bool:
-    """True for the drain reasons our hooks write for a hardware fault (``autoheal: xid 79 on ...``,
-    ``autoheal: ecc: ...``, ``autoheal: reboot: ...``, ``autoheal: replace: ...``); False for anyone
-    else's and for autoheal's own non-hardware drains (Kubernetes cordon, spare pool, retired)."""
-    from autoheal.reasons import PREFIX, is_ours, strip_reason_suffix
+    """``autoheal.reasons.is_health_drain``: the one test, shared with the sync."""
+    from autoheal.reasons import is_health_drain
 
-    text = strip_reason_suffix(reason)
-    if not is_ours(text):
-        return False
-    body = text.strip()[len(PREFIX.strip()):].strip()
-    word = re.split(r"[\s:]", body, maxsplit=1)[0].lower() if body else ""
-    return word in health_words()
+    return is_health_drain(reason)
 
 
 def backoff(tries: int, cap: float = MAX_BACKOFF) -> float:
@@ -404,6 +385,11 @@ class JobSide:
         st["reboot_requested"] = None
         st["foreign_noted"] = {}
         S.mark_repaired(st, None, now)
+        # a return to service for the lemon history (hooks.lemon), also the one after our reboot, which the
+        # healthcheck alone did not note on the lab (tests/integration/test_lemon_lab.py goes around it)
+        from autoheal.hooks import lemon
+
+        lemon.note_return(st, now, "back in service (seen by xid-watch)")
         return len(dropped)
 
     def _prune(self, st: Dict[str, Any]) -> None:

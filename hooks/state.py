@@ -48,6 +48,7 @@ def empty() -> Dict[str, Any]:
         "repaired": {},             # "gpu3"/"node" -> time of the last repair (ends the XID dedupe window)
         "foreign_noted": {},        # fault key -> foreign reason already journalled as "skipped"
         "polled_faults": {},        # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
+        "history": [],              # faults and returns to service, kept across repairs (hooks.lemon)
         # xid-watch's job side (autoheal.hooks.jobside)
         "pending_drain": None,      # a drain slurmctld did not take yet: retried until it does
         "episode": None,            # {"id", "since", "reason"}: the node is drained for a hardware fault

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
 from autoheal.hooks import checks as C
-from autoheal.hooks import jobside
+from autoheal.hooks import jobside, xid_jobs
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import LogCursor, XidEvent, read_kernel_log
 
@@ -104,6 +104,15 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
     return new, drain
 
 
+def _event_of(events: List[XidEvent], r: C.CheckResult) -> XidEvent:
+    """The event a result was judged from (same XID, same GPU when known)."""
+    xid = r.evidence.get("xid")
+    for ev in events:
+        if ev.xid == xid and (ev.gpu is None or ev.gpu == r.gpu):
+            return ev
+    return XidEvent(xid=int(xid or 0))
+
+
 class XidWatch:
     """One daemon for one node. ``run()`` blocks until ``stop()``."""
 
@@ -115,6 +124,7 @@ class XidWatch:
         self._metrics_dirty = True
         self._metrics_error = ""
         self.jobs = jobside.JobSide(ctx, count=self._count)
+        self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
         # health-poll results, handed from the poll thread to the main loop (which alone runs the job side)
         self.polls: queue.Queue[Tuple[List[C.CheckResult], List[int], float]] = queue.Queue()
@@ -316,11 +326,19 @@ class XidWatch:
             for r in results:
                 if r.status != C.FAIL and r.action == C.REQUEUE:
                     jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None
-                    jobside.add_requeue_fault(st, r, now, jobs)
+                    # issue 25: the job whose process the driver named, when its cgroup says so: that one only
+                    pid, _ = xid_jobs.process_of(_event_of(events, r))
+                    owner = xid_jobs.job_of_cgroup(pid, self.proc) if pid is not None else None
+                    jobside.add_requeue_fault(st, r, now, [owner] if owner else jobs)
         self._metrics_dirty = bool(results) or self._metrics_dirty
         if fails or any(r.action == C.REQUEUE for r in results):
             self.jobs.step(now, urgent=True)
+        # application XIDs: the job's record, never the node's (outside the state lock: it asks Slurm)
+        xid_jobs.attribute(self.ctx, [r for r in results if r.action != C.REQUEUE], events,
+                           self._jobs_on_gpu, now, self.proc)
         for r in results:
+            if xid_jobs.app_results([r]) and r.action != C.REQUEUE:
+                continue  # journalled against its job just above
             sev = "action" if r.status == C.FAIL else "info"
             msg = r.reason + (" (back after a repair)" if r.evidence.get("after_repair") else "")
             self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,

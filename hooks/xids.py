@@ -15,17 +15,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
 
-# Default policy (from NVIDIA's XID catalogue, docs.nvidia.com/deploy/xid-errors, and the peers' choices:
-# NHC, gcm, gpud, device-plugin): ignore | warn | requeue | drain | reset | reboot | replace.
-# reset/reboot/replace drain the node and name the first rung of the recovery ladder.
-DEFAULT_XID_POLICY: Dict[int, str] = {
-    13: "ignore", 31: "ignore", 43: "ignore", 45: "ignore", 68: "ignore",
-    48: "reset", 61: "reboot", 62: "reset", 63: "warn", 64: "replace", 69: "warn", 74: "reset",
-    79: "replace", 92: "warn", 94: "requeue", 95: "reset", 109: "reset", 119: "reset", 120: "reset",
-    121: "warn", 140: "reset", 143: "replace", 154: "warn",
-    144: "reset", 145: "reset", 146: "reset", 147: "reset", 148: "reset", 149: "reset", 150: "reset",
-}
-DRAIN_POLICIES = ("drain", "reset", "reboot", "replace")
+# The default policy is NVIDIA's Xid catalog through one rule per resolution bucket
+# (autoheal.hooks.xid_catalog, read on first use); hooks.xid_policy overrides it per XID.
+# reset/reboot/replace drain the node and name the first rung of the recovery ladder; human drains for a
+# person; job/requeue are the application's (never a drain).
 
 XID_TEXT: Dict[int, str] = {
     13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
@@ -117,14 +110,26 @@ def parse_kernel_message(msg: str, source: str = "kmsg", seq: Optional[int] = No
 
 
 def policy_for(xid: int, overrides: Optional[Dict[str, str]] = None) -> str:
-    """The policy of one XID: config override, else the built-in table, else ``warn``."""
+    """The policy of one XID: config override, else NVIDIA's catalog by its bucket rule (an XID the
+    catalog does not know: ``xid_catalog.FALLBACK``)."""
     if overrides and str(xid) in overrides:
         return overrides[str(xid)]
-    return DEFAULT_XID_POLICY.get(xid, "warn")
+    from autoheal.hooks.xid_catalog import default_policy
+
+    return default_policy(xid)
 
 
 def describe(xid: int) -> str:
-    return XID_TEXT.get(xid, "unknown xid")
+    """Short text for reasons: ours where earlier releases wrote one (reasons keep their bytes), else
+    the catalog's description."""
+    if xid in XID_TEXT:
+        return XID_TEXT[xid]
+    from autoheal.hooks.xid_catalog import entry
+
+    e = entry(xid)
+    if e is None or not e.description or e.description.lower() == "unused":
+        return "unknown xid" if e is None else e.mnemonic.lower().replace("_", " ")[:60]
+    return e.description[:60].rstrip(" .").lower()
 
 
 # ---- reading the kernel log ------------------------------------------------------------------------

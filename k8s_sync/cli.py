@@ -142,6 +142,8 @@ def _run_daemon(cfg: Config, slurm: SlurmAdapter, kube: KubeApi, journal: Option
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.metrics import HealthServer, Metrics
 
+    for text in cfg.sync.deprecations():
+        click.echo(f"autoheal sync: warning: {text}", err=True)
     metrics = Metrics()
     port = cfg.sync.metrics_port if metrics_port is None else metrics_port
     server = HealthServer(metrics, cfg.sync.metrics_address, port, cfg.sync.slurm_resync_seconds).start() \

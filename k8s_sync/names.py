@@ -19,6 +19,7 @@ from autoheal.reasons import (
     PREFIX,
     Origin,
     Reason,
+    is_health_drain,
     make_reason,
     sanitize,
     strip_reason_suffix,
@@ -89,9 +90,10 @@ def is_k8s_reason(reason: str) -> bool:
 
 
 def is_health_reason(reason: str) -> bool:
-    """A Slurm reason of autoheal's own (hardware/health) drains, i.e. ours but not from Kubernetes."""
-    parsed = Reason.parse(reason)
-    return parsed is not None and parsed.origin is not Origin.K8S
+    """A Slurm reason of the node side's drains for a hardware fault: ``autoheal.reasons.is_health_drain``,
+    the one test the hooks use too (never a cordon's, a pre-emptive swap's, a spare's, a retirement's or an
+    admin's ``autoheal node drain``)."""
+    return is_health_drain(reason)
 
 
 _WORD = re.compile(r"[A-Za-z0-9]+")

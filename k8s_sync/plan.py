@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.k8s_sync import conditions as cond
-from autoheal.k8s_sync import names
+from autoheal.k8s_sync import history, names
 from autoheal.k8s_sync.mapping import Binding, map_nodes
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -189,6 +189,10 @@ def health_to_nodes(ctx: Context) -> List[Action]:
                     event = ("AutohealUntainted", why, "Normal")
                 out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "strategic", taint_body,
                                   why=why, event=event))
+        hist = history.patch(knode, cfg.annotation_prefix, drains, ctx.snap.now) if drains else None
+        if hist is not None:  # the sync's view of the node's fault history (issue 22, lemons)
+            out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "merge", hist,
+                              why=f"fault history: {message}"))
     return out
 
 

@@ -344,15 +344,16 @@ class Breaker:
 
 # ---- which drains ask for a replacement ------------------------------------------------------------
 def wants_replace(reason: str, cfg: SyncSection) -> bool:
-    """An autoheal drain reason asking for a replacement: one of ``remediate_reasons`` (``autoheal:
-    replace: ...``), or a health drain naming an XID in ``remediate_xids``. Retirements never do."""
+    """An autoheal drain reason asking for a replacement: the node side's ``replace`` rung (``autoheal:
+    replace: ...``, or another of ``remediate_reasons``). The node side alone decides that (its XID
+    policy and recovery ladder, issue 22): an XID named in a plain health drain never does, so a site
+    that sets XID 79 to ``reset`` gets no replacement, and the sync never acts before the hooks' rung.
+    Retirements and Kubernetes drains never do."""
     parsed = Reason.parse(reason)
     if parsed is None or parsed.origin in (Origin.K8S, Origin.RETIRED):
         return False
     text = strip_reason_suffix(reason)
-    if any(text.startswith(p.strip()) for p in cfg.remediate_reasons if p.strip()):
-        return True
-    return parsed.named_xid is not None and parsed.named_xid in set(cfg.remediate_xids)
+    return any(text.startswith(p.strip()) for p in cfg.remediate_reasons if p.strip())
 
 
 def is_retired(reason: str) -> bool:

@@ -74,7 +74,7 @@ def validate(file: str, as_json: bool) -> None:
     from autoheal.slurm import backend_notes
 
     cfg = load_config(file)
-    notes = backend_notes(cfg.slurm)
+    notes = backend_notes(cfg.slurm) + [("warning", text) for text in cfg.sync.deprecations()]
     ok = not any(level == "error" for level, _ in notes)
     if as_json:
         print_json({"ok": ok, "file": file, "notes": [{"level": lv, "text": t} for lv, t in notes]})

@@ -14,6 +14,7 @@ LAZY_COMMANDS = {
     "node": "autoheal.cli.node_cmd:node",
     "check": "autoheal.hooks.cli:check",
     "xid-watch": "autoheal.hooks.cli:xid_watch",
+    "xid": "autoheal.hooks.xid_cli:xid",
     "slurm-conf": "autoheal.slurm_conf.cli:slurm_conf",
     "doctor": "autoheal.slurm_conf.cli:doctor",
     "sbatch": "autoheal.sbatch_helpers.cli:sbatch",

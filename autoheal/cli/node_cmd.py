@@ -65,7 +65,8 @@ def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:
 
 @node.command("drain")
 @click.argument("name")
-@click.option("--reason", required=True, help="Why; stored as 'autoheal: <reason>' (sanitised, bounded).")
+@click.option("--reason", required=True, help="Why; stored as 'autoheal: admin: <reason>' (sanitised, "
+              "bounded): a person's drain, never taken for a GPU fault (no GPUHealthy taint, no replacement).")
 @click.option("--dry-run", is_flag=True, help="Show what would change; change nothing.")
 @config_option
 @json_option
@@ -73,9 +74,10 @@ def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:
 def drain(name: str, reason: str, dry_run: bool, config_path: Optional[str], as_json: bool) -> None:
     """Drain NAME with an autoheal reason, unless an admin already drained it (exit 1 then)."""
     from autoheal import nodeops
+    from autoheal.reasons import admin_reason
 
     cfg, slurm = _slurm(config_path)
-    outcome = nodeops.drain(slurm, name, reason, dry_run=dry_run)
+    outcome = nodeops.drain(slurm, name, admin_reason(reason), dry_run=dry_run)
     _report(outcome, as_json, cfg)
     sys.exit(EXIT_PROBLEM if outcome.action == nodeops.SKIPPED_FOREIGN else EXIT_OK)
 
@@ -98,3 +100,49 @@ def resume(name: str, dry_run: bool, config_path: Optional[str], as_json: bool) 
     outcome = nodeops.resume(slurm, name, dry_run=dry_run)
     _report(outcome, as_json, cfg)
     sys.exit(EXIT_PROBLEM if outcome.action == nodeops.SKIPPED_NOT_OURS else EXIT_OK)
+
+
+@node.command("history")
+@click.argument("name")
+@config_option
+@json_option
+@handle_errors
+def history(name: str, config_path: Optional[str], as_json: bool) -> None:
+    """NAME's fault history: every hardware fault (drain episode) and return to service, kept across
+    reboots, resets, repairs and `autoheal check --clear-faults`; and how close it is to being a lemon
+    (hooks.lemon_faults within hooks.lemon_window). Reads the node state (hooks.state_dir): run it on the
+    node, or where that directory is shared.
+
+    \b
+    Examples:
+      autoheal node history gpu2
+      autoheal node history gpu2 --json
+    """
+    import time
+
+    from autoheal.config import load_config
+    from autoheal.hooks import lemon
+    from autoheal.hooks.state import NodeState, expand
+
+    cfg = load_config(config_path)
+    h = cfg.hooks
+    st = NodeState(expand(h.state_dir, name)).read()
+    entries = lemon.history(st)
+    now = time.time()
+    recent = [e for e in entries if e.get("event") == "fault" and now - float(e.get("time", 0)) <= h.lemon_window]
+    out = {"node": name, "history": entries, "faults_in_window": len(recent), "lemon_faults": h.lemon_faults,
+           "lemon_window_seconds": h.lemon_window,
+           "lemon": bool((st.get("drain") or {}).get("reason")) and lemon.is_lemon(st["drain"]["reason"])}
+    if as_json:
+        print_json(out)
+        return
+    if not entries:
+        click.echo(f"{name}: no fault on record")
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(e.get("time", 0))))
+        if e.get("event") == "fault":
+            click.echo(f"{when}  fault     {e.get('reason', '')}")
+        else:
+            click.echo(f"{when}  returned  {e.get('how', '')}")
+    click.echo(f"{name}: {len(recent)} fault(s) in the last {lemon.window_text(h.lemon_window)}; a lemon at "
+               f"{h.lemon_faults}" + (" (drained as a lemon now)" if out["lemon"] else ""))

@@ -17,7 +17,8 @@ from autoheal.reasons import RUNNER_MARKER
 from autoheal.signals import SLURM_SIGNALS, UNCATCHABLE, SignalNameError
 
 #: What an XID policy may say. reset/reboot/replace drain the node and name the first repair rung.
-XID_POLICIES = ("ignore", "warn", "requeue", "drain", "reset", "reboot", "replace")
+#: hooks.xid_policy values, from the mildest (autoheal.hooks.xid_catalog says what each does).
+XID_POLICIES = ("ignore", "warn", "job", "requeue", "recovery", "human", "drain", "reset", "reboot", "replace")
 #: Check names (for ``disabled_checks``).
 CHECK_NAMES = ("gpu-count", "gpu-lost", "xid", "ecc", "remapped-rows", "retired-pages", "pcie", "nvlink",
                "clocks", "temperature", "recovery-action", "driver", "persistence")
@@ -89,13 +90,22 @@ class HooksSection:
     unknown_runs_to_fail: int = setting(3, doc="Consecutive healthchecks in which a GPU could not be read "
                                         "(NVML hang) before it is failed as unresponsive.", min=1, max=100)
     # ---- XIDs ------------------------------------------------------------------------------------
-    xid_policy: Dict[str, str] = setting(default_factory=dict, doc="Per-XID policy overriding the built-in "
-                                         "table, e.g. {\"13\" = \"warn\", \"109\" = \"reset\"}. Values: "
-                                         + ", ".join(XID_POLICIES) + ". XIDs not in either table: warn.")
-    app_xid_repeat: int = setting(5, doc="Ignored (application) XIDs on one GPU within app_xid_window "
-                                  "that escalate to a drain with a GPU reset.", min=2, max=10000)
-    app_xid_window: float = setting(3600.0, doc="Seconds over which repeated application XIDs are counted.",
+    xid_policy: Dict[str, str] = setting(default_factory=dict, doc="Per-XID policy overriding the default "
+                                         "built from NVIDIA's Xid catalog (`autoheal xid explain N`), e.g. "
+                                         "{\"13\" = \"warn\", \"109\" = \"reset\"}. Values: "
+                                         + ", ".join(XID_POLICIES) + ". An XID the catalog does not know: "
+                                         "recovery (warn; NVML's recovery action decides).")
+    app_xid_repeat: int = setting(5, doc="Application XIDs (policy job) of one job on one node within "
+                                  "app_xid_window after which its user is told again. They never drain the "
+                                  "node (a job's bug is the job's).", min=2, max=10000)
+    app_xid_window: float = setting(3600.0, doc="Seconds over which one job's application XIDs are counted.",
                                     min=60, max=7 * 86400)
+    lemon_faults: int = setting(3, doc="Hardware faults (drain episodes) within lemon_window, each after the "
+                                "node was returned to service, that make it a lemon: drained 'autoheal: lemon: "
+                                "...', no repair, no automatic return (the sync asks for a replacement). 0: off.",
+                                min=0, max=1000)
+    lemon_window: float = setting(7 * 86400.0, doc="Seconds over which lemon_faults are counted.", min=3600,
+                                  max=365 * 86400)
     xid_dedupe_seconds: float = setting(120.0, doc="The same XID on the same GPU seen again within this many "
                                         "seconds (NVML event and kernel log, companion XIDs) is one fault.",
                                         min=0, max=86400)

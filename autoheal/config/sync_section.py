@@ -176,16 +176,20 @@ class SyncSection:
                                        doc="Reconcile steps to run, in order.", item=_step)
 
     # ---- remediation: replacing broken nodes (step "remediate") ----------------------------------
-    remediate_reasons: List[str] = setting(default_factory=_list("autoheal: replace:"), doc="Slurm drain "
-                                           "reasons (prefixes) that ask for a replacement; the node side drains "
-                                           "with 'autoheal: replace: ...' on the last rung of its recovery "
-                                           "ladder (a replace-class XID, or a fault that kept failing after "
-                                           "reset and reboot). Each must start with 'autoheal:'.",
+    remediate_reasons: List[str] = setting(default_factory=_list("autoheal: replace:", "autoheal: lemon:"),
+                                           doc="Slurm drain reasons (prefixes) that ask for a replacement; the "
+                                           "node side drains with 'autoheal: replace: ...' on the last rung of "
+                                           "its recovery ladder (a replace-class XID, or a fault that kept "
+                                           "failing after reset and reboot) and with 'autoheal: lemon: ...' "
+                                           "for a node that keeps failing after being returned to service. "
+                                           "Each must start with 'autoheal:'.",
                                            item=_remediate_reason)
-    remediate_xids: List[int] = setting(default_factory=lambda: [64, 79, 143], doc="XIDs whose autoheal drain "
-                                        "('autoheal: xid 79 ...') asks for a replacement at once, without "
-                                        "waiting for the node's next healthcheck to climb the ladder.",
-                                        item=_xid)
+    remediate_xids: List[int] = setting(default_factory=list, doc="Removed (issue 22): ignored. The node "
+                                        "side alone decides a replacement (its XID policy and recovery ladder: "
+                                        "hooks.xid_policy {\"79\" = \"replace\"}), and the sync acts on the "
+                                        "'autoheal: replace: ...' reason it writes. Still accepted so that older "
+                                        "configs load; `autoheal config validate` and `autoheal sync` warn "
+                                        "when it is set.", item=_xid)
     opt_out_label: str = setting("autoheal.io/auto-replace=false", doc="This label (key=value) on the Node "
                                  "itself or on a pod on it vetoes automatic replacement: Event, journal and "
                                  "notification, no action. Checked on every pass: removing it lets the "
@@ -244,6 +248,15 @@ class SyncSection:
     breaker_configmap: str = setting("autoheal-sync-breaker", doc="ConfigMap (in sync.namespace) holding the "
                                      "breaker state, shared by replicas and kept across restarts.",
                                      parse=V.dns_subdomain)
+
+    def deprecations(self) -> List[str]:
+        """Keys an older config sets that no longer do anything, each with what to do instead."""
+        out = []
+        if self.remediate_xids:
+            out.append(f"sync.remediate_xids = {self.remediate_xids} is ignored: the node side owns the "
+                       "'replace' rung (hooks.xid_policy, e.g. {\"79\" = \"replace\"}; `autoheal xid explain "
+                       "79`); delete the key")
+        return out
 
     def validate(self) -> None:
         """Cross-field checks: our own taint/condition must never count as an external signal; the chosen

@@ -156,7 +156,11 @@ def env(lab_dir) -> None:
 @click.option("--node", required=True, help="Lab node, e.g. gpu1.")
 @click.option("--gpu", type=int, help="GPU index on that node [default: GPU 0 for a fault; every GPU of the "
               "node for --clear].")
-@click.option("--xid", type=int, help="Raise this XID (NVML event + kernel-log line), e.g. 79.")
+@click.option("--xid", type=int, help="Raise this XID (NVML event + kernel-log line), e.g. 79; any XID of "
+              "NVIDIA's catalog (`autoheal xid table`).")
+@click.option("--pid", type=click.IntRange(1), help="With --xid: the process the driver names (pid=...), e.g. a "
+              "job's; its Slurm job is the one an application XID is recorded against.")
+@click.option("--name", "proc_name", help="With --pid: the process name the driver names.")
 @click.option("--ecc-dbe", "kind", flag_value="ecc-dbe", help="Uncorrectable (double-bit) ECC error.")
 @click.option("--remap-failure", "kind", flag_value="remap-failure", help="Row-remap failure.")
 @click.option("--remap-pending", "kind", flag_value="remap-pending", help="Row remap pending (reset needed).")
@@ -169,7 +173,7 @@ def env(lab_dir) -> None:
               "without --gpu, every GPU of the node.")
 @json_option
 @handle_errors
-def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
+def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
     """Break one fake GPU on one node (or --clear it: one GPU with --gpu, else all of the node's)."""
     from autoheal.lab.gpus import clear_all
     from autoheal.lab.gpus import inject as do_inject
@@ -186,7 +190,10 @@ def inject(lab_dir, node, gpu, xid, kind, as_json) -> None:
             click.echo(f"{node}: cleared GPUs {', '.join(str(g) for g in result['gpus'])} (every GPU of the node)")
         return
     gpu = 0 if gpu is None else gpu
-    result = do_inject(_lab(lab_dir), node, gpu, "xid" if xid is not None else kind, xid=xid)
+    if pid is not None and xid is None:
+        raise click.UsageError("--pid goes with --xid")
+    result = do_inject(_lab(lab_dir), node, gpu, "xid" if xid is not None else kind, xid=xid, pid=pid,
+                       name=proc_name)
     if as_json:
         print_json(result)
     else:

@@ -592,7 +592,11 @@ def render_autoheal_toml(lay: LabLayout) -> str:
                   # a short grace window and NVML budget keep lab drills and tests quick
                   "grace_seconds": 10.0, "nvml_timeout": 3.0,
                   # a lab node drained by another process is noticed by its xid-watch within seconds
-                  "xid_watch_self_check": 10.0},
+                  "xid_watch_self_check": 10.0,
+                  # the soak's faults are independent and each one is repaired for real: with the default
+                  # (3 in 7 d) a busy soak would retire every node as a lemon within minutes. The soak's
+                  # bad-repair kind is judged against lemons only where a lab turns them on.
+                  "lemon_faults": 0},
         # metrics: `lab up` gives each sync a free port (`lab status` shows it), on loopback only
         "sync": {"slurm_resync_seconds": 2.0, "lease_duration_seconds": 5.0, "metrics_port": 0,
                  "metrics_address": "127.0.0.1",

@@ -40,8 +40,23 @@ def _kmsg_seq(path: Path) -> int:
         return 0
 
 
-def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None) -> dict:
-    """Break (or heal, ``clear``) one fake GPU: NVML state, an NVML XID event, a kernel-log line."""
+def xid_message(xid: int) -> Optional[str]:
+    """The text after ``pid=..., name=...,`` of a driver line: the fake driver's own, else the catalog's
+    description (so any catalog XID can be raised with a plausible line), else the driver's default."""
+    from autoheal.hooks.xid_catalog import entry
+    from autoheal.lab.fakenvml.state import XID_MESSAGES
+
+    if int(xid) in XID_MESSAGES:
+        return None
+    e = entry(int(xid))
+    return e.description if e is not None and e.description and e.description != "Unused" else None
+
+
+def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None, pid: Optional[int] = None,
+           name: Optional[str] = None) -> dict:
+    """Break (or heal, ``clear``) one fake GPU: NVML state, an NVML XID event, a kernel-log line.
+    ``pid``/``name``: the process the driver names in the line (an application XID's job is found from
+    it); default: the driver's ``<unknown>``."""
     from autoheal.lab.fakenvml import state as gstate
 
     lay = lab.layout()
@@ -57,7 +72,8 @@ def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None) 
     result = {"node": node, "gpu": gpu, "kind": kind, "xid": logged_xid, "time": time.time(), "kernel_log": None}
     if logged_xid is not None:
         # The driver logs the XID on the node's kernel log too (what `dmesg` shows on a real node).
-        line = gstate.kernel_log_line(before.gpus[gpu].pci_bus_id, logged_xid)
+        line = gstate.kernel_log_line(before.gpus[gpu].pci_bus_id, logged_xid, pid=pid, name=name,
+                                      message=xid_message(logged_xid))
         kpath = lay.kernel_log(node)
         record = gstate.kmsg_record(line, seq=_kmsg_seq(kpath) + 1)
         with open(kpath, "a", encoding="utf-8") as fh:

@@ -487,6 +487,15 @@ class Soak:
         def ended():
             inj.end = time.time()
 
+        if f.kind in ("job-storm", "bad-repair"):  # issue 22: autoheal.lab.soak_storm
+            from autoheal.lab import soak_storm
+
+            if f.kind == "job-storm":
+                soak_storm.job_storm(self, inj, f.xid, snap)
+            else:
+                soak_storm.bad_repair(self, inj, node, f.gpu, time.time() + 600.0,
+                                      self.cfg.hooks.lemon_faults or soak_storm.BAD_REPAIR_FAULTS)
+            return
         if spec.group == "gpu":
             if f.kind == "flapping":
                 labgpus.inject(self.lab, node, f.gpu, "thermal")
@@ -498,7 +507,7 @@ class Soak:
                 self._at(end, f"flapping over on {node}", lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"),
                                                                    ended()))
                 return
-            labgpus.inject(self.lab, node, f.gpu, spec.gpu_inject, xid=spec.xid)
+            labgpus.inject(self.lab, node, f.gpu, spec.gpu_inject, xid=f.xid if f.xid is not None else spec.xid)
             if end:
                 self._at(end, f"{f.kind} over on {node}",
                          lambda: (labgpus.inject(self.lab, node, f.gpu, "clear"), ended()))
@@ -838,6 +847,10 @@ class Soak:
                 self.monitor.jobs.setdefault(key, JobMeta(key, "trainer", True, base.steps, 1))
         self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True,
                             recovery_bound=self.recovery_bound())
+        from autoheal.lab import soak_storm
+
+        self.monitor.violations += soak_storm.check(list(self.injected.values()), records, final,
+                                                    self.cfg.hooks.lemon_faults)
         if self.monitor.recovering:
             self.notes.append("still recovering at the end, within the loop's bound: "
                               f"{', '.join(self.monitor.recovering)}")

@@ -137,6 +137,8 @@ def ours_kind(reason: str, spare_prefix: str = "autoheal: spare") -> str:
         return "spare"
     if r.startswith("autoheal: retired"):
         return "retired"
+    if r.startswith("autoheal: lemon:"):  # retired by the node side as a repeat offender (issue 22)
+        return "lemon"
     if r.startswith("autoheal: k8s:"):
         return "k8s"
     return "health"
@@ -471,7 +473,7 @@ class Monitor:
         for name, n in s.nodes.items():
             kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
             reason = strip_reason_suffix(n.get("reason", ""))
-            if kind in ("health", "k8s"):
+            if kind in ("health", "k8s", "lemon"):
                 if self._drain_seen.get(name) != reason:
                     self._drain_seen[name] = reason
                     if not self._causes(name, s.time):
@@ -706,7 +708,7 @@ class Monitor:
             if node_in_service(n):
                 continue
             kind = ours_kind(n.get("reason", ""), self.spare_prefix) if n.get("drain") else ""
-            if kind in ("spare", "retired"):
+            if kind in ("spare", "retired", "lemon"):
                 continue
             latest = max((f.start for f in self.faults if f.node == name and f.start != float("inf")), default=None)
             # drained by autoheal, or not responding without a reason (a lab reboot under way)

@@ -55,6 +55,15 @@ class Kind:
     needs_kube: bool = False
     drains: bool = False
     doc: str = ""
+    bucket: str = ""  # NVIDIA Xid-catalog bucket the XID is drawn from, per fault (xid None)
+
+
+def bucket_xids(bucket: str) -> List[int]:
+    """The H100 XIDs of one catalog bucket whose default follows the bucket rule (no deliberate
+    difference): what a bucket kind draws its XID from."""
+    from autoheal.hooks.xid_catalog import DIFFERENCES, xids_in_bucket
+
+    return [x for x in xids_in_bucket(bucket, "H100") if x not in DIFFERENCES]
 
 
 _KINDS: List[Kind] = [
@@ -65,6 +74,12 @@ _KINDS: List[Kind] = [
     Kind("xid74", "gpu", "xid", 74, drains=True, doc="NVLink error XID (reset)"),
     Kind("xid94", "gpu", "xid", 94, doc="contained ECC error (requeue the job, no drain)"),
     Kind("xid95", "gpu", "xid", 95, drains=True, doc="uncontained ECC error (reset)"),
+    # drawn from NVIDIA's catalog buckets (issue 22): any XID of the bucket, chosen per fault by the seed
+    Kind("xid-app", "gpu", "xid", bucket="RESTART_APP", doc="an application XID of the catalog (never a drain)"),
+    Kind("xid-ignore", "gpu", "xid", bucket="IGNORE", doc="an XID the catalog says to ignore (no drain)"),
+    Kind("xid-reset", "gpu", "xid", bucket="RESET_GPU", drains=True, doc="a RESET_GPU XID of the catalog (reset)"),
+    Kind("bad-repair", "gpu", "xid", 95, drains=True, doc="a defect the repairs do not fix: XID 95 again each "
+         "time the node is back, 3 times (it must end a lemon)"),
     Kind("ecc-dbe", "gpu", "ecc-dbe", drains=True, doc="double-bit ECC count (NVML)"),
     Kind("remap-failure", "gpu", "remap-failure", drains=True, doc="row-remap failure (NVML)"),
     Kind("gpu-lost", "gpu", "lost", drains=True, doc="GPU lost (NVML_ERROR_GPU_IS_LOST)"),
@@ -88,6 +103,8 @@ _KINDS: List[Kind] = [
     Kind("user-cancel", "people", doc="a user cancels one of their jobs"),
     Kind("user-hold", "people", clears_after=(5.0, 15.0), doc="a user holds a pending job, releases it later"),
     Kind("time-limit", "people", doc="a job submitted with a 1-minute limit runs into it"),
+    Kind("job-storm", "job", bucket="RESTART_APP", doc="one job's processes raise an application XID on every "
+         "node it runs on (no node may drain for it)"),
 ]
 KINDS: Dict[str, Kind] = {k.name: k for k in _KINDS}
 GPU_KINDS = tuple(k.name for k in _KINDS if k.group == "gpu")
@@ -112,6 +129,7 @@ class Fault:
     duration: float = 0.0
     overlap: str = "single"
     fallback: str = ""
+    xid: Optional[int] = None  # a bucket kind's XID, drawn at planning (else the kind's own)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -174,6 +192,7 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
     if not nodes:
         raise ValueError("a schedule needs at least one node")
     rng = random.Random(seed)
+    xid_rng = random.Random(f"{seed}/xid")
     pool = kinds_for(kube, include, exclude)
     if not pool:
         raise ValueError("no fault kind left to draw from")
@@ -218,8 +237,10 @@ def make_schedule(seed: int, count: int, nodes: Sequence[str], gpus: int, kube: 
                 hot_done = True
         gpu = rng.randrange(gpus) if spec.group == "gpu" else None
         dur = round(rng.uniform(*spec.clears_after), 2) if spec.clears_after else 0.0
+        # a separate stream: drawing a bucket's XID leaves every other draw of the seed as it was
+        xid = xid_rng.choice(bucket_xids(spec.bucket)) if spec.bucket else None
         faults.append(Fault(id=i + 1, kind=kind, at=round(at, 2), node=node, gpu=gpu, duration=dur,
-                            overlap=overlap, fallback=fallback))
+                            overlap=overlap, fallback=fallback, xid=xid))
     people = []
     for name, bounds in (("on-call", oncall), ("technician", repair)):
         lo, hi = bounds

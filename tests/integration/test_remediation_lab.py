@@ -70,7 +70,10 @@ def test_xid79_to_spare_in_service_with_leader_killed_mid_flow(lab_factory):
                           "gpu1", "--gpu", "3", "--xid", "79"], env=handle.env, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, out.stderr
-    wait_for(lambda: remediation_state(core, "gpu1") in ("quarantined", "draining"), 30, "gpu1 quarantined")
+    # issue 22: the sync acts on the hooks' replace rung, which the healthcheck writes once gpu1 is idle
+    # (HealthCheckInterval=30 on the lab), never on the XID of xid-watch's drain alone
+    wait_for(lambda: remediation_state(core, "gpu1") in ("quarantined", "draining"), 75, "gpu1 quarantined")
+    assert slurm.get_node("gpu1").reason.startswith("autoheal: replace: xid 79")
     # kill the leader without a goodbye (SIGKILL: the Lease is left to expire), mid-flow
     leader = lease_holder_pid(handle)
     recs = {r.pid: r for r in lab.records().values()}
@@ -99,7 +102,7 @@ def test_xid79_to_spare_in_service_with_leader_killed_mid_flow(lab_factory):
 
 
 # ---- issue 17: PDB refusals, opt-out lifted, the other replacement actions -----------------------------
-XID79_REASON = "autoheal: xid 79 on gpu 3: fell off the bus"
+XID79_REASON = "autoheal: replace: xid 79 on gpu 3: fell off the bus"  # the hooks' rung (issue 22)
 
 
 def set_sync_config(lab, **values):

@@ -38,7 +38,12 @@ LEFT_OUT = {"xid64": "xid79 (replace)", "xid74": "xid48 (reset)", "xid95": "xid4
             "remap-failure": "ecc-dbe (NVML-polled, replace)", "nvlink-down": "thermal (transient, cleared by hand)",
             "pcie-degraded": "thermal (transient, cleared by hand)", "kill-sync": "kill-xid-watch (daemon restart)",
             "api-429": "api-5xx (API window)", "api-slow": "api-5xx (API window)",
-            "user-cancel": "user-hold (a user's own job state)", "time-limit": "user-hold (a user's own job state)"}
+            "user-cancel": "user-hold (a user's own job state)", "time-limit": "user-hold (a user's own job state)",
+            # issue 22's catalog kinds: the same paths, their XIDs drawn from NVIDIA's buckets
+            "xid-reset": "xid48 (reset)", "xid-ignore": "xid63 (no drain)",
+            "xid-app": "xid63 (no drain; the job's record, tests/unit/test_xid_jobs.py)",
+            "job-storm": "xid63 (no drain on any node; a soak of the catalog kinds: docs/xid-policy.md)",
+            "bad-repair": "xid48 (reset; lemons are off in the lab, tests/integration/test_lemon_lab.py)"}
 
 
 @pytest.fixture(scope="module")

@@ -308,6 +308,7 @@ def test_resume_closes_the_fault_and_ends_the_dedupe_window(tmp_path):
     st = ctx.store.read()
     assert st["episode"] is None and st["reboot_requested"] is None
     assert not S.seen_recently(st, 79, 1, "0000:3b:00", 151.0, 120.0)  # back after the repair: new fault
+    assert [e["event"] for e in st["history"]][-1:] == ["returned"]  # for the lemon count (issue 22)
 
 
 def test_requeue_refused_for_good_is_journalled_and_given_up(tmp_path):

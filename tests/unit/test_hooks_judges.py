@@ -45,12 +45,12 @@ def test_pci_forms_normalise_alike():
 
 
 def test_policy_defaults_and_overrides():
-    assert policy_for(79) == "replace" and policy_for(13) == "ignore" and policy_for(94) == "requeue"
-    assert policy_for(999) == "warn"
+    assert policy_for(79) == "replace" and policy_for(13) == "job" and policy_for(94) == "requeue"
+    assert policy_for(999) == "recovery"  # not in the catalog: the documented fallback, not a silent warn
     assert policy_for(13, {"13": "reset"}) == "reset"
 
 
-def test_xid_judgement_and_app_escalation():
+def test_xid_judgement_and_app_xids_never_escalate():
     ev = parse_line("4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid='<unknown>', name=<unknown>, "
                     "GPU has fallen off the bus.")
     r = C.judge_xid(ev, gpu=3, pci="0000:3b:00.0", node="gpu2")
@@ -58,9 +58,8 @@ def test_xid_judgement_and_app_escalation():
     # issue 15: a GPU index never reads like a node name ("on gpu3" was taken for the node gpu3)
     assert r.reason == "xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus"
     app = parse_line("4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception")
-    assert C.judge_xid(app, gpu=3, app_repeats=1, app_limit=5).status == C.OK
-    escalated = C.judge_xid(app, gpu=3, app_repeats=5, app_limit=5)
-    assert escalated.status == C.FAIL and escalated.action == C.RESET
+    r = C.judge_xid(app, gpu=3)
+    assert r.status == C.OK and r.action == C.NONE and r.evidence["policy"] == "job"
 
 
 CASES = [

@@ -14,7 +14,8 @@ from autoheal.k8s_sync.remediation import keys
 from autoheal.slurm.model import Job, Node
 
 STEPS = ["slurm-to-pods", "health-to-nodes", "nodes-to-slurm", "remediate"]
-XID79 = "autoheal: xid 79 on gpu2: GPU has fallen off the bus"
+# the hooks' replace rung for XID 79 (policy replace): what the sync acts on (issue 22: never the XID alone)
+XID79 = "autoheal: replace: xid 79 on gpu2: GPU has fallen off the bus"
 K = keys("autoheal.io")
 
 

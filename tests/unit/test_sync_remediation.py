@@ -81,7 +81,10 @@ def test_wants_replace_reasons():
 
     cfg = sync_cfg()
     assert wants_replace("autoheal: replace: ecc-dbe on gpu 1 [root@2026-01-01T00:00:00]", cfg)
-    assert wants_replace("autoheal: xid 79 on gpu2: fell off the bus", cfg)
+    # issue 22: the node side owns the rung; an XID named in a plain health drain is not a request
+    assert not wants_replace("autoheal: xid 79 on gpu2: fell off the bus", cfg)
+    assert not wants_replace("autoheal: xid 79 on gpu2: fell off the bus", sync_cfg(remediate_xids=[79]))
+    assert wants_replace("autoheal: replace: xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus", cfg)
     assert not wants_replace("autoheal: xid 48 on gpu2: DBE", cfg)
     assert not wants_replace("autoheal: k8s: node cordoned: xid 79", cfg)
     assert not wants_replace("autoheal: retired: replaced by spare1", cfg)
