@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from autoheal.hooks.context import Context
 
 METRICS_FILE = "autoheal_xid_watch.prom"
+#: Seconds between rewrites of the textfile when nothing changed: its heartbeat line is how Prometheus
+#: tells a live daemon from a file a dead one left behind (the xid-watch-stale alert allows 6 missed beats).
+HEARTBEAT_SECONDS = 5.0
 
 #: The checks the health poll acts on at once. Each reads a state the GPU does not leave by itself and
 #: that breaks the job running on it now: an uncorrectable ECC count (only a reset clears it), a row
@@ -113,6 +116,7 @@ class XidWatch:
         self._stop = threading.Event()
         self._metrics_dirty = True
         self._metrics_error = ""
+        self._metrics_written = 0.0  # monotonic time of the last textfile write (heartbeat)
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self._retries: Dict[XidEvent, int] = {}
         # health-poll results, handed from the poll thread to the main loop (which alone runs the job side)
@@ -362,15 +366,20 @@ class XidWatch:
             S.bump(st, name)
         self._metrics_dirty = True
 
-    def write_metrics(self) -> None:
+    def write_metrics(self, up: bool = True) -> None:
         d = self.ctx.path(self.h.textfile_dir)
-        if not d or not self._metrics_dirty:
+        beat_due = time.monotonic() - self._metrics_written >= HEARTBEAT_SECONDS
+        if not d or not (self._metrics_dirty or beat_due or not up):
             return
         self._metrics_dirty = False
+        self._metrics_written = time.monotonic()
         counters: Dict[str, Any] = self.ctx.store.read().get("counters", {})
         node = self.ctx.node
         lines = ["# HELP autoheal_xid_watch counters of the autoheal xid-watch daemon",
-                 "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} 1']
+                 "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} {1 if up else 0}',
+                 # when this file was written: a dead daemon's file keeps its last beat (alert: stale)
+                 "# TYPE autoheal_xid_watch_heartbeat_timestamp_seconds gauge",
+                 f'autoheal_xid_watch_heartbeat_timestamp_seconds{{node="{node}"}} {time.time():.3f}']
         for key, val in sorted(counters.items()):
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
@@ -444,6 +453,10 @@ class XidWatch:
                 except Exception as exc:
                     print(f"xid-watch: housekeeping: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                     self._stop.wait(1.0)
+        try:  # a clean stop says so at once (up 0); a killed daemon is found by its stale heartbeat
+            self.write_metrics(up=False)
+        except Exception as exc:
+            print(f"xid-watch: metrics at stop: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         self.ctx.close()
         return 0
 
