@@ -291,6 +291,8 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
             result = "error"
             guard.say(f"autoheal guard: {exc}")
         if metrics is not None:
+            if result == "ok":
+                metrics.run_again.update(guard.last_jobs, guard.clock(), guard.slurm.get_job)
             metrics.observe(result, done, requeued_waiting(guard.last_jobs, guard.clock()))
             err = metrics.write()
             if err:

@@ -10,12 +10,14 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from autoheal.reasons import is_ours
 from autoheal.sbatch_helpers.comment import is_runner_comment
 
 METRICS_FILE = "autoheal_guard.prom"
+#: Buckets (seconds) of eligible -> running of the jobs autoheal requeued.
+RUN_AGAIN_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
 
 @dataclass
@@ -27,19 +29,65 @@ class RequeuedWait:
     oldest_seconds: float = 0.0
 
 
+def _requeued_by_us(j) -> bool:
+    """Pending after a requeue, with autoheal's mark, not held by a user or an admin (theirs to lift)."""
+    return (j.state == "PENDING" and j.restart_count >= 1 and j.eligible_time is not None
+            and (is_runner_comment(j.comment) or is_ours(j.comment)) and not (j.held and not j.requeue_held))
+
+
 def requeued_waiting(jobs: Sequence, now: float) -> RequeuedWait:
     """Pure: ``jobs`` as ``SlurmAdapter.list_jobs`` returns them (pending ones are enough)."""
     out = RequeuedWait()
     for j in jobs:
-        if j.state != "PENDING" or j.restart_count < 1 or j.eligible_time is None:
-            continue
-        if not (is_runner_comment(j.comment) or is_ours(j.comment)):
-            continue
-        if j.held and not j.requeue_held:  # a user's or an admin's hold: theirs to lift, not a stuck requeue
+        if not _requeued_by_us(j):
             continue
         out.jobs += 1
         out.oldest_seconds = max(out.oldest_seconds, now - float(j.eligible_time))
     return out
+
+
+@dataclass
+class RunAgain:
+    """Eligible -> running of the jobs autoheal requeued: each such job seen pending is remembered by
+    (job, restart count) with its EligibleTime; when it is no longer pending, one look at it tells whether
+    it runs again (observed, to the guard's interval) or ended otherwise (forgotten). Memory is bounded by
+    the jobs pending at once."""
+
+    tracked: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    buckets: Dict[float, int] = field(default_factory=lambda: dict.fromkeys(RUN_AGAIN_BUCKETS, 0))
+    count: int = 0
+    total: float = 0.0
+
+    def update(self, pending: Sequence, now: float, lookup: Callable[[str], object]) -> None:
+        seen = set()
+        for j in pending:
+            if _requeued_by_us(j):
+                key = (j.job_id, j.restart_count)
+                seen.add(key)
+                self.tracked.setdefault(key, float(j.eligible_time))
+        for key in [k for k in self.tracked if k not in seen]:
+            eligible = self.tracked.pop(key)
+            try:
+                job = lookup(key[0])
+            except Exception:  # gone from Slurm, or slurmctld away: not a run we can time
+                continue
+            if getattr(job, "state", "") in ("RUNNING", "COMPLETING") and getattr(job, "restart_count", -1) == key[1]:
+                self.observe(max(0.0, now - eligible))
+
+    def observe(self, value: float) -> None:
+        for le in self.buckets:
+            if value <= le:
+                self.buckets[le] += 1
+        self.count += 1
+        self.total += value
+
+    def lines(self, name: str) -> List[str]:
+        out = [f"# HELP {name} Seconds from EligibleTime to running again, jobs autoheal requeued",
+               f"# TYPE {name} histogram"]
+        out += [f'{name}_bucket{{le="{le:g}"}} {n}' for le, n in self.buckets.items()]
+        out += [f'{name}_bucket{{le="+Inf"}} {self.count}', f"{name}_sum {self.total:.3f}",
+                f"{name}_count {self.count}"]
+        return out
 
 
 @dataclass
@@ -48,6 +96,7 @@ class GuardMetrics:
     passes: Dict[str, int] = field(default_factory=lambda: {"ok": 0, "slurm-unavailable": 0, "error": 0})
     actions: Dict[str, int] = field(default_factory=lambda: {"release": 0, "prune": 0, "schedule": 0})
     wait: RequeuedWait = field(default_factory=RequeuedWait)
+    run_again: RunAgain = field(default_factory=RunAgain)
     last_ok: float = 0.0
     error: str = ""
 
@@ -83,6 +132,7 @@ class GuardMetrics:
             "# HELP autoheal_guard_requeued_oldest_wait_seconds Seconds the longest of them has been eligible",
             "# TYPE autoheal_guard_requeued_oldest_wait_seconds gauge",
             f"autoheal_guard_requeued_oldest_wait_seconds {self.wait.oldest_seconds:.1f}",
+            *self.run_again.lines("autoheal_guard_requeued_eligible_to_running_seconds"),
         ]
         return "\n".join(lines) + "\n"
 

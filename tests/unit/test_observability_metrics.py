@@ -142,3 +142,17 @@ def test_guard_textfile_has_heartbeat_and_bounded_labels(tmp_path):
     m.write(up=False)
     assert read_prom(tmp_path / GM.METRICS_FILE)["autoheal_guard_up"] == 0
     assert [p.name for p in tmp_path.iterdir()] == [GM.METRICS_FILE]  # no temp file left
+
+
+def test_guard_times_eligible_to_running_of_requeued_jobs_only_when_they_run_again():
+    ra = GM.RunAgain()
+    now = 1000.0
+    runner = "autoheal-runner state=requeued"
+    ra.update([job("1", runner, now - 3), job("2", runner, now - 3), job("3", "not ours", now - 3)], now, None)
+    assert set(ra.tracked) == {("1", 1), ("2", 1)}
+    later = {"1": job("1", runner, None, state="RUNNING"), "2": job("2", runner, None, state="CANCELLED")}
+    ra.update([], now + 7, lambda jid: later[jid])
+    assert ra.count == 1 and ra.total == 10.0 and ra.buckets[10.0] == 1 and ra.buckets[5.0] == 0
+    assert ra.tracked == {}
+    lines = ra.lines("x")
+    assert 'x_bucket{le="+Inf"} 1' in lines and "x_count 1" in lines
