@@ -384,6 +384,14 @@ class XidWatch:
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
+        if "fault_to_drain_seconds_count" not in counters:
+            # the histogram at zero before the first drain: rate() then sees the first one (0 -> 1)
+            zero: Dict[str, Any] = {}
+            S.observe(zero, "fault_to_drain_seconds", 0.0)
+            for key in sorted(zero["counters"]):
+                name, _, labels = key.partition("{")
+                labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
+                lines.append(f"autoheal_xid_watch_{name}{{{labels}}} 0")
         tmp = os.path.join(d, f".{METRICS_FILE}.tmp")
         try:
             os.makedirs(d, exist_ok=True)

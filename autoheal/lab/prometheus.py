@@ -38,6 +38,11 @@ def product_file(name: str) -> Path:
     return Path(ks.__file__).parent / "deploy" / "chart" / "autoheal-sync" / "files" / name
 
 
+def grafana_promql(expr: str) -> str:
+    """A dashboard query as Grafana sends it: its interval variables replaced by a fixed window."""
+    return expr.replace("$__rate_interval", "1m").replace("$__interval", "1m").replace("$__range", "1h")
+
+
 def binaries() -> Dict[str, str]:
     """Paths of prometheus and prometheus-node-exporter, or a LabError naming the package to install."""
     from autoheal.lab.cluster import LabError

@@ -92,6 +92,9 @@ def test_xid_watch_textfile_beats_while_idle_says_up_0_at_a_clean_stop_and_times
     assert first['autoheal_xid_watch_up{node="n1"}'] == 1
     beat = first['autoheal_xid_watch_heartbeat_timestamp_seconds{node="n1"}']
     assert abs(beat - time.time()) < 5
+    # the fault -> drain histogram is there at zero before any drain (rate() sees the first one)
+    assert first['autoheal_xid_watch_fault_to_drain_seconds_count{node="n1"}'] == 0
+    assert first['autoheal_xid_watch_fault_to_drain_seconds_bucket{node="n1",le="+Inf"}'] == 0
     watch.write_metrics()  # nothing changed and the beat is not due: the file is left alone
     assert read_prom(out / X.METRICS_FILE)['autoheal_xid_watch_heartbeat_timestamp_seconds{node="n1"}'] == beat
     watch._metrics_written -= X.HEARTBEAT_SECONDS  # the beat is due: rewritten though nothing changed
