@@ -21,7 +21,10 @@ class StatusKube:
         #: the sync labels every Node it remediates (``<prefix>/remediation``): list only those
         self.node_label = node_label
         self.session = requests.Session()
-        self.session.verify = (c.ssl_ca_cert or True) if c.verify_ssl else False
+        # passed with every request, not only set on the session: requests lets $REQUESTS_CA_BUNDLE override
+        # a session's verify (and the cluster's CA is not in that bundle)
+        self.verify = (c.ssl_ca_cert or True) if c.verify_ssl else False
+        self.session.verify = self.verify
         if c.cert_file:
             self.session.cert = (c.cert_file, c.key_file) if c.key_file else c.cert_file
         for setting in (c.auth_settings() or {}).values():
@@ -40,7 +43,7 @@ class StatusKube:
         from autoheal.k8s_sync.kube import KubeError
 
         try:
-            resp = self.session.get(self.host + path, params=params, timeout=self.timeout)
+            resp = self.session.get(self.host + path, params=params, timeout=self.timeout, verify=self.verify)
         except Exception as exc:  # connection refused, TLS, timeout: one line naming the read
             raise KubeError(f"{what}: {type(exc).__name__}: {str(exc)[:200]}") from None
         if resp.status_code == 404:
