@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -85,6 +86,7 @@ def main() -> None:
         out["status_wall_s"] = round(time.monotonic() - t, 2)
     finally:
         lab.down()
+        shutil.rmtree(root, ignore_errors=True)
     if args.json:
         print(json.dumps(out))
     else:
