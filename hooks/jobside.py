@@ -367,9 +367,12 @@ class JobSide:
                 self.ctx.record("error", check=failure.check, action="drain", severity="error",
                                 message=f"cannot drain for {failure.reason}: {exc}; retrying")
             return None
+        drained = act.get("outcome") in ("drained", "reason-updated")
         with self.ctx.store.locked() as st:
             st["pending_drain"] = None
-        if act.get("outcome") in ("drained", "reason-updated"):
+            if drained and pend.get("since"):  # fault seen -> drain made (the dashboard's "fault -> drain")
+                S.observe(st, "fault_to_drain_seconds", max(0.0, time.time() - float(pend["since"])))
+        if drained:
             self._count("drains_total")
         return failure
 

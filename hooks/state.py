@@ -19,7 +19,7 @@ import contextlib
 import copy
 import json
 from pathlib import Path
-from typing import Any, ContextManager, Dict, Iterator, List, Optional
+from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple
 
 STATE_FILE = "state.json"
 
@@ -226,6 +226,20 @@ def count_app_xid(state: Dict[str, Any], gpu: Optional[int], now: float, window:
 def bump(state: Dict[str, Any], counter: str, amount: float = 1) -> None:
     c = state.setdefault("counters", {})
     c[counter] = c.get(counter, 0) + amount
+
+
+#: Buckets (seconds) of the node-side latency histograms in the textfile (fault -> drain).
+LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+def observe(state: Dict[str, Any], name: str, value: float, buckets: Tuple[float, ...] = LATENCY_BUCKETS) -> None:
+    """Add ``value`` to the cumulative histogram ``name`` in the counters (``_bucket{le=..}``, ``_sum``,
+    ``_count``: the Prometheus histogram layout, so histogram_quantile() reads the textfile directly)."""
+    for le in buckets:  # every bucket exists from the first observation on (0 where the value is above it)
+        bump(state, f'{name}_bucket{{le="{le:g}"}}', 1 if value <= le else 0)
+    bump(state, f'{name}_bucket{{le="+Inf"}}')
+    bump(state, f"{name}_sum", round(value, 6))
+    bump(state, f"{name}_count")
 
 
 def ladder_key(gpu: Optional[int]) -> str:

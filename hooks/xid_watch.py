@@ -40,6 +40,9 @@ if TYPE_CHECKING:
     from autoheal.hooks.context import Context
 
 METRICS_FILE = "autoheal_xid_watch.prom"
+#: Seconds between rewrites of the textfile when nothing changed: its heartbeat line is how Prometheus
+#: tells a live daemon from a file a dead one left behind (the xid-watch-stale alert allows 6 missed beats).
+HEARTBEAT_SECONDS = 5.0
 
 #: The checks the health poll acts on at once. Each reads a state the GPU does not leave by itself and
 #: that breaks the job running on it now: an uncorrectable ECC count (only a reset clears it), a row
@@ -123,6 +126,7 @@ class XidWatch:
         self._stop = threading.Event()
         self._metrics_dirty = True
         self._metrics_error = ""
+        self._metrics_written = 0.0  # monotonic time of the last textfile write (heartbeat)
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
@@ -403,19 +407,32 @@ class XidWatch:
             S.bump(st, name)
         self._metrics_dirty = True
 
-    def write_metrics(self) -> None:
+    def write_metrics(self, up: bool = True) -> None:
         d = self.ctx.path(self.h.textfile_dir)
-        if not d or not self._metrics_dirty:
+        beat_due = time.monotonic() - self._metrics_written >= HEARTBEAT_SECONDS
+        if not d or not (self._metrics_dirty or beat_due or not up):
             return
         self._metrics_dirty = False
+        self._metrics_written = time.monotonic()
         counters: Dict[str, Any] = self.ctx.store.read().get("counters", {})
         node = self.ctx.node
         lines = ["# HELP autoheal_xid_watch counters of the autoheal xid-watch daemon",
-                 "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} 1']
+                 "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} {1 if up else 0}',
+                 # when this file was written: a dead daemon's file keeps its last beat (alert: stale)
+                 "# TYPE autoheal_xid_watch_heartbeat_timestamp_seconds gauge",
+                 f'autoheal_xid_watch_heartbeat_timestamp_seconds{{node="{node}"}} {time.time():.3f}']
         for key, val in sorted(counters.items()):
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
+        if "fault_to_drain_seconds_count" not in counters:
+            # the histogram at zero before the first drain: rate() then sees the first one (0 -> 1)
+            zero: Dict[str, Any] = {}
+            S.observe(zero, "fault_to_drain_seconds", 0.0)
+            for key in sorted(zero["counters"]):
+                name, _, labels = key.partition("{")
+                labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
+                lines.append(f"autoheal_xid_watch_{name}{{{labels}}} 0")
         try:
             os.makedirs(d, exist_ok=True)
             # a fresh temporary name (O_EXCL|O_NOFOLLOW) and a rename: the collector directory may be
@@ -481,6 +498,10 @@ class XidWatch:
                 except Exception as exc:
                     print(f"xid-watch: housekeeping: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                     self._stop.wait(1.0)
+        try:  # a clean stop says so at once (up 0); a killed daemon is found by its stale heartbeat
+            self.write_metrics(up=False)
+        except Exception as exc:
+            print(f"xid-watch: metrics at stop: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
         self.ctx.close()
         return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 if TYPE_CHECKING:
     from autoheal.k8s_sync.engine import PassResult, Reconciler
@@ -46,6 +46,17 @@ class Metrics:
                                "carry the opt-out label (Node or pod): replace them by hand", registry=r)
         self.breaker_tripped = Gauge("autoheal_sync_breaker_tripped", "1 while the remediation circuit "
                                      "breaker is tripped", registry=r)
+        # what the on-call's alerts and dashboard read (k8s_sync/deploy/chart/autoheal-sync/files/):
+        # every label set is bounded (a fixed list of buckets or states), never a node or job name
+        self.fleet = Gauge("autoheal_sync_fleet_nodes", "Slurm nodes per bucket of autoheal.fleet (in-service, "
+                           "drained-autoheal, drained-other, retired, spare)", ["state"], registry=r)
+        self.remediation_oldest = Gauge("autoheal_sync_remediation_oldest_seconds", "Seconds the node longest "
+                                        "in each remediation state has been in it (0: none)", ["state"],
+                                        registry=r)
+        self.remediation_bound = Gauge("autoheal_sync_remediation_bound_seconds", "How long a node may stay in "
+                                       "each remediation state before the sync acts on its own (the configured "
+                                       "timeout); the stuck-remediation alert compares the oldest with it",
+                                       ["state"], registry=r)
         self.last_ok = 0.0
         self.last_loop = time.monotonic()
 
@@ -68,6 +79,22 @@ class Metrics:
             self.mapped.set(res.mapped)
             self.last_success.set(time.time())
             self.last_ok = time.monotonic()
+            self._observe_fleet(reconciler)
+
+    def _observe_fleet(self, reconciler: Reconciler) -> None:
+        """Nodes per bucket from the Slurm nodes the pass just read (the reconciler's cache)."""
+        from autoheal import fleet
+
+        cache = getattr(reconciler, "_slurm_cache", None)
+        if not cache:
+            return
+        cfg = getattr(reconciler, "cfg", None)
+        prefix = getattr(cfg, "spare_reason_prefix", "autoheal: spare:")
+        for state, n in fleet.counts(cache[1].values(), prefix).items():
+            self.fleet.labels(state).set(n)
+        if cfg is not None and "remediate" in getattr(cfg, "enabled_steps", ()):
+            for state, bound in remediation_bounds(cfg).items():
+                self.remediation_bound.labels(state).set(bound)
 
     def observe_remediation(self, res: PassResult) -> None:
         """After a pass that read both sides with the remediate step enabled."""
@@ -76,10 +103,19 @@ class Metrics:
         from autoheal.k8s_sync.remediation import STATES
 
         counts = dict.fromkeys(STATES, 0)
+        oldest = dict.fromkeys(STATES, 0.0)
+        now = time.time()
         for r in res.remediations.values():
-            counts[r["state"]] = counts.get(r["state"], 0) + 1
+            st = r["state"]
+            if st not in counts:  # a state this release does not know: keep the label set bounded
+                continue
+            counts[st] += 1
+            since = float(r.get("since") or 0)
+            if since > 0:
+                oldest[st] = max(oldest[st], now - since)
         for st, n in counts.items():
             self.remediations.labels(st).set(n)
+            self.remediation_oldest.labels(st).set(round(oldest[st], 1))
         self.opted_out.set(len(res.opted_out))
         self.breaker_tripped.set(1 if (res.breaker or {}).get("tripped") else 0)
 
@@ -87,6 +123,16 @@ class Metrics:
         from prometheus_client import generate_latest
 
         return generate_latest(self.registry)
+
+
+def remediation_bounds(cfg: Any) -> Dict[str, float]:
+    """State -> seconds the remediation state machine lets a node stay in it before it moves on by itself
+    (``remediation.next_step``: fails it, or retries a failed one). A node older than its bound means the
+    machine is not moving (no leader, every pass failing, a bug): the alert's business. ``done`` has none."""
+    drain = float(cfg.remediation_drain_timeout_seconds)
+    return {"quarantined": float(cfg.remediation_grace_seconds), "draining": drain, "drained": drain,
+            "replacing": float(cfg.remediation_replace_timeout_seconds),
+            "failed": float(cfg.remediation_retry_seconds)}
 
 
 class HealthServer:

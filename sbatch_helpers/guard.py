@@ -44,6 +44,7 @@ from autoheal.strenum import StrEnum
 if TYPE_CHECKING:
     from autoheal.journal import Journal
     from autoheal.notify import Notifier
+    from autoheal.sbatch_helpers.guard_metrics import GuardMetrics
     from autoheal.slurm.base import SlurmAdapter
     from autoheal.slurm.model import Job, Node
 from autoheal.sbatch_helpers.comment import (
@@ -211,10 +212,12 @@ class Guard:
         self.clock = clock
         self.say = say
         self.sightings = Sightings()
+        self.last_jobs: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
         jobs = self.slurm.list_jobs(states=["PENDING"])
+        self.last_jobs = jobs  # for the metrics (guard_metrics.requeued_waiting)
         if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs):
             self.sightings.forget_except([])
             return []
@@ -268,21 +271,35 @@ class Guard:
 
 
 def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
-                sleep: Callable[[float], object] = time.sleep) -> None:
-    """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff."""
+                sleep: Callable[[float], object] = time.sleep, metrics: Optional[GuardMetrics] = None) -> None:
+    """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff.
+    With ``metrics``, its textfile is written after every pass (the heartbeat) and once more at the end."""
     from autoheal.errors import SlurmUnavailable
+    from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
     while not stop():
+        result, done = "ok", []
         try:
-            guard.pass_once()
+            done = [r.action.kind for r in guard.pass_once() if r.done]
             pause = interval
         except SlurmUnavailable as exc:
+            result = "slurm-unavailable"
             guard.say(f"autoheal guard: slurmctld not answering ({exc}); next try in {pause:g}s")
             pause = min(max(interval, pause * 2), 60.0)
         except SlurmError as exc:
+            result = "error"
             guard.say(f"autoheal guard: {exc}")
+        if metrics is not None:
+            if result == "ok":
+                metrics.run_again.update(guard.last_jobs, guard.clock(), guard.slurm.get_job)
+            metrics.observe(result, done, requeued_waiting(guard.last_jobs, guard.clock()))
+            err = metrics.write()
+            if err:
+                guard.say(f"autoheal guard: {err}")
         sleep(pause)
+    if metrics is not None:
+        metrics.write(up=False)
 
 
 def describe(results: Sequence[GuardResult]) -> List[str]:

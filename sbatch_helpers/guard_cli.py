@@ -26,12 +26,16 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
               "1 a job could not be fixed, 2 slurmctld did not answer or config error). With --once, "
               "--release-after and --prune-after still count from the first sighting, so they act only "
               "when set to 0.")
+@click.option("--textfile-dir", type=click.Path(file_okay=False), default=None,
+              help="Write the guard's metrics (heartbeat, requeued jobs waiting to run) to "
+                   "DIR/autoheal_guard.prom after every pass, for node-exporter's textfile collector; the "
+                   "guard-down and requeued-job alerts read them.")
 @click.option("--dry-run", is_flag=True, help="Plan and print; change nothing in Slurm.")
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
 @config_option
 @handle_errors
 def guard(interval: float, release_after: float, prune_after: float, once: bool, dry_run: bool, as_json: bool,
-          config_path: Optional[str]) -> None:
+          textfile_dir: Optional[str], config_path: Optional[str]) -> None:
     """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
 
     \b
@@ -84,6 +88,9 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
     click.echo(f"autoheal guard: watching for held autoheal jobs every {interval:g}s "
                f"(release after {release_after:g}s){' [dry run]' if dry_run else ''}")
     sys.stdout.flush()
-    run_forever(g, interval, stopping.is_set, sleep=stopping.wait)
+    from autoheal.sbatch_helpers.guard_metrics import GuardMetrics
+
+    metrics = GuardMetrics(textfile_dir) if textfile_dir else None
+    run_forever(g, interval, stopping.is_set, sleep=stopping.wait, metrics=metrics)
     if notifier is not None:
         notifier.flush(5.0)

@@ -12,6 +12,7 @@ LAZY_COMMANDS = {
     "config": "autoheal.cli.config_cmd:config",
     "events": "autoheal.cli.events_cmd:events",
     "node": "autoheal.cli.node_cmd:node",
+    "status": "autoheal.cli.status_cmd:status",
     "check": "autoheal.hooks.cli:check",
     "xid-watch": "autoheal.hooks.cli:xid_watch",
     "xid": "autoheal.hooks.xid_cli:xid",

@@ -110,6 +110,18 @@ def down(lab_dir, as_json) -> None:
         click.echo(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
+@lab.command("prometheus")
+@dir_option
+@handle_errors
+def prometheus_cmd(lab_dir) -> None:
+    """Start a real Prometheus (Debian's prometheus) on the running lab, with a node-exporter per node
+    reading xid-watch's textfile and one for the guard's, evaluating autoheal's alert rules (every `for:`
+    shortened to seconds); prints its URL (loopback). `autoheal lab down` stops them."""
+    from autoheal.lab import prometheus as labprom
+
+    click.echo(labprom.start(_lab(lab_dir)))
+
+
 @lab.command()
 @dir_option
 @json_option
