@@ -213,7 +213,11 @@ def write_sync_kubeconfig(lab, api: Any, server: str, ca: Path) -> Path:
 def audit_requests(lab) -> List[Dict[str, Any]]:
     """The real API server's writes so far, from its audit log: method, path, status, user (what the
     fake server's request log gave the tests)."""
-    path = Path(((lab.load_state() or {}).get("kube") or {}).get("audit_log", ""))
+    return parse_audit(Path(((lab.load_state() or {}).get("kube") or {}).get("audit_log", "")))
+
+
+def parse_audit(path: Path) -> List[Dict[str, Any]]:
+    """The audit log's events as {method, path, status, user}, oldest first."""
     out = []
     verbs = {"create": "POST", "update": "PUT", "patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE"}
     try:
