@@ -1,4 +1,4 @@
-"""The XID 79 drill end to end on a real lab: real Slurm, fake GPUs, the fake Kubernetes API.
+"""The XID 79 drill end to end on a real lab: real Slurm, fake GPUs, the real Kubernetes control plane.
 
 Both drills run in one lab directory: the second starts where the first left a retired node, a used
 spare, a journal, Slurm's saved jobs and Kubernetes objects, and must pass all the same (issue 11)."""
