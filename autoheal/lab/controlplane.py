@@ -177,14 +177,19 @@ def _argv_etcd(bindir: Path, root: Path, client: int, peer: int) -> List[str]:
             "--log-level", "warn"]
 
 
-#: What the API server's audit log keeps: every write (with its answer's code), no reads. The lab's tests
-#: count answers from it (an eviction's 429s) as they counted the fake server's request log.
-AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+#: What the API server's audit log keeps (with each answer's code): every write, and the reads of every
+#: client but the control plane's own and the lab's admin (so a tenant's refused read shows too). The lab's
+#: tests count answers from it (an eviction's 429s, a 403) as they counted the fake server's request log.
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
   - level: None
     verbs: ["get", "list", "watch"]
+    userGroups: ["system:serviceaccounts:kube-system", "system:nodes"]
+  - level: None
+    verbs: ["get", "list", "watch"]
+    users: ["system:kube-controller-manager", "system:apiserver", "{ADMIN_USER}"]
   - level: Metadata
 """
 AUDIT_LOG = "audit.log"

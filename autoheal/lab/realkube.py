@@ -211,15 +211,17 @@ def write_sync_kubeconfig(lab, api: Any, server: str, ca: Path) -> Path:
 
 
 def audit_requests(lab) -> List[Dict[str, Any]]:
-    """The real API server's writes so far, from its audit log: method, path, status, user (what the
-    fake server's request log gave the tests)."""
+    """The real API server's requests so far, from its audit log (every write; reads of clients other than
+    the control plane and the lab's admin): method, path, status, user (what the fake server's request log
+    gave the tests)."""
     return parse_audit(Path(((lab.load_state() or {}).get("kube") or {}).get("audit_log", "")))
 
 
 def parse_audit(path: Path) -> List[Dict[str, Any]]:
     """The audit log's events as {method, path, status, user}, oldest first."""
     out = []
-    verbs = {"create": "POST", "update": "PUT", "patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE"}
+    verbs = {"create": "POST", "update": "PUT", "patch": "PATCH", "delete": "DELETE", "deletecollection": "DELETE",
+             "get": "GET", "list": "GET", "watch": "GET"}
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:

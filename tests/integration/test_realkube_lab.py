@@ -87,7 +87,7 @@ def test_the_sync_runs_as_the_charts_service_account_allowed_everything_it_does_
     text = CliRunner().invoke(lab_cli, ["status", "--dir", str(handle.root)]).output
     assert f"port {st['kube-apiserver']['port']}" in text
 
-    # the sync writes (slurmd pod conditions, its Lease) as the ServiceAccount, and is never refused
+    # the sync reads and writes (slurmd pod conditions, its Lease) as the ServiceAccount, never refused
     def sync_writes():
         return [r for r in realkube.audit_requests(lab) if r["user"] == SA_USER]
 
@@ -98,6 +98,7 @@ def test_the_sync_runs_as_the_charts_service_account_allowed_everything_it_does_
              60, "the sync's NodeReplacement request")
     refused = [r for r in sync_writes() if r["status"] == 403]
     assert not refused, refused
+    assert any(r["method"] == "GET" and r["path"] == "/api/v1/nodes" and r["status"] == 200 for r in sync_writes())
     # no write of the sync came with the lab's admin certificate
     assert not [r for r in realkube.audit_requests(lab) if r["user"] == controlplane.ADMIN_USER
                 and "/leases/" in r["path"]]
