@@ -12,6 +12,11 @@ kubelet's job that the API can see (the lab has no container runtime, so no kube
   a pod re-created under the same name is never touched). Without this, a graceful delete of a bound pod
   stays Terminating forever.
 
+And one part of kube-controller-manager's node-lifecycle controller (not run here: it needs kubelet
+heartbeats): the API server's TaintNodesByCondition admission gives every new Node the taint
+``node.kubernetes.io/not-ready:NoSchedule``; once the Node is Ready that controller removes it, and so does
+this process (a resourceVersion-guarded patch that keeps every other taint).
+
 What it does not do, as a real cluster would not: a pod on a Node that is not Ready (its kubelet gone:
 the spare pool marks a retired machine Unknown) stays Terminating; once that Node is deleted, the pod is
 an orphan and is force-deleted as kube-controller-manager's pod-GC does (the lab does not run pod-GC:
@@ -30,6 +35,7 @@ from datetime import datetime, timezone
 from typing import Any, Dict, Optional
 
 Obj = Dict[str, Any]
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
 def _now() -> str:
@@ -63,12 +69,23 @@ def running_pod_status(pod: Obj) -> Obj:
                        "hostIP": "127.0.0.1", "podIP": "127.0.0.1"}}
 
 
+def without_not_ready_taint(node: Obj) -> Obj:
+    """A merge patch dropping the not-ready taint, guarded by the Node's resourceVersion (a 409 when
+    someone changed the taints meanwhile: the next pass looks again)."""
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != NOT_READY_TAINT]
+    return {"metadata": {"resourceVersion": (node.get("metadata") or {}).get("resourceVersion")},
+            "spec": {"taints": taints or None}}
+
+
 def plan(nodes: Dict[str, Obj], pods: list) -> Dict[str, list]:
     """What to do this pass (pure, unit-tested): Nodes to mark Ready, pods to start, pods to finish."""
-    out: Dict[str, list] = {"register": [], "start": [], "finish": []}
+    out: Dict[str, list] = {"register": [], "start": [], "finish": [], "untaint": []}
     for name, node in nodes.items():
         if node_ready(node) is None:
             out["register"].append(name)
+        elif node_ready(node) == "True" and any(t.get("key") == NOT_READY_TAINT
+                                                for t in (node.get("spec") or {}).get("taints") or []):
+            out["untaint"].append(name)
     for pod in pods:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         bound = spec.get("nodeName")
@@ -105,6 +122,9 @@ class Kubelets:
         for name in todo["register"]:
             print(f"kubelet {name}: registered, posting Ready", flush=True)
             self.core.patch_node_status(name, ready_node_status())
+        for name in todo["untaint"]:
+            print(f"node-lifecycle: {name} is Ready, removing its {NOT_READY_TAINT} taint", flush=True)
+            self._ignore_gone(self.core.patch_node, name, without_not_ready_taint(nodes[name]))
         for (ns, name, _uid), pod in todo["start"]:
             print(f"kubelet {pod['spec']['nodeName']}: started {ns}/{name}", flush=True)
             self._ignore_gone(self.core.patch_namespaced_pod_status, name, ns, running_pod_status(pod))

@@ -164,12 +164,14 @@ def register_nodes(api: Any, nodes: List[str]) -> None:
     status. Objects a --keep-state lab already has are left as they are."""
     from kubernetes import client
 
-    from autoheal.lab.kubelet import ready_node_status, running_pod_status
+    from autoheal.lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
 
     core = client.CoreV1Api(api)
     for name in nodes:
         if _create(core.create_node, node_obj(name)):
             core.patch_node_status(name, ready_node_status())
+            # the node-lifecycle controller's part: a Ready Node loses its admission-given not-ready taint
+            core.patch_node(name, without_not_ready_taint(api.sanitize_for_serialization(core.read_node(name))))
         pod = slurmd_pod(name)
         pod.pop("status", None)  # a create ignores status: the kubelet posts it
         if _create(core.create_namespaced_pod, NAMESPACE, pod):

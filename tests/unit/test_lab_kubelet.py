@@ -48,3 +48,21 @@ def test_running_status_is_ready_with_a_running_container_each():
     assert {c["type"]: c["status"] for c in st["conditions"]}["Ready"] == "True"
     assert [c["name"] for c in st["containerStatuses"]] == ["c"] and st["containerStatuses"][0]["ready"]
     assert node_ready(node("x", "Unknown")) == "Unknown" and node_ready(node("x", None)) is None
+
+
+def test_the_not_ready_taint_goes_once_the_node_is_ready_and_other_taints_stay():
+    from autoheal.lab.kubelet import NOT_READY_TAINT, without_not_ready_taint
+
+    tainted = node("a")
+    tainted["metadata"]["resourceVersion"] = "7"
+    tainted["spec"] = {"taints": [{"key": NOT_READY_TAINT, "effect": "NoSchedule"},
+                                  {"key": "autoheal.io/gpu-unhealthy", "value": "XID79", "effect": "NoSchedule"}]}
+    not_ready = node("b", "False")
+    not_ready["spec"] = {"taints": [{"key": NOT_READY_TAINT, "effect": "NoSchedule"}]}
+    assert plan({"a": tainted, "b": not_ready}, [])["untaint"] == ["a"]
+    patch = without_not_ready_taint(tainted)
+    assert patch["metadata"]["resourceVersion"] == "7"
+    assert patch["spec"]["taints"] == [{"key": "autoheal.io/gpu-unhealthy", "value": "XID79", "effect": "NoSchedule"}]
+    only = node("c")
+    only["spec"] = {"taints": [{"key": NOT_READY_TAINT, "effect": "NoSchedule"}]}
+    assert without_not_ready_taint(only)["spec"]["taints"] is None  # merge patch: remove the field
