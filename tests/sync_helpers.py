@@ -82,8 +82,13 @@ def seed_fake_api(server, slurm_names: Iterable[str], namespace: str = "slurm") 
             "metadata": {"name": pod_name(n), "labels": dict(SLURMD_LABELS)},
             "spec": {"nodeName": k8s_name(n), "hostname": n,
                      "containers": [{"name": "slurmd", "image": "slurmd:lab"}]}})
-        if real:  # a create keeps a Node's status but not a pod's: the kubelet's part, posted here
-            from autoheal.lab.kubelet import running_pod_status
+        if real:  # the kubelet's part (a create ignores a pod's status), posted here
+            from autoheal.lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
+
+            api.patch_node_status(k8s_name(n), ready_node_status())
+            # and the node-lifecycle controller's: the not-ready taint admission gave the new Node goes
+            api.patch_node(k8s_name(n), without_not_ready_taint(
+                api.api_client.sanitize_for_serialization(api.read_node(k8s_name(n)))))
 
             api.patch_namespaced_pod_status(pod_name(n), namespace, running_pod_status(
                 {"spec": {"containers": [{"name": "slurmd", "image": "slurmd:lab"}]}}))
