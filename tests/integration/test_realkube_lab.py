@@ -152,3 +152,26 @@ def test_a_missing_crd_is_named_and_the_charts_crd_serves_it(bindir, tmp_path):
         assert api.list_custom("autoheal.io", "v1alpha1", "slurm", "nodereplacements") == {}
     finally:
         kube.stop()
+
+
+def test_lab_up_starts_from_a_clean_etcd_unless_keep_state(lab_factory):
+    from kubernetes import client, config
+
+    handle = lab_factory(nodes=1, gpus=1, spares=0, kube=True)
+    lab = handle.lab
+
+    def core():
+        return client.CoreV1Api(config.new_client_from_config(config_file=str(labkube.kubeconfig_path(lab))))
+
+    def has_marker():
+        return "keepme" in [c.metadata.name for c in core().list_namespaced_config_map(labkube.NAMESPACE).items]
+
+    core().create_namespaced_config_map(labkube.NAMESPACE, {"metadata": {"name": "keepme"}})
+    opts = dict(nodes=1, gpus=1, spares=0, hooks=False, xid_watch=False, install=False, kube=True)
+    lab.down()
+    lab.up(keep_state=True, **opts)
+    assert has_marker()  # etcd kept: the objects an earlier lab made are there
+    assert core().read_node("gpu1").metadata.name == "gpu1"  # registered once, no 409 at the second start
+    lab.down()
+    lab.up(**opts)
+    assert not has_marker()  # a clean start empties etcd
