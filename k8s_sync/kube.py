@@ -297,8 +297,15 @@ class KubeApi:
 
     @needs(("autoheal.io", "nodereplacements", "list"))
     def list_custom(self, group: str, version: str, namespace: str, plural: str) -> Dict[str, Dict[str, Any]]:
-        data = self._raw("list_custom", self._custom().list_namespaced_custom_object, group, version,
-                         namespace, plural)
+        try:
+            data = self._raw("list_custom", self._custom().list_namespaced_custom_object, group, version,
+                             namespace, plural)
+        except NotFound as exc:
+            # a real API server answers a resource it does not serve with a bare "404 page not found": say
+            # which CRD is missing (the chart ships the default one in its crds/)
+            raise NotFound(f"list_custom: the API server does not serve {plural}.{group}/{version}: install its "
+                           f"CustomResourceDefinition (the Helm chart's crds/ has the default NodeReplacement) "
+                           f"({exc})", 404) from None
         return self._by_name(data.get("items") or [])
 
     @needs(("", "configmaps", "get"))

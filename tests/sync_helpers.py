@@ -1,4 +1,5 @@
-"""Helpers for the k8s_sync tests: in-memory worlds and seeding a fake API with the lab's nodes."""
+"""Helpers for the k8s_sync tests: in-memory worlds and seeding an API server (the fake one or the real
+control plane) with the lab's nodes."""
 
 from __future__ import annotations
 
@@ -61,12 +62,18 @@ def seed_fake_api(server, slurm_names: Iterable[str], namespace: str = "slurm") 
     spec.hostname=<n>) in a running FakeKubeServer, through the real kubernetes client."""
     from kubernetes import client
 
-    api = client.CoreV1Api(client.ApiClient(_client_config(server)))
+    api = core_api(server)
     try:
         api.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     except client.ApiException as exc:
         if exc.status != 409:
             raise
+    real = hasattr(server, "api_client")
+    if real:  # ServiceAccount admission refuses pods until the serviceaccount controller made "default"
+        from helpers import wait_for
+
+        wait_for(lambda: any(sa.metadata.name == "default" for sa in api.list_namespaced_service_account(
+            namespace).items), 30, f"ServiceAccount {namespace}/default")
     for n in slurm_names:
         api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": k8s_name(n)},
                          "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
@@ -75,6 +82,16 @@ def seed_fake_api(server, slurm_names: Iterable[str], namespace: str = "slurm") 
             "metadata": {"name": pod_name(n), "labels": dict(SLURMD_LABELS)},
             "spec": {"nodeName": k8s_name(n), "hostname": n,
                      "containers": [{"name": "slurmd", "image": "slurmd:lab"}]}})
+        if real:  # the kubelet's part (a create ignores a pod's status), posted here
+            from autoheal.lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
+
+            api.patch_node_status(k8s_name(n), ready_node_status())
+            # and the node-lifecycle controller's: the not-ready taint admission gave the new Node goes
+            api.patch_node(k8s_name(n), without_not_ready_taint(
+                api.api_client.sanitize_for_serialization(api.read_node(k8s_name(n)))))
+
+            api.patch_namespaced_pod_status(pod_name(n), namespace, running_pod_status(
+                {"spec": {"containers": [{"name": "slurmd", "image": "slurmd:lab"}]}}))
 
 
 def _client_config(server, kubeconfig: Optional[str] = None):
@@ -87,6 +104,9 @@ def _client_config(server, kubeconfig: Optional[str] = None):
 
 
 def core_api(server):
+    """A CoreV1Api for the fake server or a real one (``autoheal.lab.testing.realkube.RealKube``)."""
     from kubernetes import client
 
+    if hasattr(server, "api_client"):
+        return client.CoreV1Api(server.api_client())
     return client.CoreV1Api(client.ApiClient(_client_config(server)))

@@ -66,17 +66,22 @@ def lab() -> None:
 @click.option("--no-hooks", is_flag=True, help="Do not wire HealthCheckProgram/Prolog/Epilog to autoheal.")
 @click.option("--no-xid-watch", is_flag=True, help="Do not run autoheal xid-watch on the nodes.")
 @click.option("--no-install", is_flag=True, help="Fail instead of apt-installing missing Slurm packages.")
-@click.option("--kube", is_flag=True, help="Also start a fake Kubernetes API (a Node and a slurmd pod per "
-              "node; KUBECONFIG in `autoheal lab env`), `autoheal sync` with node remediation, and the spare "
-              "pool that fulfils replacement requests with the --spares nodes.")
+@click.option("--kube", is_flag=True, help="Also start Kubernetes: a real control plane (etcd, kube-apiserver, "
+              "kube-controller-manager, built once per machine from Go modules; a Node and a slurmd pod per node; "
+              "KUBECONFIG in `autoheal lab env`), the sync's Helm chart, `autoheal sync` with node remediation "
+              "running as the chart's ServiceAccount, and the spare pool that fulfils replacement requests with "
+              "the --spares nodes.")
+@click.option("--kube-api", type=click.Choice(["real", "fake"]), envvar="AUTOHEAL_LAB_KUBE_API", default="real",
+              show_default=True, help="With --kube: the real control plane, or the project's fake API server "
+              "(autoheal.lab.fakekube) [env AUTOHEAL_LAB_KUBE_API].")
 @click.option("--spare-delay", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds the spare pool takes to 'provision' a replacement (with --kube).")
 @click.option("--keep-state", is_flag=True, help="Keep the cluster state an earlier lab left in --dir (Slurm's "
               "jobs and node states, journal, node and GPU state, kernel logs, Kubernetes objects, spares used).")
 @json_option
 @handle_errors
-def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube, spare_delay,
-       keep_state, as_json) -> None:
+def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube, kube_api,
+       spare_delay, keep_state, as_json) -> None:
     """Start the lab (a lab already up is left as it is).
 
     A lab started in a directory that held an earlier one starts from a clean cluster state: Slurm's
@@ -93,7 +98,7 @@ def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_
     """
     status = _lab(lab_dir).up(nodes=nodes, gpus=gpus, spares=spares, slurm_defaults=slurm_defaults,
                               hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install,
-                              kube=kube, spare_delay=spare_delay, keep_state=keep_state)
+                              kube=kube, spare_delay=spare_delay, keep_state=keep_state, kube_api=kube_api)
     _print_status(status, as_json)
 
 
@@ -140,7 +145,8 @@ def _print_status(st: dict, as_json: bool) -> None:
         return
     click.echo(f"lab {st['dir']}: {'up' if st['up'] else 'not up'}")
     for p in st["processes"]:
-        click.echo(f"  {p['name']:<22} pid {p['pid']:<8} {'running' if p['alive'] else 'DEAD'}  {p['log']}")
+        port = f"port {p['port']:<6}" if p.get("port") else " " * 11
+        click.echo(f"  {p['name']:<24} pid {p['pid']:<8} {port} {'running' if p['alive'] else 'DEAD'}  {p['log']}")
     for name, url in sorted(st.get("metrics", {}).items()):
         click.echo(f"  metrics of {name}: {url}")
     for n in st["nodes"]:
@@ -218,7 +224,9 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
 @dir_option
 @click.option("--slurm-defaults", is_flag=True,
               help="Run the lab without the recommended slurm.conf fragment, to see what it buys.")
-@click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no fake API, sync or spare pool).")
+@click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no API server, sync or spare pool).")
+@click.option("--kube-api", type=click.Choice(["real", "fake"]), envvar="AUTOHEAL_LAB_KUBE_API", default="real",
+              show_default=True, help="The real control plane or the fake API server [env AUTOHEAL_LAB_KUBE_API].")
 @click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
               "drained and requeued, but restarts from scratch.")
 @click.option("--submitit", is_flag=True, help="Run a real submitit Checkpointable job (the recipe in "
@@ -232,13 +240,15 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, plot_file, timeout,
+def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare, keep, plot_file, timeout,
           as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
     Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
-    hooks and xid-watch, and unless --no-kube the fake Kubernetes API with `autoheal sync` and the spare
-    pool; a lab already up in --dir is restarted, since an earlier fault would change the story),
+    hooks and xid-watch, and unless --no-kube the real Kubernetes control plane with `autoheal sync` and the
+    spare pool; where Go is missing to build it, the drill says so in one line and runs without it, the
+    Kubernetes phases marked "not run"; a lab already up in --dir is restarted, since an earlier fault would
+    change the story),
     submits the example trainer with `autoheal sbatch`, waits for a checkpoint, injects XID 79 on one GPU
     of one of the job's nodes, and stamps each phase from Slurm, the journal, the trainer's output and
     Kubernetes, each tied to this fault's node and job. The lab is torn down unless --keep, so drills
@@ -268,20 +278,28 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, pl
     if restarted:
         the_lab.down()  # a lab that already ran (or has the other slurm.conf) would tell another story
     kwargs = dict(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults)
+    not_run = ""
     if not no_kube and _lab_supports_kube():
-        kwargs["kube"] = True
+        not_run = _kube_missing(kube_api)
+        if not_run:
+            click.echo(f"autoheal lab drill: Kubernetes phases not run: {not_run}", err=True)
+        else:
+            kwargs.update(kube=True, kube_api=kube_api)
     try:
         the_lab.up(**kwargs)
         if submitit:
             from autoheal.lab.drill_submitit import SubmititDrill
 
-            report = SubmititDrill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout).run()
+            report = SubmititDrill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
+                                   kube_not_run=not_run).run()
         else:
             report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
-                           hot_spare=hot_spare).run()
+                           hot_spare=hot_spare, kube_not_run=not_run).run()
         if restarted:
             report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
-        if not no_kube and not report.kube:
+        if not_run:
+            report.notes.append(f"Kubernetes phases not run: {not_run}")
+        elif not no_kube and not report.kube:
             report.notes.append("this lab has no Kubernetes side: Kubernetes phases were skipped")
     finally:
         if not keep:
@@ -295,6 +313,13 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, pl
 
         click.echo(_render(report))
     sys.exit(report.exit_code)
+
+
+def _kube_missing(kube_api: str) -> str:
+    """One line naming what to install when the real control plane cannot be built here, else ""."""
+    from autoheal.lab import kube as labkube
+
+    return labkube.cannot_start(kube_api) or ""
 
 
 def _lab_supports_kube() -> bool:
@@ -325,7 +350,7 @@ def gpu_reset(lab_dir, node, gpu) -> None:
 @handle_errors
 def kube_status(lab_dir, as_json) -> None:
     """Kubernetes view of a `lab up --kube` lab: Nodes (cordon, Ready, GPUHealthy, remediation state) and
-    NodeReplacement requests. Exit 1 when the lab has no fake API."""
+    NodeReplacement requests. Exit 1 when the lab has no Kubernetes side."""
     from autoheal.lab import kube as labkube
 
     lab_ = _lab(lab_dir)

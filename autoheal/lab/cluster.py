@@ -25,6 +25,9 @@ from autoheal.lab import procs
 from autoheal.lab.slurmconf import LabLayout, render_gres_conf, render_slurm_conf
 
 STATE_FILE = "lab.json"
+#: ``down`` stops processes in this order (0: every client first), each while what it talks to still runs.
+_STOP_ORDER = {"kube-api": 1, "kube-controller-manager": 1, "kube-apiserver": 2, "etcd": 3, "slurmctld": 4,
+               "munged": 5}
 #: Directories every lab has (besides the state ones in ``autoheal.lab.cleanup.STATE_DIRS``).
 LAB_DIRS = ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal")
 STATE_ONLY_DIRS = ("nodestate", "metrics", "dcgm", "kube", "drill", "lib")
@@ -164,14 +167,15 @@ class Lab:
     def up(self, nodes: int = 3, gpus: int = 8, spares: int = 1, slurm_defaults: bool = False,
            hooks: bool = True, xid_watch: bool = True, extra_conf: Optional[List[str]] = None,
            install: bool = True, wait: float = 60.0, kube: bool = False, spare_delay: float = 1.0,
-           keep_state: bool = False) -> dict:
+           keep_state: bool = False, kube_api: Optional[str] = None) -> dict:
         """Bring the lab up (idempotent: a lab already up with every process alive is left alone).
 
         ``slurm_defaults`` leaves out the recommended slurm.conf fragment (to compare with Slurm's
         defaults); ``hooks`` wires HealthCheckProgram/Prolog/Epilog to autoheal's hooks and
         ``xid_watch`` runs one ``autoheal xid-watch`` per node, each when that part is installed.
-        ``kube`` adds the fake Kubernetes API (Nodes + slurmd pods), ``autoheal sync`` with remediation
-        and the spare pool (``autoheal.lab.kube``), which fulfils replacements after ``spare_delay`` s.
+        ``kube`` adds Kubernetes (``autoheal.lab.kube``): the real control plane (``kube_api="real"``, the
+        default) or the fake API server (``"fake"``) with Nodes and slurmd pods, ``autoheal sync`` with
+        remediation and the spare pool, which fulfils replacements after ``spare_delay`` s.
 
         A lab that is started (not already up) starts from a clean cluster state: Slurm's saved jobs and
         node states, the journal, node state, fake GPU faults, kernel logs, Kubernetes objects, the
@@ -189,6 +193,12 @@ class Lab:
             # Partly dead (a process killed from outside, a reboot): start over cleanly.
             self.down()
         self._check_lab_dir()
+        if kube:
+            from autoheal.lab import kube as labkube
+
+            why = labkube.cannot_start(kube_api)
+            if why:  # before anything starts: one line naming what to install, nothing left running
+                raise LabError(why)
         if not keep_state:
             cleanup.clean(self.root)
         ensure_slurm_installed(install)
@@ -233,7 +243,7 @@ class Lab:
         if kube:
             from autoheal.lab import kube as labkube
 
-            labkube.start(self, spare_delay=spare_delay, keep_state=keep_state)
+            labkube.start(self, spare_delay=spare_delay, keep_state=keep_state, api=kube_api)
         return self.status()
 
     def _check_lab_dir(self) -> None:
@@ -494,7 +504,7 @@ class Lab:
         recs = self.records()
         # clients first (slurmd, node and controller daemons, sync, spare pool), then the fake API server,
         # slurmctld and munged last: each still reaches what it talks to while it shuts down
-        order = sorted(recs, key=lambda n: ({"kube-api": 1, "slurmctld": 2, "munged": 3}.get(n, 0), n))
+        order = sorted(recs, key=lambda n: (_STOP_ORDER.get(n, 0), n))
         stopped = []
         for name in order:
             if procs.stop(recs[name]):
@@ -524,7 +534,9 @@ class Lab:
             return {"dir": str(self.root), "up": False, "processes": [], "nodes": []}
         lay = self.layout()
         recs = self.records()
-        plist = [{"name": n, "pid": r.pid, "alive": procs.is_alive(r), "log": r.log} for n, r in sorted(recs.items())]
+        ports = st.get("ports") or {}
+        plist = [{"name": n, "pid": r.pid, "alive": procs.is_alive(r), "log": r.log, "port": ports.get(n)}
+                 for n, r in sorted(recs.items())]
         states = self._node_states(lay) if recs.get("slurmctld") and procs.is_alive(recs["slurmctld"]) else {}
         nodes = [{"name": n, "spare": n in lay.spares, "state": states.get(n, "unknown"),
                   "gpu_state_file": str(lay.gpu_state(n)), "kernel_log": str(lay.kernel_log(n)),

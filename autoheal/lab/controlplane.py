@@ -150,6 +150,16 @@ class ControlPlane:
     server: str
     kubeconfig: Path
     records: List[procs.ProcRecord] = field(default_factory=list)
+    #: process name -> the loopback port it listens on (etcd: its client port)
+    ports: Dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ca(self) -> Path:
+        return self.root / "pki" / "ca.crt"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.root / AUDIT_LOG
 
     def stop(self) -> None:
         """Stop every process by PID, newest first (the controller manager, then the API server, then etcd)."""
@@ -167,7 +177,25 @@ def _argv_etcd(bindir: Path, root: Path, client: int, peer: int) -> List[str]:
             "--log-level", "warn"]
 
 
-def _argv_apiserver(bindir: Path, pki: Path, etcd_port: int, port: int) -> List[str]:
+#: What the API server's audit log keeps (with each answer's code): every write, and the reads of every
+#: client but the control plane's own and the lab's admin (so a tenant's refused read shows too). The lab's
+#: tests count answers from it (an eviction's 429s, a 403) as they counted the fake server's request log.
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: None
+    verbs: ["get", "list", "watch"]
+    userGroups: ["system:serviceaccounts:kube-system", "system:nodes"]
+  - level: None
+    verbs: ["get", "list", "watch"]
+    users: ["system:kube-controller-manager", "system:apiserver", "{ADMIN_USER}"]
+  - level: Metadata
+"""
+AUDIT_LOG = "audit.log"
+
+
+def _argv_apiserver(bindir: Path, pki: Path, etcd_port: int, port: int, root: Path) -> List[str]:
     return [str(bindir / APISERVER), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1", f"--secure-port={port}", f"--cert-dir={pki}",
             f"--tls-cert-file={pki / 'server.crt'}", f"--tls-private-key-file={pki / 'server.key'}",
@@ -176,7 +204,9 @@ def _argv_apiserver(bindir: Path, pki: Path, etcd_port: int, port: int) -> List[
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--enable-priority-and-fairness=false", "--v=1"]
+            "--enable-priority-and-fairness=false", f"--audit-policy-file={root / 'audit-policy.yaml'}",
+            f"--audit-log-path={root / AUDIT_LOG}", "--audit-log-maxsize=200", "--audit-log-maxbackup=1",
+            "--v=1"]
 
 
 def _argv_kcm(bindir: Path, root: Path, pki: Path) -> List[str]:
@@ -231,14 +261,18 @@ def start(bindir: Path, root: Path, ports: Sequence[int], keep_state: bool = Fal
     (root / "kcm.kubeconfig").write_text(kubeconfig_text(server, pki / "ca.crt", pki / "kcm.crt", pki / "kcm.key",
                                                          "system:kube-controller-manager"))
     os.chmod(admin_kc, 0o600)
-    cp = ControlPlane(root=root, server=server, kubeconfig=admin_kc)
+    (root / "audit-policy.yaml").write_text(AUDIT_POLICY)
+    if not keep_state:
+        (root / AUDIT_LOG).unlink(missing_ok=True)
+    cp = ControlPlane(root=root, server=server, kubeconfig=admin_kc,
+                      ports={ETCD: etcd_client, APISERVER: api_port})
     run_env = dict(env if env is not None else os.environ)
     try:
         etcd = procs.spawn(ETCD, _argv_etcd(bindir, root, etcd_client, etcd_peer), logs / f"{ETCD}.log", env=run_env)
         cp.records.append(etcd)
         _wait(ETCD, etcd, lambda: _http_ok(f"http://127.0.0.1:{etcd_client}/health"), timeout)
-        api = procs.spawn(APISERVER, _argv_apiserver(bindir, pki, etcd_client, api_port), logs / f"{APISERVER}.log",
-                          env=run_env)
+        api = procs.spawn(APISERVER, _argv_apiserver(bindir, pki, etcd_client, api_port, root),
+                          logs / f"{APISERVER}.log", env=run_env)
         cp.records.append(api)
         _wait(APISERVER, api, lambda: _ready(server, pki), timeout)
         kcm = procs.spawn(KCM, _argv_kcm(bindir, root, pki), logs / f"{KCM}.log", env=run_env)

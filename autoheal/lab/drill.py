@@ -186,7 +186,8 @@ class Drill:
     PROGRESS_RX = re.compile(r"(?:^|\s)step=(\d+)$")
 
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
-                 phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False):
+                 phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False,
+                 kube_not_run: str = ""):
         from autoheal.slurm.cli_backend import CliSlurm
 
         self.lab = lab
@@ -196,6 +197,8 @@ class Drill:
         self.journal = Journal(self.lay.path("journal", "journal.jsonl"))
         self.opt_in = opt_in
         self.kube = kube and bool((lab.load_state() or {}).get("kubeconfig"))
+        #: why the Kubernetes phases cannot run here (Go missing to build the control plane), else ""
+        self.kube_skip = f"not run: {kube_not_run}" if kube_not_run else "--no-kube"
         self.gpu = gpu
         self.phase_timeout = phase_timeout
         self.step_seconds = step_seconds
@@ -466,7 +469,7 @@ class Drill:
         else:
             for name in ("Kubernetes: GPUHealthy=False condition and cordon", "opt-out label checked",
                          "pods evicted", "replacement requested", "spare node in service"):
-                phases.append(Phase(name, "kubernetes", skipped="--no-kube"))
+                phases.append(Phase(name, "kubernetes", skipped=self.kube_skip))
         running = Phase("job running again, away from the bad node", "slurm", self._running_again_probe(node),
                         after=requeued)
         phases += [
@@ -492,7 +495,7 @@ class Drill:
         else:
             for name in ("Kubernetes: GPUHealthy=False condition and cordon", "opt-out label checked",
                          "pods evicted", "replacement requested", "spare node in service"):
-                phases.append(Phase(name, "kubernetes", skipped="--no-kube"))
+                phases.append(Phase(name, "kubernetes", skipped=self.kube_skip))
         phases += [
             Phase("step restarted on the spare", "trainer output", self._swap_start_probe(on_spare=True)),
             Phase("trainer restarted at the right step", "trainer output", self._swap_start_probe()),
@@ -773,7 +776,8 @@ def render_timeline(report: DrillReport) -> str:
     lines = [f"{'t+ (s)':>9}  {'phase':<55} {'source':<16} detail"]
     for p in data["phases"]:
         if p["status"] in ("skipped", "error"):
-            t = p["status"].upper() if p["status"] == "error" else "skipped"
+            t = p["status"].upper() if p["status"] == "error" else (
+                "not run" if (p.get("why") or "").startswith("not run") else "skipped")
         elif p["seconds_after_fault"] is None:
             t = "MISSING"
         else:

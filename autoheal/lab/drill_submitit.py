@@ -66,9 +66,9 @@ class SubmititDrill(Drill):
     PROGRESS_RX = re.compile(r"submitit-trainer: step=(\d+)")
 
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
-                 phase_timeout: float = 240.0, step_seconds: float = 0.1):
+                 phase_timeout: float = 240.0, step_seconds: float = 0.1, kube_not_run: str = ""):
         super().__init__(lab, opt_in=opt_in, kube=kube, gpu=gpu, phase_timeout=phase_timeout,
-                         step_seconds=step_seconds)
+                         step_seconds=step_seconds, kube_not_run=kube_not_run)
         self.client: Optional[subprocess.Popen] = None
         self.folder = self.workdir / "submitit"
 

@@ -1,9 +1,15 @@
-"""The lab's Kubernetes side: the fake API server, Nodes and Slinky-style slurmd pods for the lab's Slurm
-nodes, ``autoheal sync`` and the spare pool, all as lab processes recorded by PID in lab.json.
+"""The lab's Kubernetes side: an API server, Nodes and Slinky-style slurmd pods for the lab's Slurm nodes,
+``autoheal sync`` and the spare pool, all as lab processes recorded by PID in lab.json.
 
-``autoheal lab up --kube`` calls ``start(lab)``; ``Lab.down()`` stops every recorded process. The
-kubeconfig lives at ``<lab>/kube/kubeconfig`` and is recorded in lab.json (``autoheal lab env`` exports
-it as KUBECONFIG). Kubernetes Node names are the Slurm node names; each slurmd pod is
+``autoheal lab up --kube`` calls ``start(lab)``; ``Lab.down()`` stops every recorded process. The API
+server is the real one (``api="real"``, the default): etcd, kube-apiserver and kube-controller-manager
+from ``autoheal.lab.controlplane``, the sync's Helm chart installed with the real ``helm``, the lab's
+kubelets (``autoheal.lab.kubelet``) and ``autoheal sync`` running as the chart's ServiceAccount.
+``api="fake"`` (env ``AUTOHEAL_LAB_KUBE_API=fake``) starts ``autoheal.lab.fakekube`` instead.
+
+The lab's own kubeconfig (cluster admin) lives at ``<lab>/kube/kubeconfig`` and is recorded in lab.json
+(``autoheal lab env`` exports it as KUBECONFIG); the sync's (the chart's ServiceAccount token) at
+``<lab>/kube/sync.kubeconfig``. Kubernetes Node names are the Slurm node names; each slurmd pod is
 ``slurm/slurmd-<node>`` (label ``app.kubernetes.io/component=slurmd``, ``spec.hostname`` = the Slurm node).
 """
 
@@ -14,7 +20,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from autoheal.lab import procs
 
@@ -22,7 +28,8 @@ NAMESPACE = "slurm"
 SLURMD_LABELS = {"app.kubernetes.io/component": "slurmd", "app.kubernetes.io/name": "slurmd"}
 #: Where the fake API server saves its objects when it stops (loaded again by a --keep-state start).
 OBJECTS_FILE = "objects.json"
-API_PROC, SYNC_PROC, POOL_PROC = "kube-api", "sync", "spare-pool"
+API_PROC, SYNC_PROC, POOL_PROC, KUBELET_PROC = "kube-api", "sync", "spare-pool", "kubelet"
+SYNC_KUBECONFIG = "sync.kubeconfig"
 
 
 def node_obj(name: str) -> Dict[str, Any]:
@@ -48,10 +55,51 @@ def kubeconfig_path(lab) -> Path:
     return lab.root / "kube" / "kubeconfig"
 
 
+def api_kind(api: Optional[str] = None) -> str:
+    """Which API server the lab starts: ``api`` if given, else $AUTOHEAL_LAB_KUBE_API, else "real"."""
+    kind = api or os.environ.get("AUTOHEAL_LAB_KUBE_API") or "real"
+    if kind not in ("real", "fake"):
+        raise ValueError(f"AUTOHEAL_LAB_KUBE_API={kind!r}: must be 'real' or 'fake'")
+    return kind
+
+
+def cannot_start(api: Optional[str] = None) -> Optional[str]:
+    """One line naming what to install when ``start`` cannot bring this Kubernetes side up here, else None.
+    The real control plane is built once per machine (minutes, with progress on stderr); here it is
+    built or found, so a missing Go or an unreachable module proxy is told before the lab starts."""
+    if api_kind(api) == "fake":
+        return None
+    from autoheal.lab import controlplane
+
+    why = controlplane.missing_toolchain()
+    if why:
+        return why
+    try:
+        controlplane.ensure_binaries(progress=lambda line: print(line, file=sys.stderr, flush=True))
+    except controlplane.ControlPlaneError as exc:
+        return f"{exc} (the build needs Go 1.26+ and the Go module proxy, $GOPROXY)"
+    return None
+
+
 def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, wait: float = 20.0,
-          keep_state: bool = False) -> str:
-    """Start the fake API server (seeded with the lab's nodes), ``autoheal sync`` and the spare pool.
-    Returns the kubeconfig path.
+          keep_state: bool = False, api: Optional[str] = None) -> str:
+    """Start the API server with the lab's Nodes and slurmd pods, ``autoheal sync`` and the spare pool.
+    Returns the (admin) kubeconfig path."""
+    if api_kind(api) == "real":
+        from autoheal.lab import realkube
+
+        kc = realkube.start(lab, keep_state=keep_state)
+    else:
+        kc = start_fake(lab, wait=wait, keep_state=keep_state)
+    if sync:
+        start_sync(lab)
+    if pool:
+        start_pool(lab, spare_delay)
+    return kc
+
+
+def start_fake(lab, wait: float = 20.0, keep_state: bool = False) -> str:
+    """Start the fake API server (seeded with the lab's nodes). Returns the kubeconfig path.
 
     The API server saves its objects to ``<lab>/kube/objects.json`` when it stops; a lab started with
     ``keep_state`` loads them again instead of seeding fresh Nodes and pods (a clean start has emptied
@@ -82,10 +130,7 @@ def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, w
         time.sleep(0.05)
     with lab.edit_state() as st:
         st["kubeconfig"] = str(kc)
-    if sync:
-        start_sync(lab)
-    if pool:
-        start_pool(lab, spare_delay)
+        st["kube_api"] = "fake"
     return str(kc)
 
 
@@ -96,6 +141,9 @@ def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = (), wait: float = 
 
     lay = lab.layout()
     env = lab.slurm_env()
+    sync_kc = lab.root / "kube" / SYNC_KUBECONFIG
+    if (lab.load_state() or {}).get("kube_api") == "real" and sync_kc.exists():
+        env["KUBECONFIG"] = str(sync_kc)  # the chart's ServiceAccount, as a tenant deploys it: never the admin
     old = lab.records().get(name)
     if old and procs.is_alive(old):
         procs.stop(old)

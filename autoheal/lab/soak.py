@@ -134,7 +134,10 @@ class Soak:
         st = self.lab.load_state()
         if st and st.get("procs"):
             self.lab.down()
-        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube)
+        # the fake API server: its /_fake/faults make the soak's API fault windows (issue 21: a fault proxy in
+        # front of the real API server comes later)
+        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube,
+                    kube_api="fake")
         self.lay = self.lab.layout()
         self.env = self.lab.slurm_env()
         from autoheal.config import load_config

@@ -140,29 +140,44 @@ def annotations(core, node):
         raise
 
 
-def fake_requests(handle):
-    """The lab API server's request log (method, path, status)."""
-    import urllib.request
+def api_writes(handle):
+    """The lab API server's writes (method, path, status, user): the real server's audit log."""
+    from autoheal.lab.realkube import audit_requests
 
-    url = api(handle).configuration.host
-    with urllib.request.urlopen(f"{url}/_fake/requests", timeout=10) as resp:
-        return json.loads(resp.read())["requests"]
+    return audit_requests(handle.lab)
 
 
 def refusals(handle, pod):
-    return sum(1 for r in fake_requests(handle) if r["method"] == "POST" and r["path"].endswith(f"/pods/{pod}/eviction")
+    return sum(1 for r in api_writes(handle) if r["method"] == "POST" and r["path"].endswith(f"/pods/{pod}/eviction")
                and r.get("status") == 429)
 
 
-def workload_pod(core, name, node, labels):
+def workload_namespace(core, apps, ns="ml"):
+    """A namespace for workload pods, its ``default`` ServiceAccount made (ServiceAccount admission refuses
+    pods before that) and the ReplicaSet that owns its pods: the real garbage collector deletes a pod whose
+    owner does not exist (no ReplicaSet controller runs here, so the ReplicaSet makes no pods itself)."""
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    wait_for(lambda: any(sa.metadata.name == "default" for sa in core.list_namespaced_service_account(ns).items),
+             30, f"ServiceAccount {ns}/default")
+    rs = apps.create_namespaced_replica_set(ns, {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "rs"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"lab": "workload"}},
+                 "template": {"metadata": {"labels": {"lab": "workload"}},
+                              "spec": {"containers": [{"name": "c", "image": "inference:lab"}]}}}})
+    return rs.metadata.uid
+
+
+def workload_pod(core, name, node, labels, owner_uid):
+    # bound to ``node``; the lab's kubelets post it Running and Ready (so PDBs count it healthy)
     core.create_namespaced_pod("ml", {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "labels": labels,
-                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "u1"}]},
+        "metadata": {"name": name, "labels": {**labels, "lab": "workload"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                          "uid": owner_uid}]},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "inference:lab"}]}})
-    # the kubelet's part (a create ignores status): Running and Ready, so PDBs count it healthy
-    core.patch_namespaced_pod_status(name, "ml", {"status": {"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True"}]}})
+    wait_for(lambda: (lambda p: p.status.phase == "Running" and any(
+        c.type == "Ready" and c.status == "True" for c in p.status.conditions or []))(
+        core.read_namespaced_pod(name, "ml")), 20, f"pod ml/{name} running")
 
 
 def spare_state(slurm, name):
@@ -200,12 +215,12 @@ def test_pdb_deleted_after_many_refusals_and_opt_out_lifted(lab_factory):
     core = client.CoreV1Api(api(handle))
     policy = client.PolicyV1Api(api(handle))
     slurm = handle.adapter(timeout=10)
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "ml"}})
-    workload_pod(core, "guarded", "gpu1", {"app": "guarded"})
-    workload_pod(core, "minb", "gpu1", {"app": "minb"})
-    workload_pod(core, "mina-1", "gpu1", {"app": "mina"})
-    workload_pod(core, "mina-2", "gpu3", {"app": "mina"})
-    workload_pod(core, "keep", "gpu2", {"app": "keep", "autoheal.io/auto-replace": "false"})
+    owner = workload_namespace(core, client.AppsV1Api(api(handle)))
+    workload_pod(core, "guarded", "gpu1", {"app": "guarded"}, owner)
+    workload_pod(core, "minb", "gpu1", {"app": "minb"}, owner)
+    workload_pod(core, "mina-1", "gpu1", {"app": "mina"}, owner)
+    workload_pod(core, "mina-2", "gpu3", {"app": "mina"}, owner)
+    workload_pod(core, "keep", "gpu2", {"app": "keep", "autoheal.io/auto-replace": "false"}, owner)
     for name, spec in (("guarded", {"maxUnavailable": 0}), ("minb", {"minAvailable": 1}),
                        ("mina", {"minAvailable": 1})):
         policy.create_namespaced_pod_disruption_budget("ml", {
@@ -235,7 +250,7 @@ def test_pdb_deleted_after_many_refusals_and_opt_out_lifted(lab_factory):
     lifted = [e for e in core.list_namespaced_event("default").items
               if e.reason == "AutohealQuarantined" and e.involved_object.name == "gpu2"]
     assert lifted and "opt-out lifted" in lifted[0].message
-    assert {r["path"].rsplit("/", 2)[-2] for r in fake_requests(handle) if r["path"].endswith("/eviction")
+    assert {r["path"].rsplit("/", 2)[-2] for r in api_writes(handle) if r["path"].endswith("/eviction")
             and r.get("status") in (200, 201)} >= {"guarded", "minb", "mina-1"}
 
 

@@ -1,5 +1,8 @@
-"""autoheal sync against the lab: real Slurm (CLI adapter) and the fake Kubernetes API through the real
-kubernetes client (and the real kubectl for cordon/uncordon when it is installed)."""
+"""autoheal sync against the lab: real Slurm (CLI adapter) and the real Kubernetes control plane (etcd +
+kube-apiserver + kube-controller-manager) through the real kubernetes client (and the real kubectl for
+cordon/uncordon when it is installed). Two tests stay on the fake API server until a fault-injecting proxy
+fronts the real one: injected API faults (the fake's /_fake/faults) and a forced 410 Gone on a watch (the
+fake's short history window; the real one answers 410 only after etcd compaction)."""
 
 from __future__ import annotations
 
@@ -24,10 +27,23 @@ from autoheal.lab.fakekube.server import FakeKubeServer
 HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
 
 
-@pytest.fixture(scope="module")
-def kube_env(plain_lab, tmp_path_factory):
-    server = FakeKubeServer().start()
-    kc = str(tmp_path_factory.mktemp("kube") / "kubeconfig")
+def _env(plain_lab, tmp_path_factory, real):
+    d = tmp_path_factory.mktemp("kube")
+    if real:
+        import os
+
+        from autoheal.lab import controlplane
+        from autoheal.lab.testing.realkube import RealKube
+
+        why = controlplane.missing_toolchain()
+        if why:
+            if os.environ.get("CI"):
+                pytest.fail(f"CI must be able to build the control plane: {why}")
+            pytest.skip(why)
+        server = RealKube.start(d / "controlplane")
+    else:
+        server = FakeKubeServer().start()
+    kc = str(d / "kubeconfig")
     server.write_kubeconfig(kc)
     names = list(plain_lab.layout.nodes)
     seed_fake_api(server, names)
@@ -42,6 +58,17 @@ def kube_env(plain_lab, tmp_path_factory):
         except Exception:
             pass
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def kube_env(plain_lab, tmp_path_factory):
+    yield from _env(plain_lab, tmp_path_factory, real=True)
+
+
+@pytest.fixture(scope="module")
+def fake_env(plain_lab, tmp_path_factory):
+    """The fake API server, for the one test that injects API faults through it."""
+    yield from _env(plain_lab, tmp_path_factory, real=False)
 
 
 def kube(env, **kw):
@@ -127,8 +154,8 @@ def test_mirroring_both_directions(kube_env):
     assert rec.run_pass().ok
 
 
-def test_api_faults_are_reported_then_retried(kube_env):
-    env, slurm, server = kube_env, kube_env["slurm"], kube_env["server"]
+def test_api_faults_are_reported_then_retried(fake_env):
+    env, slurm, server = fake_env, fake_env["slurm"], fake_env["server"]
     a = env["names"][0]
     rec = Reconciler(slurm, kube(env), sync_cfg())
     rec.run_pass()
