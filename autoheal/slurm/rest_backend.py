@@ -273,6 +273,12 @@ class RestSlurm(SlurmAdapter):
         raise SlurmNotFound(f"node {name!r} not found")
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        # slurmrestd's job list takes no state, node or job filter at any version we know (its query is
+        # update_time and flags only, v0.0.38 to v0.0.42): every job of the cluster comes back. Where
+        # scontrol/squeue are installed beside us, a filtered listing goes to the CLI backend, which has
+        # Slurm filter it; a slurmrestd-only host (the sync pod) filters here.
+        if (node or states) and self.fallback is not None:
+            return self.fallback.list_jobs(node=node, states=states)
         data = self._get(f"/slurm/{self.api}/jobs")
         jobs = parse.jobs_from_json(json.dumps(data), "slurmrestd jobs")
         return filter_jobs(jobs, node, states)
