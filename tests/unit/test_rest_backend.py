@@ -388,8 +388,8 @@ def test_from_config_token_file_and_env(tmp_path, monkeypatch):
 
     tok = tmp_path / "jwt"
     tok.write_text(TOKEN + "\n")
-    cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = 'http://h:6820'\nrest_user = 'u'\nrest_allow_http = true\n"
-                       f"rest_token_file = '{tok}'\nrest_api_version = 'v0.0.40'\n")
+    cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = 'http://h:6820'\nrest_user = 'u'\n"
+                       f"rest_allow_http = true\nrest_token_file = '{tok}'\nrest_api_version = 'v0.0.40'\n")
     slurm = RestSlurm.from_config(cfg.slurm)
     assert slurm._session.headers["X-SLURM-USER-TOKEN"] == TOKEN
     assert slurm.api == "v0.0.40"
