@@ -135,13 +135,22 @@ class CliSlurm(SlurmAdapter):
         o_text = self._read("squeue", "-h", *filters, "-o", squeue_text.o_format(token))
         cap_text = self._read("squeue", "-h", *filters, "-O", squeue_text.cap_format(token))
         jobs = squeue_text.jobs_from_text(o_text, cap_text, token)
-        unsure = [j for j in jobs if squeue_text.needs_reason(j)]
-        if unsure:
-            # held by requeuehold, or by an admin since: only the JSON record says which. On 22.05 that is
-            # the whole job list, read only while such a job exists (the guard releases it within seconds)
-            exact = {j.raw_id: j for j in parse.jobs_from_json(self._read("squeue", "--json"), "squeue --json")}
-            jobs = [exact.get(j.raw_id, j) if squeue_text.needs_reason(j) else j for j in jobs]
+        if any(squeue_text.needs_reason(j) for j in jobs):
+            jobs = self._resolve_reasons(jobs)
         return jobs
+
+    def _resolve_reasons(self, jobs: List[Job]) -> List[Job]:
+        """Jobs held by requeuehold, or by an admin since: only the JSON record says which, and on 22.05
+        that is the whole job list (its JSON ignores -j). Read only while such a job exists (the guard
+        releases it within seconds), with a timeout of its own: under a flood it takes several seconds
+        (70 MB at 10,000 jobs). If it fails, those jobs stay unresolved (``requeue_held`` false: not
+        released this time, never wrongly) and the rest of the listing stands."""
+        try:
+            text = self.run("squeue", "--json", timeout=max(60.0, 6 * self.timeout))
+            exact = {j.raw_id: j for j in parse.jobs_from_json(text, "squeue --json")}
+        except SlurmError:
+            return jobs
+        return [exact.get(j.raw_id, j) if squeue_text.needs_reason(j) else j for j in jobs]
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
         filters = self._filters(node, states, None)
