@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -42,7 +43,9 @@ def main() -> None:
     from autoheal.slurm.base import filter_jobs
     from autoheal.slurm.cli_backend import CliSlurm
 
-    lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-flood-")))
+    root = Path(tempfile.mkdtemp(prefix="autoheal-bench-flood-"))
+    root.chmod(0o755)  # the flood user must read slurm.conf and reach munged, as any cluster user can
+    lab = Lab(root)
     lab.up(hooks=False, xid_watch=False, install=False, extra_conf=flood.FLOOD_CONF)
     out: dict = {"flood_jobs": args.flood}
     try:
@@ -81,6 +84,7 @@ def main() -> None:
     finally:
         flood.cancel(lab.slurm_env())
         lab.down()
+        shutil.rmtree(root, ignore_errors=True)
     if args.json:
         print(json.dumps(out, indent=1))
         return

@@ -157,7 +157,8 @@ class CliSlurm(SlurmAdapter):
         if self._json_filters():
             jobs = parse.jobs_from_json(self._read("squeue", "--json", *filters), "squeue --json")
         else:
-            jobs = self._text_jobs(filters)
+            # no filter: every job slurmctld remembers, as 22.05's JSON listed them
+            jobs = self._text_jobs(filters or ["--states=all"])
         # squeue -w also matches pending jobs that asked for the node: filter_jobs keeps real allocations
         return filter_jobs(jobs, node, states)
 
