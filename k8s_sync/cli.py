@@ -146,7 +146,8 @@ def _run_daemon(cfg: Config, slurm: SlurmAdapter, kube: KubeApi, journal: Option
         click.echo(f"autoheal sync: warning: {text}", err=True)
     metrics = Metrics()
     port = cfg.sync.metrics_port if metrics_port is None else metrics_port
-    server = HealthServer(metrics, cfg.sync.metrics_address, port, cfg.sync.slurm_resync_seconds).start() \
+    server = HealthServer(metrics, cfg.sync.metrics_address, port, cfg.sync.slurm_resync_seconds,
+                          cfg.sync.metrics_read_timeout_seconds).start() \
         if port else None
     daemon = SyncDaemon(slurm, kube, cfg.sync, dry_run=dry_run, metrics=metrics, journal=journal,
                         notifier=notifier)

@@ -172,7 +172,8 @@ class Reconciler:
         cands = remediate_step.candidates(snap, cfg, ctx.bindings)
         snap.jobs = {}
         if cands:
-            for job in self.slurm.list_jobs():
+            # only the states that hold a node: Slurm filters, so a queue flooded with pending jobs costs nothing
+            for job in self.slurm.list_jobs(states=list(R.HOLDING_JOB_STATES)):
                 if job.state in R.HOLDING_JOB_STATES:
                     for n in job.nodes:
                         snap.jobs[n] = snap.jobs.get(n, 0) + 1

@@ -4,8 +4,9 @@ Objects travel as plain dicts in the API's JSON form (we ask the client for the 
 ``json.loads`` it: no model classes, which is both faster at 10,000 nodes and what the pure planner
 takes). The official ``kubernetes`` client is imported lazily, so ``autoheal --help`` stays fast.
 
-Each method declares the RBAC permission it needs (``@needs``); ``REQUIRED_PERMISSIONS`` is checked
-against the manifests in ``deploy/`` by the tests, so the Role grants exactly what the code calls.
+Each method declares the RBAC permission it needs (``@needs``); ``autoheal.k8s_sync.rbac`` says which
+methods each feature calls, where and on which named objects, and the tests check the chart renders
+exactly those grants for each feature setting (``REQUIRED_PERMISSIONS``: the union over every method).
 """
 
 from __future__ import annotations

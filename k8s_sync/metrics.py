@@ -6,10 +6,11 @@ successfully in the last few resync periods (a follower is ready too: it keeps w
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 if TYPE_CHECKING:
     from autoheal.k8s_sync.engine import PassResult, Reconciler
@@ -135,15 +136,75 @@ def remediation_bounds(cfg: Any) -> Dict[str, float]:
             "failed": float(cfg.remediation_retry_seconds)}
 
 
-class HealthServer:
-    """Serves /metrics, /healthz and /readyz on ``address:port`` (port 0: pick one) in a thread."""
 
-    def __init__(self, metrics: Metrics, address: str, port: int, resync: float):
+#: Connections served at once; more are closed as they arrive (a client cannot pile up threads).
+MAX_CONNECTIONS = 32
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """One thread per connection, at most ``MAX_CONNECTIONS`` of them."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 2 * MAX_CONNECTIONS  # listen backlog (socketserver's default is 5)
+
+    def __init__(self, addr: Tuple[str, int], handler: Any) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(addr, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except Exception:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class HealthServer:
+    """Serves /metrics, /healthz and /readyz on ``address:port`` (port 0: pick one) in a thread.
+
+    Reads are bounded: a client has ``read_timeout`` seconds in all to send its request line and headers
+    (a per-read socket timeout alone lets a client trickle a byte a second for ever), and at most
+    ``MAX_CONNECTIONS`` connections are served at once. HTTP/1.0: one request per connection."""
+
+    def __init__(self, metrics: Metrics, address: str, port: int, resync: float, read_timeout: float = 5.0):
         self.metrics = metrics
         self.resync = resync
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = read_timeout  # each read, and (below) the whole request
+
+            def setup(self) -> None:
+                super().setup()
+                self._cutoff = threading.Timer(read_timeout, self._cut)
+                self._cutoff.daemon = True
+                self._cutoff.start()
+
+            def _cut(self) -> None:
+                try:  # wakes the handler's blocked read: it sees EOF and the connection is closed
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+            def parse_request(self) -> bool:
+                ok = super().parse_request()
+                self._cutoff.cancel()  # the request is in: writing the answer is not bounded by it
+                return ok
+
+            def finish(self) -> None:
+                self._cutoff.cancel()
+                super().finish()
+
             def do_GET(self) -> None:
                 path = self.path.split("?")[0]
                 if path == "/metrics":
@@ -167,8 +228,7 @@ class HealthServer:
             def log_message(self, *args: Any) -> None:  # access logs would drown the structured log
                 pass
 
-        self.httpd = ThreadingHTTPServer((address, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer((address, port), Handler)
         self.port = self.httpd.server_address[1]
         self.thread: Optional[threading.Thread] = None
 

@@ -30,7 +30,7 @@ def split_nodes(text: str) -> List[str]:
     return [n for n in (text or "").split(",") if n]
 
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
+_FIELD = re.compile(r"\b(\w+)=(\S*)")  # \b: a long word without "=" is scanned once, not from every letter
 #: Keys after the marker, in the order they are written (``restarts`` comes first, as a number).
 COMMENT_FIELDS = ("last", "step", "resumed", "nodes", "state", "excl", "guard", "spares", "swaps")
 _WORD = re.compile(r"[\s|]+")

@@ -104,3 +104,22 @@ def wait_epilogs_done(env, node: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and completing():
         time.sleep(0.2)
+
+
+def helm_or_skip() -> str:
+    """The lab's helm (``lab/kube-tools/build.sh`` builds it once per machine; `./dev test` runs that first),
+    or one on PATH; skips where neither is there, except under CI, where it must be."""
+    import os
+    import shutil
+
+    import pytest
+
+    from autoheal.lab import controlplane
+
+    built = controlplane.cached_bindir() / "helm"
+    found = str(built) if os.access(built, os.X_OK) else shutil.which("helm")
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must have helm: {built} is missing (lab/kube-tools/build.sh builds it)")
+        pytest.skip("helm is not built (lab/kube-tools/build.sh builds it)")
+    return found

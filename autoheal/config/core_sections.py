@@ -37,10 +37,19 @@ class SlurmSection:
                                    parse=V.path)
     rest_token_env: str = setting("SLURM_JWT", doc="Env var holding the JWT when no token file is set.",
                                   parse=V.optional(V.env_var_name))
+    rest_ca_file: str = setting("", doc="CA bundle (PEM) that signed slurmrestd's TLS certificate, for an "
+                                "https:// rest_url with a private CA. Empty: the system's CAs.", parse=V.path)
+    rest_allow_http: bool = setting(False, doc="Allow a plain http:// rest_url to a host other than this one "
+                                    "(the JWT then crosses the network in clear text: only on a network you "
+                                    "trust, e.g. a service mesh that encrypts pod traffic).")
 
     def validate(self) -> None:
         if self.backend == "rest" and not self.rest_url:
             raise ConfigError("slurm.rest_url: must be set when slurm.backend = 'rest'")
+        if self.backend == "rest" and not self.rest_allow_http and V.plain_http_off_host(self.rest_url):
+            raise ConfigError(f"slurm.rest_url: {self.rest_url!r} would send the Slurm token in clear text to "
+                              "another host: use https:// (slurmrestd 25.05+ TLS or a TLS proxy in front of it) "
+                              "or set slurm.rest_allow_http = true on a trusted network")
 
 
 @dataclass

@@ -169,8 +169,14 @@ class SyncSection:
                                             "long after the old holder's last renewal (plus one request and "
                                             "any clock difference between the hosts).", min=2, max=600)
     metrics_port: int = setting(9464, doc="Port of /metrics, /healthz, /readyz (0: off).", min=0, max=65535)
-    metrics_address: str = setting("0.0.0.0", doc="Address the metrics server binds (an IP address or "
-                                   "host name; empty: every address).", parse=V.host_or_address)
+    metrics_address: str = setting("127.0.0.1", doc="Address the metrics server binds (an IP address or "
+                                   "host name; empty: every address). The chart binds the pod's addresses "
+                                   "(0.0.0.0: the kubelet's probes and Prometheus) behind its NetworkPolicy.",
+                                   parse=V.host_or_address)
+    metrics_read_timeout_seconds: float = setting(5.0, doc="How long a client of the metrics server may take to "
+                                                  "send its whole request (line and headers), however slowly "
+                                                  "it trickles in; then the connection is closed.",
+                                                  min=0.5, max=60)
     enabled_steps: List[str] = setting(default_factory=_list("slurm-to-pods", "health-to-nodes",
                                                              "nodes-to-slurm"),
                                        doc="Reconcile steps to run, in order.", item=_step)

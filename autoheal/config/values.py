@@ -80,6 +80,20 @@ def rest_url(value: str) -> str:
     return http_url(value)
 
 
+def plain_http_off_host(url: str) -> bool:
+    """True for an ``http://`` URL whose host is not this machine (loopback): what crosses a network
+    unencrypted."""
+    if not url.startswith("http://"):
+        return False
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return True
+
+
 _API_VERSION = re.compile(r"v\d{1,3}\.\d{1,3}\.\d{1,3}")
 
 

@@ -64,6 +64,18 @@ def missing_toolchain() -> Optional[str]:
     return None
 
 
+def cached_bindir() -> Path:
+    """Where ``build.sh`` puts (or has put) the binaries of the pinned versions; nothing is built here."""
+    pins = {}
+    for line in (build_script().parent / "versions.env").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.lstrip().startswith("#"):
+            pins[key.strip()] = value.strip()
+    root = Path(os.environ.get("AUTOHEAL_KUBE_TOOLS_CACHE") or Path.home() / ".cache" / "autoheal" / "kube-tools")
+    key = f"k8s-{pins['KUBERNETES_VERSION']}_etcd-{pins['ETCD_VERSION']}_helm-{pins['HELM_VERSION']}"
+    return root / key / "bin"
+
+
 def ensure_binaries(progress=None) -> Path:
     """Build (first time on this machine) or find the binaries; returns their directory.
 

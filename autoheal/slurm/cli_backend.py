@@ -2,7 +2,9 @@
 
 Every call is an argv list with a timeout. Output formats by version: node lists come from
 ``sinfo --json`` on 22.05 (``scontrol --json`` does not exist there) and ``scontrol --json show node``
-on 23.02+; jobs from ``squeue --json`` everywhere.
+on 23.02+. Jobs: Slurm filters them (``--states``, ``-w``, ``-j``) so a flood of other users' jobs is
+never formatted, read or parsed: with ``squeue --json`` on 23.02+, whose JSON honours the filters, and
+on 22.05, whose JSON ignores them all, with the token-delimited text formats of ``squeue_text``.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import subprocess
 from typing import TYPE_CHECKING, Dict, List, Optional
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
-from autoheal.slurm import parse
+from autoheal.slurm import parse, squeue_text
 from autoheal.slurm.base import SlurmAdapter, filter_jobs, job_outcome, not_found_if, unavailable_if, with_retries
 from autoheal.slurm.binaries import find_binary
 from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
@@ -108,20 +110,68 @@ class CliSlurm(SlurmAdapter):
                 return node
         raise SlurmNotFound(f"node {name!r} not found")
 
-    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
-        args = ["--json"]
+    def _json_filters(self) -> bool:
+        """Whether ``squeue --json`` applies squeue's filters (23.02+; 22.05 prints every job)."""
+        return self.version().at_least(23, 2)
+
+    def _filters(self, node: Optional[str], states: Optional[List[str]], job_ids: Optional[List[str]]) -> List[str]:
+        args = []
+        if states:
+            args.append("--states=" + ",".join(s.upper() for s in states))
+        elif node:
+            # -w also matches PENDING jobs that asked for the node (a user can queue thousands): a job with
+            # an allocation there is in one of these
+            args.append("--states=" + ",".join(squeue_text.NODE_STATES))
+        elif job_ids:
+            args.append("--states=all")
         if node:
             args += ["-w", node]
-        jobs = parse.jobs_from_json(self._read("squeue", *args), "squeue --json")
+        if job_ids:
+            args += ["-j", ",".join(job_ids)]
+        return args
+
+    def _text_jobs(self, filters: List[str]) -> List[Job]:
+        token = squeue_text.new_token()
+        o_text = self._read("squeue", "-h", *filters, "-o", squeue_text.o_format(token))
+        cap_text = self._read("squeue", "-h", *filters, "-O", squeue_text.cap_format(token))
+        jobs = squeue_text.jobs_from_text(o_text, cap_text, token)
+        if any(squeue_text.needs_reason(j) for j in jobs):
+            jobs = self._resolve_reasons(jobs)
+        return jobs
+
+    def _resolve_reasons(self, jobs: List[Job]) -> List[Job]:
+        """Jobs held by requeuehold, or by an admin since: only the JSON record says which, and on 22.05
+        that is the whole job list (its JSON ignores -j). Read only while such a job exists (the guard
+        releases it within seconds), with a timeout of its own: under a flood it takes several seconds
+        (70 MB at 10,000 jobs). If it fails, those jobs stay unresolved (``requeue_held`` false: not
+        released this time, never wrongly) and the rest of the listing stands."""
+        try:
+            text = self.run("squeue", "--json", timeout=max(60.0, 6 * self.timeout))
+            exact = {j.raw_id: j for j in parse.jobs_from_json(text, "squeue --json")}
+        except SlurmError:
+            return jobs
+        return [exact.get(j.raw_id, j) if squeue_text.needs_reason(j) else j for j in jobs]
+
+    def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        filters = self._filters(node, states, None)
+        if self._json_filters():
+            jobs = parse.jobs_from_json(self._read("squeue", "--json", *filters), "squeue --json")
+        else:
+            # no filter: every job slurmctld remembers, as 22.05's JSON listed them
+            jobs = self._text_jobs(filters or ["--states=all"])
         # squeue -w also matches pending jobs that asked for the node: filter_jobs keeps real allocations
         return filter_jobs(jobs, node, states)
 
     def get_job(self, job_id: str) -> Job:
         # --states=all: 23.02+ squeue applies its default state filter to --json (24.11: `squeue --json -j ID`
-        # of a job that just COMPLETED/FAILED lists no job at all); 22.05 listed every job in memory anyway
+        # of a job that just COMPLETED/FAILED lists no job at all). 22.05's JSON ignores -j and prints every
+        # job: its text formats with -j read the one job (squeue_text)
         try:
-            jobs = parse.jobs_from_json(self._read("squeue", "--json", "--states=all", "-j", str(job_id)),
-                                        "squeue --json")
+            if self._json_filters():
+                jobs = parse.jobs_from_json(self._read("squeue", "--json", "--states=all", "-j", str(job_id)),
+                                            "squeue --json")
+            else:
+                jobs = self._text_jobs(self._filters(None, None, [str(job_id)]))
         except SlurmNotFound:
             raise SlurmNotFound(f"job {job_id} not found") from None
         for job in jobs:

@@ -99,7 +99,16 @@ class PyslurmSlurm(SlurmAdapter):
                    array_task_id=str(task) if array_id and task is not None else None)
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
-        jobs = [self._job(j) for j in self._wrap(lambda: self.ps.Jobs.load(), "load jobs").values()]
+        # libslurm's job load (slurm_load_jobs) has no state or node filter: pyslurm gets every job as
+        # packed records (no JSON, no text), and the filter runs here before any Job is built
+        wanted = {s.upper() for s in states} if states else None
+        jobs = []
+        for j in self._wrap(lambda: self.ps.Jobs.load(), "load jobs").values():
+            if wanted is not None and str(getattr(j, "state", "")).upper() not in wanted:
+                continue
+            if node and node not in expand(str(getattr(j, "allocated_nodes", "") or "")):
+                continue
+            jobs.append(self._job(j))
         return filter_jobs(jobs, node, states)
 
     def show_config(self) -> Dict[str, str]:

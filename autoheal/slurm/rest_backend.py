@@ -2,7 +2,11 @@
 
 Auth: local (``unix:/path/socket``, slurmrestd's ``rest_auth/local``) or JWT (``X-SLURM-USER-NAME`` and
 ``X-SLURM-USER-TOKEN`` over TCP). The token is read from a file or env var and never appears in logs,
-errors or ``repr``.
+errors or ``repr``. Redirects are never followed: ``requests`` drops only ``Authorization`` when a
+redirect leaves the host, so a 3xx from slurmrestd's address (or from whoever answers there) would
+carry ``X-SLURM-USER-TOKEN`` to any host it names. Over ``https://`` the server certificate is
+verified (``slurm.rest_ca_file`` for a private CA); plain ``http://`` to another host is refused by the
+config unless ``slurm.rest_allow_http`` says the network is trusted.
 
 API versions: reads work on v0.0.38 (Slurm 22.05) and later. v0.0.38 has no node or job update endpoints,
 so writes there raise a ``SlurmError`` that says to use the CLI backend; v0.0.40+ (Slurm 23.11+) can drain,
@@ -15,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+from urllib.parse import quote, urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -73,6 +77,17 @@ class UnixSocketAdapter(HTTPAdapter):
         return _UnixPool(self.socket_path, self._timeout)
 
 
+def _origin(location: str) -> str:
+    """scheme://host:port of a redirect target, for the error (its path and query may hold anything)."""
+    try:
+        parts = urlsplit(location)
+    except ValueError:
+        return "an unreadable address"
+    if not parts.netloc:
+        return "a path on the same server"
+    return f"{parts.scheme}://{parts.netloc.rsplit('@', 1)[-1]}"[:120]
+
+
 class RestSlurm(SlurmAdapter):
     """Slurm through slurmrestd."""
 
@@ -82,12 +97,15 @@ class RestSlurm(SlurmAdapter):
     CLI_ONLY = ("requeue", "reboot", "show-config", "resize-job", "batch-script", "job-gpus", "job-history")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
-                 timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None):
+                 timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None,
+                 ca_file: str = ""):
         self.fallback = fallback  # the CLI backend, for what slurmrestd cannot do (see CLI_ONLY)
         self.timeout = timeout
         self.retries = retries
         self._session = requests.Session()
         self._session.trust_env = False
+        verify: Union[bool, str] = ca_file or True
+        self._session.verify = verify
         if url.startswith("unix:"):
             path = url[len("unix:"):]
             self.base = UNIX_BASE
@@ -123,18 +141,27 @@ class RestSlurm(SlurmAdapter):
         # `autoheal config validate` says which calls it then cannot make.
         fallback = CliSlurm.from_config(section) if maybe_binary("scontrol", section.bin_dir) else None
         return cls(section.rest_url, section.rest_api_version, section.rest_user, token, section.timeout,
-                   section.retries, fallback=fallback)
+                   section.retries, fallback=fallback, ca_file=section.rest_ca_file)
 
     # ---- HTTP plumbing ---------------------------------------------------------------------------
     def _request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
                  params: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         url = f"{self.base}{path}"
         try:
-            resp = self._session.request(method, url, json=body, params=params, timeout=self.timeout)
+            resp = self._session.request(method, url, json=body, params=params, timeout=self.timeout,
+                                         allow_redirects=False)
+        except requests.exceptions.SSLError:
+            raise SlurmError(f"slurmrestd {method} {path}: TLS verification failed (the server's certificate "
+                             f"is not signed by a trusted CA: set slurm.rest_ca_file)") from None
         except requests.Timeout:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: no answer within {self.timeout:g}s") from None
         except requests.ConnectionError as exc:
             raise SlurmUnavailable(f"slurmrestd {method} {path}: cannot connect ({type(exc).__name__})") from None
+        if 300 <= resp.status_code < 400:
+            # Never followed: the token header would go to wherever Location points.
+            raise SlurmError(f"slurmrestd {method} {path}: HTTP {resp.status_code} redirect to "
+                             f"{_origin(resp.headers.get('Location', ''))} refused (the token is never sent "
+                             f"on; point slurm.rest_url at the address that answers)")
         text = resp.text
         data: Dict[str, Any] = {}
         if text.strip():
@@ -246,6 +273,12 @@ class RestSlurm(SlurmAdapter):
         raise SlurmNotFound(f"node {name!r} not found")
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
+        # slurmrestd's job list takes no state, node or job filter at any version we know (its query is
+        # update_time and flags only, v0.0.38 to v0.0.42): every job of the cluster comes back. Where
+        # scontrol/squeue are installed beside us, a filtered listing goes to the CLI backend, which has
+        # Slurm filter it; a slurmrestd-only host (the sync pod) filters here.
+        if (node or states) and self.fallback is not None:
+            return self.fallback.list_jobs(node=node, states=states)
         data = self._get(f"/slurm/{self.api}/jobs")
         jobs = parse.jobs_from_json(json.dumps(data), "slurmrestd jobs")
         return filter_jobs(jobs, node, states)

@@ -138,10 +138,20 @@ def test_rest_backend_requires_rest_url():
     assert "c.toml: slurm.rest_url: must be set when slurm.backend = 'rest'" == str(err.value)
 
 
-@pytest.mark.parametrize("url", ["http://h:6820", "https://h", "unix:/run/slurmrestd.sock"])
+@pytest.mark.parametrize("url", ["http://127.0.0.1:6820", "http://localhost:6820", "https://h",
+                                 "unix:/run/slurmrestd.sock"])
 def test_rest_url_schemes_accepted(url):
     cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = '{url}'\n")
     assert cfg.slurm.rest_url == url
+
+
+@pytest.mark.parametrize("url", ["http://h:6820", "http://10.0.0.5:6820", "http://slurm-restapi.slurm.svc:6820"])
+def test_rest_plain_http_to_another_host_needs_consent(url):
+    # the JWT would cross the network in clear text: refused unless the site says the network is trusted
+    with pytest.raises(ConfigError, match="slurm.rest_url: .* clear text to another host: use https://"):
+        parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = '{url}'\n")
+    cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = '{url}'\nrest_allow_http = true\n")
+    assert cfg.slurm.rest_url == url and cfg.slurm.rest_allow_http
 
 
 def test_rest_url_bad_scheme_rejected():

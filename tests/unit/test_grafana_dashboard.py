@@ -89,13 +89,9 @@ def test_every_query_parses_with_prometheus_itself(tmp_path):
 
 
 def test_chart_ships_the_dashboard_as_a_sidecar_configmap():
-    import glob
-    import os
+    from helpers import helm_or_skip
 
-    helm = shutil.which("helm") or next(iter(sorted(glob.glob(os.path.expanduser(
-        "~/.cache/autoheal/kube-tools/*/bin/helm")))), None)
-    if not helm:
-        pytest.skip("helm is not installed (lab/kube-tools/build.sh builds it)")
+    helm = helm_or_skip()
     argv = [helm, "template", "autoheal-sync", str(FILES.parent), "--namespace", "slurm"]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr

@@ -85,13 +85,9 @@ def test_the_unit_tests_fail_when_a_threshold_is_wrong(tmp_path):
 
 
 def helm() -> str:
-    import glob
+    from helpers import helm_or_skip
 
-    found = shutil.which("helm") or next(iter(sorted(glob.glob(os.path.expanduser(
-        "~/.cache/autoheal/kube-tools/*/bin/helm")))), None)
-    if not found:
-        pytest.skip("helm is not installed (lab/kube-tools/build.sh builds it)")
-    return found
+    return helm_or_skip()
 
 
 @pytest.mark.parametrize("crd", [True, False], ids=["with-crd", "without-crd"])

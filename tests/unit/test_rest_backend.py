@@ -389,19 +389,19 @@ def test_from_config_token_file_and_env(tmp_path, monkeypatch):
     tok = tmp_path / "jwt"
     tok.write_text(TOKEN + "\n")
     cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = 'http://h:6820'\nrest_user = 'u'\n"
-                       f"rest_token_file = '{tok}'\nrest_api_version = 'v0.0.40'\n")
+                       f"rest_allow_http = true\nrest_token_file = '{tok}'\nrest_api_version = 'v0.0.40'\n")
     slurm = RestSlurm.from_config(cfg.slurm)
     assert slurm._session.headers["X-SLURM-USER-TOKEN"] == TOKEN
     assert slurm.api == "v0.0.40"
     monkeypatch.setenv("MY_JWT", "envtoken")
-    cfg2 = parse_config("[slurm]\nbackend = 'rest'\nrest_url = 'http://h'\nrest_token_env = 'MY_JWT'\n")
+    cfg2 = parse_config("[slurm]\nbackend = 'rest'\nrest_url = 'https://h'\nrest_token_env = 'MY_JWT'\n")
     assert RestSlurm.from_config(cfg2.slurm)._session.headers["X-SLURM-USER-TOKEN"] == "envtoken"
 
 
 def test_from_config_missing_token_file(tmp_path):
     from autoheal.config import parse_config
 
-    cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = 'http://h'\n"
+    cfg = parse_config(f"[slurm]\nbackend = 'rest'\nrest_url = 'https://h'\n"
                        f"rest_token_file = '{tmp_path / 'none'}'\n")
     with pytest.raises(SlurmError, match="rest_token_file .* cannot read"):
         RestSlurm.from_config(cfg.slurm)

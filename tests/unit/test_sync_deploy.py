@@ -1,102 +1,111 @@
-"""The deploy manifests and the Helm chart of autoheal sync: valid, 2 replicas, least-privilege RBAC that
-grants exactly what the Kubernetes adapter calls. helm is not required: the chart's templates use only
-plain value lookups, which the test renders with a tiny substitution (and with `helm template` too when
-helm is installed)."""
+"""The deploy manifests and the Helm chart of autoheal sync: complete, 2 replicas, the Slurm token only
+by reference to a Secret, TLS and a dedicated Slurm account by default, the metrics port bound where the
+values say and fenced by a NetworkPolicy. helm is not required: tests/chart_render.py renders the
+chart's template subset (test_sync_rbac.py compares it with `helm template` where helm is installed, and
+checks the RBAC per feature setting)."""
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 yaml = pytest.importorskip("yaml")
 
+from chart_render import CHART, render  # noqa: E402
+
 from autoheal.config import parse_config  # noqa: E402
-from autoheal.k8s_sync.kube import REQUIRED_PERMISSIONS  # noqa: E402
 
 DEPLOY = Path(__file__).resolve().parents[2] / "k8s_sync" / "deploy"
-CHART = DEPLOY / "chart" / "autoheal-sync"
-
-
-def render_chart(release="autoheal-sync", namespace="slurm", overrides=None):
-    values = yaml.safe_load((CHART / "values.yaml").read_text())
-    values.update(overrides or {})
-    text = (CHART / "templates" / "autoheal-sync.yaml").read_text()
-
-    def sub(m):
-        expr = m.group(1).strip()
-        if expr == ".Release.Name":
-            return release
-        if expr == ".Release.Namespace":
-            return namespace
-        if expr.startswith(".Values."):
-            return str(values[expr[len(".Values."):]])
-        raise AssertionError(f"template uses more than plain lookups: {expr}")
-
-    return list(yaml.safe_load_all(re.sub(r"\{\{(.*?)\}\}", sub, text)))
 
 
 def static_docs():
-    return list(yaml.safe_load_all((DEPLOY / "manifests" / "autoheal-sync.yaml").read_text()))
+    return [d for d in yaml.safe_load_all((DEPLOY / "manifests" / "autoheal-sync.yaml").read_text()) if d]
 
 
-def granted(docs):
-    out = set()
-    for d in docs:
-        if d["kind"] in ("Role", "ClusterRole"):
-            for rule in d["rules"]:
-                for g in rule["apiGroups"]:
-                    for r in rule["resources"]:
-                        for v in rule["verbs"]:
-                            out.add((g, r, v))
-    return out
+def one(docs, kind, name=None):
+    found = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    assert len(found) == 1, (kind, name, len(found))
+    return found[0]
 
 
-@pytest.mark.parametrize("docs", [static_docs(), render_chart()], ids=["manifests", "chart"])
-def test_manifests_are_complete_and_least_privilege(docs):
+def sync_config(docs):
+    return parse_config(one(docs, "ConfigMap", "autoheal-sync")["data"]["autoheal.toml"], "configmap")
+
+
+@pytest.mark.parametrize("docs", [static_docs(), render()], ids=["manifests", "chart"])
+def test_manifests_are_complete(docs):
     kinds = {d["kind"] for d in docs}
-    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Secret",
-            "Deployment"} <= kinds
-    assert granted(docs) == REQUIRED_PERMISSIONS  # exactly what the adapter calls, nothing more
-    cluster = [d for d in docs if d["kind"] == "ClusterRole"][0]
-    # cluster-wide only what must be: Nodes, and (remediation) the pods on a Node being replaced + evictions
-    assert {r for rule in cluster["rules"] for r in rule["resources"]} <= {"nodes", "nodes/status", "pods",
-                                                                          "pods/eviction", "events"}
-    pods_verbs = {v for rule in cluster["rules"] if "pods" in rule["resources"] for v in rule["verbs"]}
-    assert pods_verbs == {"list"}
-    dep = [d for d in docs if d["kind"] == "Deployment"][0]
+    assert {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ConfigMap", "Deployment",
+            "Lease", "Service", "NetworkPolicy"} <= kinds
+    dep = one(docs, "Deployment")
     assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
-    sa = [d for d in docs if d["kind"] == "ServiceAccount"][0]["metadata"]["name"]
-    assert pod["serviceAccountName"] == sa
+    assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     c = pod["containers"][0]
     assert "--in-cluster" in c["args"]
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz" and c["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    secret = [d for d in docs if d["kind"] == "Secret"][0]
-    env = {e["name"]: e for e in c["env"]}
-    assert env["SLURM_JWT"]["valueFrom"]["secretKeyRef"]["name"] == secret["metadata"]["name"]
-    for b in [d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")]:
-        assert b["subjects"][0]["name"] == sa
-    # the ConfigMap holds a config autoheal accepts
-    cm = [d for d in docs if d["kind"] == "ConfigMap"][0]
-    cfg = parse_config(cm["data"]["autoheal.toml"], "configmap")
+    cfg = sync_config(docs)
     assert cfg.sync.in_cluster and cfg.slurm.backend == "rest"
+    assert cfg.sync.lease_name == one(docs, "Lease")["metadata"]["name"]  # the Lease the chart creates
+
+
+@pytest.mark.parametrize("docs", [static_docs(), render()], ids=["manifests", "chart"])
+def test_slurm_token_is_a_secret_reference_never_a_value(docs):
+    # the token used to be a chart value (slurmToken: helm --set puts it in shell history and the release
+    # record) rendered into a Secret of the chart; now the chart only names a Secret the site creates
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["slurmRest"]) >= {"existingSecret", "tokenKey"} and "slurmToken" not in values
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    vol = {v["name"]: v for v in pod["volumes"]}["token"]
+    assert vol["secret"]["secretName"] == values["slurmRest"]["existingSecret"]
+    assert vol["secret"]["items"] == [{"key": values["slurmRest"]["tokenKey"], "path": "token"}]
+    mount = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}["token"]
+    cfg = sync_config(docs)
+    assert cfg.slurm.rest_token_file == f"{mount['mountPath']}/token" and mount["readOnly"]
+    assert not any("valueFrom" in e and "secretKeyRef" in e["valueFrom"] for e in pod["containers"][0]["env"])
+
+
+@pytest.mark.parametrize("docs", [static_docs(), render()], ids=["manifests", "chart"])
+def test_defaults_are_tls_and_a_dedicated_slurm_account(docs):
+    cfg = sync_config(docs)
+    assert cfg.slurm.rest_url.startswith("https://") and not cfg.slurm.rest_allow_http
+    assert cfg.slurm.rest_user not in ("root", "slurm", "")  # not SlurmUser: docs/security.md
+
+
+def test_private_ca_and_plain_http_are_explicit_choices():
+    docs = render(overrides={"slurmRest": {"caConfigMap": "slurm-ca", "url": "http://restd.slurm.svc:6820",
+                                           "allowHttp": True}})
+    cfg = sync_config(docs)
+    assert cfg.slurm.rest_ca_file == "/etc/autoheal/ca/ca.crt" and cfg.slurm.rest_allow_http
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["ca"]["configMap"]["name"] == "slurm-ca"
+    from autoheal.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="clear text to another host"):
+        sync_config(render(overrides={"slurmRest": {"url": "http://restd.slurm.svc:6820"}}))
 
 
 def test_chart_values_flow_into_the_manifests():
-    docs = render_chart(release="hpc-sync", namespace="training", overrides={"replicas": 3, "metricsPort": 9999})
-    dep = [d for d in docs if d["kind"] == "Deployment"][0]
+    docs = render(release="hpc-sync", namespace="training",
+                  overrides={"replicas": 3, "metrics": {"port": 9999, "address": "10.0.0.7",
+                                                        "networkPolicy": {"scrapeNamespace": "obs"}}})
+    dep = one(docs, "Deployment")
     assert dep["metadata"]["namespace"] == "training" and dep["spec"]["replicas"] == 3
     assert dep["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"] == 9999
-    cfg = parse_config([d for d in docs if d["kind"] == "ConfigMap"][0]["data"]["autoheal.toml"])
+    cfg = parse_config(one(docs, "ConfigMap", "hpc-sync")["data"]["autoheal.toml"])
     assert cfg.sync.namespace == "training" and cfg.sync.metrics_port == 9999
+    assert cfg.sync.metrics_address == "10.0.0.7"
+    assert cfg.sync.lease_name == "hpc-sync" and cfg.sync.breaker_configmap == "hpc-sync-breaker"
+    np = one(docs, "NetworkPolicy")
+    assert np["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+    rule = np["spec"]["ingress"][0]
+    assert rule["ports"] == [{"protocol": "TCP", "port": 9999}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "obs"}}}]
+    assert np["spec"]["policyTypes"] == ["Ingress"]
 
 
-@pytest.mark.skipif(not shutil.which("helm"), reason="helm not installed (the substitution render above ran)")
-def test_helm_template_renders():  # pragma: no cover - only where helm exists
-    out = subprocess.run(["helm", "template", "autoheal-sync", str(CHART), "--namespace", "slurm"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    assert granted(list(yaml.safe_load_all(out))) == REQUIRED_PERMISSIONS
+def test_network_policy_is_a_toggle():
+    assert not [d for d in render(overrides={"metrics": {"networkPolicy": {"enabled": False}}})
+                if d["kind"] == "NetworkPolicy"]
