@@ -109,11 +109,26 @@ def helm(lab, bindir: Path, *args: str, timeout: float = _HELM_TIMEOUT) -> subpr
                           timeout=timeout)
 
 
+def chart_values(lab) -> List[str]:
+    """``--set`` values that give the chart's ServiceAccount the features the lab's sync runs with (its
+    RBAC is rendered per feature: remediation's rules only when remediation is on)."""
+    from autoheal.config import load_config
+
+    sync = load_config(lab.layout().autoheal_conf).sync
+    remediating = "remediate" in sync.enabled_steps
+    sets = ["replicas=0", f"remediation.enabled={str(remediating).lower()}",
+            f"nodesToSlurm={str('nodes-to-slurm' in sync.enabled_steps).lower()}"]
+    if remediating:
+        sets.append(f"remediation.replacementAction={sync.replacement_action}")
+    return sets
+
+
 def install_chart(lab, bindir: Path, kubeconfig: Path) -> None:
     """``helm upgrade --install`` of the sync's chart into namespace slurm, its Deployment at 0 replicas
-    (upgrade: a --keep-state lab already has the release)."""
+    (upgrade: a --keep-state lab already has the release), with the lab's sync features."""
+    sets = [arg for value in chart_values(lab) for arg in ("--set", value)]
     res = helm(lab, bindir, "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-               "--create-namespace", "--kubeconfig", str(kubeconfig), "--set", "replicas=0")
+               "--create-namespace", "--kubeconfig", str(kubeconfig), *sets)
     if res.returncode != 0:
         raise KubeLabError(f"helm install of {CHART} failed: {res.stderr.strip()[-500:]}")
 
