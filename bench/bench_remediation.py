@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-XID79 = "autoheal: xid 79 on gpu2: GPU has fallen off the bus"
+# the hooks' replace rung: what the sync acts on (the node side owns the decision, issue 22 section 2)
+XID79 = "autoheal: replace: xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus"
 
 
 def fleet(n, breaker_on):
