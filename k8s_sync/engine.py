@@ -495,9 +495,13 @@ class Reconciler:
                                            "reason": cur.reason, "slurm_node": cur.slurm_node}
                 if cur.state == "failed" and notes.get(kname):
                     res.remediations[kname]["retry"] = notes[kname]
+                if cur.state == "waiting":
+                    res.remediations[kname].update(until=cur.until, limit=cur.limit)
         res.opted_out = dict(ctx.opted_out) if ctx is not None else {}
         if self.metrics is not None and hasattr(self.metrics, "observe_remediation"):
             self.metrics.observe_remediation(res)
+        if self.metrics is not None and hasattr(self.metrics, "observe_waiting"):
+            self.metrics.observe_waiting(res, snap.clock)
 
     def _record(self, action: Action, snap: Snapshot) -> None:
         if action.journal:
