@@ -291,7 +291,8 @@ class Soak:
                     snap.kube[meta["name"]] = {"unschedulable": bool((kn.get("spec") or {}).get("unschedulable")),
                                                "remediation": ann.get(f"{self.cfg.sync.annotation_prefix}/"
                                                                       "remediation-state", ""),
-                                               "labels": meta.get("labels") or {}}
+                                               "labels": meta.get("labels") or {},
+                                               **self._waiting_view(ann)}
                 crs = self._custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements",
                                                               _request_timeout=5)["items"]
                 snap.replacements = [{"node": (c.get("spec") or {}).get("nodeName") or c["metadata"]["name"],
@@ -300,6 +301,12 @@ class Soak:
             except Exception:  # the API in a planned 5xx/429/slow window: no Kubernetes view this time
                 snap.kube = None
         return snap
+
+    def _waiting_view(self, ann: dict) -> dict:
+        """What a Node says of a remediation waiting on a breaker limit (since, limit, until)."""
+        p = f"{self.cfg.sync.annotation_prefix}/remediation-"
+        return {"since": ann.get(p + "since", ""), "waiting_limit": ann.get(p + "waiting-limit", ""),
+                "waiting_until": ann.get(p + "waiting-until", "")}
 
     def _breaker_state(self) -> dict:
         """The breaker's ConfigMap as the sync keeps it (what pages the on-call): {tripped_at, why}."""
@@ -698,7 +705,8 @@ class Soak:
             self.monitor = Monitor(self.jobs, seed=self.opts.seed, breaker_max=self.cfg.sync.breaker_max_concurrent,
                                    spare_prefix=self._spare_prefix(),
                                    opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "",
-                                   oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair)
+                                   oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair,
+                                   wait_bound=self.cfg.sync.breaker_window_seconds if self.opts.kube else None)
             self._wait_running(60.0)
             self.t0 = time.time()
             for f in self.schedule.faults:
@@ -784,12 +792,14 @@ class Soak:
         s = self._last
         if s is None or not self._jobs_done():
             return False
-        for _n, v in s.nodes.items():
+        for name, v in s.nodes.items():
             if node_in_service(v):
                 continue
             kind = ours_kind(v.get("reason", ""), self._spare_prefix()) if v.get("drain") else ""
             if kind in ("spare", "retired") or (kind == "" and v.get("drain")):
                 continue
+            if kind == "health" and self.monitor._limit_wait_ok(name, s.time):
+                continue  # waits visibly on a configured limit, which may be an hour away
             return False
         return True
 
@@ -847,6 +857,9 @@ class Soak:
         if self.monitor.waiting_human:
             self.notes.append(f"waiting for the on-call or the technician at the end: "
                               f"{', '.join(self.monitor.waiting_human)}")
+        if self.monitor.waiting_limit:
+            self.notes.append(f"waiting visibly on a configured breaker limit at the end (starts by itself when "
+                              f"it allows): {', '.join(self.monitor.waiting_limit)}")
         if self.monitor.awaiting:
             self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
                               f"{', '.join(self.monitor.awaiting)}")
