@@ -207,6 +207,8 @@ def status(ctx: click.Context, as_json: bool) -> None:
                           if r.get("until") else "") + ")" if r["state"] == "waiting" else "")
                        + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]"
                        + (f"; {r['retry']}" if r.get("retry") else ""))
+        if (res.capacity or {}).get("warning"):
+            click.echo(f"capacity: {res.capacity['warning']}")
         for kname, o in sorted(res.opted_out.items()):
             click.echo(f"opted out: {kname} (Slurm {o['slurm_node']}) needs a replacement but {o['why']}")
         for line in data["planned"]:

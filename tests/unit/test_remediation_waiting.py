@@ -154,3 +154,35 @@ def test_wait_for_arithmetic():
     tripped = Breaker(max_percent=50, cooldown_seconds=900, tripped_at=1000.0, why="3 of 4")
     assert wait_for(tripped, 0, 4, 1100.0, 0) == wait_for(tripped, 0, 4, 1100.0, 3)
     assert wait_for(tripped, 0, 4, 1100.0, 0).until == 1900.0
+
+
+# ---- small-pool sanity: the breaker's arithmetic against the expected failure rate -----------------------
+def test_capacity_arithmetic_of_small_pools():
+    from autoheal.config.sync_section import SyncSection
+
+    lab = SyncSection(breaker_max_percent=50, breaker_window_seconds=3600, breaker_max_concurrent=2)
+    cap = lab.replacement_capacity(4)
+    assert (cap.per_window, cap.per_day, cap.warning) == (2, 48.0, "")
+    assert "50% x 4 nodes = 2 start(s) per 3600s window" in cap.arithmetic
+    none = SyncSection(breaker_max_percent=25).replacement_capacity(3)  # floor(0.75) = 0: never
+    assert none.per_window == 0 and "no replacement start at all" in none.warning
+    slow = SyncSection(breaker_max_percent=25, breaker_window_seconds=7 * 86400,
+                       expected_failure_percent_per_day=5).replacement_capacity(8)
+    assert slow.per_window == 2 and slow.per_day < slow.expected_per_day and "fewer replacements" in slow.warning
+    assert SyncSection().replacement_capacity(0).warning == ""  # nothing mapped yet: nothing to say
+
+
+def test_sync_warns_once_when_the_limits_let_no_replacement_through(tmp_path):
+    from autoheal.journal import Journal
+
+    slurm, kube, cfg, clock = world(n=3, spares=0, breaker_max_percent=25)
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    r = recon(slurm, kube, cfg, clock, journal=journal)
+    for _ in range(3):
+        res = r.run_pass()
+    assert "no replacement start at all" in res.capacity["warning"] and res.capacity["pool"] == 3
+    assert [x.event for x in journal.read()] == ["remediation-capacity-low"]
+    slurm2, kube2, cfg2, clock2 = world(n=4, spares=0, breaker_max_percent=50)
+    journal2 = Journal(tmp_path / "j2.jsonl", fsync=False)
+    res = recon(slurm2, kube2, cfg2, clock2, journal=journal2).run_pass()
+    assert res.capacity["warning"] == "" and list(journal2.read()) == []
