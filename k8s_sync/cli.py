@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import click
 
@@ -218,13 +218,13 @@ def status(ctx: click.Context, as_json: bool) -> None:
     sys.exit(EXIT_PROBLEM if (res.read_error or res.planned or res.problems) else EXIT_OK)
 
 
-def _when(epoch: float) -> str:
+def _when(epoch: Any) -> str:
     import datetime as dt
 
     return dt.datetime.fromtimestamp(float(epoch or 0), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def waiting_rows(nodes: Dict[str, Dict[str, Any]], prefix: str) -> list:
+def waiting_rows(nodes: Dict[str, Dict[str, Any]], prefix: str) -> List[Dict[str, Any]]:
     """Nodes whose remediation waits for a breaker limit, oldest first (the order they start in)."""
     from autoheal.k8s_sync.remediation import NodeRemediation
 

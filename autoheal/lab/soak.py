@@ -706,7 +706,8 @@ class Soak:
                                    spare_prefix=self._spare_prefix(),
                                    opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "",
                                    oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair,
-                                   wait_bound=self.cfg.sync.breaker_window_seconds if self.opts.kube else None)
+                                   wait_bound=self.cfg.sync.breaker_window_seconds if self.opts.kube else None,
+                                   slurm_only=not self.opts.kube)
             self._wait_running(60.0)
             self.t0 = time.time()
             for f in self.schedule.faults:

@@ -345,6 +345,13 @@ def slurm_own_drains(s: Snapshot) -> List[str]:
                   and strip_reason_suffix(n.get("reason", "")) in ONCALL_RESUMES)
 
 
+def awaiting_person(s: Snapshot) -> List[str]:
+    """Without Kubernetes nobody replaces a node: those of ``s`` drained ``autoheal: replace: ...`` wait for
+    a person (a Slurm-only site's technician), as the product says (``autoheal.awaiting``)."""
+    return sorted(name for name, n in s.nodes.items() if n.get("drain")
+                  and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
+
+
 #: Limits of the remediation breaker a site configures; a node the sync shows waiting on one of them
 #: (state ``waiting`` on its Node) waits visibly, and starts by itself when the limit allows.
 LIMITS = ("start-share", "concurrency", "tripped")
@@ -369,8 +376,10 @@ class Monitor:
                  pending_limit: float = 180.0, cause_linger: float = 90.0, breaker_max: int = 2,
                  spare_prefix: str = "autoheal: spare", opt_out_label: str = "",
                  oncall_delays: Sequence[float] = (60.0,), repair_delays: Sequence[float] = (90.0,),
-                 wait_bound: Optional[float] = None):
+                 wait_bound: Optional[float] = None, slurm_only: bool = False):
         self.jobs = {j.job_id: j for j in jobs}
+        # no sync, no spare pool: every node waiting for a replacement waits for the technician
+        self.slurm_only = slurm_only
         # seconds a remediation may wait visibly on the start share or the concurrency limit: the breaker's
         # window (every start in it expires within one window); None: waiting is not accepted at all
         self.wait_bound = wait_bound
@@ -470,6 +479,8 @@ class Monitor:
             self.oncall.observe_awaiting(s.time, awaiting_replacement(s, self.spare_prefix))
             self.limit_waits = limit_waits(s)
             self._check_limit_waits(s)
+        elif self.slurm_only:
+            self.oncall.observe_awaiting(s.time, awaiting_person(s))
         self.oncall.observe_slurm_drains(s.time, slurm_own_drains(s))
         self.last_seen.update(s.jobs)
         self._check_nodes(s)
@@ -796,8 +807,27 @@ class Monitor:
                           f"({n.get('reason') or 'no reason'}): neither in service nor retired by autoheal", t,
                           node=name, state=n.get("state"), reason=n.get("reason"),
                           faults_on_node=[asdict(f) for f in self.faults if f.node == name])
+        if self.slurm_only:
+            self._check_person_told(journal, t)
         self.check_leaks(leaked, t)
         return self.violations[before:]
+
+    #: Seconds between the drain that asks for a replacement and the hooks' record of the wait.
+    TOLD_WITHIN = 30.0
+
+    def _check_person_told(self, journal: Sequence[dict], t: float) -> None:
+        """Without Kubernetes a node waiting for a replacement waits for a person: the product must have
+        said so (an ``awaiting-replacement`` record of that node, which the notifier sends), or the wait
+        was invisible, and a technician would never have come."""
+        waits = [(r["node"], r["since"]) for r in self.oncall.repairs if r.get("since") is not None]
+        waits += [(n, w["since"]) for n, w in self.oncall._awaiting.items()]
+        for node, since in waits:
+            told = [r for r in journal if r.get("event") == "awaiting-replacement" and r.get("node") == node
+                    and since - 4 * self.TOLD_WITHIN <= float(r.get("time") or 0) <= since + self.TOLD_WITHIN]
+            if not told:
+                self._violate("stranded", f"untold-{node}-{since:.0f}", f"{node} waited for a person to replace "
+                              f"it from {since:.0f} with no awaiting-replacement record (nobody was told)", t,
+                              node=node, since=since)
 
     def _check_hotspare_comment(self, jid: str, j: dict, recs: Sequence[dict], t: float) -> None:
         """7. A hot-spare job's comment agrees with the journal: ``swaps=`` counts its ``job-hot-swap``

@@ -560,3 +560,37 @@ def test_a_job_pending_for_lack_of_nodes_while_one_waits_on_a_limit_is_waiting()
 def test_without_a_bound_a_limit_wait_is_not_accepted():
     m, v = _seed_4242_end(_kube_waiting(105.0, 50.0 + 3600.0), wait_bound=None)
     assert {x.invariant for x in m.violations} == {"stranded", "end-state"}
+
+
+# ---- issue 27: without Kubernetes a node waiting for a replacement waits for the technician ------------
+def _slurm_only_end(told: bool, repaired: bool):
+    """Seed 5150 --no-kube: every GPU node ended at the replace rung and every job pending (44 stranded)."""
+    m = _mon(slurm_only=True, repair_delays=(90.0,))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu4", gpu=0))
+    down = _node("IDLE+DRAIN", True, GPU4_REPLACE)
+    nodes = _nodes(gpu1=down, gpu2=down, gpu3=down, gpu4=down)
+    m.observe(Snapshot(110.0, nodes, {"10": _job("PENDING", "ReqNodeNotAvail", nodes=())}))
+    assert m.oncall.awaiting_technician() == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert m.oncall.repairs_due(150.0) == [] and len(m.oncall.repairs_due(201.0)) == 4
+    if repaired:
+        for n in ("gpu1", "gpu2", "gpu3", "gpu4"):
+            m.oncall.repaired(n, 230.0, "resumed")
+        nodes = _nodes()
+    journal = [{"event": "awaiting-replacement", "node": n, "time": 105.0} for n in ("gpu1", "gpu2", "gpu3", "gpu4")
+               if told]
+    final = Snapshot(400.0, nodes, {"10": _job("PENDING", "ReqNodeNotAvail", nodes=()) if not repaired
+                                    else _job("COMPLETED"), "11": _job("COMPLETED")})
+    m.observe(final)
+    return m, m.finish(final, journal, 0, {}, awaiting_ok=True)
+
+
+def test_slurm_only_nodes_wait_for_the_technician_visibly():
+    m, v = _slurm_only_end(told=True, repaired=False)  # the technician has not come yet: waiting for a human
+    assert v == [] and any(x.startswith("job 10") for x in m.waiting_human), m.waiting_human
+    m, v = _slurm_only_end(told=True, repaired=True)
+    assert v == [] and m.oncall.summary()["repairs"] == 4
+
+
+def test_slurm_only_wait_nobody_was_told_of_is_stranded():
+    m, v = _slurm_only_end(told=False, repaired=True)
+    assert [x.invariant for x in v] == ["stranded"] * 4 and all("nobody was told" in x.message for x in v)

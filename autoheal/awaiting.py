@@ -1,0 +1,52 @@
+"""A node waiting for a replacement: the product's "waiting for a human" state (issue 27).
+
+The node side drains a node ``autoheal: replace: ...`` on the last rung of its recovery ladder. Who acts
+next depends on the site: ``autoheal sync`` with the ``remediate`` step replaces it through Kubernetes;
+without it (a Slurm-only site) nobody will, until a person repairs or replaces the machine and hands it
+back. That wait is explicit: the reason says ``replace``, the hooks journal ``awaiting-replacement`` once
+(notified) naming who acts and what to run afterwards, and ``autoheal node list --waiting`` lists the
+nodes waiting, with how long. Pure; no part imports another through it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from autoheal.reasons import Origin, Reason
+
+if TYPE_CHECKING:
+    from autoheal.config import Config
+    from autoheal.slurm.model import Node
+
+#: The journal event of a node that starts waiting for a replacement.
+EVENT = "awaiting-replacement"
+
+
+def awaiting_replacement(node: Node) -> bool:
+    """``node`` is held (drained or down) by autoheal asking for a replacement."""
+    if not (node.drain or node.down):
+        return False
+    parsed = Reason.parse(node.reason)
+    return parsed is not None and parsed.rung is Origin.REPLACE
+
+
+def automatic(cfg: Optional[Config]) -> bool:
+    """This site's config replaces nodes automatically (``autoheal sync`` runs the ``remediate`` step)."""
+    sync = getattr(cfg, "sync", None)
+    return sync is not None and "remediate" in sync.enabled_steps
+
+
+def who_replaces(cfg: Optional[Config]) -> str:
+    """Who acts on a node waiting for a replacement, in words."""
+    if automatic(cfg):
+        return "autoheal sync (step remediate), within the circuit breaker's limits"
+    return "a person: no automatic replacement here (sync.enabled_steps has no remediate)"
+
+
+def after_repair(node: str) -> str:
+    """What the person runs once the machine is repaired or replaced."""
+    return f"after the repair: `autoheal check --node {node} --clear-faults` and `autoheal node resume {node}`"
+
+
+def message(node: str, reason: str, cfg: Optional[Config]) -> str:
+    return f"{node} waits for a replacement by {who_replaces(cfg)}: {reason}; {after_repair(node)}"
