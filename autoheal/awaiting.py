@@ -39,7 +39,8 @@ def automatic(cfg: Optional[Config]) -> bool:
 def who_replaces(cfg: Optional[Config]) -> str:
     """Who acts on a node waiting for a replacement, in words."""
     if automatic(cfg):
-        return "autoheal sync (step remediate), within the circuit breaker's limits"
+        # the node cannot see whether a sync runs: the config says one should; a person if none does
+        return "autoheal sync (step remediate, within the circuit breaker's limits; a person where no sync runs)"
     return "a person: no automatic replacement here (sync.enabled_steps has no remediate)"
 
 

@@ -57,8 +57,7 @@ def list_nodes(waiting: bool, config_path: Optional[str], as_json: bool) -> None
         row: Dict[str, Any] = {"name": n.name, "state": n.state_text, "reason": n.reason, "ours": is_ours(n.reason),
                "gpus": n.gpu_count, "waiting_for": ""}
         if awaiting.awaiting_replacement(n):
-            row.update(waiting_for=who, waiting_since=n.reason_time,
-                       next=awaiting.after_repair(n.name) if not awaiting.automatic(cfg) else "")
+            row.update(waiting_for=who, waiting_since=n.reason_time, next=awaiting.after_repair(n.name))
         if row["waiting_for"] or not waiting:
             rows.append(row)
     if as_json:
