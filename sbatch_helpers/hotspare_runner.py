@@ -54,6 +54,8 @@ MAX_REDO = 3
 #: Seconds between those checks for the first VERIFY_FAST_SECONDS after the resize: xid-watch's requeue
 #: of the job it sees back on its drained node races the runner's look once slurmctld answers again.
 VERIFY_FAST_POLL, VERIFY_FAST_SECONDS = 1.0, 120.0
+#: Seconds a fault signal or a step's end, soon after a resize, waits for slurmctld to answer again.
+CTLD_WAIT = 60.0
 
 
 class HotSpareRun:
@@ -299,7 +301,14 @@ class HotSpareRun:
         fast = now - getattr(self, "_released_at", 0.0) < VERIFY_FAST_SECONDS
         self._verify_next = now + (VERIFY_FAST_POLL if fast else PRESWAP_POLL)
         job = self._job()
-        if job is None:  # slurmctld away (restarting): look again at the next poll
+        waited = 0.0
+        while job is None and force and fast and waited < CTLD_WAIT:
+            # slurmctld away (restarting) right after our resize, and a signal or the step's end needs an
+            # answer now: what Slurm will say when it is back decides (swap again, or the fault path)
+            time.sleep(VERIFY_FAST_POLL)
+            waited += VERIFY_FAST_POLL
+            job = self._job()
+        if job is None:  # still away: look again at the next poll
             return None
         back = [n for n in job.nodes if n in self._released]
         if not back:
