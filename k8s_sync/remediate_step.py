@@ -251,6 +251,10 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
             continue
         if started >= n_allowed:
             wait = R.wait_for(breaker, active + started, total, now, refused)
+            if quiet and wait.limit is not R.Limit.TRIPPED:  # the trip this pass makes holds it
+                wait = R.Wait(R.Limit.TRIPPED, "circuit breaker tripping: too much of the pool is out; no new "
+                              "remediation until it re-arms by itself or `autoheal sync breaker reset`",
+                              now + breaker.cooldown_seconds)
             refused += 1
             ctx.problems.append(f"remediation of {kname} ({sname}) not started: {why_not or 'breaker limit'}")
             if how == "opted-out":
@@ -288,15 +292,19 @@ def _waiting(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, wait:
     prefix = ctx.cfg.annotation_prefix
     ctx.waiting[kname] = {"slurm_node": sname, "limit": str(wait.limit), "why": wait.why, "until": wait.until,
                           "since": cur.since if cur.state == "waiting" else ctx.snap.clock}
+    extra = {"metadata": {"annotations": {R.keys(prefix)["opted-out"]: None}}}
     if cur.state == "waiting":
         if cur.limit == wait.limit and cur.reason == wait.why[:256] and abs(cur.until - wait.until) < 1.0:
             return []  # nothing new: no write
         then = replace(cur, reason=wait.why[:256], until=wait.until, limit=str(wait.limit))
-        return [_state(kname, sname, then, prefix, f"still waiting: {wait.why}", journal="")]
-    # attempts kept: a failed one due for its retry waits like a new one, and starts as a retry
-    then = R.NodeRemediation("waiting", ctx.snap.clock, cur.attempts, wait.why[:256], sname or cur.slurm_node,
-                             until=wait.until, limit=str(wait.limit))
-    extra = {"metadata": {"annotations": {R.keys(prefix)["opted-out"]: None}}}
+        # said once: a node that began waiting in a trip (the trip's record spoke for it) is told about
+        # when the trip is over and a limit of its own holds it
+        if quiet or cur.limit != R.Limit.TRIPPED or wait.limit is R.Limit.TRIPPED:
+            return [_state(kname, sname, then, prefix, f"still waiting: {wait.why}", journal="")]
+    else:
+        # attempts kept: a failed one due for its retry waits like a new one, and starts as a retry
+        then = R.NodeRemediation("waiting", ctx.snap.clock, cur.attempts, wait.why[:256], sname or cur.slurm_node,
+                                 until=wait.until, limit=str(wait.limit))
     if quiet or wait.limit is R.Limit.TRIPPED:
         return [_state(kname, sname, then, prefix, wait.why, extra=extra, journal="")]
     when = f"; the limit lets it start by itself at {_clock_text(wait.until)} (nodes that asked before it " \

@@ -186,3 +186,25 @@ def test_sync_warns_once_when_the_limits_let_no_replacement_through(tmp_path):
     journal2 = Journal(tmp_path / "j2.jsonl", fsync=False)
     res = recon(slurm2, kube2, cfg2, clock2, journal=journal2).run_pass()
     assert res.capacity["warning"] == "" and list(journal2.read()) == []
+
+
+def test_a_node_that_began_waiting_in_a_trip_is_told_once_when_a_limit_of_its_own_holds_it(tmp_path):
+    from autoheal.journal import Journal
+
+    slurm, kube, cfg, clock = world(n=4, spares=0, breaker_max_concurrent=1, breaker_max_percent=50,
+                                    breaker_rearm_percent=10, breaker_cooldown_seconds=60)
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    for name in ("n1", "n2", "n3"):
+        slurm.drain(name, XID79)
+    r = recon(slurm, kube, cfg, clock, journal=journal)
+    res = r.run_pass()  # 3 of 4 > 50 %: trips; n1 starts, n2 and n3 wait quietly
+    assert res.breaker["tripped"] and [state(kube, n) for n in ("n2", "n3")] == ["waiting", "waiting"]
+    assert not [x for x in journal.read() if x.event == "remediation-waiting"]
+    slurm.resume("n3")  # healed; the trip is reset by hand, n1 still holds the one concurrent slot
+    from autoheal.k8s_sync.cli import breaker_reset_patch
+
+    kube.patch_configmap("slurm", "autoheal-sync-breaker", breaker_reset_patch())
+    for _ in range(3):
+        r.run_pass()
+    assert state(kube, "n2") == "waiting" and ann(kube, "n2")[K["waiting-limit"]] == "concurrency"
+    assert [x.event for x in journal.read(node="n2")] == ["breaker-tripped", "remediation-waiting"]
