@@ -106,6 +106,8 @@ class Injected:
     job: str = ""
     count: int = 1  # injections it made (flapping: several)
     note: str = ""
+    # an admin's drain a slurmctld kill may have lost: missing until then (their look after the restart)
+    lost_until: Optional[float] = None
 
 
 @dataclass
@@ -501,6 +503,8 @@ class Monitor:
             if n is None:
                 continue
             if not n.get("drain") or strip_reason_suffix(n.get("reason", "")) != f.reason:
+                if f.lost_until is not None and s.time <= f.lost_until:
+                    continue  # slurmctld came back without it; their admin looks again (Slurm's doing)
                 self._violate("admin-touched", f"drain-{f.id}",
                               f"{f.node}: the admin's drain ({f.reason!r}) was changed while it lasted",
                               s.time, node=f.node, state=n.get("state"), reason=n.get("reason"), fault=f.id)

@@ -594,3 +594,21 @@ def test_slurm_only_nodes_wait_for_the_technician_visibly():
 def test_slurm_only_wait_nobody_was_told_of_is_stranded():
     m, v = _slurm_only_end(told=False, repaired=True)
     assert [x.invariant for x in v] == ["stranded"] * 4 and all("nobody was told" in x.message for x in v)
+
+
+def test_an_admin_drain_slurmctld_lost_is_not_autoheal_touching_it_until_the_admin_looked_again():
+    """Seed 60613 at 60 faults: the admin drained gpu1 at 22:17:45.5, slurmctld was killed 15.5 s later and
+    came back with gpu1 UNKNOWN and no reason ("Recovered state of 6 nodes"): `admin-touched`, although
+    nobody but Slurm had changed it. Lost to slurmctld until the admin has looked again; after that, and
+    for any drain no kill could have lost, the rule holds."""
+    m = _mon()
+    drain = Injected(25, "admin-drain", "people", 100.0, node="gpu1", reason="admin: soak maintenance 25")
+    m.add_fault(drain)
+    m.add_fault(Injected(27, "kill-slurmctld", "process", 115.5))
+    lost = _nodes(gpu1=_node("UNKNOWN+NOT_RESPONDING", False, "", responding=False))
+    drain.lost_until = float("inf")  # the runner: a drain that kill may have lost, the admin looks again
+    assert m.observe(Snapshot(130.0, lost, {})) == []
+    drain.lost_until = 160.0  # the admin looked and drained it again
+    back = _nodes(gpu1=_node("IDLE+DRAIN", True, "admin: soak maintenance 25"))
+    assert m.observe(Snapshot(161.0, back, {})) == []
+    assert [v.invariant for v in m.observe(Snapshot(170.0, lost, {}))] == ["admin-touched"]
