@@ -251,6 +251,26 @@ class SyncSection:
                                      "breaker state, shared by replicas and kept across restarts.",
                                      parse=V.dns_subdomain)
 
+    def validate(self) -> None:
+        """Cross-field checks: our own taint/condition must never count as an external signal; the chosen
+        replacement action must have what it needs."""
+        for spec in self.drain_on_taints:
+            if spec.split(":")[0].split("=")[0] == self.taint_key:
+                raise ConfigError(f"sync.drain_on_taints: {spec!r} is autoheal's own taint (sync.taint_key); "
+                                  "it would drain nodes in a loop")
+        for spec in self.drain_on_conditions:
+            if self.health_condition and spec.split("=")[0] == self.health_condition:
+                raise ConfigError(f"sync.drain_on_conditions: {spec!r} is autoheal's own condition "
+                                  "(sync.health_condition); it would drain nodes in a loop")
+        if self.replacement_action == "webhook" and not self.replacement_webhook:
+            raise ConfigError("sync.replacement_webhook: the 'webhook' action needs an http(s) URL")
+        if self.replacement_action == "custom-resource":
+            problem = _template_problem(self.replacement_template)
+            if problem:
+                raise ConfigError(f"sync.replacement_template: {problem}")
+        if self.breaker_rearm_percent > self.breaker_max_percent:
+            raise ConfigError("sync.breaker_rearm_percent must not exceed sync.breaker_max_percent")
+
     def replacement_capacity(self, pool: int) -> ReplacementCapacity:
         """What the breaker's limits let through on a pool of ``pool`` nodes, against the expected rate."""
         import math
@@ -271,26 +291,6 @@ class SyncSection:
                        f"({arithmetic}): nodes will queue in state waiting; raise sync.breaker_max_percent or "
                        f"shorten sync.breaker_window_seconds")
         return ReplacementCapacity(pool, per_window, per_day, expected, arithmetic, warning)
-
-    def validate(self) -> None:
-        """Cross-field checks: our own taint/condition must never count as an external signal; the chosen
-        replacement action must have what it needs."""
-        for spec in self.drain_on_taints:
-            if spec.split(":")[0].split("=")[0] == self.taint_key:
-                raise ConfigError(f"sync.drain_on_taints: {spec!r} is autoheal's own taint (sync.taint_key); "
-                                  "it would drain nodes in a loop")
-        for spec in self.drain_on_conditions:
-            if self.health_condition and spec.split("=")[0] == self.health_condition:
-                raise ConfigError(f"sync.drain_on_conditions: {spec!r} is autoheal's own condition "
-                                  "(sync.health_condition); it would drain nodes in a loop")
-        if self.replacement_action == "webhook" and not self.replacement_webhook:
-            raise ConfigError("sync.replacement_webhook: the 'webhook' action needs an http(s) URL")
-        if self.replacement_action == "custom-resource":
-            problem = _template_problem(self.replacement_template)
-            if problem:
-                raise ConfigError(f"sync.replacement_template: {problem}")
-        if self.breaker_rearm_percent > self.breaker_max_percent:
-            raise ConfigError("sync.breaker_rearm_percent must not exceed sync.breaker_max_percent")
 
 
 @dataclass(frozen=True)
