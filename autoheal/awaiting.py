@@ -10,7 +10,7 @@ nodes waiting, with how long. Pure; no part imports another through it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from autoheal.reasons import Origin, Reason
 
@@ -22,12 +22,24 @@ if TYPE_CHECKING:
 EVENT = "awaiting-replacement"
 
 
-def awaiting_replacement(node: Node) -> bool:
-    """``node`` is held (drained or down) by autoheal asking for a replacement."""
+def awaiting_replacement(node: Node, prefixes: Sequence[str] = ()) -> bool:
+    """``node`` is held (drained or down) by autoheal asking for a replacement: the ``replace`` rung, or a
+    reason starting with one of ``prefixes`` (``sync.remediate_reasons``: what the sync replaces)."""
+    from autoheal.reasons import strip_reason_suffix
+
     if not (node.drain or node.down):
         return False
     parsed = Reason.parse(node.reason)
-    return parsed is not None and parsed.rung is Origin.REPLACE
+    if parsed is None or parsed.origin in (Origin.K8S, Origin.RETIRED):
+        return False
+    text = strip_reason_suffix(node.reason)
+    return parsed.rung is Origin.REPLACE or any(text.startswith(p.strip()) for p in prefixes if p.strip())
+
+
+def replace_prefixes(cfg: Optional[Config]) -> Sequence[str]:
+    """The drain reasons that ask for a replacement on this site (``sync.remediate_reasons``)."""
+    sync = getattr(cfg, "sync", None)
+    return tuple(sync.remediate_reasons) if sync is not None else ()
 
 
 def automatic(cfg: Optional[Config]) -> bool:

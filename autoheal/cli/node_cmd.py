@@ -56,7 +56,7 @@ def list_nodes(waiting: bool, config_path: Optional[str], as_json: bool) -> None
     for n in nodes:
         row: Dict[str, Any] = {"name": n.name, "state": n.state_text, "reason": n.reason, "ours": is_ours(n.reason),
                "gpus": n.gpu_count, "waiting_for": ""}
-        if awaiting.awaiting_replacement(n):
+        if awaiting.awaiting_replacement(n, awaiting.replace_prefixes(cfg)):
             row.update(waiting_for=who, waiting_since=n.reason_time, next=awaiting.after_repair(n.name))
         if row["waiting_for"] or not waiting:
             rows.append(row)

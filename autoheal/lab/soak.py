@@ -391,7 +391,9 @@ class Soak:
             # looked at again on every try: while they were kept out (slurmctld restarting) the node may
             # have been replaced, resumed, or drained for a new fault, and then there is nothing to repair
             now_reason = strip_reason_suffix(self.slurm.get_node(node).reason or "")
-            if not now_reason.startswith("autoheal: replace"):
+            from autoheal.lab.soak_checks import PERSON_REPLACES
+
+            if not now_reason.startswith(PERSON_REPLACES):
                 oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
                 return
             labgpus.clear_all(self.lab, node)

@@ -351,7 +351,13 @@ def awaiting_person(s: Snapshot) -> List[str]:
     """Without Kubernetes nobody replaces a node: those of ``s`` drained ``autoheal: replace: ...`` wait for
     a person (a Slurm-only site's technician), as the product says (``autoheal.awaiting``)."""
     return sorted(name for name, n in s.nodes.items() if n.get("drain")
-                  and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
+                  and strip_reason_suffix(n.get("reason", "")).startswith(PERSON_REPLACES))
+
+
+#: Drains a person replaces (or repairs) on a Slurm-only site: the replace rung, a lemon (a repeat
+#: offender the node side retired); and the records that tell them (the notifier sends both).
+PERSON_REPLACES = ("autoheal: replace", "autoheal: lemon")
+TOLD_EVENTS = ("awaiting-replacement", "lemon")
 
 
 #: Limits of the remediation breaker a site configures; a node the sync shows waiting on one of them
@@ -826,7 +832,7 @@ class Monitor:
         waits = [(r["node"], r["since"]) for r in self.oncall.repairs if r.get("since") is not None]
         waits += [(n, w["since"]) for n, w in self.oncall._awaiting.items()]
         for node, since in waits:
-            told = [r for r in journal if r.get("event") == "awaiting-replacement" and r.get("node") == node
+            told = [r for r in journal if r.get("event") in TOLD_EVENTS and r.get("node") == node
                     and since - 4 * self.TOLD_WITHIN <= float(r.get("time") or 0) <= since + self.TOLD_WITHIN]
             if not told:
                 self._violate("stranded", f"untold-{node}-{since:.0f}", f"{node} waited for a person to replace "

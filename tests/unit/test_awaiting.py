@@ -42,3 +42,12 @@ def test_node_list_waiting_lists_who_acts_and_exits_1(monkeypatch):
     assert rows[0]["waiting_since"] == 1000 and "--clear-faults" in rows[0]["next"]
     res = CliRunner().invoke(node_cmd.node, ["list"])
     assert res.exit_code == 0 and "waiting" in res.output and "gpu1" in res.output
+
+
+def test_the_sites_replacement_reasons_count_too():
+    lemon = Node("gpu4", "IDLE", frozenset({"DRAIN"}), "autoheal: lemon: 3 faults in 7 days")
+    assert not awaiting.awaiting_replacement(lemon)
+    assert awaiting.awaiting_replacement(lemon, ("autoheal: replace:", "autoheal: lemon:"))
+    k8s = Node("gpu4", "IDLE", frozenset({"DRAIN"}), "autoheal: k8s: node cordoned")
+    assert not awaiting.awaiting_replacement(k8s, ("autoheal:",))
+    assert awaiting.replace_prefixes(Config()) == tuple(SyncSection().remediate_reasons)
