@@ -476,6 +476,12 @@ def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
             st["drain"]["reason"] = reason
     ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
+    if out.changed:  # the wait starts: who acts next, said once (issue 27)
+        from autoheal import awaiting
+
+        ctx.record(awaiting.EVENT, check=r.check, action="wait-for-replacement", outcome="waiting",
+                   message=awaiting.message(ctx.node, reason, getattr(ctx, "cfg", None)), severity="action",
+                   evidence={"automatic": awaiting.automatic(getattr(ctx, "cfg", None))})
     return out.action
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import click
 
@@ -206,8 +206,12 @@ def status(ctx: click.Context, as_json: bool) -> None:
                                       f"armed ({b['starts_in_window']} starts in window)"))
         for kname, r in sorted(res.remediations.items()):
             click.echo(f"remediation: {kname} (Slurm {r['slurm_node']}): {r['state']}"
+                       + (f" ({r['limit']}, since {_when(r['since'])}" + (f", until {_when(r['until'])}"
+                          if r.get("until") else "") + ")" if r["state"] == "waiting" else "")
                        + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]"
                        + (f"; {r['retry']}" if r.get("retry") else ""))
+        if (res.capacity or {}).get("warning"):
+            click.echo(f"capacity: {res.capacity['warning']}")
         for kname, o in sorted(res.opted_out.items()):
             click.echo(f"opted out: {kname} (Slurm {o['slurm_node']}) needs a replacement but {o['why']}")
         for line in data["planned"]:
@@ -215,6 +219,25 @@ def status(ctx: click.Context, as_json: bool) -> None:
         for line in res.problems:
             click.echo(f"problem: {line}")
     sys.exit(EXIT_PROBLEM if (res.read_error or res.planned or res.problems) else EXIT_OK)
+
+
+def _when(epoch: Any) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(float(epoch or 0), dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def waiting_rows(nodes: Dict[str, Dict[str, Any]], prefix: str) -> List[Dict[str, Any]]:
+    """Nodes whose remediation waits for a breaker limit, oldest first (the order they start in)."""
+    from autoheal.k8s_sync.remediation import NodeRemediation
+
+    rows = []
+    for kname, node in nodes.items():
+        cur = NodeRemediation.from_node(node, prefix)
+        if cur.state == "waiting":
+            rows.append({"node": kname, "slurm_node": cur.slurm_node, "since": cur.since, "until": cur.until,
+                         "limit": cur.limit, "why": cur.reason})
+    return sorted(rows, key=lambda r: (r["since"], r["node"]))
 
 
 def breaker_reset_patch() -> Dict[str, Any]:
@@ -244,13 +267,29 @@ def breaker(ctx: click.Context, as_json: bool) -> None:
     obj = ctx.obj or {}
     cfg = load_cfg(obj.get("config_path"))
     kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
+    from autoheal.k8s_sync.kube import KubeError
+
     cm = kube.get_configmap(cfg.sync.namespace, cfg.sync.breaker_configmap) or {}
     b = Breaker.from_cfg(cfg.sync, cm.get("data") or {})
-    data = {"tripped": b.tripped, "tripped_at": b.tripped_at, "why": b.why, "starts_in_window": len(b.starts)}
+    data: Dict[str, Any] = {"tripped": b.tripped, "tripped_at": b.tripped_at, "why": b.why,
+                            "starts_in_window": len(b.starts), "window_seconds": b.window_seconds,
+                            "max_percent": b.max_percent, "max_concurrent": b.max_concurrent}
+    try:  # the queue: what the limits hold back (the breaker's state itself is read above)
+        nodes, _ = kube.list_nodes()
+        data["waiting"] = waiting_rows(nodes, cfg.sync.annotation_prefix)
+    except KubeError as exc:
+        data["waiting"], data["waiting_error"] = None, str(exc)
     if as_json:
         print_json(data)
     else:
-        click.echo(f"breaker: {'TRIPPED: ' + b.why if b.tripped else 'armed'}; {len(b.starts)} starts recorded")
+        click.echo(f"breaker: {'TRIPPED: ' + b.why if b.tripped else 'armed'}; {len(b.starts)} starts recorded "
+                   f"(at most {b.max_percent:.0f}% of the pool per {b.window_seconds:.0f}s window, "
+                   f"{b.max_concurrent} at once)")
+        for r in data["waiting"] or []:
+            click.echo(f"waiting: {r['node']} (Slurm {r['slurm_node'] or '?'}) since {_when(r['since'])}"
+                       + (f", until {_when(r['until'])}" if r["until"] else "") + f" [{r['limit']}]: {r['why']}")
+        if data["waiting"] is None:
+            click.echo(f"waiting: not read: {data['waiting_error']}")
     sys.exit(EXIT_PROBLEM if b.tripped else EXIT_OK)
 
 
@@ -367,13 +406,17 @@ def remediation(ctx: click.Context, as_json: bool) -> None:
         if cur.state or opted:
             rows.append({"node": kname, "slurm_node": cur.slurm_node, "state": cur.state or "opted-out",
                          "since": cur.since, "attempts": cur.attempts, "reason": cur.reason or opted})
+            if cur.state == "waiting":
+                rows[-1].update(until=cur.until, limit=cur.limit)
     if as_json:
         print_json({"remediations": rows})
     elif not rows:
         click.echo("no node remediations")
     else:
         for r in rows:
-            click.echo(f"{r['node']} (Slurm {r['slurm_node'] or '?'}): {r['state']} [attempt {r['attempts']}]"
+            wait = (f" ({r['limit']}, since {_when(r['since'])}" + (f", until {_when(r['until'])}" if r["until"]
+                    else "") + ")") if r["state"] == "waiting" else ""
+            click.echo(f"{r['node']} (Slurm {r['slurm_node'] or '?'}): {r['state']}{wait} [attempt {r['attempts']}]"
                        + (f": {r['reason']}" if r["reason"] else ""))
     sys.exit(EXIT_PROBLEM if any(r["state"] == "failed" for r in rows) else EXIT_OK)
 

@@ -79,6 +79,7 @@ class PassResult:
     breaker: Dict[str, Any] = field(default_factory=dict)
     remediations: Dict[str, Dict[str, Any]] = field(default_factory=dict)
     opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # need a replacement, vetoed by a label
+    capacity: Dict[str, Any] = field(default_factory=dict)  # the breaker's arithmetic on this pool (issue 27)
 
     def summary(self) -> Dict[str, Any]:
         return {"ok": self.ok, "read_error": self.read_error, "leader": self.leader,
@@ -86,7 +87,7 @@ class PassResult:
                 "deferred": self.deferred, "conflicts": self.conflicts, "errors": self.errors,
                 "problems": self.problems, "seconds": round(self.seconds, 4), "slurm_nodes": self.nodes,
                 "mapped": self.mapped, "breaker": self.breaker, "remediations": self.remediations,
-                "opted_out": self.opted_out}
+                "opted_out": self.opted_out, "capacity": self.capacity}
 
 
 @dataclass
@@ -496,9 +497,41 @@ class Reconciler:
                                            "reason": cur.reason, "slurm_node": cur.slurm_node}
                 if cur.state == "failed" and notes.get(kname):
                     res.remediations[kname]["retry"] = notes[kname]
+                if cur.state == "waiting":
+                    res.remediations[kname].update(until=cur.until, limit=cur.limit)
         res.opted_out = dict(ctx.opted_out) if ctx is not None else {}
+        if ctx is not None:
+            self._check_capacity(ctx, res)
         if self.metrics is not None and hasattr(self.metrics, "observe_remediation"):
             self.metrics.observe_remediation(res)
+        if self.metrics is not None and hasattr(self.metrics, "observe_waiting"):
+            self.metrics.observe_waiting(res, snap.clock)
+
+    def _check_capacity(self, ctx: Context, res: PassResult) -> None:
+        """Small-pool sanity: the breaker's limits against the fleet's expected failure rate on the pool it
+        guards (Slurm nodes bound to a Node). A shortfall is logged and journalled once per pool size (at
+        start, and when the pool changes), and shown in every pass summary (`autoheal sync status`)."""
+        pool = len({b.node for b in ctx.bindings.values() if b.node})
+        cap = self.cfg.replacement_capacity(pool)
+        res.capacity = {"pool": cap.pool, "per_window": cap.per_window, "per_day": round(cap.per_day, 2),
+                        "expected_per_day": round(cap.expected_per_day, 3), "arithmetic": cap.arithmetic,
+                        "warning": cap.warning}
+        said = getattr(self, "_capacity_said", None)
+        if not cap.warning or said == (pool, cap.warning) or self.dry_run:
+            return
+        self._capacity_said = (pool, cap.warning)
+        log.warning("remediation capacity: %s", cap.warning, extra={"pool": pool})
+        if self.journal is not None:
+            rec = self.journal.record("remediation-capacity-low", action="check", outcome="warning",
+                                      message=f"remediation capacity: {cap.warning}", severity="action",
+                                      source="sync", evidence={"pool": pool, "per_window": cap.per_window,
+                                                               "per_day": cap.per_day,
+                                                               "expected_per_day": cap.expected_per_day})
+            if rec is not None and self.notifier is not None:
+                try:
+                    self.notifier.send(rec)
+                except Exception as exc:  # best effort, as every notification
+                    log.warning("notification not sent: %s", exc)
 
     def _record(self, action: Action, snap: Snapshot) -> None:
         if action.journal:

@@ -120,6 +120,27 @@ class Metrics:
         self.opted_out.set(len(res.opted_out))
         self.breaker_tripped.set(1 if (res.breaker or {}).get("tripped") else 0)
 
+    def observe_waiting(self, res: PassResult, now: float) -> None:
+        """Remediations wanted but held back by a breaker limit (state ``waiting``): how many per limit,
+        and how long the oldest has waited (an alert on it catches a queue that does not move)."""
+        if res.read_error:
+            return
+        if not hasattr(self, "waiting"):  # created on first use: one place for everything waiting adds
+            from prometheus_client import Gauge
+
+            self.waiting = Gauge("autoheal_sync_remediation_waiting", "Nodes that need a replacement and wait "
+                                 "for a circuit-breaker limit (start share, concurrency, trip)", ["limit"],
+                                 registry=self.registry)
+            self.waiting_oldest = Gauge("autoheal_sync_remediation_waiting_oldest_seconds", "How long the "
+                                        "longest-waiting remediation has waited (0: none waits)",
+                                        registry=self.registry)
+        from autoheal.k8s_sync.remediation import Limit
+
+        rows = [r for r in res.remediations.values() if r.get("state") == "waiting"]
+        for limit in Limit:
+            self.waiting.labels(str(limit)).set(sum(1 for r in rows if r.get("limit") == str(limit)))
+        self.waiting_oldest.set(max((now - float(r.get("since") or now) for r in rows), default=0.0))
+
     def render(self) -> bytes:
         from prometheus_client import generate_latest
 

@@ -110,6 +110,8 @@ class Context:
     breaker_state: Any = None
     opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # Node -> {slurm_node, why}
     retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
+    # Node -> {slurm_node, limit, why, until, since}: wanted, held back by a breaker limit (state waiting)
+    waiting: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 def make_context(snap: Snapshot, cfg: SyncSection) -> Context:

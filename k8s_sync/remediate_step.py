@@ -20,7 +20,7 @@ resource, label, annotations) is removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.k8s_sync import names
@@ -118,7 +118,12 @@ def remediate(ctx: Context) -> List[Action]:
     if was_tripped and not breaker.tripped:
         rearmed_nodes, breaker.nodes = list(breaker.nodes), []
     out = survey.out
-    out.extend(_start_wanted(ctx, survey.wanting, breaker, n_allowed, why_not, settings))
+    # a pass that trips the breaker (or one still tripped) files one record for the whole event: the nodes
+    # it holds back wait quietly (state on the Node, no page each)
+    trip_event = breaker.tripped or (100.0 * len(survey.affected) / survey.total > breaker.max_percent
+                                     if survey.total else False)
+    out.extend(_start_wanted(ctx, survey.wanting, breaker, n_allowed, why_not, settings, len(survey.active),
+                             survey.total, quiet=trip_event))
     out.extend(_trip_if_needed(ctx, breaker, survey))
     if before != breaker.dump():
         out.insert(0, _save_breaker(ctx, breaker))
@@ -204,16 +209,31 @@ def _survey_node(ctx: Context, kname: str, slurm_of: Dict[str, str], opted_out_k
     survey.wanting.append((kname, sname, "opted-out" if opted else ""))
 
 
+def queue_order(ctx: Context, wanting: List[Tuple[str, str, str]]) -> List[Tuple[str, str, str]]:
+    """The Nodes wanting a replacement, oldest request first: a ``waiting`` one by when it first asked (its
+    ``since``, kept on the Node, so a restarted or failed-over sync keeps the order), new ones after them
+    (asking now); ties by name."""
+    prefix, now = ctx.cfg.annotation_prefix, ctx.snap.clock
+
+    def key(item: Tuple[str, str, str]) -> Tuple[float, str]:
+        cur = R.NodeRemediation.from_node(ctx.snap.nodes[item[0]], prefix)
+        return (cur.since if cur.state == "waiting" and cur.since else now, item[0])
+
+    return sorted(wanting, key=key)
+
+
 def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.Breaker, n_allowed: int,
-                  why_not: str, settings: R.RemediationSettings) -> List[Action]:
-    """Quarantine the Nodes wanting a replacement, as many as the breaker allows; report the opted out."""
+                  why_not: str, settings: R.RemediationSettings, active: int = 0, total: int = 0,
+                  quiet: bool = False) -> List[Action]:
+    """Quarantine the Nodes wanting a replacement, oldest first, as many as the breaker allows; the rest
+    wait visibly (state ``waiting``); report the opted out."""
     snap, prefix = ctx.snap, ctx.cfg.annotation_prefix
     jobs = snap.jobs or {}
     k = R.keys(prefix)
     now = snap.clock
     out: List[Action] = []
-    started = 0
-    for kname, sname, how in wanting:
+    started = refused = 0
+    for kname, sname, how in queue_order(ctx, wanting):
         knode = snap.nodes[kname]
         cur = R.NodeRemediation.from_node(knode, prefix)
         pods = snap.node_pods.get(kname)
@@ -230,26 +250,74 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
                 out.extend(_opt_out(kname, sname, step.why, prefix, cur.attempts))
             continue
         if started >= n_allowed:
+            wait = R.wait_for(breaker, active + started, total, now, refused)
+            if quiet and wait.limit is not R.Limit.TRIPPED:  # the trip this pass makes holds it
+                wait = R.Wait(R.Limit.TRIPPED, "circuit breaker tripping: too much of the pool is out; no new "
+                              "remediation until it re-arms by itself or `autoheal sync breaker reset`",
+                              now + breaker.cooldown_seconds)
+            refused += 1
             ctx.problems.append(f"remediation of {kname} ({sname}) not started: {why_not or 'breaker limit'}")
             if how == "opted-out":
                 out.append(_opt_out_lifted(kname, sname, prefix, "waiting for the circuit breaker"))
+            out.extend(_waiting(ctx, kname, sname, cur, wait, quiet))
             continue
         started += 1
         breaker.record_start(now)
         extra = {"metadata": {"annotations": {k["opted-out"]: None, k["requested"]: None}}}
         reason = snode_reason(snap, sname)
-        if how == "retry":
-            event = ("AutohealRemediationRetry", f"Node {kname} (Slurm {sname}): remediation {ctx.retry_notes[kname]}"
+        waited = f" after waiting {now - cur.since:.0f}s ({cur.limit})" if cur.state == "waiting" else ""
+        if how == "retry" or (cur.state == "waiting" and cur.attempts):
+            note = ctx.retry_notes.get(kname) or f"attempt {cur.attempts + 1}"
+            event = ("AutohealRemediationRetry", f"Node {kname} (Slurm {sname}): remediation {note}{waited}"
                      f"; it had failed: {cur.reason}", "Warning")
             journal = "remediation-retry"
         else:
             lifted = " (opt-out lifted)" if how == "opted-out" else ""
-            event = ("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for replacement{lifted}: "
-                     f"{reason}", "Warning")
+            event = ("AutohealQuarantined", f"Node {kname} (Slurm {sname}) quarantined for replacement{lifted}"
+                     f"{waited}: {reason}", "Warning")
             journal = "remediation"
         out.append(_state(kname, sname, _then(step), prefix, f"quarantined: {reason}", extra=extra, event=event,
                           journal=journal))
     return out
+
+
+def _waiting(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, wait: R.Wait,
+             quiet: bool = False) -> List[Action]:
+    """A wanted remediation the breaker does not let start now: state ``waiting`` on the Node, with why
+    (``-reason``), which limit (``-waiting-limit``) and until when (``-waiting-until``); ``since`` is
+    when it first asked (its place in the queue). Said once, when it starts waiting (Event, journal,
+    notification); a later change of limit or time only updates the Node. Nodes held by a trip
+    (``quiet``: tripped, or tripping in this pass) are named by the trip's own record (one page for a
+    fleet-wide event, not one per node): no record each."""
+    prefix = ctx.cfg.annotation_prefix
+    ctx.waiting[kname] = {"slurm_node": sname, "limit": str(wait.limit), "why": wait.why, "until": wait.until,
+                          "since": cur.since if cur.state == "waiting" else ctx.snap.clock}
+    extra = {"metadata": {"annotations": {R.keys(prefix)["opted-out"]: None}}}
+    if cur.state == "waiting":
+        if cur.limit == wait.limit and cur.reason == wait.why[:256] and abs(cur.until - wait.until) < 1.0:
+            return []  # nothing new: no write
+        then = replace(cur, reason=wait.why[:256], until=wait.until, limit=str(wait.limit))
+        # said once: a node that began waiting in a trip (the trip's record spoke for it) is told about
+        # when the trip is over and a limit of its own holds it
+        if quiet or cur.limit != R.Limit.TRIPPED or wait.limit is R.Limit.TRIPPED:
+            return [_state(kname, sname, then, prefix, f"still waiting: {wait.why}", journal="")]
+    else:
+        # attempts kept: a failed one due for its retry waits like a new one, and starts as a retry
+        then = R.NodeRemediation("waiting", ctx.snap.clock, cur.attempts, wait.why[:256], sname or cur.slurm_node,
+                                 until=wait.until, limit=str(wait.limit))
+    if quiet or wait.limit is R.Limit.TRIPPED:
+        return [_state(kname, sname, then, prefix, wait.why, extra=extra, journal="")]
+    when = f"; the limit lets it start by itself at {_clock_text(wait.until)} (nodes that asked before it " \
+        f"go first)" if wait.until else "; starts by itself when the limit allows (nodes that asked before it go first)"
+    text = f"Node {kname} (Slurm {sname}) needs a replacement; waiting: {wait.why}{when}"
+    return [_state(kname, sname, then, prefix, wait.why, extra=extra,
+                   event=("AutohealRemediationWaiting", text, "Normal"), journal="remediation-waiting")]
+
+
+def _clock_text(epoch: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _trip_if_needed(ctx: Context, breaker: R.Breaker, survey: _Survey) -> List[Action]:

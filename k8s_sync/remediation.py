@@ -28,7 +28,9 @@ from autoheal.k8s_sync.plan import ActionKind
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
 from autoheal.strenum import StrEnum
 
-STATES = ("quarantined", "draining", "drained", "replacing", "done", "failed")
+#: ``waiting``: wanted but not started, held back by a limit of the circuit breaker (its share of starts
+#: per window, the concurrency limit, or a trip); it starts by itself when the limit allows, oldest first.
+STATES = ("waiting", "quarantined", "draining", "drained", "replacing", "done", "failed")
 ACTIVE = ("quarantined", "draining", "drained", "replacing")
 TERMINAL = ("done", "failed")
 
@@ -47,7 +49,8 @@ HOLDING_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOP
 
 def keys(prefix: str) -> Dict[str, str]:
     out = {k: f"{prefix}/remediation-{k}" for k in ("state", "since", "attempts", "reason", "slurm-node",
-                                                    "final-eviction", "retry-requested")}
+                                                    "final-eviction", "retry-requested", "waiting-until",
+                                                    "waiting-limit")}
     out["opted-out"] = f"{prefix}/remediation-opted-out"
     out["requested"] = f"{prefix}/replacement-requested"
     out["replacement"] = f"{prefix}/replacement-node"
@@ -65,6 +68,10 @@ class NodeRemediation:
     reason: str = ""
     slurm_node: str = ""
     final_eviction: float = 0.0  # draining: when the last eviction attempt at the timeout was made
+    # waiting: the earliest moment the limit lets it start (0: when a running remediation ends) and which
+    # limit holds it (``Wait.limit``); ``since`` is when it first asked, the order of the queue
+    until: float = 0.0
+    limit: str = ""
 
     @classmethod
     def from_node(cls, node: Dict[str, Any], prefix: str) -> NodeRemediation:
@@ -80,8 +87,12 @@ class NodeRemediation:
             final = float(ann.get(k["final-eviction"], 0) or 0)
         except ValueError:
             final = 0.0
+        try:
+            until = float(ann.get(k["waiting-until"], 0) or 0)
+        except ValueError:
+            until = 0.0
         return cls(state if state in STATES else "", since, attempts, ann.get(k["reason"]) or "",
-                   ann.get(k["slurm-node"]) or "", final)
+                   ann.get(k["slurm-node"]) or "", final, until, ann.get(k["waiting-limit"]) or "")
 
     def patch(self, prefix: str) -> Dict[str, Any]:
         """The merge patch recording this state; a state change also drops the per-state marks (last
@@ -95,7 +106,11 @@ class NodeRemediation:
                                              k["slurm-node"]: self.slurm_node or None,
                                              k["final-eviction"]: str(int(self.final_eviction))
                                              if on and self.final_eviction else None,
-                                             k["retry-requested"]: None},
+                                             k["retry-requested"]: None,
+                                             k["waiting-until"]: str(int(self.until))
+                                             if self.state == "waiting" and self.until else None,
+                                             k["waiting-limit"]: (self.limit or None)
+                                             if self.state == "waiting" else None},
                              "labels": {k["label"]: self.state or None}}}
 
 
@@ -190,7 +205,7 @@ def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_o
     st = cur.state
     if st in TERMINAL:
         return Step(Do.NONE, why=f"remediation {st}")
-    if not st:
+    if not st or st == "waiting":  # a waiting one starts like a new one (the breaker let it through)
         if not wants_replace:
             return Step(Do.NONE)
         who = opt_out_reason(pods_on_node, cfg, node)
@@ -340,6 +355,55 @@ class Breaker:
         self.starts = []
         self.why = ""
         self.nodes = []
+
+
+class Limit(StrEnum):
+    """Which limit of the breaker holds a wanted remediation back (``waiting-limit`` on the Node)."""
+
+    START_SHARE = "start-share"  # breaker_max_percent of the pool already started within the window
+    CONCURRENCY = "concurrency"  # breaker_max_concurrent remediations under way
+    TRIPPED = "tripped"  # the breaker tripped: until it re-arms by itself or `autoheal sync breaker reset`
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Why a wanted remediation waits, and the earliest moment that limit lets it start (epoch seconds;
+    0: not a time, e.g. when a running remediation ends)."""
+
+    limit: Limit
+    why: str
+    until: float = 0.0
+
+
+def start_capacity(max_percent: float, total: int) -> int:
+    """Starts the share limit lets through per window on a pool of ``total`` nodes (the breaker's
+    arithmetic: floor(share x pool))."""
+    return math.floor(max_percent * total / 100.0 + 1e-9)
+
+
+def wait_for(breaker: Breaker, active: int, total: int, now: float, position: int) -> Wait:
+    """The limit holding back the ``position``-th (0: the first) of the nodes refused in this pass, after
+    the pass's own starts were recorded (``active`` counts them). Pure; the breaker is not changed."""
+    if breaker.tripped:
+        until = (breaker.tripped_at or now) + breaker.cooldown_seconds
+        return Wait(Limit.TRIPPED, f"circuit breaker tripped ({breaker.why or 'by hand'}): no new remediation "
+                    f"until it re-arms by itself (after the {breaker.cooldown_seconds:.0f}s cool-down, once fewer "
+                    f"than {breaker.rearm_percent:.0f}% of nodes are affected) or `autoheal sync breaker reset`",
+                    until)
+    cap = start_capacity(breaker.max_percent, total)
+    starts = sorted(t for t in breaker.starts if now - t <= breaker.window_seconds)
+    if cap - len(starts) - position <= 0:
+        if cap <= 0:
+            return Wait(Limit.START_SHARE, f"{breaker.max_percent:.0f}% of a pool of {total} nodes allows no start "
+                        f"at all (sync.breaker_max_percent too low for this pool): replace it by hand")
+        # the slot this node needs frees when the (len - cap + position)-th start of the window expires;
+        # beyond the starts recorded, no earlier than a window after the newest
+        i = len(starts) - cap + position
+        until = (starts[i] if i < len(starts) else (starts[-1] if starts else now)) + breaker.window_seconds
+        return Wait(Limit.START_SHARE, f"{len(starts)} of {cap} starts allowed per {breaker.window_seconds:.0f}s "
+                    f"window already made ({breaker.max_percent:.0f}% of {total} nodes)", until)
+    return Wait(Limit.CONCURRENCY, f"{breaker.max_concurrent} remediations at once already under way "
+                f"({active} active): starts when one ends")
 
 
 # ---- which drains ask for a replacement ------------------------------------------------------------

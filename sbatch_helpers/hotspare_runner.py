@@ -45,6 +45,17 @@ PRESWAP_POLL = 5.0
 SWAP_REASON = "hot-spare-swap"  # AUTOHEAL_REQUEUE_REASON of a step started on a spare
 #: Seconds before a second look when the step ended non-zero and no node of the job is unhealthy yet.
 RECHECK_SECONDS = 2.0
+#: Seconds after a resize during which the runner keeps checking that Slurm still has it: a slurmctld
+#: killed within seconds of the resize restarts from its last saved state, with the job on its old nodes
+#: (issue 27); a kill later than this finds the resize saved.
+VERIFY_SECONDS = 600.0
+#: Re-applications of one lost resize before the runner leaves the node to xid-watch's requeue.
+MAX_REDO = 3
+#: Seconds between those checks for the first VERIFY_FAST_SECONDS after the resize: xid-watch's requeue
+#: of the job it sees back on its drained node races the runner's look once slurmctld answers again.
+VERIFY_FAST_POLL, VERIFY_FAST_SECONDS = 1.0, 120.0
+#: Seconds a fault signal or a step's end, soon after a resize, waits for slurmctld to answer again.
+CTLD_WAIT = 60.0
 
 
 class HotSpareRun:
@@ -56,6 +67,11 @@ class HotSpareRun:
     batch_host: str = ""
     swaps: int = 0
     resized = False  # this run removed nodes from the allocation (Slurm may refuse comment updates now)
+    # nodes this run released from the allocation, and until when to check that Slurm kept that
+    _released: FrozenSet[str] = frozenset()
+    _verify_until = 0.0
+    _verify_next = 0.0
+    _redone = 0
 
     if TYPE_CHECKING:  # what these methods use of Runner, which they are mixed into (defined there)
         opts: RunnerOptions
@@ -148,6 +164,8 @@ class HotSpareRun:
         from autoheal.sbatch_helpers.checkpoint import find_resume_point
         from autoheal.sbatch_helpers.runner import say
 
+        if self.hot is not None and self._released:
+            self.hot_verify(child)
         if self.hot is None or not self.hot.spares or self.resized:
             self._preswap = None
             return None
@@ -203,6 +221,9 @@ class HotSpareRun:
 
         if self.received == signal.SIGTERM:
             return None  # Slurm's kill sequence (cancel, time limit, requeue): never a swap
+        redone = self.hot_verify(child, force=True)
+        if redone is not None:
+            return redone
         # A step that died with its GPU (XID 79 kills the CUDA process) may end before xid-watch has
         # drained the node: look once more after a moment before calling it the command's own failure.
         for attempt in range(1 if trigger == "signal" else 2):
@@ -239,6 +260,7 @@ class HotSpareRun:
                 self.resized = True
                 self.received = None
                 self._write_spares()
+                self._released_now([n for n in decision.drop if n in job.nodes])
                 self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
                             f"unhealthy, released from the allocation; the step goes on on "
                             f"{','.join(self._sets.active)}", "action", node=decision.drop[0],
@@ -252,6 +274,67 @@ class HotSpareRun:
                 return None  # interrupted(): checkpoint, then requeue away from the drained node
             return self._hot_requeue(child, decision, job)
         return self._hot_swap(child, decision, job, trigger)
+
+    # ---- a resize slurmctld lost (killed within seconds of it) ------------------------------------------
+    def _released_now(self, nodes: Sequence[str]) -> None:
+        if nodes:
+            self._released = self._released | set(nodes)
+            self._released_at = time.monotonic()
+            self._verify_until = self._released_at + VERIFY_SECONDS
+            self._redone = 0
+
+    def hot_verify(self, child: Child, force: bool = False) -> Union[str, None]:
+        """After a resize: does Slurm still have it? A slurmctld killed within seconds of the
+        ``scontrol update NodeList=`` restarts from its last saved state, with the job on its old nodes,
+        the released (bad) node among them; xid-watch, seeing the job on its drained node, would requeue
+        it at the end of its grace. Seen (every poll, and on any fault signal or step exit): the comment
+        is written again and the node released again, the swap the runner already made; the step goes on
+        (``continue``) or, if it ended meanwhile, starts again on the active nodes from the newest
+        checkpoint (``restart``). None: nothing lost, or not looked now."""
+        from autoheal.sbatch_helpers.runner import say
+
+        now = time.monotonic()
+        if not self._released or now > self._verify_until or self._redone >= MAX_REDO:
+            return None
+        if not force and now < self._verify_next:
+            return None
+        fast = now - getattr(self, "_released_at", 0.0) < VERIFY_FAST_SECONDS
+        self._verify_next = now + (VERIFY_FAST_POLL if fast else PRESWAP_POLL)
+        job = self._job()
+        waited = 0.0
+        while job is None and force and fast and waited < CTLD_WAIT:
+            # slurmctld away (restarting) right after our resize, and a signal or the step's end needs an
+            # answer now: what Slurm will say when it is back decides (swap again, or the fault path)
+            time.sleep(VERIFY_FAST_POLL)
+            waited += VERIFY_FAST_POLL
+            job = self._job()
+        if job is None:  # still away: look again at the next poll
+            return None
+        back = [n for n in job.nodes if n in self._released]
+        if not back:
+            return None
+        self._redone += 1
+        say(f"hot spares: Slurm has {','.join(back)} in job {self.ident.job_id} again (slurmctld restarted "
+            f"without the resize): releasing it again")
+        self.resized = False  # Slurm's view: the job was never resized, so it takes updates again
+        self._hot_comment()
+        self.write_comment()
+        if not self._hot_shrink(job, back):
+            return None  # refused: the next look tries again (at most MAX_REDO), then xid-watch's requeue
+        self.resized = True
+        self.received = None  # the grace signal xid-watch sent for the node the job is off again
+        alive = bool(getattr(child, "group_alive", False)) and not getattr(child, "leader_done", False)
+        self.record("job-hot-swap-redone", f"job {self.ident.job_id}: slurmctld restarted with {','.join(back)} "
+                    f"back in the allocation (its last resize lost); released again, the step "
+                    f"{'goes on' if alive else 'starts again'} on {','.join(self._sets.active)}; no requeue",
+                    "action", node=back[0], released=",".join(back), active=",".join(self._sets.active),
+                    swaps=self.swaps)
+        if alive:
+            return "continue"
+        if getattr(child, "group_alive", False):  # the step's leader ended, some of its processes did not
+            self._stop_step(child)
+        self._next_resume = self._resume_point(self.checkpoint_dir)
+        return "restart"
 
     def _stop_step(self, child: Child) -> float:
         """Forward the grace signal to the step, wait for it to checkpoint and end; seconds waited."""
@@ -307,6 +390,7 @@ class HotSpareRun:
         self.resized = True
         self.received = None
         self._write_spares()
+        self._released_now([n for n in decision.drop if n in fresh.nodes])
         lost, took = ",".join(decision.lost), ",".join(decision.swapped_in)
         what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
                 f"{lost} lost, elastic job continues on {len(self._sets.active)} node(s)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -30,23 +30,49 @@ def _slurm(config_path: Optional[str]) -> Tuple[Config, SlurmAdapter]:
 
 
 @node.command("list")
+@click.option("--waiting", is_flag=True, help="Only the nodes waiting for a replacement (drained "
+              "'autoheal: replace: ...'), with who acts and since when; exit 1 when there are any.")
 @config_option
 @json_option
 @handle_errors
-def list_nodes(config_path: Optional[str], as_json: bool) -> None:
-    """Every node with its state and reason; marks the drains that are autoheal's."""
+def list_nodes(waiting: bool, config_path: Optional[str], as_json: bool) -> None:
+    """Every node with its state and reason; marks the drains that are autoheal's.
+
+    \b
+    A node drained 'autoheal: replace: ...' waits for a replacement: by
+    autoheal sync where its remediate step runs, otherwise by a person, who
+    repairs or replaces the machine, then runs `autoheal check --node N
+    --clear-faults` and `autoheal node resume N`. `--waiting` lists those.
+    """
+    import time
+
+    from autoheal import awaiting
     from autoheal.reasons import is_ours
 
-    _, slurm = _slurm(config_path)
+    cfg, slurm = _slurm(config_path)
     nodes = slurm.list_nodes()
-    rows = [{"name": n.name, "state": n.state_text, "reason": n.reason, "ours": is_ours(n.reason),
-             "gpus": n.gpu_count} for n in nodes]
+    who = awaiting.who_replaces(cfg)
+    rows: List[Dict[str, Any]] = []
+    for n in nodes:
+        row: Dict[str, Any] = {"name": n.name, "state": n.state_text, "reason": n.reason, "ours": is_ours(n.reason),
+               "gpus": n.gpu_count, "waiting_for": ""}
+        if awaiting.awaiting_replacement(n, awaiting.replace_prefixes(cfg)):
+            row.update(waiting_for=who, waiting_since=n.reason_time, next=awaiting.after_repair(n.name))
+        if row["waiting_for"] or not waiting:
+            rows.append(row)
     if as_json:
         print_json(rows)
-        return
-    for r in rows:
-        mark = "*" if r["ours"] else " "
-        click.echo(f"{r['name']:<12} {r['state']:<28} {mark} {r['reason']}")
+    else:
+        for r in rows:
+            mark = "*" if r["ours"] else " "
+            click.echo(f"{r['name']:<12} {r['state']:<28} {mark} {r['reason']}")
+            if r["waiting_for"]:
+                since = r.get("waiting_since")
+                age = f" for {(time.time() - since) / 60:.0f} min" if since else ""
+                click.echo(f"{'':<12} waiting{age} for a replacement by {r['waiting_for']}"
+                           + (f"; {r['next']}" if r.get("next") else ""))
+    if waiting:
+        sys.exit(EXIT_PROBLEM if rows else EXIT_OK)
 
 
 def _report(outcome: Outcome, as_json: bool, journal_cfg: Config) -> None:

@@ -251,6 +251,12 @@ class SyncSection:
     breaker_cooldown_seconds: float = setting(900.0, doc="Minimum time a tripped breaker stays tripped "
                                               "(`autoheal sync breaker reset` re-arms it by hand).",
                                               min=0, max=604800)
+    expected_failure_percent_per_day: float = setting(
+        1.0, doc="The share of the pool expected to need a replacement per day (the fleet's failure rate; "
+        "large GPU fleets report about 0.3-0.5 % of nodes interrupted per day, not all of them replace-class). "
+        "`autoheal sync` warns at start when the breaker's limits (breaker_max_percent of the pool per "
+        "breaker_window_seconds, breaker_max_concurrent at once) let fewer replacements through.",
+        min=0, max=100)
     breaker_configmap: str = setting("autoheal-sync-breaker", doc="ConfigMap (in sync.namespace) holding the "
                                      "breaker state, shared by replicas and kept across restarts.",
                                      parse=V.dns_subdomain)
@@ -283,3 +289,37 @@ class SyncSection:
                 raise ConfigError(f"sync.replacement_template: {problem}")
         if self.breaker_rearm_percent > self.breaker_max_percent:
             raise ConfigError("sync.breaker_rearm_percent must not exceed sync.breaker_max_percent")
+
+    def replacement_capacity(self, pool: int) -> ReplacementCapacity:
+        """What the breaker's limits let through on a pool of ``pool`` nodes, against the expected rate."""
+        import math
+
+        per_window = math.floor(self.breaker_max_percent * pool / 100.0 + 1e-9)
+        per_day = per_window * 86400.0 / self.breaker_window_seconds
+        expected = pool * self.expected_failure_percent_per_day / 100.0
+        arithmetic = (f"{self.breaker_max_percent:g}% x {pool} nodes = {per_window} start(s) per "
+                      f"{self.breaker_window_seconds:.0f}s window = {per_day:.1f} per day; expected "
+                      f"{self.expected_failure_percent_per_day:g}% x {pool} = {expected:.2f} per day")
+        warning = ""
+        if pool and (per_window == 0 or self.breaker_max_concurrent == 0):
+            warning = (f"the breaker lets no replacement start at all on this pool ({arithmetic}, "
+                       f"{self.breaker_max_concurrent} at once): raise sync.breaker_max_percent (or "
+                       f"breaker_max_concurrent), or replace nodes by hand")
+        elif pool and per_day < expected:
+            warning = (f"the breaker lets fewer replacements through than the fleet is expected to need "
+                       f"({arithmetic}): nodes will queue in state waiting; raise sync.breaker_max_percent or "
+                       f"shorten sync.breaker_window_seconds")
+        return ReplacementCapacity(pool, per_window, per_day, expected, arithmetic, warning)
+
+
+@dataclass(frozen=True)
+class ReplacementCapacity:
+    """The breaker's arithmetic on one pool (``SyncSection.replacement_capacity``); ``warning`` "" when the
+    limits let at least the expected rate through."""
+
+    pool: int
+    per_window: int
+    per_day: float
+    expected_per_day: float
+    arithmetic: str
+    warning: str

@@ -294,7 +294,8 @@ class Soak:
                     snap.kube[meta["name"]] = {"unschedulable": bool((kn.get("spec") or {}).get("unschedulable")),
                                                "remediation": ann.get(f"{self.cfg.sync.annotation_prefix}/"
                                                                       "remediation-state", ""),
-                                               "labels": meta.get("labels") or {}}
+                                               "labels": meta.get("labels") or {},
+                                               **self._waiting_view(ann)}
                 crs = self._custom.list_cluster_custom_object("autoheal.io", "v1alpha1", "nodereplacements",
                                                               _request_timeout=5)["items"]
                 snap.replacements = [{"node": (c.get("spec") or {}).get("nodeName") or c["metadata"]["name"],
@@ -303,6 +304,12 @@ class Soak:
             except Exception:  # the API in a planned 5xx/429/slow window: no Kubernetes view this time
                 snap.kube = None
         return snap
+
+    def _waiting_view(self, ann: dict) -> dict:
+        """What a Node says of a remediation waiting on a breaker limit (since, limit, until)."""
+        p = f"{self.cfg.sync.annotation_prefix}/remediation-"
+        return {"since": ann.get(p + "since", ""), "waiting_limit": ann.get(p + "waiting-limit", ""),
+                "waiting_until": ann.get(p + "waiting-until", "")}
 
     def _breaker_state(self) -> dict:
         """The breaker's ConfigMap as the sync keeps it (what pages the on-call): {tripped_at, why}."""
@@ -387,7 +394,9 @@ class Soak:
             # looked at again on every try: while they were kept out (slurmctld restarting) the node may
             # have been replaced, resumed, or drained for a new fault, and then there is nothing to repair
             now_reason = strip_reason_suffix(self.slurm.get_node(node).reason or "")
-            if not now_reason.startswith("autoheal: replace"):
+            from autoheal.lab.soak_checks import PERSON_REPLACES
+
+            if not now_reason.startswith(PERSON_REPLACES):
                 oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
                 return
             labgpus.clear_all(self.lab, node)
@@ -519,8 +528,10 @@ class Soak:
             self._kill(f"slurmd-{node}")
             self._at(end, f"slurmd-{node} restarted", lambda: (self.lab.start_slurmd(node), ended()))
         elif f.kind == "kill-slurmctld":
+            lost = self._drains_it_may_lose(time.time())
             self._kill("slurmctld")
-            self._at(end, "slurmctld restarted", lambda: (self.lab.restart_slurmctld(), ended()))
+            self._at(end, "slurmctld restarted", lambda: (self.lab.restart_slurmctld(), ended(),
+                                                          self._admins_look_after_restart(lost)))
         elif f.kind == "kill-xid-watch":
             from autoheal.lab import wiring
 
@@ -679,6 +690,44 @@ class Soak:
 
         self._person(f"admin resumes {inj.node}", look)
 
+    #: Seconds before a ``kill -9`` of slurmctld within which an admin's drain may be lost: the bench's
+    #: SLURMCTLD_STATE_LAG (10 s) measured job updates; seed 60613 lost an admin's drain made 15.5 s before
+    #: the kill on a loaded machine ("Recovered state of 6 nodes", gpu1 with no reason).
+    ADMIN_DRAIN_LOSS = 30.0
+
+    def _drains_it_may_lose(self, now: float) -> List[Injected]:
+        """Admins' maintenance drains made shortly before a slurmctld kill and not ended: the restarted
+        slurmctld may come back without them. Until their admin has looked again they may be missing
+        (``lost_until``), which is Slurm's doing, not autoheal's."""
+        out = []
+        for inj in self.injected.values():
+            if inj.kind == "admin-drain" and inj.end is None and inj.start <= now \
+                    and now - inj.start <= self.ADMIN_DRAIN_LOSS:
+                inj.lost_until = float("inf")
+                out.append(inj)
+        return out
+
+    def _admins_look_after_restart(self, drains: List[Injected]) -> None:
+        """A site's runbook after a controller crash: the admins who had just drained a node look at it
+        again once slurmctld is back, and drain it again if it came back without their drain."""
+        from autoheal.reasons import strip_reason_suffix
+
+        for inj in drains:
+            def look(inj: Injected = inj) -> None:
+                if inj.end is not None:  # their maintenance ended meanwhile
+                    inj.lost_until = time.time()
+                    return
+                n = self.slurm.get_node(inj.node)
+                if not (n.drain and strip_reason_suffix(n.reason) == inj.reason):
+                    self._run(["scontrol", "update", f"nodename={inj.node}", "state=drain", f"reason={inj.reason}"])
+                    self.notes.append(f"admin: {inj.node} came back from the slurmctld restart without their "
+                                      f"maintenance drain (lost): drained again")
+                inj.lost_until = time.time() + 2.0  # the next snapshot shows it
+
+            self._at(time.time() + self.PEOPLE_LOOK_AGAIN, f"admin looks at {inj.node} after the restart",
+                     lambda look=look, inj=inj: self._person(f"admin looks at {inj.node} after the restart", look,
+                                                             failed=lambda: setattr(inj, "lost_until", time.time())))
+
     def _kill(self, proc_name: str) -> None:
         rec = self.lab.records().get(proc_name)
         if rec is None:
@@ -710,7 +759,9 @@ class Soak:
             self.monitor = Monitor(self.jobs, seed=self.opts.seed, breaker_max=self.cfg.sync.breaker_max_concurrent,
                                    spare_prefix=self._spare_prefix(),
                                    opt_out_label=self.cfg.sync.opt_out_label if self.opts.kube else "",
-                                   oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair)
+                                   oncall_delays=self.schedule.oncall, repair_delays=self.schedule.repair,
+                                   wait_bound=self.cfg.sync.breaker_window_seconds if self.opts.kube else None,
+                                   slurm_only=not self.opts.kube)
             self._wait_running(60.0)
             self.t0 = time.time()
             for f in self.schedule.faults:
@@ -796,12 +847,14 @@ class Soak:
         s = self._last
         if s is None or not self._jobs_done():
             return False
-        for _n, v in s.nodes.items():
+        for name, v in s.nodes.items():
             if node_in_service(v):
                 continue
             kind = ours_kind(v.get("reason", ""), self._spare_prefix()) if v.get("drain") else ""
             if kind in ("spare", "retired") or (kind == "" and v.get("drain")):
                 continue
+            if kind == "health" and self.monitor._limit_wait_ok(name, s.time):
+                continue  # waits visibly on a configured limit, which may be an hour away
             return False
         return True
 
@@ -863,6 +916,9 @@ class Soak:
         if self.monitor.waiting_human:
             self.notes.append(f"waiting for the on-call or the technician at the end: "
                               f"{', '.join(self.monitor.waiting_human)}")
+        if self.monitor.waiting_limit:
+            self.notes.append(f"waiting visibly on a configured breaker limit at the end (starts by itself when "
+                              f"it allows): {', '.join(self.monitor.waiting_limit)}")
         if self.monitor.awaiting:
             self.notes.append(f"awaiting a replacement at the end (requested; no spare left): "
                               f"{', '.join(self.monitor.awaiting)}")

@@ -106,6 +106,8 @@ class Injected:
     job: str = ""
     count: int = 1  # injections it made (flapping: several)
     note: str = ""
+    # an admin's drain a slurmctld kill may have lost: missing until then (their look after the restart)
+    lost_until: Optional[float] = None
 
 
 @dataclass
@@ -347,14 +349,52 @@ def slurm_own_drains(s: Snapshot) -> List[str]:
                   and strip_reason_suffix(n.get("reason", "")) in ONCALL_RESUMES)
 
 
+def awaiting_person(s: Snapshot) -> List[str]:
+    """Without Kubernetes nobody replaces a node: those of ``s`` drained ``autoheal: replace: ...`` wait for
+    a person (a Slurm-only site's technician), as the product says (``autoheal.awaiting``)."""
+    return sorted(name for name, n in s.nodes.items() if n.get("drain")
+                  and strip_reason_suffix(n.get("reason", "")).startswith(PERSON_REPLACES))
+
+
+#: Drains a person replaces (or repairs) on a Slurm-only site: the replace rung, a lemon (a repeat
+#: offender the node side retired); and the records that tell them (the notifier sends both).
+PERSON_REPLACES = ("autoheal: replace", "autoheal: lemon")
+TOLD_EVENTS = ("awaiting-replacement", "lemon")
+
+
+#: Limits of the remediation breaker a site configures; a node the sync shows waiting on one of them
+#: (state ``waiting`` on its Node) waits visibly, and starts by itself when the limit allows.
+LIMITS = ("start-share", "concurrency", "tripped")
+
+
+def limit_waits(s: Snapshot) -> Dict[str, dict]:
+    """Nodes of ``s`` whose remediation waits, visibly, on a breaker limit: the sync's ``waiting`` state
+    on the Node with the limit, since (when it asked) and until (the earliest start the limit allows).
+    {} without the Kubernetes view."""
+    out = {}
+    for name, k in (s.kube or {}).items():
+        if k.get("remediation") == "waiting" and k.get("waiting_limit") in LIMITS:
+            out[name] = {"limit": k["waiting_limit"], "since": float(k.get("since") or s.time),
+                         "until": float(k.get("waiting_until") or 0.0)}
+    return out
+
+
 class Monitor:
     """Invariants checked snapshot by snapshot, then once at the end (``finish``)."""
 
     def __init__(self, jobs: Sequence[JobMeta], seed: int = 0, held_grace: float = 45.0,
                  pending_limit: float = 180.0, cause_linger: float = 90.0, breaker_max: int = 2,
                  spare_prefix: str = "autoheal: spare", opt_out_label: str = "",
-                 oncall_delays: Sequence[float] = (60.0,), repair_delays: Sequence[float] = (90.0,)):
+                 oncall_delays: Sequence[float] = (60.0,), repair_delays: Sequence[float] = (90.0,),
+                 wait_bound: Optional[float] = None, slurm_only: bool = False):
         self.jobs = {j.job_id: j for j in jobs}
+        # no sync, no spare pool: every node waiting for a replacement waits for the technician
+        self.slurm_only = slurm_only
+        # seconds a remediation may wait visibly on the start share or the concurrency limit: the breaker's
+        # window (every start in it expires within one window); None: waiting is not accepted at all
+        self.wait_bound = wait_bound
+        self.limit_waits: Dict[str, dict] = {}  # node -> its visible wait, as last seen
+        self.waiting_limit: List[str] = []  # nodes and jobs that end the soak waiting on a configured limit
         self.oncall = OnCall(oncall_delays, repair_delays)
         self.seed = seed
         self.held_grace = held_grace
@@ -447,6 +487,10 @@ class Monitor:
             self.oncall.observe(s.time, s.breaker.get("tripped_at"), s.breaker.get("why") or "")
         if s.kube is not None:
             self.oncall.observe_awaiting(s.time, awaiting_replacement(s, self.spare_prefix))
+            self.limit_waits = limit_waits(s)
+            self._check_limit_waits(s)
+        elif self.slurm_only:
+            self.oncall.observe_awaiting(s.time, awaiting_person(s))
         self.oncall.observe_slurm_drains(s.time, slurm_own_drains(s))
         self.last_seen.update(s.jobs)
         self._check_nodes(s)
@@ -467,6 +511,8 @@ class Monitor:
             if n is None:
                 continue
             if not n.get("drain") or strip_reason_suffix(n.get("reason", "")) != f.reason:
+                if f.lost_until is not None and s.time <= f.lost_until:
+                    continue  # slurmctld came back without it; their admin looks again (Slurm's doing)
                 self._violate("admin-touched", f"drain-{f.id}",
                               f"{f.node}: the admin's drain ({f.reason!r}) was changed while it lasted",
                               s.time, node=f.node, state=n.get("state"), reason=n.get("reason"), fault=f.id)
@@ -544,6 +590,33 @@ class Monitor:
                 if key in labels and (not value or labels[key] == value):
                     self._violate("breaker", f"optout-{r.get('node')}", f"replacement requested for opted-out "
                                   f"node {r.get('node')}", s.time, request=r)
+
+    def _limit_wait_ok(self, name: str, t: float) -> bool:
+        """``name`` waits visibly on a limit at ``t``, within the bound that limit gives (a trip's wait is
+        the on-call's, judged with the trip)."""
+        w = self.limit_waits.get(name)
+        if w is None or self.wait_bound is None:
+            return False
+        return w["limit"] == "tripped" or t - w["since"] <= self.wait_bound
+
+    def _check_limit_waits(self, s: Snapshot) -> None:
+        """A visible wait on the start share or the concurrency limit ends within the bound; its until
+        lies within it."""
+        for name, w in sorted(self.limit_waits.items()):
+            if w["limit"] == "tripped":
+                continue
+            if self.wait_bound is None:
+                self._violate("stranded", f"wait-{name}-{w['since']:.0f}", f"{name}'s remediation waits on "
+                              f"the {w['limit']} limit, which this soak does not expect", s.time, node=name, **w)
+                continue
+            if s.time - w["since"] > self.wait_bound:
+                self._violate("stranded", f"wait-{name}-{w['since']:.0f}", f"{name}'s remediation has waited "
+                              f"{s.time - w['since']:.0f} s on the {w['limit']} limit, longer than it allows "
+                              f"({self.wait_bound:.0f} s)", s.time, node=name, **w)
+            elif w["until"] and w["until"] - w["since"] > self.wait_bound + 1.0:
+                self._violate("stranded", f"until-{name}-{w['since']:.0f}", f"{name}'s remediation says it "
+                              f"waits until {w['until'] - w['since']:.0f} s after it asked, beyond the "
+                              f"{w['limit']} limit's bound ({self.wait_bound:.0f} s)", s.time, node=name, **w)
 
     def _recovery(self, s: Snapshot) -> None:
         for f in self.faults:
@@ -626,6 +699,10 @@ class Monitor:
         t = final.time
         cancelled = set(user_cancelled)
         human = self.oncall.waiting(t) or bool(self.oncall.awaiting_technician()) or bool(self.oncall.awaiting_oncall())
+        if final.kube is not None:
+            self.limit_waits = limit_waits(final)
+        limited = sorted(n for n in self.limit_waits
+                         if self._limit_wait_ok(n, t) and final.nodes.get(n, {}).get("drain"))
         in_service = {n for n, v in final.nodes.items() if node_in_service(v)}
         # 1. final states
         for jid, meta in self.jobs.items():
@@ -635,6 +712,10 @@ class Monitor:
                 excl = set(comment_field(j.get("comment", ""), "excl").split(",")) - {""}
                 if human and state == "PENDING" and len(in_service - excl) < max(1, meta.nodes):
                     self.waiting_human.append(f"job {vid} (pending, {len(in_service - excl)} usable node(s))")
+                    continue
+                if limited and state == "PENDING" and len(in_service - excl) < max(1, meta.nodes):
+                    self.waiting_limit.append(f"job {vid} (pending, {len(in_service - excl)} usable node(s); "
+                                              f"waiting with {', '.join(limited)})")
                     continue
                 reason = str(j.get("reason") or "")
                 if state == "PENDING" and not j.get("held") and len(in_service - excl) >= max(1, meta.nodes) \
@@ -723,6 +804,12 @@ class Monitor:
             if name in self.oncall.awaiting_oncall():
                 self.waiting_human.append(f"{name} ({strip_reason_suffix(n.get('reason', ''))}, Slurm's own drain)")
                 continue
+            if kind == "health" and name in limited:
+                w = self.limit_waits[name]
+                self.waiting_limit.append(f"{name} (waits on the {w['limit']} limit for {t - w['since']:.0f} s"
+                                          + (f", until {w['until'] - t:.0f} s from now" if w["until"] else "")
+                                          + f", bound {self.wait_bound:.0f} s)")
+                continue
             requested = {r.get("node") for r in final.replacements}
             if awaiting_ok and kind == "health" and strip_reason_suffix(n.get("reason", "")).startswith(
                     "autoheal: replace") and (final.kube is None or name in requested):
@@ -732,8 +819,27 @@ class Monitor:
                           f"({n.get('reason') or 'no reason'}): neither in service nor retired by autoheal", t,
                           node=name, state=n.get("state"), reason=n.get("reason"),
                           faults_on_node=[asdict(f) for f in self.faults if f.node == name])
+        if self.slurm_only:
+            self._check_person_told(journal, t)
         self.check_leaks(leaked, t)
         return self.violations[before:]
+
+    #: Seconds between the drain that asks for a replacement and the hooks' record of the wait.
+    TOLD_WITHIN = 30.0
+
+    def _check_person_told(self, journal: Sequence[dict], t: float) -> None:
+        """Without Kubernetes a node waiting for a replacement waits for a person: the product must have
+        said so (an ``awaiting-replacement`` record of that node, which the notifier sends), or the wait
+        was invisible, and a technician would never have come."""
+        waits = [(r["node"], r["since"]) for r in self.oncall.repairs if r.get("since") is not None]
+        waits += [(n, w["since"]) for n, w in self.oncall._awaiting.items()]
+        for node, since in waits:
+            told = [r for r in journal if r.get("event") in TOLD_EVENTS and r.get("node") == node
+                    and since - 4 * self.TOLD_WITHIN <= float(r.get("time") or 0) <= since + self.TOLD_WITHIN]
+            if not told:
+                self._violate("stranded", f"untold-{node}-{since:.0f}", f"{node} waited for a person to replace "
+                              f"it from {since:.0f} with no awaiting-replacement record (nobody was told)", t,
+                              node=node, since=since)
 
     def _check_hotspare_comment(self, jid: str, j: dict, recs: Sequence[dict], t: float) -> None:
         """7. A hot-spare job's comment agrees with the journal: ``swaps=`` counts its ``job-hot-swap``

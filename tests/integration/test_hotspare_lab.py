@@ -132,6 +132,55 @@ def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
         hslab.cleanup(jid, [victim])
 
 
+def test_slurmctld_killed_right_after_the_swap_restarts_without_it_and_the_runner_swaps_again(hslab, tmp_path):
+    """Issue 27: slurmctld killed (-9) within seconds of the swap's resize restarts from its last saved
+    state, with the job on its old nodes, the drained one among them; the runner did not notice and
+    xid-watch requeued the job at the end of its grace. Here the kill comes right after the swap and the
+    restart is given the job state saved before it (what a kill in the seconds before the background save
+    leaves, made certain). The runner sees the allocation it really has and releases the node again: the
+    job runs on, on the batch host and the spare, with no requeue."""
+    import os
+    import signal as _signal
+
+    jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    state_dir = hslab.layout.root / "state"
+    before = {p.name: p.read_bytes() for p in state_dir.glob("job_state*")}  # the job on its 3 nodes
+    assert before, list(state_dir.iterdir())
+    try:
+        inject(hslab.lab, victim, 1, "xid", xid=79)
+        fault_at = time.time()
+        wait_text(out, SWAP_START, 60, count=2)
+        rec = hslab.lab.records()["slurmctld"]
+        os.kill(rec.pid, _signal.SIGKILL)
+        for name, data in before.items():
+            (state_dir / name).write_bytes(data)
+        hslab.lab.restart_slurmctld()
+        # (the runner may have released it again already; if not, Slurm shows the lost resize)
+        job = hslab.slurm.get_job(jid)
+        assert set(job.nodes) in ({batch, victim, spare}, {batch, spare}), job
+
+        def released_again():
+            j = hslab.slurm.get_job(jid)
+            return j.running and j.restart_count == 0 and set(j.nodes) == {batch, spare} and j
+
+        wait_for(released_again, 90, f"job {jid} on {batch},{spare} again, not requeued")
+        redone = [r for r in hslab.journal.read(job=jid) if r.event == "job-hot-swap-redone"]
+        assert len(redone) == 1 and redone[0].node == victim, redone
+        # past xid-watch's grace: no requeue for the node the job was back on
+        grace = load_config(hslab.layout.autoheal_conf).hooks.grace_seconds
+        time.sleep(max(0.0, fault_at + grace + 15 - time.time()))
+        job = hslab.slurm.get_job(jid)
+        assert job.running and job.restart_count == 0 and set(job.nodes) == {batch, spare}, job
+        assert not [r for r in hslab.journal.read(job=jid) if r.event in ("requeue", "job-requeue")], \
+            hslab.journal.read(job=jid)
+        assert len(hslab.swap_records(jid)) == 1
+        assert re.search(rf"nodes={batch},{spare} .*spares=none swaps=1", job.comment), job.comment
+        last = max(int(x) for x in re.findall(r"step=(\d+)$", out.read_text(), re.M))
+        wait_text(out, rf"step={last + 5}$", 60)  # the trainer goes on
+    finally:
+        hslab.cleanup(jid, [victim])
+
+
 def test_slurmd_killed_node_down_swaps_in_the_spare(hslab, tmp_path):
     jid, out, batch, victim, spare = hslab.submit(tmp_path)
     try:

@@ -212,3 +212,33 @@ def test_status_shows_nodes_opted_out_of_replacement(cli_env):
     finally:
         api.patch_node(kname, {"metadata": {"labels": {"autoheal.io/auto-replace": None}}})
         slurm.resume(name)
+
+
+def test_waiting_remediations_are_shown_oldest_first(cli_env):
+    """Issue 27: the queue of remediations the breaker holds back, in `sync remediation` and `sync breaker`
+    (the order they start in: by when they asked)."""
+    api, env = cli_env["api"], cli_env["env"]
+    a, b = cli_env["names"][:2]
+    marks = {}
+    for name, since, until in ((a, "2000", "5600"), (b, "1000", "4600")):
+        marks[name] = {"autoheal.io/remediation-state": "waiting", "autoheal.io/remediation-since": since,
+                       "autoheal.io/remediation-attempts": "0", "autoheal.io/remediation-slurm-node": name,
+                       "autoheal.io/remediation-waiting-limit": "start-share",
+                       "autoheal.io/remediation-waiting-until": until,
+                       "autoheal.io/remediation-reason": "2 of 2 starts allowed per 3600s window already made"}
+        api.patch_node(k8s_name(name), {"metadata": {"annotations": marks[name],
+                                                     "labels": {"autoheal.io/remediation": "waiting"}}})
+    try:
+        p = run(["sync", "remediation", "--json"], env)
+        rows = {r["node"]: r for r in json.loads(p.stdout)["remediations"]}
+        assert p.returncode == 0 and rows[k8s_name(a)]["state"] == "waiting", p.stdout
+        assert rows[k8s_name(a)]["limit"] == "start-share" and rows[k8s_name(a)]["until"] == 5600.0
+        p = run(["sync", "breaker", "--json"], env)
+        data = json.loads(p.stdout)
+        assert [r["slurm_node"] for r in data["waiting"]] == [b, a], p.stdout  # b asked first
+        p = run(["sync", "breaker"], env)
+        assert f"waiting: {k8s_name(b)}" in p.stdout and "until 1970-01-01T01:16:40Z" in p.stdout, p.stdout
+    finally:
+        for name in (a, b):
+            api.patch_node(k8s_name(name), {"metadata": {"annotations": dict.fromkeys(marks[name]),
+                                                         "labels": {"autoheal.io/remediation": None}}})

@@ -161,10 +161,14 @@ def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
     done = engine.maybe_repair(ctx, results, now=1030.0)
     assert [(a["action"], a["outcome"]) for a in done] == [("replace-node", "reason-updated")]
     assert ctx.slurm.calls == [("set_reason", "autoheal: replace: " + xid)] and ctx.slurm.reboots == []
+    # issue 27: the wait that starts is said once, with who acts and what to run after the repair
+    waits = [kw for ev, kw in ctx.records if ev == "awaiting-replacement"]
+    assert len(waits) == 1 and "a person" in waits[0]["message"] and "--clear-faults" in waits[0]["message"]
     # the next health checks ask nothing more: no reset, no reboot, no second reason change
     assert [a["outcome"] for a in engine.maybe_repair(ctx, results, now=1060.0)] == ["already asked"]
     assert len(ctx.slurm.calls) == 1 and ctx.slurm.reboots == []
     assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}
+    assert [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
 
 
 def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_path):

@@ -347,3 +347,60 @@ def test_runner_ignores_fault_drains_there_the_fault_path_decides(tmp_path):
     runner, slurm, journal, poll, _ = preswap_runner(tmp_path, "autoheal: xid 79 on GPU 0 of g2: fallen off the bus")
     report_progress(10, tmp_path / "ck")
     assert poll() is None and list(journal.read()) == []
+
+
+# ---- issue 27: slurmctld killed within seconds of the resize restarts with the job on its old nodes ------
+class RunningChild:
+    group_alive = True
+    leader_done = False
+
+
+def test_runner_releases_the_node_again_when_slurmctld_lost_the_resize(tmp_path):
+    """The swap's `scontrol update NodeList=` was acknowledged, then slurmctld was killed and restarted from
+    its last saved state: the job is on g1,g2,g3 again, g2 (drained) among them, and xid-watch would
+    requeue it at the end of its grace. The runner sees the allocation it really has and releases g2
+    again; the step goes on, nothing is requeued, the swap is not counted twice."""
+    from autoheal.sbatch_helpers.progress import report_progress
+
+    reason = "autoheal: pre-emptive swap: row remap pending on GPU 0 of g2"
+    runner, slurm, journal, poll, _ = preswap_runner(tmp_path, reason)
+    report_progress(10, tmp_path / "ck")
+    assert poll() is None
+    report_progress(20, tmp_path / "ck")
+    assert poll() == "restart" and slurm.calls.count(("shrink", ["g1", "g3"])) == 1
+    slurm.job = Job("42", "RUNNING", ("g1", "g3"), comment="autoheal-runner", batch_host="g1", raw_id="42")
+    runner._verify_next = 0.0
+    assert runner.hot_verify(RunningChild()) is None  # Slurm kept the resize: nothing to do
+    # slurmctld restarted without it
+    slurm.job = Job("42", "RUNNING", ("g1", "g2", "g3"), comment="autoheal-runner", batch_host="g1", raw_id="42")
+    runner._verify_next = 0.0
+    runner.hot_preswap(RunningChild())  # the runner's poll while the step runs
+    assert slurm.calls.count(("shrink", ["g1", "g3"])) == 2
+    comments = [c for c in slurm.calls if c[0] == "comment"]
+    assert "swaps=1" in comments[-1][1] and "nodes=g1,g3" in comments[-1][1]  # written again, before the resize
+    redone = [x for x in journal.read() if x.event == "job-hot-swap-redone"]
+    assert len(redone) == 1 and redone[0].node == "g2" and "goes on" in redone[0].message
+    assert runner.swaps == 1 and runner.resized
+    assert [x.event for x in journal.read()].count("job-hot-swap") == 1
+
+
+def test_a_fault_signal_for_the_node_back_in_a_lost_resize_is_not_a_requeue(tmp_path):
+    """xid-watch's grace signal for g2 (the job is on it again in Slurm's restored view): release it again
+    and go on, not the requeue path; once the step ended, start it again on the active nodes."""
+    import signal as _signal
+
+    from autoheal.sbatch_helpers.progress import report_progress
+
+    runner, slurm, journal, poll, _ = preswap_runner(tmp_path, "autoheal: pre-emptive swap: x on GPU 0 of g2")
+    report_progress(10, tmp_path / "ck")
+    poll()
+    report_progress(20, tmp_path / "ck")
+    assert poll() == "restart"
+    slurm.job = Job("42", "RUNNING", ("g1", "g2", "g3"), comment="autoheal-runner", batch_host="g1", raw_id="42")
+    slurm.nodes[1] = Node("g2", "ALLOCATED", frozenset({"DRAIN"}), "autoheal: xid 79 on GPU 0 of g2")
+    runner.received = int(_signal.SIGUSR1)
+    assert runner.hot_fault(RunningChild(), "signal") == "continue" and runner.received is None
+    assert slurm.calls.count(("shrink", ["g1", "g3"])) == 2
+    slurm.job = Job("42", "RUNNING", ("g1", "g2", "g3"), comment="autoheal-runner", batch_host="g1", raw_id="42")
+    assert runner.hot_fault(NoChild(), "exit 1") == "restart"  # the step died meanwhile: again, no requeue
+    assert not [x for x in journal.read() if x.event in ("job-requeue", "requeue")]

@@ -51,6 +51,11 @@ def state(kube, name):
     return (kube.nodes[k8s_name(name)]["metadata"].get("annotations") or {}).get(K["state"], "")
 
 
+def started(kube, name):
+    """A remediation under way or ended (not waiting for the breaker, not none)."""
+    return state(kube, name) not in ("", "waiting")
+
+
 def provide_spare(slurm, kube, old="n1", spare="spare1", via_cr=True):
     """What the spare pool does: spare slurmd registers (still drained), Node + slurmd pod, status."""
     n = slurm.nodes[spare]
@@ -197,14 +202,19 @@ def test_breaker_10_of_12_failing_remediates_exactly_the_allowed_ones_and_rearms
     r = recon(slurm, kube, cfg, clock)
     res = r.run_pass()
     all_names = [f"n{i}" for i in range(1, 13)]
-    started = [n for n in all_names if state(kube, n)]
+    started = [n for n in all_names if state(kube, n) not in ("", "waiting")]
     assert len(started) == 2  # exactly the allowed ones (2 concurrent, 25% of 12 = 3 per window)
     assert res.breaker["tripped"] and any("breaker tripped" in p for p in res.problems)
     assert sum("not started" in p for p in res.problems) == 8  # the rest reported
-    assert "AutohealBreakerTripped" in [e["reason"] for e in kube.events]
+    # the rest wait, visibly on the Node; the trip's one record speaks for them (no Event each)
+    assert [n for n in all_names if state(kube, n) == "waiting"] == [n for n in all_names[:10] if n not in started]
+    reasons = [e["reason"] for e in kube.events]
+    assert "AutohealBreakerTripped" in reasons and "AutohealRemediationWaiting" not in reasons
     for _ in range(3):
         r.run_pass()
-    assert [n for n in all_names if state(kube, n)] == started
+    assert [n for n in all_names if state(kube, n) not in ("", "waiting")] == started
+    assert {kube.nodes[k8s_name(n)]["metadata"]["annotations"][K["waiting-limit"]]
+            for n in all_names[:10] if n not in started} == {"tripped"}
     # the glitch passes: the hooks resume all but one waiting node; the cooldown ends
     waiting = [n for n in all_names[:10] if n not in started]
     for n in waiting[1:]:
@@ -219,8 +229,8 @@ def test_breaker_10_of_12_failing_remediates_exactly_the_allowed_ones_and_rearms
     assert not res.breaker["tripped"]
     assert "AutohealBreakerRearmed" in [e["reason"] for e in kube.events]
     assert not kube.configmaps[("slurm", "autoheal-sync-breaker")]["data"].get("trippedAt")
-    # only the node still asking starts; the healed ones are not replayed
-    assert [n for n in all_names if state(kube, n)] == [waiting[0]]
+    # only the node still asking starts; the healed ones are not replayed (their waiting state is cleared)
+    assert [n for n in all_names if state(kube, n)] == [waiting[0]] and state(kube, waiting[0]) == "quarantined"
 
 
 def test_breaker_reset_by_hand_and_kept_across_restarts():
@@ -233,10 +243,10 @@ def test_breaker_reset_by_hand_and_kept_across_restarts():
     res = recon(slurm, kube, cfg, clock).run_pass()  # a restarted daemon still sees the trip
     assert res.breaker["tripped"]
     kube.patch_configmap("slurm", "autoheal-sync-breaker", breaker_reset_patch())
-    assert [n for n in ("n1", "n2", "n3") if state(kube, n)] == ["n1"]
+    assert [n for n in ("n1", "n2", "n3") if started(kube, n)] == ["n1"]
     res = recon(slurm, kube, cfg, clock).run_pass()
     # re-armed: one more start within the limits (25% of 4 per window), then it trips again (75% drained)
-    assert [n for n in ("n1", "n2", "n3") if state(kube, n)] == ["n1", "n2"] and res.breaker["tripped"]
+    assert [n for n in ("n1", "n2", "n3") if started(kube, n)] == ["n1", "n2"] and res.breaker["tripped"]
 
 
 def test_failed_reads_change_nothing():
@@ -568,7 +578,8 @@ def test_opt_out_lifted_while_the_breaker_is_full_clears_the_mark_and_waits():
     assert K["opted-out"] in kube.nodes[k8s_name("n2")]["metadata"]["annotations"]
     kube.other_pods[("inference", "keep-me")]["metadata"]["labels"] = {}
     res = r.run_pass()
-    assert K["opted-out"] not in kube.nodes[k8s_name("n2")]["metadata"]["annotations"] and state(kube, "n2") == ""
+    assert K["opted-out"] not in kube.nodes[k8s_name("n2")]["metadata"]["annotations"]
+    assert state(kube, "n2") == "waiting"  # not started, and says so on the Node
     assert any("remediation of k8s-n2 (n2) not started" in p for p in res.problems)
 
 
@@ -747,7 +758,7 @@ def test_breaker_share_counts_only_the_pool_a_node_that_left_it_is_not_affected(
     assert not res.breaker["tripped"], res.breaker
     assert state(kube, "n1") == "replacing"
     # n1's remediation still holds one of the 2 concurrent slots: one of n2/n3 starts, not both
-    assert [n for n in ("n2", "n3") if state(kube, n)] == ["n2"]
+    assert [n for n in ("n2", "n3") if started(kube, n)] == ["n2"] and state(kube, "n3") == "waiting"
     slurm.drain("n4", XID79)
     res = r.run_pass()
     assert res.breaker["tripped"]  # n2 n3 n4 of 4 = 75 %

@@ -498,3 +498,117 @@ def test_a_job_slurm_forgot_before_the_end_is_judged_as_last_seen():
     v = m.finish(final, [], 0, {})
     assert [x.invariant for x in v] == ["stranded"] and "opted-in job 10 ended FAILED" in v[0].message
     assert final.jobs["10"]["purged"] is True
+
+
+# ---- issue 27: a node waiting visibly on a configured breaker limit -------------------------------------
+GPU4_REPLACE = "autoheal: replace: xid 79 on GPU 0 of gpu4 (0000:1b:00.0): fallen off the bus"
+
+
+def _kube_waiting(since, until, limit="start-share"):
+    base = {n: {"unschedulable": False, "remediation": "", "labels": {}} for n in ("gpu1", "gpu2", "gpu3", "gpu4")}
+    base["gpu4"] = {"unschedulable": False, "remediation": "waiting", "labels": {}, "since": str(int(since)),
+                    "waiting_limit": limit, "waiting_until": str(int(until)) if until else ""}
+    return base
+
+
+def _seed_4242_end(kube, t=400.0, wait_bound=3600.0):
+    """Seed 4242 at 25 faults: gpu4's replacement was refused by the start share (2 of 2 starts in the
+    hour used by gpu1 and gpu2) and the soak ended with it drained `autoheal: replace: ...`."""
+    m = _mon(wait_bound=wait_bound)
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu4", gpu=0))
+    nodes = _nodes(gpu4=_node("IDLE+DRAIN", True, GPU4_REPLACE))
+    m.observe(Snapshot(110.0, nodes, {}, kube=kube))
+    final = Snapshot(t, nodes, {"10": _job("COMPLETED"), "11": _job("COMPLETED")}, kube=kube)
+    m.observe(final)
+    return m, m.finish(final, [], 0, {}, awaiting_ok=True, recovery_bound=125.0)
+
+
+def test_a_node_waiting_visibly_on_the_start_share_is_waiting_not_stranded():
+    m, v = _seed_4242_end(_kube_waiting(105.0, 50.0 + 3600.0))
+    assert v == [] and len(m.waiting_limit) == 1 and "start-share" in m.waiting_limit[0], m.waiting_limit
+
+
+def test_invisible_waiting_stays_an_end_state_violation():
+    kube = _kube_waiting(105.0, 0.0)
+    kube["gpu4"] = {"unschedulable": False, "remediation": "", "labels": {}}  # what main did: nothing shown
+    m, v = _seed_4242_end(kube)
+    assert [x.invariant for x in v] == ["end-state"] and m.waiting_limit == []
+
+
+def test_a_visible_wait_longer_than_the_limit_allows_is_stranded():
+    m, v = _seed_4242_end(_kube_waiting(105.0, 50.0 + 3600.0), t=105.0 + 3600.0 + 30.0)
+    assert sorted({x.invariant for x in v} | {x.invariant for x in m.violations}) == ["end-state", "stranded"]
+    m = _mon(wait_bound=600.0)  # an until beyond the window is a wrong promise
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu4", gpu=0))
+    m.observe(Snapshot(110.0, _nodes(gpu4=_node("IDLE+DRAIN", True, GPU4_REPLACE)), {},
+                       kube=_kube_waiting(105.0, 105.0 + 3600.0)))
+    assert [x.invariant for x in m.violations] == ["stranded"] and "until" in m.violations[0].message
+
+
+def test_a_job_pending_for_lack_of_nodes_while_one_waits_on_a_limit_is_waiting():
+    kube = _kube_waiting(105.0, 50.0 + 3600.0)
+    m = _mon(wait_bound=3600.0)
+    down = _node("IDLE+DRAIN", True, GPU4_REPLACE)
+    nodes = _nodes(gpu1=_node("IDLE+DRAIN", True, "admin: maintenance"), gpu2=down, gpu3=down, gpu4=down)
+    final = Snapshot(400.0, nodes, {"10": _job("COMPLETED"), "11": _job("PENDING", "Resources", nodes=())},
+                     kube=kube)
+    v = m.finish(final, [], 0, {}, awaiting_ok=True)
+    assert "stranded" not in {x.invariant for x in v}
+    assert any(x.startswith("job 11") for x in m.waiting_limit), m.waiting_limit
+
+
+def test_without_a_bound_a_limit_wait_is_not_accepted():
+    m, v = _seed_4242_end(_kube_waiting(105.0, 50.0 + 3600.0), wait_bound=None)
+    assert {x.invariant for x in m.violations} == {"stranded", "end-state"}
+
+
+# ---- issue 27: without Kubernetes a node waiting for a replacement waits for the technician ------------
+def _slurm_only_end(told: bool, repaired: bool):
+    """Seed 5150 --no-kube: every GPU node ended at the replace rung and every job pending (44 stranded)."""
+    m = _mon(slurm_only=True, repair_delays=(90.0,))
+    m.add_fault(Injected(1, "xid79", "gpu", 100.0, node="gpu4", gpu=0))
+    down = _node("IDLE+DRAIN", True, GPU4_REPLACE)
+    nodes = _nodes(gpu1=down, gpu2=down, gpu3=down, gpu4=down)
+    m.observe(Snapshot(110.0, nodes, {"10": _job("PENDING", "ReqNodeNotAvail", nodes=())}))
+    assert m.oncall.awaiting_technician() == ["gpu1", "gpu2", "gpu3", "gpu4"]
+    assert m.oncall.repairs_due(150.0) == [] and len(m.oncall.repairs_due(201.0)) == 4
+    if repaired:
+        for n in ("gpu1", "gpu2", "gpu3", "gpu4"):
+            m.oncall.repaired(n, 230.0, "resumed")
+        nodes = _nodes()
+    journal = [{"event": "awaiting-replacement", "node": n, "time": 105.0} for n in ("gpu1", "gpu2", "gpu3", "gpu4")
+               if told]
+    final = Snapshot(400.0, nodes, {"10": _job("PENDING", "ReqNodeNotAvail", nodes=()) if not repaired
+                                    else _job("COMPLETED"), "11": _job("COMPLETED")})
+    m.observe(final)
+    return m, m.finish(final, journal, 0, {}, awaiting_ok=True)
+
+
+def test_slurm_only_nodes_wait_for_the_technician_visibly():
+    m, v = _slurm_only_end(told=True, repaired=False)  # the technician has not come yet: waiting for a human
+    assert v == [] and any(x.startswith("job 10") for x in m.waiting_human), m.waiting_human
+    m, v = _slurm_only_end(told=True, repaired=True)
+    assert v == [] and m.oncall.summary()["repairs"] == 4
+
+
+def test_slurm_only_wait_nobody_was_told_of_is_stranded():
+    m, v = _slurm_only_end(told=False, repaired=True)
+    assert [x.invariant for x in v] == ["stranded"] * 4 and all("nobody was told" in x.message for x in v)
+
+
+def test_an_admin_drain_slurmctld_lost_is_not_autoheal_touching_it_until_the_admin_looked_again():
+    """Seed 60613 at 60 faults: the admin drained gpu1 at 22:17:45.5, slurmctld was killed 15.5 s later and
+    came back with gpu1 UNKNOWN and no reason ("Recovered state of 6 nodes"): `admin-touched`, although
+    nobody but Slurm had changed it. Lost to slurmctld until the admin has looked again; after that, and
+    for any drain no kill could have lost, the rule holds."""
+    m = _mon()
+    drain = Injected(25, "admin-drain", "people", 100.0, node="gpu1", reason="admin: soak maintenance 25")
+    m.add_fault(drain)
+    m.add_fault(Injected(27, "kill-slurmctld", "process", 115.5))
+    lost = _nodes(gpu1=_node("UNKNOWN+NOT_RESPONDING", False, "", responding=False))
+    drain.lost_until = float("inf")  # the runner: a drain that kill may have lost, the admin looks again
+    assert m.observe(Snapshot(130.0, lost, {})) == []
+    drain.lost_until = 160.0  # the admin looked and drained it again
+    back = _nodes(gpu1=_node("IDLE+DRAIN", True, "admin: soak maintenance 25"))
+    assert m.observe(Snapshot(161.0, back, {})) == []
+    assert [v.invariant for v in m.observe(Snapshot(170.0, lost, {}))] == ["admin-touched"]

@@ -96,3 +96,24 @@ def test_the_user_releases_again_a_job_a_slurmctld_restart_left_held():
     soak._user_looks_again("77")  # released and kept: nothing to do
     _run_events(soak)
     assert ctld.releases == 1
+
+
+def test_the_admin_drains_again_when_a_slurmctld_restart_lost_their_drain():
+    """Seed 60613: a drain 15.5 s before a slurmctld kill -9 was gone after the restart. The admins who had
+    just drained a node look again once slurmctld is back, and drain it again if needed."""
+    ctld = Ctld(Node("gpu1", "IDLE", frozenset(), ""))  # what the restarted slurmctld shows
+    soak = _soak(ctld)
+    calls = []
+    soak._run = lambda argv, timeout=30.0, check=True: calls.append(argv)
+    import time as _time
+
+    inj = Injected(25, "admin-drain", "people", _time.time() - 15.5, node="gpu1", reason="admin: soak maintenance 25")
+    old = Injected(3, "admin-drain", "people", _time.time() - 120.0, node="gpu2", reason="admin: soak maintenance 3")
+    soak.injected = {25: inj, 3: old}
+    lost = soak._drains_it_may_lose(_time.time())
+    assert lost == [inj] and inj.lost_until == float("inf") and old.lost_until is None
+    soak._admins_look_after_restart(lost)
+    _run_events(soak)
+    assert calls == [["scontrol", "update", "nodename=gpu1", "state=drain", "reason=admin: soak maintenance 25"]]
+    assert inj.lost_until is not None and inj.lost_until < float("inf")
+    assert any("without their maintenance drain" in n for n in soak.notes)
