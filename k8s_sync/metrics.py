@@ -152,7 +152,10 @@ def remediation_bounds(cfg: Any) -> Dict[str, float]:
     (``remediation.next_step``: fails it, or retries a failed one). A node older than its bound means the
     machine is not moving (no leader, every pass failing, a bug): the alert's business. ``done`` has none."""
     drain = float(cfg.remediation_drain_timeout_seconds)
-    return {"quarantined": float(cfg.remediation_grace_seconds), "draining": drain, "drained": drain,
+    # waiting on a breaker limit: a start-share wait ends within one window (the soak's bound too); longer
+    # means the queue is not moving
+    return {"waiting": float(cfg.breaker_window_seconds),
+            "quarantined": float(cfg.remediation_grace_seconds), "draining": drain, "drained": drain,
             "replacing": float(cfg.remediation_replace_timeout_seconds),
             "failed": float(cfg.remediation_retry_seconds)}
 

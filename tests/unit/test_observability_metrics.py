@@ -47,10 +47,12 @@ def test_sync_metrics_export_fleet_buckets_and_remediation_ages_against_their_bo
         cfg.remediation_replace_timeout_seconds
     states = {s.labels["state"] for s in m.registry.collect() for s in s.samples
               if s.name == "autoheal_sync_remediation_oldest_seconds"}
-    assert states == {"quarantined", "draining", "drained", "replacing", "done", "failed"}
+    assert states == {"waiting", "quarantined", "draining", "drained", "replacing", "done", "failed"}
+    # a wait on the breaker's start share ends within its window: longer is the stuck-remediation alert's
+    assert get("autoheal_sync_remediation_bound_seconds", {"state": "waiting"}) == cfg.breaker_window_seconds
     # no node or job name ever becomes a label
     labels = {k for metric in m.registry.collect() for s in metric.samples for k in s.labels}
-    assert labels <= {"state", "result", "kind", "le"}
+    assert labels <= {"state", "result", "kind", "le", "limit"}  # limit: the breaker's few limits (waiting)
 
 
 def test_histogram_in_the_node_counters_is_cumulative_with_every_bucket():
