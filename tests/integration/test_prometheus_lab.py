@@ -186,7 +186,9 @@ def test_autoheal_status_on_the_lab_and_with_the_api_server_gone(prom_lab):
     text, took_text = run_status(prom_lab, "--prometheus", prom_lab.prom)
     assert text.returncode == 1 and f"xid-watch on {second}" in text.stdout and "TRIPPED" in text.stdout
 
-    api = prom_lab.lab.records()["kube-api"]
+    from autoheal.lab.controlplane import APISERVER
+
+    api = prom_lab.lab.records()[APISERVER]
     procs.stop(api)
     gone, took_gone = run_status(prom_lab, "--json", "--prometheus", prom_lab.prom)
     assert gone.returncode == 1, gone.stderr

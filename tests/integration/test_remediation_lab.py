@@ -327,6 +327,10 @@ def test_label_webhook_and_delete_node_actions_on_the_lab(lab_factory):
         provider.stop()
 
     set_sync_config(lab, replacement_action="delete-node")
+    # as a site would: `helm upgrade` with the new action, whose RBAC adds Node delete (granted per feature)
+    from autoheal.lab import controlplane, realkube
+
+    realkube.install_chart(lab, controlplane.cached_bindir(), labkube.kubeconfig_path(lab))
     labkube.start_sync(lab)
     scontrol_drain(handle, "gpu3")
     wait_for(lambda: annotations(core, "gpu3") is None, 40, "Node gpu3 deleted for replacement")

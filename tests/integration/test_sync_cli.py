@@ -200,7 +200,7 @@ def test_status_shows_nodes_opted_out_of_replacement(cli_env):
     api, env, slurm = cli_env["api"], cli_env["env"], cli_env["slurm"]
     name = cli_env["names"][2]
     kname = k8s_name(name)
-    slurm.drain(name, "autoheal: xid 79 on gpu 3: fell off the bus")
+    slurm.drain(name, "autoheal: replace: xid 79 on gpu 3: fell off the bus")  # the hooks' replace rung
     api.patch_node(kname, {"metadata": {"labels": {"autoheal.io/auto-replace": "false"}}})
     try:
         p = run(["sync", "status", "--json"], env)
