@@ -99,3 +99,21 @@ def lab_factory(tmp_path_factory):
     yield make
     for handle in started:
         handle.lab.down()
+
+
+@pytest.fixture(scope="module")
+def control_plane(tmp_path_factory):
+    """A real etcd + kube-apiserver + kube-controller-manager (``autoheal.lab.controlplane``), built once
+    per machine; where Go is missing the tests say what to install (and fail under CI, which must have it)."""
+    from autoheal.lab import controlplane
+    from autoheal.lab.cluster import _free_ports
+
+    why = controlplane.missing_toolchain()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to build the control plane: {why}")
+        pytest.skip(why)
+    plane = controlplane.start(controlplane.ensure_binaries(), tmp_path_factory.mktemp("controlplane"),
+                               _free_ports(3))
+    yield plane
+    plane.stop()

@@ -123,3 +123,37 @@ def helm_or_skip() -> str:
             pytest.fail(f"CI must have helm: {built} is missing (lab/kube-tools/build.sh builds it)")
         pytest.skip("helm is not built (lab/kube-tools/build.sh builds it)")
     return found
+
+
+class WebhookRecorder:
+    """A local webhook endpoint (a real HTTP server on loopback) that keeps every JSON body posted to it."""
+
+    def __init__(self):
+        import http.server
+        import json
+        import threading
+
+        self.bodies = []
+        hook = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T/B/SECRET"
+
+    def events(self):
+        return [b["autoheal"]["event"] for b in self.bodies]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -8,26 +8,11 @@ in one line (and fail under CI, which must have Go)."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 
 from autoheal.lab import controlplane
-from autoheal.lab.cluster import _free_ports
-
-
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory):
-    why = controlplane.missing_toolchain()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must be able to build the control plane: {why}")
-        pytest.skip(why)
-    bindir = controlplane.ensure_binaries()
-    plane = controlplane.start(bindir, tmp_path_factory.mktemp("controlplane"), _free_ports(3))
-    yield plane
-    plane.stop()
 
 
 def _api(kubeconfig=None, token=None, server=None, ca=None):
@@ -53,26 +38,26 @@ def _wait(pred, timeout=60.0):
     raise AssertionError("condition not met in time")
 
 
-def test_the_real_api_server_reports_the_pinned_version(cp):
+def test_the_real_api_server_reports_the_pinned_version(control_plane):
     from kubernetes import client
 
-    info = client.VersionApi(_api(cp.kubeconfig)).get_code()
+    info = client.VersionApi(_api(control_plane.kubeconfig)).get_code()
     versions = (controlplane.REPO_TOOLS / "versions.env").read_text()
     assert f"KUBERNETES_VERSION={info.git_version}" in versions
 
 
-def test_rbac_is_real_a_service_account_without_grants_gets_403(cp):
+def test_rbac_is_real_a_service_account_without_grants_gets_403(control_plane):
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    api = _api(cp.kubeconfig)
+    api = _api(control_plane.kubeconfig)
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": "rbac-probe"}})
     core.create_namespaced_service_account("rbac-probe", {"metadata": {"name": "nobody"}})
     tok = core.create_namespaced_service_account_token(
         "nobody", "rbac-probe", {"spec": {"expirationSeconds": 600}}).status.token
-    ca = str(cp.root / "pki" / "ca.crt")
-    as_sa = client.CoreV1Api(_api(token=tok, server=cp.server, ca=ca))
+    ca = str(control_plane.root / "pki" / "ca.crt")
+    as_sa = client.CoreV1Api(_api(token=tok, server=control_plane.server, ca=ca))
     with pytest.raises(ApiException) as exc:
         as_sa.list_node()
     assert exc.value.status == 403
@@ -81,11 +66,11 @@ def test_rbac_is_real_a_service_account_without_grants_gets_403(cp):
     assert exc.value.status == 403
 
 
-def test_an_eviction_a_pdb_forbids_answers_429_and_goes_through_once_allowed(cp):
+def test_an_eviction_a_pdb_forbids_answers_429_and_goes_through_once_allowed(control_plane):
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    api = _api(cp.kubeconfig)
+    api = _api(control_plane.kubeconfig)
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     core.create_namespace({"metadata": {"name": "pdb-probe"}})
     # the serviceaccount controller makes "default" (the ServiceAccount admission plugin needs it for pods)

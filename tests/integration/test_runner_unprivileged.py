@@ -10,7 +10,6 @@ Slurm calls fail as they would without a controller, which it survives), the epi
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import shutil
@@ -18,10 +17,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
 from pathlib import Path
 
 import pytest
+from helpers import WebhookRecorder
 
 from autoheal.job_records import ensure_spool
 from autoheal.journal import Journal
@@ -49,32 +48,7 @@ def _python_for(uid: int) -> str:
     pytest.skip(f"no python{sys.version_info[0]}.{sys.version_info[1]} that uid {uid} may run")
 
 
-class Hook:
-    def __init__(self):
-        self.bodies = []
-        hook = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T/B/SECRET"
-
-    def events(self):
-        return [b["autoheal"]["event"] for b in self.bodies]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+Hook = WebhookRecorder
 
 
 class Site:

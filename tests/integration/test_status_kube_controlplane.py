@@ -5,30 +5,12 @@ the sync's client would see them, a missing object is None, and a refused read i
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("kubernetes")
 
-from autoheal.lab import controlplane
-from autoheal.lab.cluster import _free_ports
 
-
-@pytest.fixture(scope="module")
-def cp(tmp_path_factory):
-    why = controlplane.missing_toolchain()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must be able to build the control plane: {why}")
-        pytest.skip(why)
-    bindir = controlplane.ensure_binaries()
-    plane = controlplane.start(bindir, tmp_path_factory.mktemp("controlplane"), _free_ports(3))
-    yield plane
-    plane.stop()
-
-
-def test_status_reads_the_real_api_server_with_the_kubeconfig(cp, monkeypatch):
+def test_status_reads_the_real_api_server_with_the_kubeconfig(control_plane, monkeypatch):
     import certifi
     from kubernetes import client
     from kubernetes import config as kconfig
@@ -38,7 +20,7 @@ def test_status_reads_the_real_api_server_with_the_kubeconfig(cp, monkeypatch):
     from autoheal.config import parse_config
 
     cfg = client.Configuration()
-    kconfig.load_kube_config(config_file=str(cp.kubeconfig), client_configuration=cfg)
+    kconfig.load_kube_config(config_file=str(control_plane.kubeconfig), client_configuration=cfg)
     api = client.ApiClient(cfg)
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": "slurm"}})
@@ -50,7 +32,7 @@ def test_status_reads_the_real_api_server_with_the_kubeconfig(cp, monkeypatch):
     # a public CA bundle in the environment (as many hosts set it) must not replace the cluster's CA:
     # requests lets $REQUESTS_CA_BUNDLE override a session's verify (seen here: CERTIFICATE_VERIFY_FAILED)
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", certifi.where())
-    kube = StatusKube.from_settings(str(cp.kubeconfig), False, 10.0, node_label="autoheal.io/remediation")
+    kube = StatusKube.from_settings(str(control_plane.kubeconfig), False, 10.0, node_label="autoheal.io/remediation")
     # the Lease as the sync writes it (MicroTime with microseconds and Z), posted as JSON: the kubernetes
     # client 37 re-serialises a renewTime string as "+00:00", which the real API server refuses (400)
     resp = kube.session.post(f"{kube.host}/apis/coordination.k8s.io/v1/namespaces/slurm/leases", timeout=10,

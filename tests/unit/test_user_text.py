@@ -8,11 +8,10 @@ loops ``scontrol requeuehold`` on their own job so that the guard releases it pa
 
 from __future__ import annotations
 
-import http.server
 import json
-import threading
 
 import pytest
+from helpers import WebhookRecorder
 
 from autoheal.journal import Journal, Record
 from autoheal.lab.testing.slurm import MemorySlurm
@@ -30,31 +29,7 @@ RAW = ["<!channel>", "<!here>", "<!everyone>", "<@U024BE7LH>", "<#C024BE7LH>", "
        "@everyone", "@all", "](http", "<http", "<b>", "<at>"]
 
 
-class Hook:
-    """A local webhook endpoint that keeps every posted body."""
-
-    def __init__(self):
-        self.bodies = []
-        hook = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                hook.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                self.send_response(200)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T/B/SECRET"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+Hook = WebhookRecorder
 
 
 @pytest.fixture
