@@ -199,6 +199,7 @@ class JobSide:
         self.h = ctx.hooks
         self._count = count or (lambda _name: None)
         self._rng = rng or random.Random()
+        self._kept_foreign: Optional[C.CheckResult] = None  # the last pending drain kept someone else's drain
         now = time.time()
         # the first self-check of an idle node comes at a random point of the interval: nodes started
         # together (a cluster-wide restart) do not all ask slurmctld at once
@@ -281,6 +282,7 @@ class JobSide:
         node = self.ctx.slurm.get_node(node_name)
         drained = node.drain or node.down
         closed = None
+        redrain = False
         # A pre-emptive swap's drain is not a fault: the job runs on and its runner swaps the node at the
         # next checkpoint. Seen while an older fault's episode is still open, the node was resumed in
         # between (faster than this loop looked): that episode is over, its jobs must not be signalled.
@@ -294,14 +296,27 @@ class JobSide:
                 if not ep:
                     reason = ours.reason if ours is not None else node.reason
                     ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
+                if ours is not None and self._kept_foreign is ours:
+                    ep["under_foreign"] = ours.to_dict()
             elif not fault_drain and ep:
                 closed = self._close_episode(st, ep, now)
+                if ep.get("under_foreign"):
+                    # The fault came while someone else's drain (an admin's maintenance) was on the node, and
+                    # that drain has ended: their resume says nothing of our fault, so drain for it now. Closing
+                    # the episode alone put the node back in service with the fault, and the scheduler gave it
+                    # a job before the next check (CI soak seed 12: a DBE, a hot-spare job that gave up).
+                    request_drain(st, C.CheckResult.from_dict(ep["under_foreign"]), now)
+                    redrain = True
                 ep = None
             elif not drained and st.get("reboot_requested"):
                 # back in service after our reboot (Slurm's nextstate=resume): that repair is done
                 st["reboot_requested"] = None
                 S.mark_repaired(st, None, now)
             unresolved = [f for f in st.get("requeue_faults") or [] if f.get("jobs") is None]
+        if redrain:  # at once, before the scheduler hands the node a job
+            self.ctx.record("detection", check="xid", action="drain", outcome="after someone else's drain",
+                            severity="info", message=f"{node_name}: the drain our fault waited behind has ended")
+            return self.check(now)
         if closed is not None:
             self.ctx.record("resume", check="xid", action="job-side", outcome="fault over", severity="info",
                             message=f"{node_name} is back in service: fault episode closed"
@@ -368,6 +383,10 @@ class JobSide:
                                 message=f"cannot drain for {failure.reason}: {exc}; retrying")
             return None
         drained = act.get("outcome") in ("drained", "reason-updated")
+        from autoheal import nodeops
+
+        # kept someone else's drain: the fault stays ours to drain when theirs ends (see check)
+        self._kept_foreign = failure if act.get("outcome") == nodeops.SKIPPED_FOREIGN else None
         with self.ctx.store.locked() as st:
             st["pending_drain"] = None
             if drained and pend.get("since"):  # fault seen -> drain made (the dashboard's "fault -> drain")

@@ -441,3 +441,35 @@ def test_a_preswap_drain_seen_with_an_old_fault_episode_open_signals_nobody(tmp_
         J.request_drain(st, XID79, 210.0)
     js.step(now=210.0, urgent=True)
     assert ctx.slurm.writes("signal") == ["signal 8 USR2 batch"]
+
+
+def test_a_fault_seen_under_an_admins_drain_is_drained_for_the_moment_theirs_ends(tmp_path):
+    """CI soak seed 12: an XID 48 came while an admin's maintenance drain was on the node (kept, never
+    overwritten); the admin resumed their drain, xid-watch closed the episode and the node went back in
+    service with the fault, and the scheduler gave it a hot-spare job before any check drained it. The
+    admin's resume of their own drain says nothing of our fault: it is drained for at that look."""
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.drain("n1", "admin: soak maintenance 11")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.node.reason == "admin: soak maintenance 11"  # theirs is never overwritten
+    ctx.slurm.resume("n1")  # the admin's maintenance is over
+    js.step(now=150.0, force=True)
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason == "autoheal: " + XID79.reason
+    assert ctx.store.read()["episode"]  # ours now, with its own episode
+
+
+def test_an_admins_resume_of_our_drain_still_ends_the_fault(tmp_path):
+    """The other side of it: an admin's resume of *our* drain is their decision (accept_resume), not
+    drained again."""
+    ctx = make_ctx(tmp_path)
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.node.drain
+    ctx.slurm.resume("n1")
+    js.step(now=150.0, force=True)
+    assert not ctx.slurm.node.drain and ctx.store.read()["episode"] is None
