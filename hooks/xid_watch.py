@@ -328,7 +328,9 @@ class XidWatch:
             if worst is not None:
                 jobside.request_drain(st, worst, now)
             for r in results:
-                if r.status != C.FAIL and r.action == C.REQUEUE:
+                # the kernel log's copy of an XID NVML told first is there to name the process of an
+                # application XID (xid_jobs); a requeue was already opened for NVML's: one fault, one action
+                if r.status != C.FAIL and r.action == C.REQUEUE and not r.evidence.get("companion"):
                     jobs = self._jobs_on_gpu(r.gpu) if r.gpu is not None else None
                     # issue 25: the job whose process the driver named, when its cgroup says so: that one only
                     pid, _ = xid_jobs.process_of(_event_of(events, r))
@@ -343,6 +345,8 @@ class XidWatch:
         for r in results:
             if xid_jobs.app_results([r]) and r.action != C.REQUEUE:
                 continue  # journalled against its job just above
+            if r.action == C.REQUEUE and r.evidence.get("companion"):
+                continue  # NVML's copy was journalled and acted on
             sev = "action" if r.status == C.FAIL else "info"
             msg = r.reason + (" (back after a repair)" if r.evidence.get("after_repair") else "")
             self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,

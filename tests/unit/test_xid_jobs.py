@@ -178,6 +178,20 @@ def test_xid_94_requeues_only_the_job_whose_process_raised_it(tmp_path):
     assert [f.get("jobs") for f in faults] == [["88"]], faults
 
 
+def test_an_xid_94_told_by_nvml_and_then_the_kernel_log_requeues_once(tmp_path):
+    """CI soak seed 12: NVML's XID 94 (no process) and its kernel-log copy 150 ms later each opened a
+    requeue fault, so every job on the GPU got two grace signals (a submitit job in its own requeue
+    then lost its scontrol to the SIGTERM that requeue brings). One fault, one action."""
+    from autoheal.hooks.xids import XidEvent
+
+    slurm = world(jobs=[Job("77", "RUNNING", ("n1",))])
+    w = watch(tmp_path, slurm, "n1", tmp_path / "proc")
+    w.handle([XidEvent(94, gpu=1, source="nvml")], now=1000.0)
+    w.handle([parse_line(line(94, 1, text="Contained: SM (0x1). RST: No, D-RST: No"))], now=1000.15)
+    assert len(w.ctx.store.read()["requeue_faults"]) == 1
+    assert len([d for d in records(w, "detection") if d.get("action") == C.REQUEUE]) == 1
+
+
 def test_the_same_hardware_xid_repeated_is_one_fault_with_a_count(tmp_path):
     slurm = world()
     w = watch(tmp_path, slurm, "n1", tmp_path / "proc")
