@@ -8,9 +8,8 @@ in one line (and fail under CI, which must have Go)."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
+from helpers import wait_for
 
 from autoheal.lab import controlplane
 
@@ -26,16 +25,6 @@ def _api(kubeconfig=None, token=None, server=None, ca=None):
     else:
         kconfig.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
     return client.ApiClient(cfg)
-
-
-def _wait(pred, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError("condition not met in time")
 
 
 def test_the_real_api_server_reports_the_pinned_version(control_plane):
@@ -74,8 +63,9 @@ def test_an_eviction_a_pdb_forbids_answers_429_and_goes_through_once_allowed(con
     core, policy = client.CoreV1Api(api), client.PolicyV1Api(api)
     core.create_namespace({"metadata": {"name": "pdb-probe"}})
     # the serviceaccount controller makes "default" (the ServiceAccount admission plugin needs it for pods)
-    _wait(lambda: any(sa.metadata.name == "default"
-                      for sa in core.list_namespaced_service_account("pdb-probe").items))
+    wait_for(lambda: any(sa.metadata.name == "default"
+                         for sa in core.list_namespaced_service_account("pdb-probe").items),
+             60, "ServiceAccount default")
     core.create_node({"metadata": {"name": "probe-node"}})
     core.create_namespaced_pod("pdb-probe", {
         "metadata": {"name": "w", "labels": {"app": "w"}},
@@ -90,13 +80,13 @@ def test_an_eviction_a_pdb_forbids_answers_429_and_goes_through_once_allowed(con
         status = policy.read_namespaced_pod_disruption_budget("w", "pdb-probe").status
         return status if status is not None and status.observed_generation == generation else None
 
-    assert _wait(lambda: observed(1)).disruptions_allowed == 0
+    assert wait_for(lambda: observed(1), 60, "the PDB status").disruptions_allowed == 0
     eviction = {"metadata": {"name": "w", "namespace": "pdb-probe"}}
     with pytest.raises(ApiException) as exc:
         core.create_namespaced_pod_eviction("w", "pdb-probe", eviction)
     assert exc.value.status == 429
     policy.patch_namespaced_pod_disruption_budget("w", "pdb-probe", {"spec": {"minAvailable": 0}})
-    assert _wait(lambda: observed(2)).disruptions_allowed == 1
+    assert wait_for(lambda: observed(2), 60, "the PDB status").disruptions_allowed == 1
     core.create_namespaced_pod_eviction("w", "pdb-probe", eviction)
     pod = core.read_namespaced_pod("w", "pdb-probe")
     assert pod.metadata.deletion_timestamp is not None  # graceful: with no kubelet it waits to be finished
