@@ -28,9 +28,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--dir", help="an existing lab directory")
     args = ap.parse_args()
-    from autoheal.lab.cluster import Lab
     from autoheal.slurm.cli_backend import CliSlurm
     from autoheal.slurm.rest_backend import RestSlurm
+    from autoheal_lab.cluster import Lab
 
     own = args.dir is None
     lab = Lab(Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="autoheal-bench-")))

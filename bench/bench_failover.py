@@ -48,8 +48,8 @@ def one_run(server, kubeconfig: str, duration: float, mode: str, run: int) -> di
 
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.kube import KubeApi
-    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     slurm = MemorySlurm(Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in NODES)
     cfg = sync_cfg(lease_duration_seconds=duration, slurm_resync_seconds=0.5,
@@ -113,7 +113,7 @@ def main(argv=None) -> int:
 
     from sync_helpers import seed_fake_api
 
-    from autoheal.lab.fakekube.server import FakeKubeServer
+    from autoheal_lab.fakekube.server import FakeKubeServer
 
     results = []
     server = FakeKubeServer().start()

@@ -19,8 +19,8 @@ from pathlib import Path
 
 def measure(runs: int = 30) -> dict:
     """Median wall time (ms) of each Slurm entry point as a whole process, and of a bare interpreter."""
-    from autoheal.lab import fakenvml
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab import fakenvml
+    from autoheal_lab.fakenvml import state as gstate
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-hooks-"))
     fakenvml.build_library(tmp / "lib")

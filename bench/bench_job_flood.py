@@ -4,7 +4,7 @@ Usage: python bench/bench_job_flood.py [--flood 10000] [--runs 5] [--json]
 
 Starts a throwaway lab (3 nodes, no hooks; MaxJobCount raised), runs one job on gpu1, times the look-ups
 the guard (pending jobs), xid-watch (jobs on a node, one job) and the sync's remediation (jobs holding
-nodes) make, then submits the flood (held jobs as nobody, 4.3 kB of user text each: autoheal/lab/flood.py)
+nodes) make, then submits the flood (held jobs as nobody, 4.3 kB of user text each: lab/autoheal_lab/flood.py)
 and times them again. "before" is what every look-up did until this change: `squeue --json` of the whole
 cluster (22.05's JSON ignores the filters) parsed and filtered in Python. Prints medians (s); asserts nothing.
 """
@@ -37,11 +37,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from autoheal.lab import flood
-    from autoheal.lab.cluster import Lab
     from autoheal.slurm import parse
     from autoheal.slurm.base import filter_jobs
     from autoheal.slurm.cli_backend import CliSlurm
+    from autoheal_lab import flood
+    from autoheal_lab.cluster import Lab
 
     root = Path(tempfile.mkdtemp(prefix="autoheal-bench-flood-"))
     root.chmod(0o755)  # the flood user must read slurm.conf and reach munged, as any cluster user can

@@ -2,7 +2,7 @@
 `autoheal status` wall time on the lab.
 
 A lab of ``--nodes`` GPU nodes, no spare (a node to replace stays drained, so nothing races the alert), the
-Kubernetes side, and ``autoheal.lab.prometheus`` (Debian's prometheus + one prometheus-node-exporter per
+Kubernetes side, and ``autoheal_lab.prometheus`` (Debian's prometheus + one prometheus-node-exporter per
 node and one for the guard). Intervals: scrape 1 s, rule evaluation 1 s, every rule's ``for:`` 2 s (the
 product's expressions and thresholds unchanged; AutohealXidWatchDown waits for a 30 s-old heartbeat by
 design). Faults, in order: XID 79 on gpu1 (AutohealFleetDrainedShareHigh), SIGKILL of xid-watch on gpu2
@@ -41,8 +41,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    from autoheal.lab import prometheus as labprom
-    from autoheal.lab.cluster import Lab
+    from autoheal_lab import prometheus as labprom
+    from autoheal_lab.cluster import Lab
 
     root = Path(tempfile.mkdtemp(prefix="bench-prom-"))
     lab = Lab(root)
@@ -57,7 +57,7 @@ def main() -> None:
         wait(lambda: labprom.query(base, "autoheal_sync_fleet_nodes"), 30, "the sync's metrics")
 
         def inject(node):
-            subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(root), "--node", node,
+            subprocess.run([sys.executable, "-m", "autoheal_lab.cli", "inject", "--dir", str(root), "--node", node,
                             "--gpu", "0", "--xid", "79"], env=env, capture_output=True, timeout=30, check=True)
 
         def timed(alert, fault, **labels):

@@ -66,8 +66,8 @@ def lab_run():
     from kubernetes import client
     from kubernetes import config as kconfig
 
-    from autoheal.lab import kube as labkube
-    from autoheal.lab.cluster import Lab
+    from autoheal_lab import kube as labkube
+    from autoheal_lab.cluster import Lab
 
     root = Path(tempfile.mkdtemp(prefix="bench-remed-"))
     lab = Lab(root)
@@ -81,7 +81,7 @@ def lab_run():
         core = client.CoreV1Api(client.ApiClient(cfg))
         time.sleep(1.0)  # let the sync leader settle
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(root), "--node", "gpu1",
+        subprocess.run([sys.executable, "-m", "autoheal_lab.cli", "inject", "--dir", str(root), "--node", "gpu1",
                         "--gpu", "3", "--xid", "79"], env=lab.slurm_env(), check=True, capture_output=True,
                        timeout=30)
         deadline = t0 + 120

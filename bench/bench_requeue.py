@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from autoheal.lab.cluster import Lab
 from autoheal.slurm_conf.fragment import lab_fragment
+from autoheal_lab.cluster import Lab
 
 
 def _run(argv: List[str], env: Dict[str, str], timeout: float = 20) -> str:

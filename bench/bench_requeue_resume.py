@@ -24,8 +24,8 @@ from pathlib import Path
 
 import autoheal.sbatch_helpers as sbh
 from autoheal import nodeops
-from autoheal.lab.cluster import Lab
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab.cluster import Lab
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 

@@ -26,9 +26,9 @@ from pathlib import Path
 def build_world(root: Path, n: int, drained: int, records: int):
     from autoheal.config import parse_config
     from autoheal.journal import Journal
-    from autoheal.lab.testing.kube import MemoryKube
-    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Job, Node
+    from autoheal_lab.testing.kube import MemoryKube
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     now = time.time()
     nodes, jobs = [], []

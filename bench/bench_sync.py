@@ -57,9 +57,9 @@ def main() -> None:
     from autoheal.config.sync_section import SyncSection
     from autoheal.k8s_sync.daemon import SyncDaemon
     from autoheal.k8s_sync.engine import Reconciler
-    from autoheal.lab.testing.kube import MemoryKube
-    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
+    from autoheal_lab.testing.kube import MemoryKube
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     rss0 = rss_mb()
     names = [f"gpu{i:05d}" for i in range(args.nodes)]

@@ -5,7 +5,7 @@ random IDLE/MIXED/ALLOCATED states) with the site's sync settings (leader electi
 except the write rate limits, lifted so that the figures show throughput, not the token bucket (at
 the default 20 writes/s the initial 10,000 pod condition writes take 500 s by design):
 
-- ``http``: the lab's fake API server (``python -m autoheal.lab.fakekube``) as a separate process on a
+- ``http``: the lab's fake API server (``python -m autoheal_lab.fakekube``) as a separate process on a
   free loopback port, loaded with N Nodes and N slurmd pods by its own ``--seed`` loader (the objects
   ``autoheal lab up --kube`` seeds: Node ``gpuNNNNN``, pod ``slurm/slurmd-gpuNNNNN`` with the slurmd
   labels and ``spec.hostname``); the sync runs as a site runs it: ``SyncDaemon`` over ``KubeApi`` (the
@@ -124,8 +124,8 @@ def make_cfg(resync: float) -> Any:
 
 
 def make_slurm(n: int) -> Any:
-    from autoheal.lab.testing.slurm import MemorySlurm
     from autoheal.slurm.model import Node
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     rnd = random.Random(1)
     return MemorySlurm(Node(node_name(i), rnd.choice(["IDLE", "MIXED", "ALLOCATED"]), frozenset(), "", gres="gpu:8")
@@ -173,7 +173,7 @@ class MemoryWorld:
 
     def __init__(self, n: int, cfg: Any) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
-        from autoheal.lab.testing.kube import MemoryKube
+        from autoheal_lab.testing.kube import MemoryKube
 
         self.slurm = make_slurm(n)
         self.kube = MemoryKube()
@@ -253,7 +253,7 @@ class HttpWorld:
     def __init__(self, n: int, cfg: Any, tmp: str) -> None:
         from autoheal.k8s_sync.daemon import SyncDaemon
         from autoheal.k8s_sync.kube import KubeApi, load_client_config
-        from autoheal.lab.kube import node_obj, slurmd_pod
+        from autoheal_lab.kube import node_obj, slurmd_pod
 
         self.slurm = make_slurm(n)
         seed = os.path.join(tmp, "seed.json")
@@ -267,7 +267,7 @@ class HttpWorld:
         t0 = time.perf_counter()
         self.log = open(os.path.join(tmp, "fakekube.log"), "w")
         self.server = subprocess.Popen(
-            [sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig", self.kubeconfig,
+            [sys.executable, "-m", "autoheal_lab.fakekube", "--port", "0", "--kubeconfig", self.kubeconfig,
              "--seed", seed, "--bookmark-interval", "5"], stdout=subprocess.PIPE, stderr=self.log, text=True)
         url = self.server.stdout.readline().strip() if self.server.stdout else ""
         if not url.startswith("http"):

@@ -26,9 +26,9 @@ from pathlib import Path
 
 def measure(runs: int = 20) -> dict:
     from autoheal import nodeops
-    from autoheal.lab.cluster import Lab
-    from autoheal.lab.gpus import inject
     from autoheal.slurm.cli_backend import CliSlurm
+    from autoheal_lab.cluster import Lab
+    from autoheal_lab.gpus import inject
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-xid-")))
     lab.up(nodes=3, gpus=8, spares=0, hooks=False, xid_watch=True, install=False)
@@ -79,10 +79,10 @@ def measure_polled(runs: int, idle_seconds: float) -> dict:
     import sys
 
     from autoheal import nodeops
-    from autoheal.lab import procs, wiring
-    from autoheal.lab.cluster import Lab
-    from autoheal.lab.fakenvml import state as gstate
     from autoheal.slurm.cli_backend import CliSlurm
+    from autoheal_lab import procs, wiring
+    from autoheal_lab.cluster import Lab
+    from autoheal_lab.fakenvml import state as gstate
 
     lab = Lab(Path(tempfile.mkdtemp(prefix="autoheal-bench-polled-")))
     lab.up(nodes=3, gpus=8, spares=0, hooks=True, xid_watch=True, install=False)

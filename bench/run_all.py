@@ -29,8 +29,8 @@ def _bench_json(script: str, *args: str) -> dict:
 
 
 def _drills(runs: int, slurm_defaults: bool, hot_spare: bool = False) -> List[dict]:
-    from autoheal.lab.cluster import Lab
-    from autoheal.lab.drill import Drill
+    from autoheal_lab.cluster import Lab
+    from autoheal_lab.drill import Drill
 
     out = []
     for _ in range(runs):

@@ -4,5 +4,5 @@ Modules: ``plan`` (pure reconcile steps), ``conditions``/``mapping``/``names`` (
 ``engine`` (one pass: read, plan, apply), ``kube`` (the Kubernetes adapter), ``informer`` (list+watch
 caches), ``leader`` (Lease election), ``ratelimit``, ``metrics``, ``logs``, ``daemon`` and ``cli``.
 Nothing here imports ``kubernetes`` at import time of this package. The in-memory Kubernetes the tests
-and benches use is ``autoheal.lab.testing.kube`` (the lab's distribution).
+and benches use is ``autoheal_lab.testing.kube`` (the lab's distribution).
 """

@@ -98,7 +98,7 @@ _PATCH_TYPES = {"strategic": "application/strategic-merge-patch+json", "merge": 
 
 class KubeClient(Protocol):
     """What the sync engine, the leader election and the informers use of Kubernetes: ``KubeApi`` (the
-    real API server) and ``autoheal.lab.testing.kube.MemoryKube`` (tests, benches) both provide it.
+    real API server) and ``autoheal_lab.testing.kube.MemoryKube`` (tests, benches) both provide it.
     Objects are plain dicts as the API serves them; errors are ``KubeError`` and its subclasses."""
 
     def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]: ...

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autoheal.lab.cluster import Lab
+from autoheal_lab.cluster import Lab
 
 
 def _require_slurm() -> None:
@@ -58,7 +58,7 @@ def _start(root: Path, **kwargs) -> LabHandle:
 @pytest.fixture(scope="session")
 def lib_dir(tmp_path_factory) -> Path:
     """The fake libnvidia-ml.so.1, built once per session (skips only where gcc or nvml.h is missing)."""
-    from autoheal.lab import fakenvml
+    from autoheal_lab import fakenvml
 
     if shutil.which(os.environ.get("CC", "gcc")) is None and shutil.which("gcc") is None:
         pytest.skip("gcc not installed: cannot build the fake libnvidia-ml.so.1")
@@ -103,10 +103,10 @@ def lab_factory(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def control_plane(tmp_path_factory):
-    """A real etcd + kube-apiserver + kube-controller-manager (``autoheal.lab.controlplane``), built once
+    """A real etcd + kube-apiserver + kube-controller-manager (``autoheal_lab.controlplane``), built once
     per machine; where Go is missing the tests say what to install (and fail under CI, which must have it)."""
-    from autoheal.lab import controlplane
-    from autoheal.lab.cluster import _free_ports
+    from autoheal_lab import controlplane
+    from autoheal_lab.cluster import _free_ports
 
     why = controlplane.missing_toolchain()
     if why:

@@ -114,7 +114,7 @@ def helm_or_skip() -> str:
 
     import pytest
 
-    from autoheal.lab import controlplane
+    from autoheal_lab import controlplane
 
     built = controlplane.cached_bindir() / "helm"
     found = str(built) if os.access(built, os.X_OK) else shutil.which("helm")

@@ -32,8 +32,8 @@ def pod_name(slurm_name: str) -> str:
 
 def memory_world(names: Iterable[str], namespace: str = "slurm"):
     """(MemorySlurm, MemoryKube) with idle Slurm nodes, Nodes named k8s-<n> and slurmd pods."""
-    from autoheal.lab.testing.kube import MemoryKube
-    from autoheal.lab.testing.slurm import MemorySlurm
+    from autoheal_lab.testing.kube import MemoryKube
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     names = list(names)
     slurm = MemorySlurm(Node(n, "IDLE", frozenset(), "", gres="gpu:8") for n in names)
@@ -83,7 +83,7 @@ def seed_fake_api(server, slurm_names: Iterable[str], namespace: str = "slurm") 
             "spec": {"nodeName": k8s_name(n), "hostname": n,
                      "containers": [{"name": "slurmd", "image": "slurmd:lab"}]}})
         if real:  # the kubelet's part (a create ignores a pod's status), posted here
-            from autoheal.lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
+            from autoheal_lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
 
             api.patch_node_status(k8s_name(n), ready_node_status())
             # and the node-lifecycle controller's: the not-ready taint admission gave the new Node goes
@@ -104,7 +104,7 @@ def _client_config(server, kubeconfig: Optional[str] = None):
 
 
 def core_api(server):
-    """A CoreV1Api for the fake server or a real one (``autoheal.lab.testing.realkube.RealKube``)."""
+    """A CoreV1Api for the fake server or a real one (``autoheal_lab.testing.realkube.RealKube``)."""
     from kubernetes import client
 
     if hasattr(server, "api_client"):

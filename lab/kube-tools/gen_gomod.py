@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODULE = "autoheal.lab/kube-tools"
+MODULE = "autoheal_lab/kube-tools"
 TOOLS = (
     "k8s.io/kubernetes/cmd/kube-apiserver",
     "k8s.io/kubernetes/cmd/kube-controller-manager",

@@ -23,9 +23,9 @@ from sync_helpers import sync_cfg  # noqa: E402
 
 from autoheal.k8s_sync.engine import Reconciler  # noqa: E402
 from autoheal.k8s_sync.kube import KubeApi  # noqa: E402
-from autoheal.lab.testing.slurm import MemorySlurm  # noqa: E402
 from autoheal.reasons import strip_reason_suffix  # noqa: E402
 from autoheal.slurm.model import Node  # noqa: E402
+from autoheal_lab.testing.slurm import MemorySlurm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from helpers import wait_for
 
-from autoheal.lab import controlplane
+from autoheal_lab import controlplane
 
 
 def _api(kubeconfig=None, token=None, server=None, ca=None):

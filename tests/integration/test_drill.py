@@ -10,7 +10,7 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from autoheal.lab.cli import lab as lab_cli
+from autoheal_lab.cli import lab as lab_cli
 
 
 def _drill(lab_dir, *args):
@@ -78,7 +78,7 @@ def test_submitit_drill_resumes_a_real_submitit_job_from_its_own_checkpoint(tmp_
     plain submitit, which gets its own --signal=USR2@<grace> from xid-watch and requeues itself."""
     import os
 
-    from autoheal.lab.drill_submitit import submitit_available
+    from autoheal_lab.drill_submitit import submitit_available
 
     if not submitit_available():
         if os.environ.get("CI"):

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from autoheal.lab.fakekube import FakeKubeServer
-from autoheal.lab.fakekube.testing import make_node, make_pdb, make_pod
+from autoheal_lab.fakekube import FakeKubeServer
+from autoheal_lab.fakekube.testing import make_node, make_pdb, make_pod
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from autoheal.lab import fakenvml
-from autoheal.lab.fakenvml import state as st
+from autoheal_lab import fakenvml
+from autoheal_lab.fakenvml import state as st
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ PRELUDE = textwrap.dedent(
     """
     import json, os, sys, threading, time
     import pynvml as n
-    from autoheal.lab.fakenvml import state as st
+    from autoheal_lab.fakenvml import state as st
     STATE = os.environ["AUTOHEAL_FAKE_NVML_STATE"]
     out = {}
     def err(fn, *args):

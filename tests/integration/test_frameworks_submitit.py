@@ -24,8 +24,8 @@ import pytest
 import autoheal.sbatch_helpers as sbh
 from autoheal import nodeops
 from autoheal.journal import Journal
-from autoheal.lab.cluster import Lab
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab.cluster import Lab
 
 EXAMPLE = Path(sbh.__file__).parent / "examples" / "submitit_job.py"
 PY = sys.executable

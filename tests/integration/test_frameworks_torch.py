@@ -23,7 +23,7 @@ import pytest
 from helpers import wait_for
 
 import autoheal.sbatch_helpers as sbh
-from autoheal.lab.gpus import inject
+from autoheal_lab.gpus import inject
 
 pytestmark = pytest.mark.torch
 EXAMPLES = Path(sbh.__file__).parent / "examples"
@@ -87,7 +87,7 @@ def _fault_and_wait(handle, jid: str, out: Path, ready: str, timeout: float = 24
 
 
 def _heal(handle, node: str) -> None:
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     for gpu in range(handle.layout.gpus):
         gstate.inject(handle.layout.gpu_state(node), gpu, "clear")

@@ -18,9 +18,9 @@ import pytest
 from helpers import wait_epilogs_done, wait_for
 
 from autoheal.config.hooks_section import GRACE_SIGNALS
-from autoheal.lab import wiring
-from autoheal.lab.fakenvml import state as gstate
-from autoheal.lab.gpus import inject
+from autoheal_lab import wiring
+from autoheal_lab.fakenvml import state as gstate
+from autoheal_lab.gpus import inject
 
 GRACE = 3.0
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",

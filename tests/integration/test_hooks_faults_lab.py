@@ -15,8 +15,8 @@ import time
 import pytest
 from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
-from autoheal.lab import procs, wiring
-from autoheal.lab.gpus import inject
+from autoheal_lab import procs, wiring
+from autoheal_lab.gpus import inject
 
 
 def sh(handle, *argv, timeout=15):
@@ -146,7 +146,7 @@ def lab(healing_lab):
 
 
 def heal(handle, node):
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     wait_epilogs_done(handle.env, node)
     for gpu in range(handle.layout.gpus):
@@ -311,7 +311,7 @@ def test_polled_fault_drains_at_once_moves_the_job_and_the_healthcheck_climbs_on
     node with the healthcheck's own reason while the healthcheck cannot run, the job is requeued as after
     an XID drain, and the next healthcheck finds our drain and runs the reset rung, with one detection
     record for the fault."""
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     node, gpu = "gpu1", 4
     job = submit(lab, node)

@@ -10,9 +10,9 @@ import time
 import pytest
 from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
-from autoheal.lab import wiring
-from autoheal.lab.fakenvml import state as gstate
-from autoheal.lab.gpus import inject
+from autoheal_lab import wiring
+from autoheal_lab.fakenvml import state as gstate
+from autoheal_lab.gpus import inject
 
 
 def run_hook(handle, node: str, module: str = "autoheal.hooks.healthcheck", extra_env=None, timeout=30):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autoheal.lab.fakenvml import state as gstate
+from autoheal_lab.fakenvml import state as gstate
 
 NODE, GPUS, BROKEN = "gpu7", 4, 1
 BUDGET = 1.5

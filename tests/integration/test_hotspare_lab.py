@@ -20,9 +20,9 @@ from helpers import cancel_job, wait_for, wait_text
 import autoheal.sbatch_helpers as sbh
 from autoheal.config import load_config
 from autoheal.journal import Journal
-from autoheal.lab.cluster import Lab
-from autoheal.lab.gpus import inject
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab.cluster import Lab
+from autoheal_lab.gpus import inject
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable

@@ -1,5 +1,5 @@
 """A job flood on a real lab (issue 25, item 5): 10,000 held jobs submitted as an unprivileged user, each
-with 4.3 kB of user text (autoheal/lab/flood.py: a 1,024-character comment, Slurm's limit, that looks
+with 4.3 kB of user text (lab/autoheal_lab/flood.py: a 1,024-character comment, Slurm's limit, that looks
 like autoheal's own, plus a long job name and output and error paths). The lab's guard and xid-watch
 must still do their work: xid-watch requeues the job on a node with an XID 79, the guard releases a job a
 killed runner left held by its requeue. Before the fix every look-up of theirs was `squeue --json` of
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from helpers import cancel_job, wait_epilogs_done, wait_for
 
-from autoheal.lab import flood
-from autoheal.lab.fakenvml import state as gstate
-from autoheal.lab.gpus import inject
+from autoheal_lab import flood
+from autoheal_lab.fakenvml import state as gstate
+from autoheal_lab.gpus import inject
 
 FLOOD = 10_000
 

@@ -11,9 +11,9 @@ import time
 
 from click.testing import CliRunner
 
-from autoheal.lab import procs
-from autoheal.lab.cli import lab as lab_cli
-from autoheal.lab.cluster import Lab
+from autoheal_lab import procs
+from autoheal_lab.cli import lab as lab_cli
+from autoheal_lab.cluster import Lab
 
 
 def _pids(lab: Lab):
@@ -139,7 +139,7 @@ def test_slurmd_restarted_in_a_time_namespace_is_still_stopped_by_down(lab_facto
         pytest.skip("unshare (util-linux) not installed")
     handle = lab_factory(nodes=1, gpus=1, spares=0)
     lab = handle.lab
-    code = "from autoheal.lab.cluster import Lab; import sys; Lab(sys.argv[1]).start_slurmd(sys.argv[2])"
+    code = "from autoheal_lab.cluster import Lab; import sys; Lab(sys.argv[1]).start_slurmd(sys.argv[2])"
     res = subprocess.run([unshare, "--time", "--boottime", "-100", sys.executable, "-c", code, str(lab.root), "gpu1"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
@@ -168,7 +168,7 @@ def _exports(text: str) -> dict:
 def test_lab_env_is_all_autoheal_check_needs_and_clear_heals_every_gpu(plain_lab):
     """Issue 15: after `eval "$(autoheal lab env)"`, `autoheal check --node gpu1` said "NVML unavailable" on
     a healthy node; `lab inject --clear` without --gpu silently cleared GPU 0 only."""
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     runner = CliRunner()
     d = str(plain_lab.root)
@@ -203,7 +203,7 @@ def test_lab_env_is_all_autoheal_check_needs_and_clear_heals_every_gpu(plain_lab
 def test_up_starts_from_a_clean_state_unless_keep_state(lab_factory):
     """Issue 11: a lab reused a directory's Slurm state, journal, node and GPU state from the last run."""
     from autoheal.journal import Journal
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     handle = lab_factory(nodes=1, gpus=2, spares=0)
     lab, slurm = handle.lab, handle.adapter(timeout=10)

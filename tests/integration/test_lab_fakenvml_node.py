@@ -12,8 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autoheal.lab import fakenvml
-from autoheal.lab.fakenvml import state as st
+from autoheal_lab import fakenvml
+from autoheal_lab.fakenvml import state as st
 
 # prints the serial of GPU 0 (it names the node: default_state derives it from the node name), or the
 # error nvmlInit raised

@@ -18,10 +18,10 @@ pytest.importorskip("kubernetes")
 from click.testing import CliRunner
 from helpers import wait_for
 
-from autoheal.lab import kube as labkube
-from autoheal.lab import procs
-from autoheal.lab.cli import lab as lab_cli
 from autoheal.reasons import strip_reason_suffix
+from autoheal_lab import kube as labkube
+from autoheal_lab import procs
+from autoheal_lab.cli import lab as lab_cli
 
 # what the lab's slurm.conf gave a spare before finding 10 was fixed; the sync did not recognise it
 OLD_SPARE_REASON = "autoheal: spare pool: held out of service until a replacement is requested"

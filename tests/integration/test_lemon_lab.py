@@ -12,7 +12,7 @@ import time
 from helpers import wait_for
 from test_hooks_lab import node_line, run_hook
 
-from autoheal.lab.gpus import inject
+from autoheal_lab.gpus import inject
 
 
 def journal_tail(handle, n=12):

@@ -29,8 +29,8 @@ from helpers import wait_for, wait_node_idle
 
 from autoheal.hooks.kmsg import kernel_record
 from autoheal.hooks.xids import parse_line
-from autoheal.lab import wiring
-from autoheal.lab.gpus import inject
+from autoheal_lab import wiring
+from autoheal_lab.gpus import inject
 
 NAME = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus"
 LIB_C = "void boom(void) { *(volatile int *)0 = 1; }\n"
@@ -188,7 +188,7 @@ def test_a_users_segfault_in_an_xid_named_library_drains_nothing(kmsg_lab, attac
 
 def test_wiped_node_state_does_not_rejudge_an_xid_of_long_ago(lab_factory):
     handle, node = lab_factory(nodes=1, gpus=2, spares=0, hooks=True, xid_watch=True), "gpu1"
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     # long ago: an XID 79 drained the node; the GPU was repaired and the node put back in service
     inject(handle.lab, node, 1, "xid", xid=79)
@@ -204,7 +204,7 @@ def test_wiped_node_state_does_not_rejudge_an_xid_of_long_ago(lab_factory):
 
     # the node state is wiped (an admin's rm -rf, a re-imaged disk) without a reboot
     rec = handle.lab.records()[f"xid-watch-{node}"]
-    from autoheal.lab import procs
+    from autoheal_lab import procs
 
     procs.stop(rec)
     shutil.rmtree(handle.layout.root / "nodestate" / node)

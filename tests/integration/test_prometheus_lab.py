@@ -24,8 +24,8 @@ pytest.importorskip("yaml")
 
 from helpers import wait_for
 
-from autoheal.lab import procs
-from autoheal.lab import prometheus as labprom
+from autoheal_lab import procs
+from autoheal_lab import prometheus as labprom
 
 
 def _need_prometheus():
@@ -51,7 +51,7 @@ def prom_lab(tmp_path_factory):
 
 
 def inject_xid(handle, node, xid=79, gpu=0):
-    out = subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(handle.lab.root),
+    out = subprocess.run([sys.executable, "-m", "autoheal_lab.cli", "inject", "--dir", str(handle.lab.root),
                           "--node", node, "--gpu", str(gpu), "--xid", str(xid)], env=handle.env,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -186,7 +186,7 @@ def test_autoheal_status_on_the_lab_and_with_the_api_server_gone(prom_lab):
     text, took_text = run_status(prom_lab, "--prometheus", prom_lab.prom)
     assert text.returncode == 1 and f"xid-watch on {second}" in text.stdout and "TRIPPED" in text.stdout
 
-    from autoheal.lab.controlplane import APISERVER
+    from autoheal_lab.controlplane import APISERVER
 
     api = prom_lab.lab.records()[APISERVER]
     procs.stop(api)

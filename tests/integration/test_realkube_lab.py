@@ -19,9 +19,9 @@ pytest.importorskip("kubernetes")
 from click.testing import CliRunner
 from helpers import wait_for
 
-from autoheal.lab import controlplane, procs, realkube
-from autoheal.lab import kube as labkube
-from autoheal.lab.cli import lab as lab_cli
+from autoheal_lab import controlplane, procs, realkube
+from autoheal_lab import kube as labkube
+from autoheal_lab.cli import lab as lab_cli
 
 SA_USER = f"system:serviceaccount:{labkube.NAMESPACE}:{realkube.RELEASE}"
 
@@ -140,7 +140,7 @@ def test_a_missing_crd_is_named_and_the_charts_crd_serves_it(bindir, tmp_path):
     from kubernetes import client, utils
 
     from autoheal.k8s_sync.kube import KubeApi, NotFound
-    from autoheal.lab.testing.realkube import RealKube
+    from autoheal_lab.testing.realkube import RealKube
 
     kube = RealKube.start(tmp_path / "cp", bindir)
     try:

@@ -17,8 +17,8 @@ pytest.importorskip("kubernetes")
 
 from helpers import wait_for
 
-from autoheal.lab import kube as labkube
-from autoheal.lab import procs
+from autoheal_lab import kube as labkube
+from autoheal_lab import procs
 
 
 def api(handle):
@@ -66,7 +66,7 @@ def test_xid79_to_spare_in_service_with_leader_killed_mid_flow(lab_factory):
     assert slurm.get_node("spare1").drain  # held out of service until it replaces a node
 
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "autoheal.lab.cli", "inject", "--dir", str(lab.root), "--node",
+    out = subprocess.run([sys.executable, "-m", "autoheal_lab.cli", "inject", "--dir", str(lab.root), "--node",
                           "gpu1", "--gpu", "3", "--xid", "79"], env=handle.env, capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 0, out.stderr
@@ -142,7 +142,7 @@ def annotations(core, node):
 
 def api_writes(handle):
     """The lab API server's writes (method, path, status, user): the real server's audit log."""
-    from autoheal.lab.realkube import audit_requests
+    from autoheal_lab.realkube import audit_requests
 
     return audit_requests(handle.lab)
 
@@ -328,7 +328,7 @@ def test_label_webhook_and_delete_node_actions_on_the_lab(lab_factory):
 
     set_sync_config(lab, replacement_action="delete-node")
     # as a site would: `helm upgrade` with the new action, whose RBAC adds Node delete (granted per feature)
-    from autoheal.lab import controlplane, realkube
+    from autoheal_lab import controlplane, realkube
 
     realkube.install_chart(lab, controlplane.cached_bindir(), labkube.kubeconfig_path(lab))
     labkube.start_sync(lab)

@@ -27,8 +27,8 @@ from helpers import cancel_job, wait_text
 from test_sbatch_requeue import REQUEUE_WAIT, TRAINER, SbLab
 
 from autoheal import nodeops
-from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy
+from autoheal_lab.cluster import Lab
 
 PY = sys.executable
 
@@ -106,7 +106,7 @@ def _failpoint_config(sblab: SbLab, wd: Path) -> Path:
 
 def _lab_guard(sblab: SbLab):
     """The lab runs `autoheal guard` next to slurmctld, as a site does: make sure it is there."""
-    from autoheal.lab import procs
+    from autoheal_lab import procs
 
     rec = sblab.lab.records().get("guard")
     assert rec is not None and procs.is_alive(rec), "the lab did not start autoheal guard"

@@ -24,9 +24,9 @@ import autoheal.sbatch_helpers as sbh
 from autoheal import nodeops
 from autoheal.errors import SlurmError
 from autoheal.journal import Journal
-from autoheal.lab.cluster import Lab
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab.cluster import Lab
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 PY = sys.executable

@@ -25,9 +25,9 @@ import json
 
 import pytest
 
-from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.soak import Soak, SoakOptions, plot, render
-from autoheal.lab.soak_plan import KINDS
+from autoheal_lab.cluster import Lab, LabError
+from autoheal_lab.soak import Soak, SoakOptions, plot, render
+from autoheal_lab.soak_plan import KINDS
 
 SEED = 12
 FAULTS = 15

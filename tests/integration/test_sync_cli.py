@@ -17,8 +17,8 @@ import pytest
 from sync_helpers import core_api, k8s_name, seed_fake_api
 
 pytest.importorskip("kubernetes")
-from autoheal.lab import controlplane
-from autoheal.lab.testing.realkube import RealKube
+from autoheal_lab import controlplane
+from autoheal_lab.testing.realkube import RealKube
 
 AUTOHEAL = [sys.executable, "-m", "autoheal.cli.main"]
 
@@ -36,7 +36,7 @@ def cli_env(plain_lab, tmp_path_factory):
     # the lab's sync requests replacements as NodeReplacements: the chart's CRD (the fake served it unasked)
     from kubernetes import utils
 
-    from autoheal.lab import realkube
+    from autoheal_lab import realkube
 
     utils.create_from_yaml(server.api_client(), str(realkube.CHART / "crds" / "nodereplacements.autoheal.io.yaml"))
     realkube.wait_crds(server.api_client(), realkube.CHART_CRDS, 60)

@@ -22,7 +22,7 @@ from autoheal.reasons import strip_reason_suffix
 pytest.importorskip("kubernetes")
 from helpers import wait_for
 
-from autoheal.lab.fakekube.server import FakeKubeServer
+from autoheal_lab.fakekube.server import FakeKubeServer
 
 HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
 
@@ -32,8 +32,8 @@ def _env(plain_lab, tmp_path_factory, real):
     if real:
         import os
 
-        from autoheal.lab import controlplane
-        from autoheal.lab.testing.realkube import RealKube
+        from autoheal_lab import controlplane
+        from autoheal_lab.testing.realkube import RealKube
 
         why = controlplane.missing_toolchain()
         if why:

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from autoheal.lab import flood
 from autoheal.sbatch_helpers.comment import _FIELD, CommentState
+from autoheal_lab import flood
 
 BEFORE = re.compile(r"(\w+)=(\S*)")
 

@@ -62,7 +62,7 @@ def _dev_apt_packages():
 def test_dev_installs_the_plugin_for_every_auth_type_the_lab_uses(tmp_path):
     """A minimal Debian 13 (no Recommends: the chroot) had no auth_jwt.so, and the lab's slurmctld died
     with "cannot find auth plugin for auth/jwt"; ./dev setup must name the package itself."""
-    from autoheal.lab.slurmconf import LabLayout, render_slurm_conf
+    from autoheal_lab.slurmconf import LabLayout, render_slurm_conf
 
     lay = LabLayout(root=tmp_path, nodes=["gpu1"], spares=[], gpus=1, ctld_port=1, node_ports={"gpu1": 2},
                     rest_port=3)

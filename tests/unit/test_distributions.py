@@ -67,7 +67,7 @@ def _entry_points(whl: zipfile.ZipFile) -> configparser.ConfigParser:
 def test_product_wheel_has_no_lab_no_c_source_no_memory_fakes(wheels):
     whl = wheels["slurm_autoheal"]
     names = whl.namelist()
-    assert [n for n in names if n.startswith("autoheal/lab/")] == []
+    assert [n for n in names if n.startswith("autoheal_lab/")] == []
     assert [n for n in names if n.endswith((".c", ".h"))] == []
     fakes = [n for n in names if n.endswith(".py")
              and any(cls in whl.read(n) for cls in (b"class MemorySlurm", b"class MemoryKube", b"class FakeKube"))]
@@ -86,13 +86,13 @@ def test_lab_wheel_has_the_lab_its_doubles_and_the_entry_point(wheels):
     whl = wheels["slurm_autoheal_lab"]
     names = whl.namelist()
     shipped = {n for n in names if not n.startswith("slurm_autoheal_lab-")}
-    assert shipped and all(n.startswith("autoheal/lab/") for n in shipped), "the lab ships autoheal.lab only"
+    assert shipped and all(n.startswith("autoheal_lab/") for n in shipped), "the lab ships autoheal_lab only"
     source = {str(p.relative_to(ROOT)) for p in (ROOT / "autoheal" / "lab").rglob("*")
               if p.is_file() and p.suffix in (".py", ".c")}
     assert source <= shipped, sorted(source - shipped)
-    assert {"autoheal/lab/fakenvml/fake_nvml.c", "autoheal/lab/testing/slurm.py",
-            "autoheal/lab/testing/kube.py"} <= shipped
-    assert dict(_entry_points(whl)["autoheal.commands"]) == {"lab": "autoheal.lab.cli:lab"}
+    assert {"autoheal_lab/fakenvml/fake_nvml.c", "autoheal_lab/testing/slurm.py",
+            "autoheal_lab/testing/kube.py"} <= shipped
+    assert dict(_entry_points(whl)["autoheal.commands"]) == {"lab": "autoheal_lab.cli:lab"}
     meta = email.message_from_string(_dist_info(whl, "METADATA"))
     assert meta["Version"] == autoheal.__version__
     assert f"slurm-autoheal[k8s]=={autoheal.__version__}" in meta.get_all("Requires-Dist")

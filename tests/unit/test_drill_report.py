@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoheal.lab.drill import DrillReport, Phase, plot_timeline, render_timeline
+from autoheal_lab.drill import DrillReport, Phase, plot_timeline, render_timeline
 
 
 def _report(**missing) -> DrillReport:
@@ -59,7 +59,8 @@ def test_plot_writes_a_png(tmp_path):
 from datetime import datetime, timezone  # noqa: E402
 
 from autoheal.errors import SlurmUnavailable  # noqa: E402
-from autoheal.lab.drill import (  # noqa: E402
+from autoheal.slurm.model import Job, Node  # noqa: E402
+from autoheal_lab.drill import (  # noqa: E402
     EXIT_DRILL_ERROR,
     Contradiction,
     Drill,
@@ -70,8 +71,7 @@ from autoheal.lab.drill import (  # noqa: E402
     judge_spare,
     watch,
 )
-from autoheal.lab.slurmconf import LabLayout  # noqa: E402
-from autoheal.slurm.model import Job, Node  # noqa: E402
+from autoheal_lab.slurmconf import LabLayout  # noqa: E402
 
 FAULT = 1_800_000_000.0
 
@@ -267,7 +267,7 @@ def test_a_contradiction_fails_the_phase_at_once():
 
 def test_a_phase_is_polled_only_after_the_phase_it_follows():
     # every probe is a Slurm or API call: polling all of them each tick made ticks 1-2 s long
-    from autoheal.lab.drill import Phase, Waiting, watch
+    from autoheal_lab.drill import Phase, Waiting, watch
 
     calls = {"first": 0, "second": 0}
 
@@ -290,8 +290,8 @@ def test_a_phase_is_polled_only_after_the_phase_it_follows():
 def test_drill_submitit_without_submitit_is_a_usage_error_before_any_lab_starts(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from autoheal.lab import drill_submitit
-    from autoheal.lab.cli import lab as lab_cli
+    from autoheal_lab import drill_submitit
+    from autoheal_lab.cli import lab as lab_cli
 
     monkeypatch.setattr(drill_submitit, "submitit_available", lambda: False)
     res = CliRunner().invoke(lab_cli, ["drill", "--submitit", "--dir", str(tmp_path / "lab")])
@@ -300,7 +300,7 @@ def test_drill_submitit_without_submitit_is_a_usage_error_before_any_lab_starts(
 
 
 def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_path):
-    from autoheal.lab.drill import OutputTail
+    from autoheal_lab.drill import OutputTail
 
     drill = Drill(_FakeLab(tmp_path), hot_spare=True)
     ev = _Recorded()

@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube.testing import fake_kube, fake_kube_config, kube_api_client, make_node, make_pod  # noqa: F401
+from autoheal_lab.fakekube.testing import fake_kube, fake_kube_config, kube_api_client, make_node, make_pod  # noqa: F401
 
 
 @pytest.fixture
@@ -268,7 +268,7 @@ def test_finalizers_hold_deletion(core):
 def test_graceful_pod_deletion_with_kubelet_delay():
     import time
 
-    from autoheal.lab.fakekube import FakeKubeServer
+    from autoheal_lab.fakekube import FakeKubeServer
     with FakeKubeServer(pod_deletion_delay=0.3) as server:
         core = client.CoreV1Api(kube_api_client(server))
         server.store.add(make_pod("p", node="gpu-1"))
@@ -349,7 +349,7 @@ def test_concurrent_read_modify_write_is_atomic(fake_kube):  # noqa: F811
 
 
 def test_bearer_token_required_when_asked():
-    from autoheal.lab.fakekube import FakeKubeServer
+    from autoheal_lab.fakekube import FakeKubeServer
     with FakeKubeServer(require_token=True, token="s3cret") as server:
         ok = client.CoreV1Api(kube_api_client(server))
         assert ok.list_node().items == []

@@ -8,9 +8,9 @@ import pytest
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube import FakeKubeServer
-from autoheal.lab.fakekube.testing import fake_kube, kube_api_client, make_node, make_pod  # noqa: F401
-from autoheal.lab.fakekube.zerofill import ZERO_FIELDS
+from autoheal_lab.fakekube import FakeKubeServer
+from autoheal_lab.fakekube.testing import fake_kube, kube_api_client, make_node, make_pod  # noqa: F401
+from autoheal_lab.fakekube.zerofill import ZERO_FIELDS
 
 
 def _get(server, path, accept="application/json"):
@@ -129,7 +129,7 @@ def test_custom_objects_api_semantics(fake_kube):  # noqa: F811
 
 
 def test_configurable_custom_resource():
-    from autoheal.lab.fakekube import custom_resource
+    from autoheal_lab.fakekube import custom_resource
     crd = custom_resource("example.com", "v1", "GpuRepair", "gpurepairs", namespaced=False)
     with FakeKubeServer(custom_resources=[crd]) as server:
         co = client.CustomObjectsApi(kube_api_client(server))
@@ -215,7 +215,7 @@ def test_crd_registration_serves_and_unserves_a_resource(fake_kube):  # noqa: F8
 
 
 def test_protobuf_bodies_of_namespaces_and_configmaps():
-    from autoheal.lab.fakekube.protobuf import decode_object
+    from autoheal_lab.fakekube.protobuf import decode_object
 
     def field(number, payload):
         return bytes([number << 3 | 2, len(payload)]) + payload

@@ -6,7 +6,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube.testing import fake_kube, kube_api_client, make_pdb, make_pod  # noqa: F401
+from autoheal_lab.fakekube.testing import fake_kube, kube_api_client, make_pdb, make_pod  # noqa: F401
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube.testing import fake_kube, kube_api_client, make_node  # noqa: F401
+from autoheal_lab.fakekube.testing import fake_kube, kube_api_client, make_node  # noqa: F401
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def test_bad_fault_specs_are_refused(fake_kube):  # noqa: F811
 
 
 def test_only_loopback():
-    from autoheal.lab.fakekube import FakeKubeServer
+    from autoheal_lab.fakekube import FakeKubeServer
     with pytest.raises(ValueError):
         FakeKubeServer(host="0.0.0.0")
 
@@ -116,7 +116,7 @@ def test_only_loopback():
 def test_cli_serves_writes_kubeconfig_and_saves_state_on_sigterm(tmp_path):
     kubeconfig, state = tmp_path / "kc", tmp_path / "state.json"
     state.write_text(json.dumps({"items": [make_node("persisted")]}))
-    proc = subprocess.Popen([sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig",
+    proc = subprocess.Popen([sys.executable, "-m", "autoheal_lab.fakekube", "--port", "0", "--kubeconfig",
                              str(kubeconfig), "--state-file", str(state)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -12,7 +12,7 @@ from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from autoheal.lab.fakekube.testing import fake_kube, kube_api_client  # noqa: F401
+from autoheal_lab.fakekube.testing import fake_kube, kube_api_client  # noqa: F401
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoheal.lab.fakekube.patch import PatchError, create_merge_patch, json_patch, merge_patch, strategic_merge_patch
-from autoheal.lab.fakekube.resources import builtin_types
+from autoheal_lab.fakekube.patch import PatchError, create_merge_patch, json_patch, merge_patch, strategic_merge_patch
+from autoheal_lab.fakekube.resources import builtin_types
 
 NODE_SCHEMA = next(t for t in builtin_types() if t.kind == "Node").schema()
 POD_SCHEMA = next(t for t in builtin_types() if t.kind == "Pod").schema()

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoheal.lab.fakekube.selectors import (
+from autoheal_lab.fakekube.selectors import (
     SelectorError,
     field_selector_matches,
     field_value,

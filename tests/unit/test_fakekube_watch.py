@@ -9,8 +9,8 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
-from autoheal.lab.fakekube import FakeKubeServer
-from autoheal.lab.fakekube.testing import fake_kube, kube_api_client, make_node, make_pod  # noqa: F401
+from autoheal_lab.fakekube import FakeKubeServer
+from autoheal_lab.fakekube.testing import fake_kube, kube_api_client, make_node, make_pod  # noqa: F401
 
 
 @pytest.fixture

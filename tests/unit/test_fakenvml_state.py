@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autoheal.lab import fakenvml
-from autoheal.lab.fakenvml import state as st
+from autoheal_lab import fakenvml
+from autoheal_lab.fakenvml import state as st
 
 FACTS_XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)\).*?: (\d+),")
 

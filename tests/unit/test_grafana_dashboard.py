@@ -36,7 +36,7 @@ def targets():
 
 
 def lab_promql(expr: str) -> str:
-    from autoheal.lab.prometheus import grafana_promql
+    from autoheal_lab.prometheus import grafana_promql
 
     return grafana_promql(expr)
 

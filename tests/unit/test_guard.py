@@ -7,10 +7,10 @@ import json
 from click.testing import CliRunner
 
 from autoheal.journal import Journal
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.sbatch_helpers.comment import CommentState
 from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, SCHEDULE, Guard, Sightings, plan
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.slurm import MemorySlurm
 
 NODES = {"gpu1": Node("gpu1", "IDLE"), "gpu2": Node("gpu2", "IDLE", frozenset({"DRAIN"}), reason="autoheal: x"),
          "gpu3": Node("gpu3", "IDLE")}

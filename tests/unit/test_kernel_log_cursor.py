@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from autoheal.hooks import xids
 from autoheal.hooks.xids import LogCursor, read_kernel_log
-from autoheal.lab.fakenvml import state as gstate
+from autoheal_lab.fakenvml import state as gstate
 
 
 def record(seq: int, xid: int = 79, pci: str = "0000:3b:00.0") -> str:

@@ -1,4 +1,4 @@
-"""A lab's clean start (autoheal.lab.cleanup) on plain directories: what goes, what stays, and never
+"""A lab's clean start (autoheal_lab.cleanup) on plain directories: what goes, what stays, and never
 anything outside the lab directory."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from autoheal.lab import cleanup
-from autoheal.lab.cluster import Lab, LabError
+from autoheal_lab import cleanup
+from autoheal_lab.cluster import Lab, LabError
 
 
 def _old_lab(root):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from autoheal.config import load_config
 from autoheal.config.sync_section import SyncSection
-from autoheal.lab import wiring
-from autoheal.lab.cluster import render_autoheal_toml
-from autoheal.lab.slurmconf import LabLayout, render_slurm_conf, spare_reason
 from autoheal.reasons import MAX_REASON_LEN, is_ours
+from autoheal_lab import wiring
+from autoheal_lab.cluster import render_autoheal_toml
+from autoheal_lab.slurmconf import LabLayout, render_slurm_conf, spare_reason
 
 
 def _layout(root: Path) -> LabLayout:

@@ -7,9 +7,9 @@ import json
 
 from click.testing import CliRunner
 
-from autoheal.lab import kube as labkube
-from autoheal.lab.cli import lab as lab_cli
-from autoheal.lab.drill import DrillReport, Phase, render_timeline
+from autoheal_lab import kube as labkube
+from autoheal_lab.cli import lab as lab_cli
+from autoheal_lab.drill import DrillReport, Phase, render_timeline
 
 
 def _no_go(monkeypatch, tmp_path):

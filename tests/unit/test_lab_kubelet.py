@@ -1,9 +1,9 @@
-"""The lab's kubelets (autoheal.lab.kubelet.plan): what they start, finish and register, and what they leave
+"""The lab's kubelets (autoheal_lab.kubelet.plan): what they start, finish and register, and what they leave
 alone as a real cluster would (a pod on a Node whose kubelet is gone stays Terminating)."""
 
 from __future__ import annotations
 
-from autoheal.lab.kubelet import node_ready, plan, running_pod_status
+from autoheal_lab.kubelet import node_ready, plan, running_pod_status
 
 
 def node(name, ready="True"):
@@ -51,7 +51,7 @@ def test_running_status_is_ready_with_a_running_container_each():
 
 
 def test_the_not_ready_taint_goes_once_the_node_is_ready_and_other_taints_stay():
-    from autoheal.lab.kubelet import NOT_READY_TAINT, without_not_ready_taint
+    from autoheal_lab.kubelet import NOT_READY_TAINT, without_not_ready_taint
 
     tainted = node("a")
     tainted["metadata"]["resourceVersion"] = "7"

@@ -1,4 +1,4 @@
-"""autoheal.lab.procs.ancestors: the process's own chain up to init, init included.
+"""autoheal_lab.procs.ancestors: the process's own chain up to init, init included.
 
 The soak's leak check and `lab down` leave out these PIDs. Run under a launcher that is PID 1 of its
 PID namespace (a container's init, `unshare --pid --fork`, `./dev test --slurm trixie`), that launcher's
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from autoheal.lab import procs
+from autoheal_lab import procs
 
 
 def test_chain_ends_at_init_and_includes_it():
@@ -28,7 +28,7 @@ def test_chain_ends_at_init_and_includes_it():
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
 def test_pid_namespace_launcher_is_an_ancestor():
     # sh is PID 1 of the new namespace and python its child: python's chain is [its pid, 1]
-    code = "import json, os; from autoheal.lab import procs; print(json.dumps(procs.ancestors(os.getpid())))"
+    code = "import json, os; from autoheal_lab import procs; print(json.dumps(procs.ancestors(os.getpid())))"
     res = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c",
                           f'"{sys.executable}" -c "{code}"; exit $?'],
                          capture_output=True, text=True, timeout=30)

@@ -17,8 +17,8 @@ from autoheal.hooks import engine, lemon
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
 from autoheal.journal import Record
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.slurm.model import Node
+from autoheal_lab.testing.slurm import MemorySlurm
 
 DAY = 86400.0
 

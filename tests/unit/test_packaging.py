@@ -30,19 +30,19 @@ def test_every_package_folder_is_listed_in_setup_cfg():
     found = set()
     for pkg, folder in MAPPED.items():
         for name in _packages_under(pkg, ROOT / folder):
-            if name == "autoheal.lab" or name.startswith("autoheal.lab."):
+            if name == "autoheal_lab" or name.startswith("autoheal_lab."):
                 continue  # the lab's own distribution (lab/setup.cfg)
             found.add(name)
     assert found <= listed, f"add to setup.cfg [options] packages: {sorted(found - listed)}"
-    assert not [p for p in listed if p.startswith("autoheal.lab")], "the lab is not part of the product"
+    assert not [p for p in listed if p.startswith("autoheal_lab")], "the lab is not part of the product"
 
 
 def test_every_lab_package_is_listed_in_the_lab_setup_cfg():
     cfg = _setup_cfg("lab/setup.cfg")
     listed = {p.strip() for p in cfg["options"]["packages"].split() if p.strip()}
-    assert set(_packages_under("autoheal.lab", ROOT / "autoheal" / "lab")) <= listed, \
+    assert set(_packages_under("autoheal_lab", ROOT / "lab" / "autoheal_lab")) <= listed, \
         "add the package to lab/setup.cfg [options] packages"
-    assert all(p.startswith("autoheal.lab") for p in listed), "the lab distribution ships autoheal.lab only"
+    assert all(p.startswith("autoheal_lab") for p in listed), "the lab distribution ships autoheal_lab only"
 
 
 def test_package_dir_maps_the_four_parts():
@@ -60,5 +60,5 @@ def test_cli_loads_subcommands_lazily():
     assert out.returncode == 0, out.stderr
     loaded = json.loads(out.stdout)
     heavy = [m for m in loaded if m.startswith(("autoheal.hooks", "autoheal.k8s_sync", "autoheal.sbatch_helpers",
-                                                "autoheal.slurm_conf", "autoheal.lab", "kubernetes", "requests"))]
+                                                "autoheal.slurm_conf", "autoheal_lab", "kubernetes", "requests"))]
     assert heavy == []

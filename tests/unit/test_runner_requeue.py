@@ -12,12 +12,12 @@ import pytest
 
 from autoheal.errors import SlurmJobFinished, SlurmRequeueDisabled, SlurmUnavailable
 from autoheal.journal import Journal
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.sbatch_helpers import causes
 from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.comment import CommentState, plan_exclusions
 from autoheal.sbatch_helpers.guard import Guard, Sightings, plan
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.slurm import MemorySlurm
 
 BAD = Node("gpu2", "MIXED", frozenset({"DRAIN"}), reason="autoheal: xid 79 GPU 3 of gpu2")
 

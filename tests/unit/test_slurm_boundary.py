@@ -1,7 +1,7 @@
 """No Slurm command is run outside the adapter (autoheal/slurm/): everything else asks the adapter's typed
 methods, so a backend, a Slurm version or an output format changes in one place (issue 14).
 
-The check reads the source tree (the core and the four parts; not tests/ and not autoheal/lab, which
+The check reads the source tree (the core and the four parts; not tests/ and not lab/autoheal_lab, which
 drives a real Slurm for the lab): a Slurm tool's name as an argv element (in a list or tuple) or as the
 argument of a call that finds or runs a program is a Slurm command."""
 
@@ -36,7 +36,7 @@ def _python_files():
     for tree in TREES:
         for path in sorted((ROOT / tree).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel.startswith(("autoheal/slurm/", "autoheal/lab/")) or "/examples/" in rel:
+            if rel.startswith(("autoheal/slurm/", "lab/autoheal_lab/")) or "/examples/" in rel:
                 continue
             yield rel, path
 

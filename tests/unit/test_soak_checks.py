@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from autoheal.lab.soak_checks import (
+from autoheal.sbatch_helpers.examples.tiny_trainer import advance, expected_final_state
+from autoheal_lab.soak_checks import (
     Injected,
     JobMeta,
     Monitor,
@@ -11,7 +12,6 @@ from autoheal.lab.soak_checks import (
     node_in_service,
     percentiles,
 )
-from autoheal.sbatch_helpers.examples.tiny_trainer import advance, expected_final_state
 
 SPARE = "autoheal: spare: held for replacement"
 
@@ -224,7 +224,7 @@ def test_a_node_still_within_its_recovery_bound_is_recovering_not_stuck():
 
 # ---- the on-call admin and the breaker ----------------------------------------------------------------
 
-from autoheal.lab.soak_checks import OnCall  # noqa: E402
+from autoheal_lab.soak_checks import OnCall  # noqa: E402
 
 
 def test_on_call_is_paged_once_per_trip_and_acts_after_its_delay():
@@ -310,7 +310,7 @@ def test_job_running_again_is_split_by_whether_a_trip_was_open():
 
 
 def test_a_technician_repairs_in_place_only_nodes_waiting_on_an_empty_pool():
-    from autoheal.lab.soak_checks import awaiting_replacement
+    from autoheal_lab.soak_checks import awaiting_replacement
 
     replace = _node("IDLE+DRAIN", True, "autoheal: replace: xid 79 on GPU 0 [autoheal@2026-12-01T10:00:00]")
     req = [{"node": "gpu2", "name": "r1"}]

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 
-from autoheal.lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, check_submitit_output, frozen_comment
 from autoheal.sbatch_helpers.examples.submitit_job import expected_final_state, next_state
+from autoheal_lab.soak_checks import Injected, JobMeta, Monitor, Snapshot, check_submitit_output, frozen_comment
 
 HS, SUB = "20", "21"
 
@@ -174,8 +174,8 @@ def test_a_restart_is_judged_by_the_checkpoint_its_runner_picked():
     """Seed 12 (CI): after a slurmctld kill, Slurm started array task 5_1 a second time while its first
     copy still ran; the first copy saved step 100 after the second's runner had picked step 80, and
     before the second's trainer printed its start. The runner's pick was the newest then."""
-    from autoheal.lab.soak_checks import check_trainer_output
     from autoheal.sbatch_helpers.examples.tiny_trainer import advance
+    from autoheal_lab.soak_checks import check_trainer_output
 
     def ck(step):
         return f"autoheal-trainer: checkpoint saved step={step} path=/x/ckpt-{step}"

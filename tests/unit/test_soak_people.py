@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import heapq
 
-from autoheal.lab.soak import Soak, SoakOptions
-from autoheal.lab.soak_checks import Injected
 from autoheal.slurm.model import Node
+from autoheal_lab.soak import Soak, SoakOptions
+from autoheal_lab.soak_checks import Injected
 
 REASON = "admin: soak maintenance 192"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autoheal.lab.soak_plan import GPU_KINDS, KINDS, REPLACEMENT, kinds_for, make_schedule
+from autoheal_lab.soak_plan import GPU_KINDS, KINDS, REPLACEMENT, kinds_for, make_schedule
 
 NODES = ["gpu1", "gpu2", "gpu3", "gpu4"]
 
@@ -93,7 +93,7 @@ def test_on_call_delays_are_seeded_bounded_and_leave_the_faults_alone():
 
 
 def test_hot_spare_targets_change_only_targets_and_start_with_the_first_draining_gpu_fault():
-    from autoheal.lab.soak_plan import HOT_SPARE
+    from autoheal_lab.soak_plan import HOT_SPARE
 
     for seed in (5, 12, 40):
         plain = make_schedule(seed, 60, NODES, 4, spares=2)

@@ -3,9 +3,9 @@ whose defect keeps coming back ends retired as a lemon, not cycling."""
 
 from __future__ import annotations
 
-from autoheal.lab.soak_checks import Injected, Snapshot, ours_kind
-from autoheal.lab.soak_plan import KINDS, make_schedule
-from autoheal.lab.soak_storm import check, storm_target
+from autoheal_lab.soak_checks import Injected, Snapshot, ours_kind
+from autoheal_lab.soak_plan import KINDS, make_schedule
+from autoheal_lab.soak_storm import check, storm_target
 
 
 def drain(node, reason, t=10.0):

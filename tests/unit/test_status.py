@@ -14,9 +14,9 @@ from autoheal.cli.status_model import Heartbeat, Inputs, Source, build, render
 from autoheal.config import parse_config
 from autoheal.errors import SlurmUnavailable
 from autoheal.journal import Journal, Record
-from autoheal.lab.testing.kube import MemoryKube
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.kube import MemoryKube
+from autoheal_lab.testing.slurm import MemorySlurm
 
 NOW = 1_800_000_000.0
 XID79 = "autoheal: replace: xid 79 on GPU 0 of n2 (0000:1b:00.0): fallen off the bus"

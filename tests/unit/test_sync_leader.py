@@ -6,7 +6,7 @@ from autoheal.k8s_sync.informer import Informer, newer_or_equal
 from autoheal.k8s_sync.kube import Gone
 from autoheal.k8s_sync.leader import LeaderElector
 from autoheal.k8s_sync.ratelimit import TokenBucket
-from autoheal.lab.testing.kube import MemoryKube
+from autoheal_lab.testing.kube import MemoryKube
 
 
 class Clock:
@@ -131,7 +131,7 @@ def test_a_wake_up_during_a_pass_is_not_lost():
     from sync_helpers import sync_cfg
 
     from autoheal.k8s_sync.daemon import SyncDaemon
-    from autoheal.lab.testing.slurm import MemorySlurm
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     d = SyncDaemon(MemorySlurm(), MemoryKube(), sync_cfg(slurm_resync_seconds=600.0, leader_election=False),
                    use_watch=False)
@@ -164,7 +164,7 @@ def test_the_first_pass_waits_for_the_end_of_the_first_lease_round():
     from sync_helpers import sync_cfg
 
     from autoheal.k8s_sync.daemon import SyncDaemon
-    from autoheal.lab.testing.slurm import MemorySlurm
+    from autoheal_lab.testing.slurm import MemorySlurm
 
     kube = MemoryKube()
     release = threading.Event()

@@ -14,11 +14,11 @@ import pytest
 from helpers import WebhookRecorder
 
 from autoheal.journal import Journal, Record
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.notify import JobRateLimit, Notifier, escape_markup, format_text
 from autoheal.sbatch_helpers.comment import CommentState
 from autoheal.sbatch_helpers.guard import RELEASE, Guard
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.slurm import MemorySlurm
 
 NODES = [Node("gpu1", "IDLE"), Node("gpu2", "IDLE", frozenset({"DRAIN"}), reason="autoheal: xid 79"),
          Node("gpu3", "IDLE")]

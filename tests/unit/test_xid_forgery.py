@@ -10,7 +10,7 @@ import pytest
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
 from autoheal.hooks.xids import LogCursor, parse_line, read_kernel_log
-from autoheal.lab.fakenvml import state as gstate
+from autoheal_lab.fakenvml import state as gstate
 
 NAME = "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus"
 

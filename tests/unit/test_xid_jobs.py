@@ -17,8 +17,8 @@ from autoheal.hooks import xid_jobs as XJ
 from autoheal.hooks import xid_watch as XW
 from autoheal.hooks.xids import parse_line
 from autoheal.journal import Record
-from autoheal.lab.testing.slurm import MemorySlurm
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.slurm import MemorySlurm
 
 PCI = ["0000:1b:00", "0000:1c:00", "0000:1d:00", "0000:1e:00"]
 
@@ -205,8 +205,8 @@ def test_the_same_hardware_xid_repeated_is_one_fault_with_a_count(tmp_path):
 @pytest.mark.parametrize("xid", [13, 46, 110, 136, 151, 156, 158, 54, 4242])
 def test_the_lab_can_raise_any_catalog_xid_with_a_jobs_pid(xid):
     from autoheal.hooks.xid_catalog import entry
-    from autoheal.lab.fakenvml.state import kernel_log_line
-    from autoheal.lab.gpus import xid_message
+    from autoheal_lab.fakenvml.state import kernel_log_line
+    from autoheal_lab.gpus import xid_message
 
     text = kernel_log_line("0000:3b:00.0", xid, pid=4567, name="python", message=xid_message(xid))
     ev = parse_line(f"3,{next(_SEQ)},1000,-;{text}")  # the lab's injector writes it as the kernel would

@@ -3,7 +3,7 @@ lab's Nodes and slurmd pods, the lab's kubelets, and the sync's own credentials.
 
 In order:
 
-1. ``autoheal.lab.controlplane`` starts etcd, kube-apiserver and kube-controller-manager (built once per
+1. ``autoheal_lab.controlplane`` starts etcd, kube-apiserver and kube-controller-manager (built once per
    machine from Go modules); each is a lab process recorded by PID in lab.json with its port, so ``lab
    status`` shows them and ``lab down`` stops them. etcd starts empty unless ``keep_state``.
 2. The sync's Helm chart (``k8s_sync/deploy/chart/autoheal-sync``) is installed with the real ``helm``
@@ -14,7 +14,7 @@ In order:
    its slurmd pod created bound (``spec.nodeName``) and started (``pods/status`` Running, Ready). Pods
    need the namespace's ``default`` ServiceAccount: ServiceAccount admission stays on (a real cluster has
    it; envtest turns it off), so the lab waits for the serviceaccount controller to make it. From then on
-   ``autoheal.lab.kubelet`` (a lab process) starts and finishes pods as kubelets would.
+   ``autoheal_lab.kubelet`` (a lab process) starts and finishes pods as kubelets would.
 4. A token for the chart's ServiceAccount (TokenRequest) goes into ``<lab>/kube/sync.kubeconfig``; the
    lab's ``autoheal sync`` processes use it, so every call they make is one the chart's RBAC allows.
 """
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from autoheal.lab import controlplane, procs
-from autoheal.lab.kube import KUBELET_PROC, NAMESPACE, SYNC_KUBECONFIG, kubeconfig_path, node_obj, slurmd_pod
+from autoheal_lab import controlplane, procs
+from autoheal_lab.kube import KUBELET_PROC, NAMESPACE, SYNC_KUBECONFIG, kubeconfig_path, node_obj, slurmd_pod
 
 CHART = Path(__file__).resolve().parents[2] / "k8s_sync" / "deploy" / "chart" / "autoheal-sync"
 RELEASE = "autoheal-sync"
@@ -52,7 +52,7 @@ def _say(line: str) -> None:
 def start(lab, keep_state: bool = False, progress: Optional[Callable[[str], None]] = _say,
           wait: float = 120.0) -> str:
     """Steps 1-4 above. Returns the path of the lab's (admin) kubeconfig."""
-    from autoheal.lab.cluster import LabError, _free_ports
+    from autoheal_lab.cluster import LabError, _free_ports
 
     why = controlplane.missing_toolchain()
     if why:
@@ -91,7 +91,7 @@ def start(lab, keep_state: bool = False, progress: Optional[Callable[[str], None
         if isinstance(exc, LabError):
             raise
         raise LabError(f"the lab's Kubernetes side did not start: {type(exc).__name__}: {exc}") from None
-    rec = procs.spawn(KUBELET_PROC, [sys.executable, "-m", "autoheal.lab.kubelet", "--kubeconfig", str(kc)],
+    rec = procs.spawn(KUBELET_PROC, [sys.executable, "-m", "autoheal_lab.kubelet", "--kubeconfig", str(kc)],
                       lay.path("log", f"{KUBELET_PROC}.log"), env=lab.slurm_env())
     lab._record(rec)
     return str(kc)
@@ -179,7 +179,7 @@ def register_nodes(api: Any, nodes: List[str]) -> None:
     status. Objects a --keep-state lab already has are left as they are."""
     from kubernetes import client
 
-    from autoheal.lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
+    from autoheal_lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
 
     core = client.CoreV1Api(api)
     for name in nodes:

@@ -4,8 +4,8 @@ The runner starts a clean lab, submits a mixed workload (a hot-spare trainer, ``
 --spare-nodes 1``; a submitit ``Checkpointable`` job through ``autoheal sbatch``; ``autoheal sbatch``
 trainers on 2 nodes and on 1 node with different grace and restart limits, a job array under ``autoheal
 sbatch``, a plain ``sbatch`` job, a job that runs into its time limit, short jobs that come and go), then
-carries out the schedule of ``autoheal.lab.soak_plan`` (same seed, same schedule) while taking snapshots of
-Slurm and Kubernetes, which ``autoheal.lab.soak_checks.Monitor`` checks as they come. After the last fault
+carries out the schedule of ``autoheal_lab.soak_plan`` (same seed, same schedule) while taking snapshots of
+Slurm and Kubernetes, which ``autoheal_lab.soak_checks.Monitor`` checks as they come. After the last fault
 it lets the loop settle (bounded), reads the journal and the trainers' outputs, stops the lab, looks for
 processes left behind, and reports.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.soak_checks import (
+from autoheal_lab.cluster import Lab, LabError
+from autoheal_lab.soak_checks import (
     Injected,
     JobMeta,
     Monitor,
@@ -47,7 +47,7 @@ from autoheal.lab.soak_checks import (
     node_in_service,
     ours_kind,
 )
-from autoheal.lab.soak_plan import HOT_SPARE, KINDS, REPLACEMENT, Schedule, make_schedule
+from autoheal_lab.soak_plan import HOT_SPARE, KINDS, REPLACEMENT, Schedule, make_schedule
 
 STEP_SECONDS = 0.1
 
@@ -233,7 +233,7 @@ class Soak:
         except ImportError:
             self.notes.append("submitit is not installed (pip install -e '.[test]'): no submitit job in the workload")
             return
-        from autoheal.lab.drill_submitit import start_client
+        from autoheal_lab.drill_submitit import start_client
 
         folder = self.workdir / "submitit"
         out = self.workdir / "submitit-client.out"
@@ -361,8 +361,8 @@ class Soak:
     def _oncall_resume(self, node: str) -> None:
         """A node Slurm drained by itself with a runbook reason (``ONCALL_RESUMES``): the on-call looks
         at it again and resumes it (``scontrol update state=resume``) if the reason is still Slurm's."""
-        from autoheal.lab.soak_checks import ONCALL_RESUMES
         from autoheal.reasons import strip_reason_suffix
+        from autoheal_lab.soak_checks import ONCALL_RESUMES
 
         oncall = self.monitor.oncall
 
@@ -384,7 +384,7 @@ class Soak:
         GPUs (the fake ones healed), then hands it back as a site would: ``autoheal check --clear-faults``
         (the node forgets the faults and its recovery ladder) and ``autoheal node resume`` (only a drain
         of autoheal's; the sync then abandons the replacement request)."""
-        from autoheal.lab import gpus as labgpus
+        from autoheal_lab import gpus as labgpus
 
         oncall = self.monitor.oncall
 
@@ -394,7 +394,7 @@ class Soak:
             # looked at again on every try: while they were kept out (slurmctld restarting) the node may
             # have been replaced, resumed, or drained for a new fault, and then there is nothing to repair
             now_reason = strip_reason_suffix(self.slurm.get_node(node).reason or "")
-            from autoheal.lab.soak_checks import PERSON_REPLACES
+            from autoheal_lab.soak_checks import PERSON_REPLACES
 
             if not now_reason.startswith(PERSON_REPLACES):
                 oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
@@ -468,7 +468,7 @@ class Soak:
         cannot leave the allocation), where a fault is swapped to the spare while one is left, else
         requeued; the previous fault's node for a fault during its recovery; ``f.fallback`` when the job
         is not running on two active nodes."""
-        from autoheal.lab.soak_checks import comment_field
+        from autoheal_lab.soak_checks import comment_field
 
         if f.overlap == "during-recovery" and f.id - 1 in self.injected:
             prev = self.injected[f.id - 1].node
@@ -494,13 +494,13 @@ class Soak:
         self.monitor.add_fault(inj)
 
     def _do(self, f, spec, inj: Injected, node: str, end: Optional[float], snap: Optional[Snapshot]) -> None:
-        from autoheal.lab import gpus as labgpus
+        from autoheal_lab import gpus as labgpus
 
         def ended():
             inj.end = time.time()
 
-        if f.kind in ("job-storm", "bad-repair"):  # issue 22: autoheal.lab.soak_storm
-            from autoheal.lab import soak_storm
+        if f.kind in ("job-storm", "bad-repair"):  # issue 22: autoheal_lab.soak_storm
+            from autoheal_lab import soak_storm
 
             if f.kind == "job-storm":
                 soak_storm.job_storm(self, inj, f.xid, snap)
@@ -533,14 +533,14 @@ class Soak:
             self._at(end, "slurmctld restarted", lambda: (self.lab.restart_slurmctld(), ended(),
                                                           self._admins_look_after_restart(lost)))
         elif f.kind == "kill-xid-watch":
-            from autoheal.lab import wiring
+            from autoheal_lab import wiring
 
             self._kill(f"xid-watch-{node}")
             self._at(end, f"xid-watch-{node} restarted",
                      lambda: (self.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node)),
                               ended()))
         elif f.kind == "kill-sync":
-            from autoheal.lab import kube as labkube
+            from autoheal_lab import kube as labkube
 
             self._kill(labkube.SYNC_PROC)
             self._at(end, "sync restarted", lambda: (labkube.start_sync(self.lab), ended()))
@@ -737,7 +737,7 @@ class Soak:
             os.kill(rec.pid, signal.SIGKILL)
         except ProcessLookupError:
             self.notes.append(f"{proc_name} was already gone")
-        from autoheal.lab import procs
+        from autoheal_lab import procs
 
         procs._reap(rec.pid)
 
@@ -903,7 +903,7 @@ class Soak:
                 self.monitor.jobs.setdefault(key, JobMeta(key, "trainer", True, base.steps, 1))
         self.monitor.finish(final, records, res.skipped, outputs, user_cancelled=self.cancelled, awaiting_ok=True,
                             recovery_bound=self.recovery_bound())
-        from autoheal.lab import soak_storm
+        from autoheal_lab import soak_storm
 
         self.monitor.violations += soak_storm.check(list(self.injected.values()), records, final,
                                                     self.cfg.hooks.lemon_faults)
@@ -958,7 +958,7 @@ class Soak:
     def leaked(self) -> List[str]:
         """Processes still running after ``down`` that belong to this lab (a path under its directory in
         their command line, or a job of its slurm.conf), other than this process and its parents."""
-        from autoheal.lab import procs
+        from autoheal_lab import procs
 
         mine = set(procs.ancestors(os.getpid()))
         root = str(self.lab.root)

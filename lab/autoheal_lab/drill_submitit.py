@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.drill import POLL, Contradiction, Drill, OutputTail, Phase, Probe, Waiting
+from autoheal_lab.cluster import Lab, LabError
+from autoheal_lab.drill import POLL, Contradiction, Drill, OutputTail, Phase, Probe, Waiting
 
 TRAINER = "submitit-trainer: "
 #: The trainer runs far longer than any drill (a finished job would end the timeline early).

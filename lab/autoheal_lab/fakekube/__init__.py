@@ -1,11 +1,11 @@
 """A fake Kubernetes API server (stdlib only) that behaves like kube-apiserver on the wire.
 
-    from autoheal.lab.fakekube import FakeKubeServer
+    from autoheal_lab.fakekube import FakeKubeServer
     with FakeKubeServer() as server:
         server.write_kubeconfig("/tmp/kubeconfig")
         server.store.add({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1"}})
 
-See ``python -m autoheal.lab.fakekube --help`` for the command-line server.
+See ``python -m autoheal_lab.fakekube --help`` for the command-line server.
 """
 
 from .errors import ApiError

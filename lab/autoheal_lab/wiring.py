@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
-from autoheal.lab.slurmconf import LabLayout
+from autoheal_lab.slurmconf import LabLayout
 
 # slurm.conf key -> module run by the wrapper (``python -m MODULE``)
 HOOK_MODULES = {
@@ -74,14 +74,14 @@ except OSError:
 # a power cycle clears the GPUs' volatile faults (ECC counts, pending remaps, a hung or lost GPU), like
 # the reset rung does for one GPU
 try:
-    from autoheal.lab.cluster import Lab
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.cluster import Lab
+    from autoheal_lab.fakenvml import state as gstate
     path = Lab(root).layout().gpu_state(node)
     for i in range(len(gstate.read_state(path).gpus)):
         gstate.inject(path, i, "clear")
 except Exception as exc:
     print("could not clear the fake GPUs:", exc, flush=True)
-code = "from autoheal.lab.cluster import Lab; import sys; Lab(sys.argv[1]).start_slurmd(sys.argv[2])"
+code = "from autoheal_lab.cluster import Lab; import sys; Lab(sys.argv[1]).start_slurmd(sys.argv[2])"
 unshare = shutil.which("unshare")
 argv = [sys.executable, "-c", code, root, node]
 if unshare:

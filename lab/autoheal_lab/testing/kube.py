@@ -1,6 +1,6 @@
 """The in-memory Kubernetes the tests and benches share, behind ``KubeClient`` as ``KubeApi`` is: for the
 sync tests, the property test and the 10,000-node benchmark (no sockets, so they measure our code).
-Its Slurm counterpart is ``autoheal.lab.testing.slurm.MemorySlurm``.
+Its Slurm counterpart is ``autoheal_lab.testing.slurm.MemorySlurm``.
 
 ``MemoryKube`` keeps dicts with resourceVersions (409 on a stale one), merges ``status.conditions`` by
 type on strategic merge patches, replaces other lists, and deletes keys set to null on merge patches.

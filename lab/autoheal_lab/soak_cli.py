@@ -21,7 +21,7 @@ def _duration(text: str) -> float:
 
 @click.command()
 @click.option("--dir", "lab_dir", type=click.Path(file_okay=False), envvar="AUTOHEAL_LAB_DIR",
-              help="Lab directory [env AUTOHEAL_LAB_DIR; default ~/.local/state/autoheal/lab]. A lab up there is "
+              help="Lab directory [env AUTOHEAL_LAB_DIR; default ~/.local/state/lab/autoheal_lab]. A lab up there is "
                    "restarted from a clean state.")
 @click.option("--seed", default=1, show_default=True, type=int,
               help="Seed of the fault schedule: the same seed replays the same faults, targets and timing.")
@@ -74,7 +74,7 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
 
     Exit 0 zero violations; 1 a violation; 2 bad usage or the lab could not start.
     """
-    from autoheal.lab.soak_plan import KINDS
+    from autoheal_lab.soak_plan import KINDS
 
     if list_kinds:
         for k in KINDS.values():
@@ -92,8 +92,8 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
         faults = max(1, int(_duration(duration) / ((lo + hi) / 2)))
     elif faults is None:
         faults = 30
-    from autoheal.lab.cluster import Lab
-    from autoheal.lab.soak import Soak, SoakOptions, plot, render
+    from autoheal_lab.cluster import Lab
+    from autoheal_lab.soak import Soak, SoakOptions, plot, render
 
     opts = SoakOptions(seed=seed, faults=faults, jobs=jobs, kube=kube, nodes=nodes, spares=spares, gap=(lo, hi),
                        include=list(include) or None, exclude=list(exclude), settle=settle)

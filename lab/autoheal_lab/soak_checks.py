@@ -1,6 +1,6 @@
 """The soak's invariants, as pure functions over what was observed (no lab, no I/O).
 
-The runner (``autoheal.lab.soak``) feeds a :class:`Monitor` one :class:`Snapshot` at a time (Slurm's
+The runner (``autoheal_lab.soak``) feeds a :class:`Monitor` one :class:`Snapshot` at a time (Slurm's
 nodes and jobs, the Kubernetes Nodes and replacement requests) and, at the end, the journal, the
 trainers' outputs and the processes left over. The monitor records every violation with its evidence,
 and the recovery times the report shows. Every rule is unit-tested on hand-made snapshots.
@@ -48,8 +48,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Set
 
-from autoheal.lab.soak_plan import KINDS
 from autoheal.reasons import is_ours, strip_reason_suffix
+from autoheal_lab.soak_plan import KINDS
 
 IN_SERVICE_STATES = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 #: Final states a user or Slurm chose for a job (not a job we lost).

@@ -1,6 +1,6 @@
 """The lab's spare pool: fulfils replacement requests like a cloud node pool, on one machine.
 
-``python -m autoheal.lab.sparepool --dir LAB [--delay S]`` (started by ``autoheal lab up --kube``) watches
+``python -m autoheal_lab.sparepool --dir LAB [--delay S]`` (started by ``autoheal lab up --kube``) watches
 for replacement requests, by whichever action the lab's ``sync.replacement_action`` selects:
 ``custom-resource`` (``autoheal.io/v1alpha1 NodeReplacement`` in namespace ``slurm``) or ``label`` (Node
 label ``sync.replacement_label``). After ``--delay`` seconds (provisioning) it takes a free spare and:
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from autoheal.lab.kube import NAMESPACE, kubeconfig_path, node_obj, slurmd_pod
+from autoheal_lab.kube import NAMESPACE, kubeconfig_path, node_obj, slurmd_pod
 
 USED_FILE = "spares-used.json"
 
@@ -157,9 +157,9 @@ class SparePool:
 
 def main(argv=None) -> int:
     from autoheal.config import load_config
-    from autoheal.lab.cluster import Lab
+    from autoheal_lab.cluster import Lab
 
-    p = argparse.ArgumentParser(prog="python -m autoheal.lab.sparepool", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m autoheal_lab.sparepool", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", required=True, help="lab directory")
     p.add_argument("--delay", type=float, default=1.0, help="seconds to 'provision' a spare (default 1)")

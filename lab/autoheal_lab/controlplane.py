@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from autoheal.lab import procs
+from autoheal_lab import procs
 
 ETCD, APISERVER, KCM = "etcd", "kube-apiserver", "kube-controller-manager"
 BINARIES = (ETCD, APISERVER, KCM, "helm")

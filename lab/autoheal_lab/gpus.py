@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from autoheal.lab.cluster import Lab, LabError
+from autoheal_lab.cluster import Lab, LabError
 
 INJECT_KINDS = ("xid", "ecc-dbe", "remap-failure", "remap-pending", "thermal", "lost", "pcie-degraded",
                 "nvlink-down", "hang", "clear")
@@ -15,8 +15,8 @@ INJECT_KINDS = ("xid", "ecc-dbe", "remap-failure", "remap-pending", "thermal", "
 
 def setup_gpus(lab: Lab) -> Optional[str]:
     """Build the fake NVML into the lab and write healthy state for every node. Returns the lib dir."""
-    from autoheal.lab import fakenvml
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab import fakenvml
+    from autoheal_lab.fakenvml import state as gstate
 
     lay = lab.layout()
     lib_dir = lab.root / "lib"
@@ -44,7 +44,7 @@ def xid_message(xid: int) -> Optional[str]:
     """The text after ``pid=..., name=...,`` of a driver line: the fake driver's own, else the catalog's
     description (so any catalog XID can be raised with a plausible line), else the driver's default."""
     from autoheal.hooks.xid_catalog import entry
-    from autoheal.lab.fakenvml.state import XID_MESSAGES
+    from autoheal_lab.fakenvml.state import XID_MESSAGES
 
     if int(xid) in XID_MESSAGES:
         return None
@@ -57,7 +57,7 @@ def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None, 
     """Break (or heal, ``clear``) one fake GPU: NVML state, an NVML XID event, a kernel-log line.
     ``pid``/``name``: the process the driver names in the line (an application XID's job is found from
     it); default: the driver's ``<unknown>``."""
-    from autoheal.lab.fakenvml import state as gstate
+    from autoheal_lab.fakenvml import state as gstate
 
     lay = lab.layout()
     if node not in lay.all_nodes:

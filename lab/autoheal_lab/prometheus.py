@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from autoheal.lab import procs
+from autoheal_lab import procs
 
 PROM_PROC = "prometheus"
 EXPORTER_PROC = "node-exporter-{node}"
@@ -45,7 +45,7 @@ def grafana_promql(expr: str) -> str:
 
 def binaries() -> Dict[str, str]:
     """Paths of prometheus and prometheus-node-exporter, or a LabError naming the package to install."""
-    from autoheal.lab.cluster import LabError
+    from autoheal_lab.cluster import LabError
 
     found = {name: shutil.which(name) or "" for name in ("prometheus", "prometheus-node-exporter")}
     missing = [n for n, p in found.items() if not p]
@@ -93,8 +93,8 @@ def _sync_targets(lab) -> List[str]:
 def start(lab, wait: float = 30.0) -> str:
     """Start a node-exporter per lab node and the controller's, restart the guard writing its textfile,
     and start Prometheus. Returns Prometheus's base URL (also recorded in lab.json as ``prometheus``)."""
-    from autoheal.lab import wiring
-    from autoheal.lab.cluster import LabError, _free_ports
+    from autoheal_lab import wiring
+    from autoheal_lab.cluster import LabError, _free_ports
 
     bins = binaries()
     lay = lab.layout()
@@ -146,13 +146,13 @@ def start(lab, wait: float = 30.0) -> str:
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.2)
-    from autoheal.lab.cluster import _tail
+    from autoheal_lab.cluster import _tail
 
     raise LabError(f"prometheus did not become ready at {url}; see {rec.log}: {_tail(rec.log)}")
 
 
 def url(lab) -> str:
-    from autoheal.lab.cluster import LabError
+    from autoheal_lab.cluster import LabError
 
     found = ((lab.load_state() or {}).get("urls") or {}).get(PROM_PROC)
     if not found:
@@ -205,7 +205,7 @@ def rss_kib(lab) -> Dict[str, int]:
     return out
 
 
-if __name__ == "__main__":  # python -m autoheal.lab.prometheus LAB_DIR: start it on a running lab
-    from autoheal.lab.cluster import Lab
+if __name__ == "__main__":  # python -m autoheal_lab.prometheus LAB_DIR: start it on a running lab
+    from autoheal_lab.cluster import Lab
 
     print(start(Lab(Path(sys.argv[1]))))

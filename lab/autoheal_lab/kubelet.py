@@ -22,7 +22,7 @@ the spare pool marks a retired machine Unknown) stays Terminating; once that Nod
 an orphan and is force-deleted as kube-controller-manager's pod-GC does (the lab does not run pod-GC:
 its other job, deleting pods of Nodes it thinks are gone, needs kubelet heartbeats nobody posts).
 
-``python -m autoheal.lab.kubelet --kubeconfig FILE`` (started by ``autoheal lab up --kube``).
+``python -m autoheal_lab.kubelet --kubeconfig FILE`` (started by ``autoheal lab up --kube``).
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ class Kubelets:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autoheal.lab.kubelet", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m autoheal_lab.kubelet", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kubeconfig", required=True, help="kubeconfig of the lab's API server")
     p.add_argument("--poll", type=float, default=0.3, help="seconds between passes (default 0.3)")

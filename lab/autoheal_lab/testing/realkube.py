@@ -1,5 +1,5 @@
 """A real control plane for the sync tests that need an API server but no lab's Kubernetes side (no chart,
-no sync process): etcd + kube-apiserver + kube-controller-manager from ``autoheal.lab.controlplane``,
+no sync process): etcd + kube-apiserver + kube-controller-manager from ``autoheal_lab.controlplane``,
 with ``requests`` in the shape the fake server's request log had (read from the real audit log, which
 keeps writes only: the tests compare writes)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from autoheal.lab import controlplane
+from autoheal_lab import controlplane
 
 
 class RealKube:
@@ -21,7 +21,7 @@ class RealKube:
 
     @classmethod
     def start(cls, root: Path, bindir: Optional[Path] = None) -> RealKube:
-        from autoheal.lab.cluster import _free_ports
+        from autoheal_lab.cluster import _free_ports
 
         bindir = bindir or controlplane.ensure_binaries()
         return cls(controlplane.start(bindir, Path(root), _free_ports(3)))
@@ -36,7 +36,7 @@ class RealKube:
         """Every write the API server answered so far, as the lab's own admin (the tests' client and the
         sync they start), oldest first: method, path, status, user. Writes of the controllers (ServiceAccount
         tokens, PDB status, ...) are left out: they are not the test's."""
-        from autoheal.lab.realkube import parse_audit
+        from autoheal_lab.realkube import parse_audit
 
         return [r for r in parse_audit(self.cp.audit_log) if r["user"] == controlplane.ADMIN_USER]
 

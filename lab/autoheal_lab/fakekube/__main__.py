@@ -1,4 +1,4 @@
-"""Run the fake API server: ``python -m autoheal.lab.fakekube --port 0 --kubeconfig OUT``.
+"""Run the fake API server: ``python -m autoheal_lab.fakekube --port 0 --kubeconfig OUT``.
 
 Prints the server URL on the first line of stdout, writes a kubeconfig for
 kubectl and the python client, serves until SIGTERM or SIGINT, then (with
@@ -29,7 +29,7 @@ def parse_crd(spec: str) -> ResourceType:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m autoheal.lab.fakekube", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m autoheal_lab.fakekube", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port, 0 picks a free one (default 0)")

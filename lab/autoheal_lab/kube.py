@@ -3,9 +3,9 @@
 
 ``autoheal lab up --kube`` calls ``start(lab)``; ``Lab.down()`` stops every recorded process. The API
 server is the real one (``api="real"``, the default): etcd, kube-apiserver and kube-controller-manager
-from ``autoheal.lab.controlplane``, the sync's Helm chart installed with the real ``helm``, the lab's
-kubelets (``autoheal.lab.kubelet``) and ``autoheal sync`` running as the chart's ServiceAccount.
-``api="fake"`` (env ``AUTOHEAL_LAB_KUBE_API=fake``) starts ``autoheal.lab.fakekube`` instead.
+from ``autoheal_lab.controlplane``, the sync's Helm chart installed with the real ``helm``, the lab's
+kubelets (``autoheal_lab.kubelet``) and ``autoheal sync`` running as the chart's ServiceAccount.
+``api="fake"`` (env ``AUTOHEAL_LAB_KUBE_API=fake``) starts ``autoheal_lab.fakekube`` instead.
 
 The lab's own kubeconfig (cluster admin) lives at ``<lab>/kube/kubeconfig`` and is recorded in lab.json
 (``autoheal lab env`` exports it as KUBECONFIG); the sync's (the chart's ServiceAccount token) at
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from autoheal.lab import procs
+from autoheal_lab import procs
 
 NAMESPACE = "slurm"
 SLURMD_LABELS = {"app.kubernetes.io/component": "slurmd", "app.kubernetes.io/name": "slurmd"}
@@ -69,7 +69,7 @@ def cannot_start(api: Optional[str] = None) -> Optional[str]:
     built or found, so a missing Go or an unreachable module proxy is told before the lab starts."""
     if api_kind(api) == "fake":
         return None
-    from autoheal.lab import controlplane
+    from autoheal_lab import controlplane
 
     why = controlplane.missing_toolchain()
     if why:
@@ -86,7 +86,7 @@ def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, w
     """Start the API server with the lab's Nodes and slurmd pods, ``autoheal sync`` and the spare pool.
     Returns the (admin) kubeconfig path."""
     if api_kind(api) == "real":
-        from autoheal.lab import realkube
+        from autoheal_lab import realkube
 
         kc = realkube.start(lab, keep_state=keep_state)
     else:
@@ -108,7 +108,7 @@ def start_fake(lab, wait: float = 20.0, keep_state: bool = False) -> str:
     kdir = lab.root / "kube"
     kdir.mkdir(parents=True, exist_ok=True)
     objects = kdir / OBJECTS_FILE
-    argv = [sys.executable, "-m", "autoheal.lab.fakekube", "--port", "0", "--kubeconfig", str(kubeconfig_path(lab)),
+    argv = [sys.executable, "-m", "autoheal_lab.fakekube", "--port", "0", "--kubeconfig", str(kubeconfig_path(lab)),
             "--state-file", str(objects), "--bookmark-interval", "5"]
     if not (keep_state and objects.exists()):
         objects.unlink(missing_ok=True)
@@ -137,7 +137,7 @@ def start_fake(lab, wait: float = 20.0, keep_state: bool = False) -> str:
 def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = (), wait: float = 30.0) -> procs.ProcRecord:
     """``autoheal sync`` as a lab process (the lab's autoheal.toml enables remediation), serving
     /metrics on a free loopback port recorded in lab.json (``autoheal lab status`` shows the URL)."""
-    from autoheal.lab.cluster import LabError, _free_ports, _tail
+    from autoheal_lab.cluster import LabError, _free_ports, _tail
 
     lay = lab.layout()
     env = lab.slurm_env()
@@ -184,9 +184,9 @@ def _healthz(url: str) -> bool:
 
 
 def start_pool(lab, delay: float = 1.0) -> procs.ProcRecord:
-    """The spare-pool simulator (``python -m autoheal.lab.sparepool``) as a lab process."""
+    """The spare-pool simulator (``python -m autoheal_lab.sparepool``) as a lab process."""
     lay = lab.layout()
-    argv = [sys.executable, "-m", "autoheal.lab.sparepool", "--dir", str(lab.root), "--delay", str(delay)]
+    argv = [sys.executable, "-m", "autoheal_lab.sparepool", "--dir", str(lab.root), "--delay", str(delay)]
     rec = procs.spawn(POOL_PROC, argv, lay.path("log", f"{POOL_PROC}.log"), env=lab.slurm_env())
     lab._record(rec)
     return rec

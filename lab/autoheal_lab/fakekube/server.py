@@ -1,9 +1,9 @@
 """The fake API server process: lifecycle, kubeconfig, the pieces tests reach for.
 
 ``FakeKubeServer`` runs a ``ThreadingHTTPServer`` on 127.0.0.1 in a background
-thread. ``store`` is the :class:`~autoheal.lab.fakekube.registry.Registry`
+thread. ``store`` is the :class:`~autoheal_lab.fakekube.registry.Registry`
 (seed and inspect objects from Python), ``faults`` the
-:class:`~autoheal.lab.fakekube.faults.FaultInjector`.
+:class:`~autoheal_lab.fakekube.faults.FaultInjector`.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ import re
 import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
-from autoheal.lab.soak_checks import Injected, Snapshot, Violation
+from autoheal_lab.soak_checks import Injected, Snapshot, Violation
 
 if TYPE_CHECKING:
-    from autoheal.lab.soak import Soak
+    from autoheal_lab.soak import Soak
 
 #: Injections of a bad repair: the lemon threshold of the lab's hooks (hooks.lemon_faults, 3).
 BAD_REPAIR_FAULTS = 3
@@ -64,7 +64,7 @@ def storm_target(snap: Optional[Snapshot]) -> Tuple[str, List[str]]:
 
 def job_storm(soak: Soak, inj: Injected, xid: int, snap: Optional[Snapshot]) -> None:
     """Carry out one job storm (see the module doc); notes what it did on ``inj``."""
-    from autoheal.lab import gpus as labgpus
+    from autoheal_lab import gpus as labgpus
 
     job, nodes = storm_target(snap)
     inj.job = job
@@ -85,7 +85,7 @@ def job_storm(soak: Soak, inj: Injected, xid: int, snap: Optional[Snapshot]) -> 
 def bad_repair(soak: Soak, inj: Injected, node: str, gpu: int, deadline: float, times: int = BAD_REPAIR_FAULTS) -> None:
     """Raise ``BAD_REPAIR_XID`` on ``node``, and again each time it is back in service, up to ``times``
     times or ``deadline``."""
-    from autoheal.lab import gpus as labgpus
+    from autoheal_lab import gpus as labgpus
 
     state = {"count": 1, "was_out": False}
     labgpus.inject(soak.lab, node, gpu, "xid", xid=BAD_REPAIR_XID)

@@ -15,12 +15,12 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 
 def dir_option(fn):
     return click.option("--dir", "lab_dir", type=click.Path(file_okay=False), envvar="AUTOHEAL_LAB_DIR",
-                        help="Lab directory [env AUTOHEAL_LAB_DIR; default ~/.local/state/autoheal/lab]. "
+                        help="Lab directory [env AUTOHEAL_LAB_DIR; default ~/.local/state/lab/autoheal_lab]. "
                              "Several labs can coexist in different directories.")(fn)
 
 
 def _lab(lab_dir):
-    from autoheal.lab.cluster import Lab
+    from autoheal_lab.cluster import Lab
 
     return Lab(Path(lab_dir) if lab_dir else None)
 
@@ -29,7 +29,7 @@ class _LabGroup(click.Group):
     """Commands defined in their own modules load only when used (``autoheal.cli`` sits above the lab,
     so its LazyGroup cannot be imported here)."""
 
-    LAZY: ClassVar[Dict[str, Tuple[str, str]]] = {"soak": ("autoheal.lab.soak_cli", "soak")}
+    LAZY: ClassVar[Dict[str, Tuple[str, str]]] = {"soak": ("autoheal_lab.soak_cli", "soak")}
 
     def list_commands(self, ctx):
         return sorted(set(super().list_commands(ctx)) | set(self.LAZY))
@@ -73,7 +73,7 @@ def lab() -> None:
               "the --spares nodes.")
 @click.option("--kube-api", type=click.Choice(["real", "fake"]), envvar="AUTOHEAL_LAB_KUBE_API", default="real",
               show_default=True, help="With --kube: the real control plane, or the project's fake API server "
-              "(autoheal.lab.fakekube) [env AUTOHEAL_LAB_KUBE_API].")
+              "(autoheal_lab.fakekube) [env AUTOHEAL_LAB_KUBE_API].")
 @click.option("--spare-delay", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds the spare pool takes to 'provision' a replacement (with --kube).")
 @click.option("--keep-state", is_flag=True, help="Keep the cluster state an earlier lab left in --dir (Slurm's "
@@ -122,7 +122,7 @@ def prometheus_cmd(lab_dir) -> None:
     """Start a real Prometheus (Debian's prometheus) on the running lab, with a node-exporter per node
     reading xid-watch's textfile and one for the guard's, evaluating autoheal's alert rules (every `for:`
     shortened to seconds); prints its URL (loopback). `autoheal lab down` stops them."""
-    from autoheal.lab import prometheus as labprom
+    from autoheal_lab import prometheus as labprom
 
     click.echo(labprom.start(_lab(lab_dir)))
 
@@ -193,8 +193,8 @@ def env(lab_dir) -> None:
 @handle_errors
 def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
     """Break one fake GPU on one node (or --clear it: one GPU with --gpu, else all of the node's)."""
-    from autoheal.lab.gpus import clear_all
-    from autoheal.lab.gpus import inject as do_inject
+    from autoheal_lab.gpus import clear_all
+    from autoheal_lab.gpus import inject as do_inject
 
     if xid is not None and kind:
         raise click.UsageError("give either --xid or one fault flag, not both")
@@ -261,14 +261,14 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
     Exit 0 every phase observed; 1 a phase missing or contradicted (e.g. resumed from the wrong step);
     2 bad usage or the lab could not start; 3 drill error: a probe raised, so the drill could not tell.
     """
-    from autoheal.lab.drill import Drill, plot_timeline
+    from autoheal_lab.drill import Drill, plot_timeline
 
     if plain and hot_spare:
         raise click.UsageError("--plain and --hot-spare exclude each other (hot spares need autoheal sbatch)")
     if submitit and hot_spare:
         raise click.UsageError("--submitit and --hot-spare exclude each other (the submitit drill runs one node)")
     if submitit:
-        from autoheal.lab.drill_submitit import submitit_available
+        from autoheal_lab.drill_submitit import submitit_available
 
         if not submitit_available():
             raise click.UsageError("--submitit needs submitit: pip install submitit")
@@ -288,7 +288,7 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
     try:
         the_lab.up(**kwargs)
         if submitit:
-            from autoheal.lab.drill_submitit import SubmititDrill
+            from autoheal_lab.drill_submitit import SubmititDrill
 
             report = SubmititDrill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
                                    kube_not_run=not_run).run()
@@ -309,7 +309,7 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
     if as_json:
         print_json(report.to_dict())
     else:
-        from autoheal.lab.drill import render_timeline as _render
+        from autoheal_lab.drill import render_timeline as _render
 
         click.echo(_render(report))
     sys.exit(report.exit_code)
@@ -317,7 +317,7 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
 
 def _kube_missing(kube_api: str) -> str:
     """One line naming what to install when the real control plane cannot be built here, else ""."""
-    from autoheal.lab import kube as labkube
+    from autoheal_lab import kube as labkube
 
     return labkube.cannot_start(kube_api) or ""
 
@@ -325,7 +325,7 @@ def _kube_missing(kube_api: str) -> str:
 def _lab_supports_kube() -> bool:
     import inspect
 
-    from autoheal.lab.cluster import Lab
+    from autoheal_lab.cluster import Lab
 
     return "kube" in inspect.signature(Lab.up).parameters
 
@@ -337,7 +337,7 @@ def _lab_supports_kube() -> bool:
 @handle_errors
 def gpu_reset(lab_dir, node, gpu) -> None:
     """The lab's GPU reset command (the hooks' reset_command): clears the fake GPU's fault state."""
-    from autoheal.lab.gpus import inject as do_inject
+    from autoheal_lab.gpus import inject as do_inject
 
     do_inject(_lab(lab_dir), node, gpu, "clear")
     click.echo(f"GPU {gpu} of {node}: reset")
@@ -351,7 +351,7 @@ def gpu_reset(lab_dir, node, gpu) -> None:
 def kube_status(lab_dir, as_json) -> None:
     """Kubernetes view of a `lab up --kube` lab: Nodes (cordon, Ready, GPUHealthy, remediation state) and
     NodeReplacement requests. Exit 1 when the lab has no Kubernetes side."""
-    from autoheal.lab import kube as labkube
+    from autoheal_lab import kube as labkube
 
     lab_ = _lab(lab_dir)
     if not (lab_.load_state() or {}).get("kubeconfig"):

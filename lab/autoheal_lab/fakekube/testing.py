@@ -1,6 +1,6 @@
 """Helpers for tests that use the fake API server: object builders, a client factory, fixtures.
 
-Import the fixtures into a test module (``from autoheal.lab.fakekube.testing import fake_kube``)
+Import the fixtures into a test module (``from autoheal_lab.fakekube.testing import fake_kube``)
 to get a started server per test; ``kube_api_client(server)`` gives a configured
 ``kubernetes.client.ApiClient`` (the kubernetes package is imported lazily, the
 server itself needs only the standard library).

@@ -3,7 +3,7 @@
 The library (``fake_nvml.c``) is compiled against NVIDIA's own ``nvml.h`` from the PyPI package
 ``nvidia-nvml-dev`` so the unmodified ``pynvml`` loads it and sees exact signatures and struct
 layouts. Each lab node points ``AUTOHEAL_FAKE_NVML_STATE`` (:data:`STATE_ENV`) at its own state file
-(see :mod:`autoheal.lab.fakenvml.state`) and puts the build directory on ``LD_LIBRARY_PATH``.
+(see :mod:`autoheal_lab.fakenvml.state`) and puts the build directory on ``LD_LIBRARY_PATH``.
 
 Only the standard library is imported here.
 """

@@ -17,7 +17,7 @@
  *     cuda_driver_version=12040
  *     gpu_count=8
  * Per GPU (i = state index, 0-based): gpu.<i>.<field>=value, see parse_gpu_key()
- * and autoheal/lab/fakenvml/state.py for the full list.
+ * and lab/autoheal_lab/fakenvml/state.py for the full list.
  *
  * The path may contain "{node}": the node this process runs on, as autoheal's hooks decide it (its
  * --node argument, e.g. `autoheal check --node gpu1`, else $SLURMD_NODENAME, else $AUTOHEAL_NODE), so

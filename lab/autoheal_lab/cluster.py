@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 from autoheal.errors import AutohealError
-from autoheal.lab import procs
-from autoheal.lab.slurmconf import LabLayout, render_gres_conf, render_slurm_conf
+from autoheal_lab import procs
+from autoheal_lab.slurmconf import LabLayout, render_gres_conf, render_slurm_conf
 
 STATE_FILE = "lab.json"
 #: ``down`` stops processes in this order (0: every client first), each while what it talks to still runs.
 _STOP_ORDER = {"kube-api": 1, "kube-controller-manager": 1, "kube-apiserver": 2, "etcd": 3, "slurmctld": 4,
                "munged": 5}
-#: Directories every lab has (besides the state ones in ``autoheal.lab.cleanup.STATE_DIRS``).
+#: Directories every lab has (besides the state ones in ``autoheal_lab.cleanup.STATE_DIRS``).
 LAB_DIRS = ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal")
 STATE_ONLY_DIRS = ("nodestate", "metrics", "dcgm", "kube", "drill", "lib")
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
@@ -39,7 +39,7 @@ class LabError(AutohealError):
 
 
 def default_dir() -> Path:
-    """``$XDG_STATE_HOME/autoheal/lab`` (``~/.local/state/autoheal/lab``)."""
+    """``$XDG_STATE_HOME/lab/autoheal_lab`` (``~/.local/state/lab/autoheal_lab``)."""
     base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return Path(base) / "autoheal" / "lab"
 
@@ -173,17 +173,17 @@ class Lab:
         ``slurm_defaults`` leaves out the recommended slurm.conf fragment (to compare with Slurm's
         defaults); ``hooks`` wires HealthCheckProgram/Prolog/Epilog to autoheal's hooks and
         ``xid_watch`` runs one ``autoheal xid-watch`` per node, each when that part is installed.
-        ``kube`` adds Kubernetes (``autoheal.lab.kube``): the real control plane (``kube_api="real"``, the
+        ``kube`` adds Kubernetes (``autoheal_lab.kube``): the real control plane (``kube_api="real"``, the
         default) or the fake API server (``"fake"``) with Nodes and slurmd pods, ``autoheal sync`` with
         remediation and the spare pool, which fulfils replacements after ``spare_delay`` s.
 
         A lab that is started (not already up) starts from a clean cluster state: Slurm's saved jobs and
         node states, the journal, node state, fake GPU faults, kernel logs, Kubernetes objects, the
-        spare pool's bookkeeping and old drills are forgotten (``autoheal.lab.cleanup``), unless
+        spare pool's bookkeeping and old drills are forgotten (``autoheal_lab.cleanup``), unless
         ``keep_state``.
         """
-        from autoheal.lab import cleanup, wiring
-        from autoheal.lab import gpus as labgpus
+        from autoheal_lab import cleanup, wiring
+        from autoheal_lab import gpus as labgpus
 
         st = self.load_state()
         if st and st.get("procs"):
@@ -194,7 +194,7 @@ class Lab:
             self.down()
         self._check_lab_dir()
         if kube:
-            from autoheal.lab import kube as labkube
+            from autoheal_lab import kube as labkube
 
             why = labkube.cannot_start(kube_api)
             if why:  # before anything starts: one line naming what to install, nothing left running
@@ -241,7 +241,7 @@ class Lab:
         for daemon in wiring.controller_daemons(state["options"]):
             self.start_controller_daemon(daemon.name, daemon.argv(""))
         if kube:
-            from autoheal.lab import kube as labkube
+            from autoheal_lab import kube as labkube
 
             labkube.start(self, spare_delay=spare_delay, keep_state=keep_state, api=kube_api)
         return self.status()
@@ -260,7 +260,7 @@ class Lab:
 
     def _spares_in_service(self, lay: LabLayout) -> List[str]:
         """Spares an earlier run put into service (only with keep_state: a clean start forgets them)."""
-        from autoheal.lab.sparepool import USED_FILE
+        from autoheal_lab.sparepool import USED_FILE
 
         try:
             used = json.loads((self.root / "kube" / USED_FILE).read_text())
@@ -273,7 +273,7 @@ class Lab:
         ``spare_reason_prefix`` from this lab's config, the one test the sync uses to recognise a spare
         (resume it when it takes over, keep it out of the breaker's count)."""
         from autoheal.config import load_config
-        from autoheal.lab.slurmconf import spare_reason
+        from autoheal_lab.slurmconf import spare_reason
 
         return spare_reason(load_config(self.layout().autoheal_conf).sync.spare_reason_prefix)
 
@@ -305,7 +305,7 @@ class Lab:
 
     def stop_node(self, node: str) -> List[str]:
         """The machine goes away: stop its slurmd and node daemons. Returns the names stopped."""
-        from autoheal.lab import wiring
+        from autoheal_lab import wiring
 
         stopped = [f"slurmd-{node}"] if self.stop_slurmd(node) else []
         recs = self.records()
@@ -322,7 +322,7 @@ class Lab:
 
     def start_node_daemons(self, node: str) -> None:
         """The per-node daemons this lab runs (``wiring.node_daemons``), each with the node's environment."""
-        from autoheal.lab import wiring
+        from autoheal_lab import wiring
 
         for daemon in wiring.node_daemons(self._options()):
             self.start_node_daemon(daemon.proc_name(node), node, daemon.argv(node))
@@ -598,7 +598,7 @@ def render_autoheal_toml(lay: LabLayout) -> str:
         "notify": {"secrets_file": str(lay.path("etc", "secrets.toml"))},
         "hooks": {"state_dir": f"{lay.root}/nodestate/{{node}}", "kernel_log": f"{lay.root}/kmsg/{{node}}.log",
                   "expected_gpus": lay.gpus, "dcgm_mapping_dir": f"{lay.root}/dcgm/{{node}}",
-                  "reset_command": [sys.executable, "-m", "autoheal.lab.cli", "gpu-reset", "--dir", str(lay.root),
+                  "reset_command": [sys.executable, "-m", "autoheal_lab.cli", "gpu-reset", "--dir", str(lay.root),
                                     "--node", "{node}", "--gpu", "{gpu}"],
                   "resume_cooldown": 5.0, "textfile_dir": f"{lay.root}/metrics/{{node}}",
                   # a short grace window and NVML budget keep lab drills and tests quick

@@ -16,7 +16,7 @@ circuit breaker trips, how many seconds the person on call takes to be paged, lo
 without it), and ``repair`` how long a technician takes to repair in place a node that waits for a
 replacement the spare pool can no longer give (``REPAIR_DELAY``; a stream of its own too).
 
-Nothing here touches the lab; the runner (``autoheal.lab.soak``) carries the schedule out.
+Nothing here touches the lab; the runner (``autoheal_lab.soak``) carries the schedule out.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ REPAIR_DELAY = (60.0, 120.0)
 @dataclass(frozen=True)
 class Kind:
     """One kind of fault. ``group``: gpu, process, api or people. ``gpu_inject``/``xid``: what
-    ``autoheal.lab.gpus.inject`` is given. ``clears_after``: (min, max) seconds after which the
+    ``autoheal_lab.gpus.inject`` is given. ``clears_after``: (min, max) seconds after which the
     condition goes away by itself or is undone by its author (None: stays until autoheal repairs or
     replaces). ``needs_kube``: only with the Kubernetes side. ``drains``: a fault autoheal is expected to
     drain the node for (a warn-only XID or a process kill is not)."""

@@ -26,9 +26,9 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 from autoheal.journal import Journal
-from autoheal.lab.cluster import Lab, LabError
-from autoheal.lab.gpus import inject
 from autoheal.reasons import is_ours
+from autoheal_lab.cluster import Lab, LabError
+from autoheal_lab.gpus import inject
 
 POLL = 0.1
 TRAINER = "autoheal-trainer: "
