@@ -1,6 +1,9 @@
 """Run every benchmark and print one table of figures (medians, percentiles, ratios). Asserts nothing.
 
-    python bench/run_all.py [--drills 5] [--default-drills 5] [--repeat 20] [--quick]
+    python bench/run_all.py [--drills 5] [--default-drills 5] [--repeat 20] [--quick] [--write-docs]
+
+--write-docs: also write the table, with the date, the machine and the commit, into docs/benchmarks.md
+between its `run_all` markers (the page's figures come from here, never typed by hand).
 
 --quick: 1 drill per mode, 2 repeated drills and fewer repetitions elsewhere (about 6 minutes instead
 of about 35). The drills with Slurm defaults are the slow part: each waits out the 121 s requeue delay.
@@ -9,7 +12,10 @@ of about 35). The drills with Slurm defaults are the slow part: each waits out t
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -18,6 +24,8 @@ from pathlib import Path
 from typing import List, Optional
 
 HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- run_all: begin -->", "<!-- run_all: end -->"
 
 
 def _bench_json(script: str, *args: str) -> dict:
@@ -49,12 +57,49 @@ def _median(rows: List[dict], key: str) -> Optional[float]:
     return round(statistics.median(vals), 1) if vals else None
 
 
+def _machine() -> str:
+    """One line naming where the figures were taken: date, cores, memory, OS, Slurm, commit, load."""
+    def run(*argv: str) -> str:
+        try:
+            res = subprocess.run(list(argv), capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return "?"
+        return res.stdout.strip() or "?"
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    try:
+        osname = platform.freedesktop_os_release().get("PRETTY_NAME", "?")
+    except (AttributeError, OSError):  # Python < 3.10, or no os-release
+        osname = "?"
+    slurm = run("dpkg-query", "-W", "-f=${Version}", "slurm-client")
+    commit = run("git", "-C", str(HERE), "rev-parse", "--short", "HEAD")
+    return (f"{datetime.date.today().isoformat()}, {os.cpu_count()} cores / {mem_gib:.0f} GiB, {osname}, "
+            f"Slurm {slurm}, commit {commit}, "
+            f"load average at the end {os.getloadavg()[0]:.1f}")
+
+
+def render_markdown(rows: List[tuple], command: str, machine: str) -> str:
+    """The table as docs/benchmarks.md holds it between its markers."""
+    lines = [f"`{command}` on {machine}, printed:", "", "| figure | value | target |", "|---|---|---|"]
+    lines += [f"| {name} | {value} | {target} |" for name, value, target in rows]
+    return "\n".join(lines)
+
+
+def write_docs(page: Path, block: str) -> None:
+    """Replace what lies between the markers of ``page`` with ``block``; the rest of the page is kept."""
+    text = page.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"run_all: {page} has no '{BEGIN}' ... '{END}' markers to write between")
+    head, rest = text.split(BEGIN, 1)
+    page.write_text(head + BEGIN + "\n" + block + "\n" + END + rest.split(END, 1)[1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drills", type=int, default=5, help="drills with the recommended slurm.conf [5]")
     ap.add_argument("--default-drills", type=int, default=5, help="drills with Slurm defaults [5]")
     ap.add_argument("--repeat", type=int, default=20, help="drills in a row in one lab directory [20]")
     ap.add_argument("--quick", action="store_true", help="1 drill per mode, 2 repeated, fewer repetitions")
+    ap.add_argument("--write-docs", action="store_true", help=f"write the table into {DOCS.name} too")
     args = ap.parse_args()
     if args.quick:
         args.drills = args.default_drills = 1
@@ -113,6 +158,10 @@ def main() -> None:
     print(f"{'figure':<{width}}  {'value':>12}  target")
     for name, value, target in rows:
         print(f"{name:<{width}}  {value!s:>12}  {target}")
+    if args.write_docs:
+        command = "python bench/run_all.py " + " ".join(sys.argv[1:])
+        write_docs(DOCS, render_markdown(rows, command.strip(), _machine()))
+        print(f"written into {DOCS}")
 
 
 if __name__ == "__main__":
