@@ -292,7 +292,7 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
             guard.say(f"autoheal guard: {exc}")
         if metrics is not None:
             if result == "ok":
-                metrics.run_again.update(guard.last_jobs, guard.clock(), guard.slurm.get_job)
+                _observe_jobs(guard, metrics)
             metrics.observe(result, done, requeued_waiting(guard.last_jobs, guard.clock()))
             err = metrics.write()
             if err:
@@ -316,3 +316,14 @@ def pending_ids(results: Sequence[GuardResult]) -> Optional[List[str]]:
     left = [r.action.job_id for r in results if not r.done and r.detail not in ("dry run", "job is gone",
                                                                                "job is no longer pending")]
     return left or None
+
+
+def _observe_jobs(guard: Guard, metrics: GuardMetrics) -> None:
+    """The metrics' look at the jobs after a pass: its pending jobs, the running ones (hot-spare swaps)."""
+    from autoheal.errors import SlurmError
+
+    try:
+        running = guard.slurm.list_jobs(states=["RUNNING"])
+        metrics.observe_jobs(guard.last_jobs, running, guard.clock(), guard.slurm.get_job, guard.slurm.list_nodes)
+    except SlurmError as exc:  # the metrics wait for the next pass; the guard's work is done
+        guard.say(f"autoheal guard: metrics: {exc}")
