@@ -126,9 +126,11 @@ def test_faults_on_the_lab_fire_their_alerts(prom_lab):
 
 
 def test_every_dashboard_panel_returns_data_after_the_faults(prom_lab):
-    """After the faults above (and the job requeued off its node running again), every PromQL of the
-    dashboard, as Grafana would send it, returns at least one series from the lab's Prometheus, and every
-    panel at least one number (a NaN-only panel shows nothing)."""
+    """After the faults above (and the job requeued off its node running again, timed from its fault and
+    from its EligibleTime), every PromQL of the dashboard, as Grafana would send it, returns at least one
+    series from the lab's Prometheus, and every panel at least one number (a NaN-only panel shows nothing).
+    The hot-spare swap counts are zero here (no hot-spare job on this lab); a real swap is counted in
+    test_hotspare_lab.py."""
     import json
     import math
 
@@ -139,6 +141,9 @@ def test_every_dashboard_panel_returns_data_after_the_faults(prom_lab):
              "the requeued job running again")
     wait_for(lambda: labprom.query(base, "autoheal_guard_requeued_eligible_to_running_seconds_count > 0"), 30,
              "the guard's eligible -> running observation")
+    # and from the fault: slurmctld's stamp of xid-watch's drain of its node -> running again elsewhere
+    wait_for(lambda: labprom.query(base, 'autoheal_guard_fault_to_running_seconds_count{path="requeue"} > 0'), 30,
+             "the guard's fault -> running observation")
     time.sleep(3)  # a few more scrapes for the rate() windows
     empty, blank = [], []
     for panel in json.loads(labprom.product_file("autoheal-dashboard.json").read_text())["panels"]:
