@@ -259,3 +259,40 @@ def test_guard_metrics_read_no_nodes_while_no_job_needs_them(tmp_path):
     text = m.render()
     assert 'autoheal_guard_hot_spare_swaps_total{result="spare-dropped"} 0' in text
     assert 'autoheal_guard_fault_to_running_seconds_count{path="hot-spare"} 0' in text
+
+
+def test_guard_loop_writes_a_swap_it_saw_between_two_passes_and_survives_slurm_failing_the_look(tmp_path):
+    """The guard's loop (run_forever with --textfile-dir): a hot-spare job's runner swaps gpu1 for gpu3
+    between two passes; the third pass's extra look at the running jobs fails and costs only the metrics."""
+    from dataclasses import replace
+
+    from autoheal.errors import SlurmUnavailable
+    from autoheal.sbatch_helpers.guard import Guard, run_forever
+    from autoheal_lab.testing.slurm import MemorySlurm
+
+    slurm = MemorySlurm([drained("gpu1", stamp=900), Node("gpu2", "MIXED"), Node("gpu3", "MIXED")],
+                        [replace(hot("7", "gpu1,gpu2", "gpu3"), nodes=("gpu1", "gpu2", "gpu3"))])
+    said, passes = [], []
+
+    def pause(_s):
+        passes.append(1)
+        if len(passes) == 1:  # the runner's swap: the comment first, then the allocation
+            slurm.jobs["7"] = replace(hot("7", "gpu2,gpu3", "none", "1"), nodes=("gpu2", "gpu3"))
+        if len(passes) == 2:
+            slurm.before = second_list_fails
+    lists = []
+
+    def second_list_fails(op, _args):  # the pass's own list of pending jobs answers, the metrics' does not
+        if op == "list_jobs":
+            lists.append(op)
+            if len(lists) == 2:
+                raise SlurmUnavailable("away")
+    m = GM.GuardMetrics(str(tmp_path))
+    run_forever(Guard(slurm, clock=lambda: 1000.0, say=said.append), 1.0, lambda: len(passes) >= 3, sleep=pause,
+                metrics=m)
+    got = read_prom(tmp_path / GM.METRICS_FILE)
+    assert got['autoheal_guard_hot_spare_swaps_total{result="swapped"}'] == 1
+    assert got['autoheal_guard_fault_to_running_seconds_count{path="hot-spare"}'] == 1
+    assert got['autoheal_guard_fault_to_running_seconds_sum{path="hot-spare"}'] == 100.0
+    assert got["autoheal_guard_up"] == 0 and got['autoheal_guard_passes_total{result="ok"}'] == 3
+    assert any("metrics:" in s for s in said), said
