@@ -213,10 +213,18 @@ class Guard:
         self.say = say
         self.sightings = Sightings()
         self.last_jobs: Sequence[Job] = ()
+        #: also list the running jobs in the same call (the metrics' hot-spare swaps): one squeue a pass
+        self.watch_running = False
+        self.last_running: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
-        jobs = self.slurm.list_jobs(states=["PENDING"])
+        if self.watch_running:
+            listed = self.slurm.list_jobs(states=["PENDING", "RUNNING"])
+            jobs = [j for j in listed if j.state == "PENDING"]
+            self.last_running = [j for j in listed if j.state == "RUNNING"]
+        else:
+            jobs = self.slurm.list_jobs(states=["PENDING"])
         self.last_jobs = jobs  # for the metrics (guard_metrics.requeued_waiting)
         if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs):
             self.sightings.forget_except([])
@@ -278,6 +286,7 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
     from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
+    guard.watch_running = metrics is not None
     while not stop():
         result, done = "ok", []
         try:
@@ -319,11 +328,12 @@ def pending_ids(results: Sequence[GuardResult]) -> Optional[List[str]]:
 
 
 def _observe_jobs(guard: Guard, metrics: GuardMetrics) -> None:
-    """The metrics' look at the jobs after a pass: its pending jobs, the running ones (hot-spare swaps)."""
+    """The metrics' look at the jobs the pass listed: pending (requeued ones running again) and running
+    (hot-spare swaps); Slurm's nodes when a job needs them."""
     from autoheal.errors import SlurmError
 
     try:
-        running = guard.slurm.list_jobs(states=["RUNNING"])
-        metrics.observe_jobs(guard.last_jobs, running, guard.clock(), guard.slurm.get_job, guard.slurm.list_nodes)
+        metrics.observe_jobs(guard.last_jobs, guard.last_running, guard.clock(), guard.slurm.get_job,
+                             guard.slurm.list_nodes)
     except SlurmError as exc:  # the metrics wait for the next pass; the guard's work is done
         guard.say(f"autoheal guard: metrics: {exc}")

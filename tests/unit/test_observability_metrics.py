@@ -263,7 +263,8 @@ def test_guard_metrics_read_no_nodes_while_no_job_needs_them(tmp_path):
 
 def test_guard_loop_writes_a_swap_it_saw_between_two_passes_and_survives_slurm_failing_the_look(tmp_path):
     """The guard's loop (run_forever with --textfile-dir): a hot-spare job's runner swaps gpu1 for gpu3
-    between two passes; the third pass's extra look at the running jobs fails and costs only the metrics."""
+    between two passes, seen in the one job list of each pass; in the third pass the nodes cannot be read
+    for a requeued job's fault time, which costs only that observation."""
     from dataclasses import replace
 
     from autoheal.errors import SlurmUnavailable
@@ -278,14 +279,15 @@ def test_guard_loop_writes_a_swap_it_saw_between_two_passes_and_survives_slurm_f
         passes.append(1)
         if len(passes) == 1:  # the runner's swap: the comment first, then the allocation
             slurm.jobs["7"] = replace(hot("7", "gpu2,gpu3", "none", "1"), nodes=("gpu2", "gpu3"))
-        if len(passes) == 2:
-            slurm.before = second_list_fails
-    lists = []
+        if len(passes) == 2:  # requeued after another fault, and the nodes cannot be read for its time
+            slurm.jobs["8"] = job("8", "autoheal: requeued after " + XID79_GPU1[len("autoheal: "):], 990)
+            slurm.before = second_node_list_fails
+    node_lists = []
 
-    def second_list_fails(op, _args):  # the pass's own list of pending jobs answers, the metrics' does not
-        if op == "list_jobs":
-            lists.append(op)
-            if len(lists) == 2:
+    def second_node_list_fails(op, _args):  # the pass's own read of the nodes answers, the metrics' does not
+        if op == "list_nodes":
+            node_lists.append(op)
+            if len(node_lists) == 2:
                 raise SlurmUnavailable("away")
     m = GM.GuardMetrics(str(tmp_path))
     run_forever(Guard(slurm, clock=lambda: 1000.0, say=said.append), 1.0, lambda: len(passes) >= 3, sleep=pause,
@@ -296,3 +298,5 @@ def test_guard_loop_writes_a_swap_it_saw_between_two_passes_and_survives_slurm_f
     assert got['autoheal_guard_fault_to_running_seconds_sum{path="hot-spare"}'] == 100.0
     assert got["autoheal_guard_up"] == 0 and got['autoheal_guard_passes_total{result="ok"}'] == 3
     assert any("metrics:" in s for s in said), said
+    assert slurm.count("list_jobs") == 3  # one list of pending and running jobs per pass
+    assert got['autoheal_guard_fault_to_running_seconds_count{path="requeue"}'] == 0  # its time was lost
