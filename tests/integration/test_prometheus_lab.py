@@ -58,11 +58,14 @@ def inject_xid(handle, node, xid=79, gpu=0):
 
 
 def submit_sleeper(handle):
-    """A plain requeueable job (no runner): xid-watch requeues it after its grace when its node drains."""
-    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 900"],
+    """A plain requeueable job (no runner): xid-watch requeues it after its grace when its node drains.
+    Returns (job id, the file its script touches once it runs: its prolog is over)."""
+    started = handle.lab.root / "sleeper-started"
+    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-o", "/dev/null", "--wrap",
+                          f"touch {started}; exec sleep 900"],
                          env=handle.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip().split(";")[0]
+    return out.stdout.strip().split(";")[0], started
 
 
 def running_on(handle, job_id):
@@ -91,8 +94,11 @@ def test_faults_on_the_lab_fire_their_alerts(prom_lab):
     assert not quiet, f"alerts on a healthy lab: {quiet}"
 
     # a job on the node that will fail: xid-watch requeues it, it runs again elsewhere (dashboard, status)
-    prom_lab.job = submit_sleeper(prom_lab)
+    prom_lab.job, started = submit_sleeper(prom_lab)
     first = wait_for(lambda: running_on(prom_lab, prom_lab.job), 60, "the job running")
+    # its script runs: the prolog is over (an XID during the prolog fails it, and Slurm requeues the job
+    # itself, "Prolog launch failure": not the path this lab times; seen on a loaded CI machine)
+    wait_for(started.exists, 60, "the job's script started")
     second, third = [n for n in ("gpu1", "gpu2", "gpu3") if n != first]
 
     # a node drained by autoheal: 1 of 3 (33 %) is above the 20 % of the rule
