@@ -31,17 +31,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
-import socket
 import stat
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from autoheal.journal import SEVERITIES, Record
 from autoheal.reasons import sanitize
+
+if TYPE_CHECKING:  # imported where a record is made: the epilog of a job that left none never loads them
+    from autoheal.journal import Record
 
 #: A job's records on one node; more is not the runner's (a few per run) and is dropped.
 MAX_BYTES = 1 << 20
@@ -77,6 +77,8 @@ class JobOutbox:
             return None
         if self._fd is not None:
             return self._fd
+        import secrets
+
         names = [f"{self.job_id}.{self.uid}.jsonl"] + [f"{self.job_id}.{self.uid}.{secrets.token_hex(4)}.jsonl"
                                                         for _ in range(3)]
         why = ""
@@ -102,6 +104,8 @@ class JobOutbox:
 
     def record(self, event: str, strict: bool = False, **fields: Any) -> Optional[Record]:
         """Like :meth:`autoheal.journal.Journal.record`: the Record, or None when it could not be kept."""
+        from autoheal.journal import Record
+
         rec = Record(event=event, **fields)
         rec.time = rec.time or time.time()
         fd = self._open()
@@ -245,6 +249,8 @@ def collect(spool: Union[str, Path], ident: JobIdentity, local_node: str) -> Col
 
 def untrusted_record(line: str, ident: JobIdentity, local_node: str) -> Optional[Record]:
     """The site-journal record for one line a job wrote (None when the line is not a record)."""
+    from autoheal.journal import SEVERITIES, Record
+
     try:
         claimed = Record.from_dict(json.loads(line))
     except (ValueError, RecursionError):
@@ -267,6 +273,8 @@ def untrusted_record(line: str, ident: JobIdentity, local_node: str) -> Optional
     if evidence_text and evidence_text != "{}":
         kept["evidence"] = claimed.evidence if len(evidence_text) <= MAX_EVIDENCE else \
             {"dropped": f"{len(evidence_text)} characters, more than {MAX_EVIDENCE}"}
+    import socket
+
     now = time.time()
     when = claimed.time if now - 90 * 86400 < claimed.time <= now + 60 else now
     return Record(event=event, node=node, job_ids=[job], action=sanitize(claimed.action, 60),

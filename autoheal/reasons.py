@@ -178,6 +178,15 @@ class Reason:
         m = _LOOSE_XID.search(self.detail)
         return int(m.group(1)) if m else None
 
+    def requeued_fault(self) -> Optional[Reason]:
+        """The fault of a job comment ``autoheal: requeued after <drain reason body>`` as a Reason (its node,
+        XID, GPU), or None when this is not such a comment."""
+        if self.origin is not Origin.REQUEUED:
+            return None
+        if self.kind:
+            return self.with_origin(Origin.HEALTH)
+        return Reason.parse(PREFIX + self.detail)
+
     @classmethod
     def parse(cls, reason: Optional[str]) -> Optional[Reason]:
         """The value of a reason read back from Slurm (``[user@time]`` suffix allowed), or None when it is

@@ -130,6 +130,12 @@ def main() -> None:
     hooks = _bench_json("bench_hooks.py", "--runs", reps)
     for name in ("healthcheck", "prolog", "epilog"):
         rows.append((f"{name} wall time (process, 8 GPUs), median ms", hooks.get(name, hooks.get("error")), "<= 100"))
+    startup = _bench_json("bench_hook_startup.py", "--runs", "10" if args.quick else "21")
+    got = startup.get("results", {})
+    base = next((b for b in ("LBNL NHC, 4 checks", "bash, 4 NHC-style checks") if b in got), "")
+    for name in ("healthcheck", "prolog", "epilog"):
+        ratio = round(got[name]["wall_ms"] / got[base]["wall_ms"], 2) if name in got and base else startup.get("error")
+        rows.append((f"{name} wall time / {base or 'baseline'} (same run, interleaved)", ratio, "<= 1 (NHC)"))
     xid = _bench_json("bench_xid_drain.py", "--runs", "10" if args.quick else "20")
     rows.append(("XID -> DRAIN with xid-watch, p50 s", xid.get("p50_s", xid.get("error")), "-"))
     rows.append(("XID -> DRAIN with xid-watch, p95 s", xid.get("p95_s"), "<= 2"))

@@ -8,7 +8,6 @@ node and its start-up time is the budget.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -23,8 +22,12 @@ if TYPE_CHECKING:  # imported lazily below: hooks start fast
 
 def node_name(explicit: Optional[str] = None) -> str:
     """``--node``, else $SLURMD_NODENAME (Slurm sets it for hooks), $AUTOHEAL_NODE, the short hostname."""
-    return (explicit or os.environ.get("SLURMD_NODENAME") or os.environ.get("AUTOHEAL_NODE")
-            or socket.gethostname().split(".")[0])
+    name = explicit or os.environ.get("SLURMD_NODENAME") or os.environ.get("AUTOHEAL_NODE")
+    if name:
+        return name
+    import socket  # Slurm names the node for its hooks: socket only for a hand-run command
+
+    return socket.gethostname().split(".")[0]
 
 
 #: Seconds a hook waits for the node-state lock before it goes on with an in-memory copy. The prolog and

@@ -279,13 +279,13 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
 def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
     """Resume a drain we made after N consecutive passes and the cooldown; forget it if someone else
     changed the node meanwhile."""
-    from autoheal import nodeops
-    from autoheal.reasons import strip_reason_suffix
-
     st = ctx.store.read()
     ours = st.get("drain")
     if not ours:
         return None
+    from autoheal import nodeops
+    from autoheal.reasons import strip_reason_suffix
+
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     if not (node.drain or node.down) or current != ours.get("reason"):

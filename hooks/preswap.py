@@ -164,10 +164,6 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     a drain while a sign is left. None: no sign, a real fault beside it, or a node not eligible: the
     caller goes on as without this module (also when slurmctld does not answer the looks; the drain
     itself raises SlurmError like ``drain_for``)."""
-    from autoheal import nodeops
-    from autoheal.errors import SlurmError
-    from autoheal.reasons import Origin, Reason, is_preswap, strip_reason_suffix
-
     h = ctx.hooks
     enabled = list(getattr(h, "preswap_signs", ()) or ())
     if not enabled:
@@ -176,6 +172,11 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     found = signs(results, ctx.store.read(), h, now, ctx.node)
     if not found or faults_beside(results, enabled):
         return None
+    # Slurm's modules only now: a pass without a warning sign (nearly all of them) never pays for them
+    from autoheal import nodeops
+    from autoheal.errors import SlurmError
+    from autoheal.reasons import Origin, Reason, is_preswap, strip_reason_suffix
+
     try:
         node = ctx.slurm.get_node(ctx.node)
         current = strip_reason_suffix(node.reason)

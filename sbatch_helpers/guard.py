@@ -213,10 +213,18 @@ class Guard:
         self.say = say
         self.sightings = Sightings()
         self.last_jobs: Sequence[Job] = ()
+        #: also list the running jobs in the same call (the metrics' hot-spare swaps): one squeue a pass
+        self.watch_running = False
+        self.last_running: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
-        jobs = self.slurm.list_jobs(states=["PENDING"])
+        if self.watch_running:
+            listed = self.slurm.list_jobs(states=["PENDING", "RUNNING"])
+            jobs = [j for j in listed if j.state == "PENDING"]
+            self.last_running = [j for j in listed if j.state == "RUNNING"]
+        else:
+            jobs = self.slurm.list_jobs(states=["PENDING"])
         self.last_jobs = jobs  # for the metrics (guard_metrics.requeued_waiting)
         if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs):
             self.sightings.forget_except([])
@@ -278,6 +286,7 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
     from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
+    guard.watch_running = metrics is not None
     while not stop():
         result, done = "ok", []
         try:
@@ -292,7 +301,7 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
             guard.say(f"autoheal guard: {exc}")
         if metrics is not None:
             if result == "ok":
-                metrics.run_again.update(guard.last_jobs, guard.clock(), guard.slurm.get_job)
+                _observe_jobs(guard, metrics)
             metrics.observe(result, done, requeued_waiting(guard.last_jobs, guard.clock()))
             err = metrics.write()
             if err:
@@ -316,3 +325,15 @@ def pending_ids(results: Sequence[GuardResult]) -> Optional[List[str]]:
     left = [r.action.job_id for r in results if not r.done and r.detail not in ("dry run", "job is gone",
                                                                                "job is no longer pending")]
     return left or None
+
+
+def _observe_jobs(guard: Guard, metrics: GuardMetrics) -> None:
+    """The metrics' look at the jobs the pass listed: pending (requeued ones running again) and running
+    (hot-spare swaps); Slurm's nodes when a job needs them."""
+    from autoheal.errors import SlurmError
+
+    try:
+        metrics.observe_jobs(guard.last_jobs, guard.last_running, guard.clock(), guard.slurm.get_job,
+                             guard.slurm.list_nodes)
+    except SlurmError as exc:  # the metrics wait for the next pass; the guard's work is done
+        guard.say(f"autoheal guard: metrics: {exc}")

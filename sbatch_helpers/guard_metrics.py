@@ -10,12 +10,14 @@ import os
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from autoheal.reasons import is_ours
+from autoheal.sbatch_helpers import fault_metrics as FM
 from autoheal.sbatch_helpers.comment import is_runner_comment
 
 METRICS_FILE = "autoheal_guard.prom"
+FAULT_TO_RUNNING = "autoheal_guard_fault_to_running_seconds"
 #: Buckets (seconds) of eligible -> running of the jobs autoheal requeued.
 RUN_AGAIN_BUCKETS = (1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0)
 
@@ -57,22 +59,35 @@ class RunAgain:
     buckets: Dict[float, int] = field(default_factory=lambda: dict.fromkeys(RUN_AGAIN_BUCKETS, 0))
     count: int = 0
     total: float = 0.0
+    fault_at: Dict[Tuple[str, int], float] = field(default_factory=dict)
+    #: fault (autoheal's drain of the job's node, slurmctld's stamp) -> running again, the requeue path
+    fault_to_running: FM.Histogram = field(default_factory=FM.Histogram)
 
-    def update(self, pending: Sequence, now: float, lookup: Callable[[str], object]) -> None:
+    def update(self, pending: Sequence, now: float, lookup: Callable[[str], object],
+               nodes: Optional[Callable[[], Mapping[str, object]]] = None) -> None:
+        """``nodes()`` (Slurm's nodes by name, read at most once here) gives the fault time of a job seen
+        requeued for the first time: then fault -> running again is observed too (``fault_metrics``)."""
         seen = set()
         for j in pending:
             if _requeued_by_us(j):
                 key = (j.job_id, j.restart_count)
                 seen.add(key)
-                self.tracked.setdefault(key, float(j.eligible_time))
+                if key not in self.tracked:
+                    self.tracked[key] = float(j.eligible_time)
+                    fault = FM.fault_time(FM.fault_nodes(j.comment), nodes()) if nodes is not None else None
+                    if fault is not None:
+                        self.fault_at[key] = fault
         for key in [k for k in self.tracked if k not in seen]:
             eligible = self.tracked.pop(key)
+            fault = self.fault_at.pop(key, None)
             try:
                 job = lookup(key[0])
             except Exception:  # gone from Slurm, or slurmctld away: not a run we can time
                 continue
             if getattr(job, "state", "") in ("RUNNING", "COMPLETING") and getattr(job, "restart_count", -1) == key[1]:
                 self.observe(max(0.0, now - eligible))
+                if fault is not None:
+                    self.fault_to_running.observe(max(0.0, now - fault))
 
     def observe(self, value: float) -> None:
         for le in self.buckets:
@@ -97,8 +112,35 @@ class GuardMetrics:
     actions: Dict[str, int] = field(default_factory=lambda: {"release": 0, "prune": 0, "schedule": 0})
     wait: RequeuedWait = field(default_factory=RequeuedWait)
     run_again: RunAgain = field(default_factory=RunAgain)
+    hot: FM.HotSpareWatch = field(default_factory=FM.HotSpareWatch)
+    swaps: Dict[FM.SwapResult, int] = field(default_factory=lambda: dict.fromkeys(FM.SwapResult, 0))
+    #: fault -> running again of hot-spare jobs (the swap restarts the step; the requeue path is run_again's)
+    hot_fault_to_running: FM.Histogram = field(default_factory=FM.Histogram)
     last_ok: float = 0.0
     error: str = ""
+
+    def observe_jobs(self, pending: Sequence, running: Sequence, now: float, lookup: Callable[[str], object],
+                     list_nodes: Callable[[], Sequence]) -> None:
+        """After a pass that read Slurm: requeued jobs running again (``run_again``) and hot-spare jobs'
+        swaps. Slurm's nodes are read only when a job needs them (one ``list_nodes`` at most)."""
+        cache: Dict[str, Mapping[str, object]] = {}
+
+        def nodes() -> Mapping[str, object]:
+            if "nodes" not in cache:
+                cache["nodes"] = {n.name: n for n in list_nodes()}
+            return cache["nodes"]
+
+        self.run_again.update(pending, now, lookup, nodes)
+        hot_jobs = [j for j in list(running) + list(pending) if FM.HotSpareView.of(j) is not None]
+        if not hot_jobs and not self.hot.seen:
+            return
+        for seen in self.hot.update([j for j in hot_jobs if j.state != "PENDING"],
+                                    [j for j in hot_jobs if j.state == "PENDING"],
+                                    lambda: FM.faulty_nodes(nodes())):
+            self.swaps[seen.result] += 1
+            fault = FM.fault_time(seen.lost, nodes())
+            if fault is not None and seen.result in (FM.SwapResult.SWAPPED, FM.SwapResult.SHRUNK):
+                self.hot_fault_to_running.observe(max(0.0, now - fault))
 
     def observe(self, result: str, done_kinds: Sequence[str] = (), wait: Optional[RequeuedWait] = None) -> None:
         self.passes[result] = self.passes.get(result, 0) + 1
@@ -133,6 +175,14 @@ class GuardMetrics:
             "# TYPE autoheal_guard_requeued_oldest_wait_seconds gauge",
             f"autoheal_guard_requeued_oldest_wait_seconds {self.wait.oldest_seconds:.1f}",
             *self.run_again.lines("autoheal_guard_requeued_eligible_to_running_seconds"),
+            "# HELP autoheal_guard_hot_spare_swaps_total Hot-spare jobs through the loss of a node, by result",
+            "# TYPE autoheal_guard_hot_spare_swaps_total counter",
+            *[f'autoheal_guard_hot_spare_swaps_total{{result="{k.value}"}} {v}' for k, v in self.swaps.items()],
+            f"# HELP {FAULT_TO_RUNNING} Seconds from autoheal's fault drain of a job's node to the job running "
+            "again, by path",
+            f"# TYPE {FAULT_TO_RUNNING} histogram",
+            *self.run_again.fault_to_running.lines(FAULT_TO_RUNNING, f'path="{FM.FaultPath.REQUEUE.value}"'),
+            *self.hot_fault_to_running.lines(FAULT_TO_RUNNING, f'path="{FM.FaultPath.HOT_SPARE.value}"'),
         ]
         return "\n".join(lines) + "\n"
 

@@ -17,7 +17,6 @@ multi-line string.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import typing
@@ -148,6 +147,8 @@ def from_mapping(cls: type, data: Dict[Any, Any], prefix: str = "") -> Any:
         full = key_path(prefix, key)
         name = str(key).replace("-", "_")
         if name not in fields:
+            import difflib  # only for an unknown key: every hook loads the config
+
             close = difflib.get_close_matches(name, list(fields), n=1)
             hint = f"; did you mean '{key_path(prefix, close[0])}'?" if close else ""
             known = ", ".join(sorted(fields))

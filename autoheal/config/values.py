@@ -9,10 +9,8 @@ hold.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Callable, Optional
-from urllib.parse import urlsplit
 
 from autoheal.config.schema import show
 from autoheal.signals import signal_name
@@ -54,6 +52,8 @@ def http_url(value: str) -> str:
         raise ValueError(f"{show(value)} holds white space; not a URL")
     if not value.isascii():  # urllib cannot send it; Slack and friends hand out ASCII URLs
         raise ValueError(f"{show(value)} is not ASCII; percent-encode the path, write the host in punycode")
+    from urllib.parse import urlsplit  # here, not at the top: the hooks load the config on every run
+
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https"):
         raise ValueError(f"{show(value)} must start with http:// or https://")
@@ -85,6 +85,9 @@ def plain_http_off_host(url: str) -> bool:
     unencrypted."""
     if not url.startswith("http://"):
         return False
+    import ipaddress
+    from urllib.parse import urlsplit
+
     host = (urlsplit(url).hostname or "").lower()
     if host == "localhost":
         return False
@@ -128,6 +131,8 @@ def host_or_address(value: str) -> str:
     """An IP address or a host name to bind (empty: every address)."""
     if value == "":
         return value
+    import ipaddress
+
     try:
         ipaddress.ip_address(value)
         return value

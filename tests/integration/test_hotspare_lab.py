@@ -21,6 +21,7 @@ import autoheal.sbatch_helpers as sbh
 from autoheal.config import load_config
 from autoheal.journal import Journal
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab import wiring
 from autoheal_lab.cluster import Lab
 from autoheal_lab.gpus import inject
 
@@ -71,6 +72,14 @@ class HsLab:
                 self.slurm.resume(node)
         wait_for(lambda: all(not self.slurm.get_node(n).drain for n in nodes), 30, "healed nodes back in service")
 
+    def guard_metrics(self) -> dict:
+        """The guard's textfile as {series: value} ({} before its first pass)."""
+        path = self.lab.root / "guard-metrics" / "autoheal_guard.prom"
+        if not path.exists():
+            return {}
+        return {k: float(v) for k, _, v in (ln.rpartition(" ") for ln in path.read_text().splitlines())
+                if k and not k.startswith("#")}
+
     def swap_records(self, jid: str):
         return [r for r in self.journal.read(job=jid) if r.event == "job-hot-swap"]
 
@@ -86,6 +95,9 @@ def hslab(tmp_path_factory):
     try:
         lab.up(nodes=4, gpus=2, spares=0, hooks=True, xid_watch=True, install=False,
                extra_conf=["SlurmdTimeout=10"])
+        # the guard writing its textfile (issue 26: hot-spare swaps by result, fault -> running again)
+        lab.start_controller_daemon("guard", [*wiring.guard_argv(""), "--textfile-dir",
+                                              str(lab.root / "guard-metrics")])
         yield HsLab(lab)
     finally:
         lab.down()
@@ -100,11 +112,20 @@ def _resumed_at_checkpoint(text: str, starts: list) -> int:
 
 
 def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
+    swapped, timed = 'autoheal_guard_hot_spare_swaps_total{result="swapped"}', \
+        'autoheal_guard_fault_to_running_seconds_count{path="hot-spare"}'
     jid, out, batch, victim, spare = hslab.submit(tmp_path)
+    before = wait_for(lambda: (lambda m: m if swapped in m else None)(hslab.guard_metrics()), 30,
+                      "the guard's textfile")
     try:
         inject(hslab.lab, victim, 1, "xid", xid=79)
         fault_at = time.time()
         starts = wait_text(out, SWAP_START, 60, count=2)
+        # the guard saw the swap in the job's comment and timed it from slurmctld's stamp of the drain
+        after = wait_for(lambda: (lambda m: m if m.get(swapped, 0) > before[swapped] else None)(hslab.guard_metrics()),
+                         30, "the guard counting the swap")
+        assert after[swapped] == before[swapped] + 1 and after[timed] == before[timed] + 1, after
+        assert all(after[k] == before[k] for k in after if "hot_spare_swaps_total" in k and k != swapped), after
         text = out.read_text()
         step = _resumed_at_checkpoint(text, starts)
         assert {h for _, _, h in starts} == {batch, spare}, starts

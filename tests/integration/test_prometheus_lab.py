@@ -58,11 +58,14 @@ def inject_xid(handle, node, xid=79, gpu=0):
 
 
 def submit_sleeper(handle):
-    """A plain requeueable job (no runner): xid-watch requeues it after its grace when its node drains."""
-    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-o", "/dev/null", "--wrap", "sleep 900"],
+    """A plain requeueable job (no runner): xid-watch requeues it after its grace when its node drains.
+    Returns (job id, the file its script touches once it runs: its prolog is over)."""
+    started = handle.lab.root / "sleeper-started"
+    out = subprocess.run(["sbatch", "--parsable", "--requeue", "-N1", "-o", "/dev/null", "--wrap",
+                          f"touch {started}; exec sleep 900"],
                          env=handle.env, capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip().split(";")[0]
+    return out.stdout.strip().split(";")[0], started
 
 
 def running_on(handle, job_id):
@@ -91,8 +94,11 @@ def test_faults_on_the_lab_fire_their_alerts(prom_lab):
     assert not quiet, f"alerts on a healthy lab: {quiet}"
 
     # a job on the node that will fail: xid-watch requeues it, it runs again elsewhere (dashboard, status)
-    prom_lab.job = submit_sleeper(prom_lab)
+    prom_lab.job, started = submit_sleeper(prom_lab)
     first = wait_for(lambda: running_on(prom_lab, prom_lab.job), 60, "the job running")
+    # its script runs: the prolog is over (an XID during the prolog fails it, and Slurm requeues the job
+    # itself, "Prolog launch failure": not the path this lab times; seen on a loaded CI machine)
+    wait_for(started.exists, 60, "the job's script started")
     second, third = [n for n in ("gpu1", "gpu2", "gpu3") if n != first]
 
     # a node drained by autoheal: 1 of 3 (33 %) is above the 20 % of the rule
@@ -126,9 +132,11 @@ def test_faults_on_the_lab_fire_their_alerts(prom_lab):
 
 
 def test_every_dashboard_panel_returns_data_after_the_faults(prom_lab):
-    """After the faults above (and the job requeued off its node running again), every PromQL of the
-    dashboard, as Grafana would send it, returns at least one series from the lab's Prometheus, and every
-    panel at least one number (a NaN-only panel shows nothing)."""
+    """After the faults above (and the job requeued off its node running again, timed from its fault and
+    from its EligibleTime), every PromQL of the dashboard, as Grafana would send it, returns at least one
+    series from the lab's Prometheus, and every panel at least one number (a NaN-only panel shows nothing).
+    The hot-spare swap counts are zero here (no hot-spare job on this lab); a real swap is counted in
+    test_hotspare_lab.py."""
     import json
     import math
 
@@ -139,6 +147,9 @@ def test_every_dashboard_panel_returns_data_after_the_faults(prom_lab):
              "the requeued job running again")
     wait_for(lambda: labprom.query(base, "autoheal_guard_requeued_eligible_to_running_seconds_count > 0"), 30,
              "the guard's eligible -> running observation")
+    # and from the fault: slurmctld's stamp of xid-watch's drain of its node -> running again elsewhere
+    wait_for(lambda: labprom.query(base, 'autoheal_guard_fault_to_running_seconds_count{path="requeue"} > 0'), 30,
+             "the guard's fault -> running observation")
     time.sleep(3)  # a few more scrapes for the rate() windows
     empty, blank = [], []
     for panel in json.loads(labprom.product_file("autoheal-dashboard.json").read_text())["panels"]:

@@ -23,8 +23,9 @@ DASHBOARD = FILES / "autoheal-dashboard.json"
 PANEL_TYPES = {"timeseries", "stat", "table", "gauge", "bargauge", "text", "row"}
 #: What the issue asks the dashboard to show, by panel title.
 REQUIRED = {"Fleet health", "Faults by kind", "Fault -> drain (node side)", "Requeued job: eligible -> running again",
-            "Jobs requeued and guard actions", "Remediation circuit breaker", "Sync pass latency", "Sync writes",
-            "xid-watch per node: heartbeat age"}
+            "Jobs requeued, swapped, and guard actions", "Remediation circuit breaker", "Sync pass latency",
+            "Sync writes", "xid-watch per node: heartbeat age", "Fault -> job running again",
+            "Hot-spare jobs: node losses by result"}
 
 
 def dashboard():
@@ -72,7 +73,7 @@ def test_every_query_reads_autoheal_metrics_with_bounded_labels():
         assert re.search(r"\bautoheal_(sync|xid_watch|guard)_", t["expr"]), title
         # legends name only bounded labels (never a job id)
         assert set(re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", ""))) <= \
-            {"state", "kind", "node", "instance", "xid", "check"}, title
+            {"state", "kind", "node", "instance", "xid", "check", "path", "result"}, title
 
 
 def test_every_query_parses_with_prometheus_itself(tmp_path):

@@ -161,3 +161,142 @@ def test_guard_times_eligible_to_running_of_requeued_jobs_only_when_they_run_aga
     assert ra.tracked == {}
     lines = ra.lines("x")
     assert 'x_bucket{le="+Inf"} 1' in lines and "x_count 1" in lines
+
+
+# ---- hot-spare swaps and fault -> running again (the guard's textfile) ---------------------------------------
+
+from autoheal.sbatch_helpers import fault_metrics as FM  # noqa: E402
+
+XID79_GPU1 = "autoheal: xid 79 on GPU 0 of gpu1 (0000:3b:00.0): fallen off the bus"
+
+
+def drained(name, reason=XID79_GPU1, stamp=900):
+    return Node(name, "IDLE", frozenset({"DRAIN"}), reason=reason, reason_time=stamp)
+
+
+def hot(jid, active, spares, swaps="", restarts=0, state="RUNNING"):
+    comment = f"autoheal-runner restarts={restarts} nodes={active} state=running spares={spares}" + \
+        (f" swaps={swaps}" if swaps else "")
+    return Job(jid, state, comment=comment, restart_count=restarts, eligible_time=800 if state == "PENDING" else None)
+
+
+def test_swap_results_come_from_what_changed_between_two_looks():
+    v = FM.HotSpareView.of
+    before = v(hot("7", "gpu1,gpu2", "gpu3"))
+    assert before == FM.HotSpareView(0, ("gpu1", "gpu2"), ("gpu3",), 0)
+    assert FM.HotSpareView.of(Job("8", "RUNNING", comment="autoheal-runner state=running nodes=a")) is None
+    swapped = FM.judge_change(before, v(hot("7", "gpu2,gpu3", "none", "1")), False, set())
+    assert swapped == [FM.SwapSeen(FM.SwapResult.SWAPPED, ("gpu1",))]
+    shrunk = FM.judge_change(v(hot("7", "gpu1,gpu2", "none")), v(hot("7", "gpu2", "none", "1")), False, set())
+    assert shrunk == [FM.SwapSeen(FM.SwapResult.SHRUNK, ("gpu1",))]
+    dropped = FM.judge_change(before, v(hot("7", "gpu1,gpu2", "none")), False, set())
+    assert dropped == [FM.SwapSeen(FM.SwapResult.SPARE_DROPPED, ("gpu3",))]
+    assert FM.judge_change(before, before, False, set()) == []
+    # requeued: only while one of its nodes is drained by autoheal for a fault (a user's own requeue is not)
+    after = v(hot("7", "gpu1,gpu2", "gpu3", restarts=1, state="PENDING"))
+    assert FM.judge_change(before, after, True, {"gpu2"}) == [FM.SwapSeen(FM.SwapResult.REQUEUED, ("gpu2",))]
+    assert FM.judge_change(before, after, True, {"gpu9"}) == []
+
+
+def test_hot_spare_watch_counts_each_change_once_and_forgets_jobs_gone():
+    w = FM.HotSpareWatch()
+    nothing = lambda: set()  # noqa: E731
+    assert w.update([hot("7", "gpu1,gpu2", "gpu3")], [], nothing) == []  # first sight: a baseline only
+    got = w.update([hot("7", "gpu2,gpu3", "none", "1")], [], nothing)
+    assert [s.result for s in got] == [FM.SwapResult.SWAPPED]
+    assert w.update([hot("7", "gpu2,gpu3", "none", "1")], [], nothing) == []  # the same again: nothing new
+    asked = []
+    got = w.update([], [hot("7", "gpu2,gpu3", "none", "1", restarts=1, state="PENDING")],
+                   lambda: asked.append(1) or {"gpu3"})
+    assert [s.result for s in got] == [FM.SwapResult.REQUEUED] and asked == [1]
+    assert w.seen == {}  # pending: no baseline kept; seen running again, it starts a new one
+    assert w.update([], [hot("7", "gpu2,gpu3", "none", "1", restarts=1, state="PENDING")], nothing) == []
+
+
+def test_fault_time_is_slurms_stamp_of_autohealss_fault_drain_never_a_preswap_or_an_admins():
+    nodes = {"gpu1": drained("gpu1", stamp=900), "gpu2": drained("gpu2", "maintenance", 800),
+             "gpu3": drained("gpu3", "autoheal: pre-emptive swap: ecc rising on GPU 1 of gpu3", 700),
+             "gpu4": Node("gpu4", "IDLE")}
+    assert FM.fault_time(["gpu1", "gpu2", "gpu3", "gpu4", "gone"], nodes) == 900.0
+    assert FM.fault_time(["gpu2", "gpu3", "gpu4"], nodes) is None
+    assert FM.faulty_nodes(nodes) == {"gpu1"}
+    # where a job's comment says its fault was: the runner's cause and exclusions, xid-watch's requeue note
+    assert FM.fault_nodes("autoheal-runner restarts=1 last=autoheal-drain@gpu1 excl=gpu1,gpu5 state=requeued") == \
+        ["gpu1", "gpu5"]
+    assert FM.fault_nodes("autoheal: requeued after replace: " + XID79_GPU1[len("autoheal: "):]) == ["gpu1"]
+    assert FM.fault_nodes("my own words about gpu1") == [] and FM.fault_nodes("autoheal-runner state=running") == []
+
+
+def test_guard_times_fault_to_running_for_the_requeue_and_the_hot_spare_path(tmp_path):
+    m = GM.GuardMetrics(str(tmp_path))
+    nodes = [drained("gpu1", stamp=900), Node("gpu2", "IDLE"), Node("gpu3", "IDLE")]
+    lists = []
+
+    def list_nodes():
+        lists.append(1)
+        return nodes
+    plain = job("5", "autoheal: requeued after " + XID79_GPU1[len("autoheal: "):], 950)
+    m.observe_jobs([plain], [hot("7", "gpu1,gpu2", "gpu3")], 960.0, None, list_nodes)
+    assert lists == [1]  # one read of the nodes for the pass, however many jobs need it
+    running = {"5": job("5", plain.comment, None, state="RUNNING")}
+    m.observe_jobs([], [hot("7", "gpu2,gpu3", "none", "1")], 1000.0, running.get, list_nodes)
+    got = read_prom(tmp_path / GM.METRICS_FILE) if m.write() is None else {}
+    assert got['autoheal_guard_hot_spare_swaps_total{result="swapped"}'] == 1
+    assert got['autoheal_guard_hot_spare_swaps_total{result="requeued"}'] == 0
+    f2r = "autoheal_guard_fault_to_running_seconds"
+    assert got[f'{f2r}_count{{path="requeue"}}'] == 1 and got[f'{f2r}_sum{{path="requeue"}}'] == 100.0
+    assert got[f'{f2r}_count{{path="hot-spare"}}'] == 1 and got[f'{f2r}_bucket{{path="hot-spare",le="120"}}'] == 1
+    assert got[f'{f2r}_bucket{{path="hot-spare",le="60"}}'] == 0
+    assert got["autoheal_guard_requeued_eligible_to_running_seconds_count"] == 1  # 50 s, as before
+    # bounded labels: a result, a path, a bucket; never a job or a node
+    labels = {kv.split("=")[0] for k in got if "{" in k for kv in k[k.index("{") + 1:-1].split(",")}
+    assert labels <= {"result", "path", "le", "kind"}
+
+
+def test_guard_metrics_read_no_nodes_while_no_job_needs_them(tmp_path):
+    m = GM.GuardMetrics(str(tmp_path))
+    m.observe_jobs([], [Job("1", "RUNNING", comment="mine")], 10.0, None, lambda: pytest.fail("read nodes"))
+    text = m.render()
+    assert 'autoheal_guard_hot_spare_swaps_total{result="spare-dropped"} 0' in text
+    assert 'autoheal_guard_fault_to_running_seconds_count{path="hot-spare"} 0' in text
+
+
+def test_guard_loop_writes_a_swap_it_saw_between_two_passes_and_survives_slurm_failing_the_look(tmp_path):
+    """The guard's loop (run_forever with --textfile-dir): a hot-spare job's runner swaps gpu1 for gpu3
+    between two passes, seen in the one job list of each pass; in the third pass the nodes cannot be read
+    for a requeued job's fault time, which costs only that observation."""
+    from dataclasses import replace
+
+    from autoheal.errors import SlurmUnavailable
+    from autoheal.sbatch_helpers.guard import Guard, run_forever
+    from autoheal_lab.testing.slurm import MemorySlurm
+
+    slurm = MemorySlurm([drained("gpu1", stamp=900), Node("gpu2", "MIXED"), Node("gpu3", "MIXED")],
+                        [replace(hot("7", "gpu1,gpu2", "gpu3"), nodes=("gpu1", "gpu2", "gpu3"))])
+    said, passes = [], []
+
+    def pause(_s):
+        passes.append(1)
+        if len(passes) == 1:  # the runner's swap: the comment first, then the allocation
+            slurm.jobs["7"] = replace(hot("7", "gpu2,gpu3", "none", "1"), nodes=("gpu2", "gpu3"))
+        if len(passes) == 2:  # requeued after another fault, and the nodes cannot be read for its time
+            slurm.jobs["8"] = job("8", "autoheal: requeued after " + XID79_GPU1[len("autoheal: "):], 990)
+            slurm.before = second_node_list_fails
+    node_lists = []
+
+    def second_node_list_fails(op, _args):  # the pass's own read of the nodes answers, the metrics' does not
+        if op == "list_nodes":
+            node_lists.append(op)
+            if len(node_lists) == 2:
+                raise SlurmUnavailable("away")
+    m = GM.GuardMetrics(str(tmp_path))
+    run_forever(Guard(slurm, clock=lambda: 1000.0, say=said.append), 1.0, lambda: len(passes) >= 3, sleep=pause,
+                metrics=m)
+    got = read_prom(tmp_path / GM.METRICS_FILE)
+    assert got['autoheal_guard_hot_spare_swaps_total{result="swapped"}'] == 1
+    assert got['autoheal_guard_fault_to_running_seconds_count{path="hot-spare"}'] == 1
+    assert got['autoheal_guard_fault_to_running_seconds_sum{path="hot-spare"}'] == 100.0
+    assert got["autoheal_guard_up"] == 0 and got['autoheal_guard_passes_total{result="ok"}'] == 3
+    assert any("metrics:" in s for s in said), said
+    assert slurm.count("list_jobs") == 3  # one list of pending and running jobs per pass
+    assert got['autoheal_guard_fault_to_running_seconds_count{path="requeue"}'] == 0  # its time was lost

@@ -170,3 +170,13 @@ def test_k8s_reasons_parse_as_k8s(what, detail):
 @given(st.text(max_size=100))
 def test_preswap_reason_is_what_it_was(text):
     assert Reason(Origin.PRESWAP, detail=text).render() == make_reason("pre-emptive swap", text)
+
+
+def test_requeued_fault_is_the_drain_reason_a_requeue_note_carries():
+    note = Reason.parse("autoheal: requeued after replace: xid 79 on GPU 0 of gpu1 (0000:3b:00.0): fallen off the bus")
+    fault = note.requeued_fault()
+    assert (fault.origin, fault.kind, fault.xid, fault.gpu, fault.node) == (Origin.REPLACE, "xid", 79, 0, "gpu1")
+    plain = Reason.parse("autoheal: requeued after xid 48 on GPU 2 of n7").requeued_fault()
+    assert (plain.origin, plain.xid, plain.node) == (Origin.HEALTH, 48, "n7")
+    assert Reason.parse("autoheal: xid 79 on GPU 0 of n1").requeued_fault() is None  # a drain, not a note
+    assert Reason.parse("autoheal: requeued after something we never wrote").requeued_fault().node == ""

@@ -1,0 +1,160 @@
+"""The hooks' whole process side by side with a baseline, in the same run (issue 24 section 6).
+
+Each of ``autoheal-healthcheck``, ``-prolog`` and ``-epilog`` runs as Slurm runs it (a fresh process, a
+lab node with 8 fake GPUs behind the real pynvml, a healthy node: the pass Slurm pays for every
+``HealthCheckInterval`` and before and after every job), interleaved with its baselines, round after
+round, so a machine that is busy is equally busy for all of them:
+
+* ``python -c pass``: this interpreter's start, the floor under any Python hook;
+* LBNL NHC with four checks (its own config), when ``nhc`` is installed (``--nhc PATH``; Debian 12 has no
+  package of it);
+* ``bash, 4 NHC-style checks``: bash doing what NHC's four commonest checks do (``check_fs_mount_rw /``,
+  ``check_hw_cpuinfo``, ``check_hw_physmem``, ``check_ps_service``: read /proc/mounts, /proc/cpuinfo,
+  /proc/meminfo and one ``ps`` listing, parsed in bash loops), without NHC's driver and its function
+  libraries: a floor under NHC's time, not NHC.
+
+Prints the median wall time, CPU time and peak memory of each over ``--runs`` rounds (and the machine's
+load). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML).
+
+    python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+#: The four checks, in NHC's own configuration syntax (``* || check ...``) and as bash without NHC.
+NHC_CONF = """\
+* || check_fs_mount_rw -f /
+* || check_hw_cpuinfo {cpus}
+* || check_hw_physmem 1kB 1PB
+* || check_ps_service -u root init
+"""
+BASH_CHECKS = r"""
+set -u
+fail() { echo "ERROR: $*" >&2; exit 1; }
+check_fs_mount_rw() { local dev mnt fs opts rest; while read -r dev mnt fs opts rest; do
+    [[ $mnt == "$1" ]] && { [[ ,$opts, == *,rw,* ]] && return 0; fail "$1 not rw"; }; done < /proc/mounts
+  fail "$1 not mounted"; }
+check_hw_cpuinfo() { local n=0 line; while IFS= read -r line; do [[ $line == processor* ]] && n=$((n+1)); done \
+    < /proc/cpuinfo; (( n == $1 )) || fail "$n cpus, not $1"; }
+check_hw_physmem() { local k v u; while read -r k v u; do [[ $k == MemTotal: ]] && { (( v >= $1 )) && return 0;
+    fail "memory $v kB"; }; done < /proc/meminfo; fail "no MemTotal"; }
+check_ps_service() { local user cmd; while read -r user cmd; do [[ $user == "$1" && ${cmd##*/} == "$2" ]] && \
+    return 0; done < <(ps -eo user=,comm=); fail "no $2 of $1"; }
+check_fs_mount_rw /
+check_hw_cpuinfo CPUS
+check_hw_physmem 1
+check_ps_service root PID1
+"""
+
+
+def node_env(tmp: Path) -> Dict[str, str]:
+    """A lab node's hook environment: the fake libnvidia-ml.so.1 with 8 healthy GPUs, a kernel log, a
+    config; no Slurm is asked on a healthy pass."""
+    from autoheal_lab import fakenvml
+    from autoheal_lab.fakenvml import state as gstate
+
+    fakenvml.build_library(tmp / "lib")
+    gstate.write_state(tmp / "n1.state", gstate.default_state("n1", 8))
+    (tmp / "n1.kmsg").touch()
+    (tmp / "ah.toml").write_text(f'[journal]\npath = "{tmp}/journal.jsonl"\njob_spool = "{tmp}/spool"\n'
+                                 f'[hooks]\nstate_dir = "{tmp}/state/{{node}}"\n'
+                                 f'kernel_log = "{tmp}/{{node}}.kmsg"\nexpected_gpus = 8\ndcgm_mapping_dir = ""\n')
+    return dict(os.environ, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
+                AUTOHEAL_FAKE_NVML_STATE=str(tmp / "n1.state"), SLURMD_NODENAME="n1", SLURM_JOB_ID="1",
+                SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_USER="bench", SLURM_JOB_NODELIST="n1")
+
+
+def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
+    cpus = os.cpu_count() or 1
+    pid1 = Path("/proc/1/comm").read_text().strip()
+    script = tmp / "checks.sh"
+    script.write_text(BASH_CHECKS.replace("CPUS", str(cpus)).replace("PID1", pid1))
+    out = {"python -c pass": [sys.executable, "-c", "pass"]}
+    if nhc:
+        conf = tmp / "nhc.conf"
+        conf.write_text(NHC_CONF.format(cpus=cpus).replace("init", pid1))
+        out["LBNL NHC, 4 checks"] = [nhc, "-c", str(conf), "MARK_OFFLINE=0", "NHC_RM=none"]
+    out["bash, 4 NHC-style checks"] = ["bash", str(script)]
+    for hook in ("healthcheck", "prolog", "epilog"):
+        out[hook] = [sys.executable, "-m", f"autoheal.hooks.{hook}"]
+    return out
+
+
+#: GNU time (Debian's ``time``) reports a child's own peak memory: wait4's ru_maxrss would include this
+#: benchmark's memory at the fork (Linux keeps the high-water mark across exec).
+GNU_TIME = "/usr/bin/time" if os.path.exists("/usr/bin/time") else ""
+
+
+def run_once(argv: List[str], env: Dict[str, str], rss_file: Path) -> Tuple[float, float, float]:
+    """(wall s, CPU s, peak RSS MiB, or NaN without GNU time) of one whole process."""
+    full = [GNU_TIME, "-f", "%M", "-o", str(rss_file), *argv] if GNU_TIME else argv
+    t0 = time.perf_counter()
+    # cwd: the spool's folder, as slurmd's; never the source tree (python -m would import from it)
+    proc = subprocess.Popen(full, env=env, cwd=rss_file.parent, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    if proc.stderr:
+        proc.stderr.close()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"{' '.join(argv[:3])}: exit {code}: {err.strip()[:300]}")
+    rss = float(rss_file.read_text().split()[-1]) / 1024.0 if GNU_TIME else float("nan")
+    return wall, usage.ru_utime + usage.ru_stime, rss
+
+
+def measure(runs: int = 21, nhc: str = "") -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hook-startup-"))
+    try:
+        env = node_env(tmp)
+        cmds = commands(tmp, nhc)
+        for argv in cmds.values():  # warm: .pyc files written, the fake library paged in
+            run_once(argv, env, tmp / "rss")
+        samples: Dict[str, List[Tuple[float, float, float]]] = {k: [] for k in cmds}
+        load0 = os.getloadavg()[0]
+        for _ in range(runs):  # interleaved: each round runs every command once
+            for name, argv in cmds.items():
+                samples[name].append(run_once(argv, env, tmp / "rss"))
+        load1 = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = {name: {"wall_ms": round(statistics.median(s[0] for s in got) * 1000, 1),
+                   "cpu_ms": round(statistics.median(s[1] for s in got) * 1000, 1),
+                   "rss_mib": round(statistics.median(s[2] for s in got), 1)} for name, got in samples.items()}
+    return {"runs": runs, "cpus": os.cpu_count(), "load_before": round(load0, 1), "load_after": round(load1, 1),
+            "python": sys.version.split()[0], "nhc": nhc or "not installed", "results": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=21, help="interleaved rounds (medians over them)")
+    ap.add_argument("--nhc", default=shutil.which("nhc") or "", help="LBNL NHC's nhc, if installed")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    res = measure(args.runs, args.nhc)
+    if args.json:
+        print(json.dumps(res))
+        return
+    print(f"{res['runs']} interleaved rounds, {res['cpus']} CPUs, load average {res['load_before']} -> "
+          f"{res['load_after']}, Python {res['python']}, NHC: {res['nhc']}")
+    rows = res["results"]
+    base = next((n for n in ("LBNL NHC, 4 checks", "bash, 4 NHC-style checks") if n in rows), "")
+    for name, r in rows.items():
+        ratio = f"  {r['wall_ms'] / rows[base]['wall_ms']:.2f}x {base}" if base and name not in (base,) else ""
+        print(f"{name:<26} wall {r['wall_ms']:7.1f} ms  cpu {r['cpu_ms']:7.1f} ms  rss {r['rss_mib']:5.1f} MiB{ratio}")
+
+
+if __name__ == "__main__":
+    main()
