@@ -55,6 +55,16 @@ def nobody_token(admin):
     return admin.create_namespaced_service_account_token("nobody", "default", {"spec": {}}).status.token
 
 
+def _node(admin, name):
+    from kubernetes.client import ApiException
+
+    try:
+        admin.create_node({"metadata": {"name": name}})
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 def via_proxy(tmp_path, proxy, control_plane, timeout=5.0, token=None):
     pki = control_plane.root / "pki"
     user = {"token": token} if token else {"client-certificate": str(pki / "admin.crt"),
@@ -64,7 +74,7 @@ def via_proxy(tmp_path, proxy, control_plane, timeout=5.0, token=None):
 
 def test_untouched_requests_reach_the_real_server_with_the_clients_own_credentials(
         proxy, control_plane, admin, nobody_token, tmp_path):
-    admin.create_node({"metadata": {"name": "pf-1"}})
+    _node(admin, "pf-1")
     k = via_proxy(tmp_path, proxy, control_plane)  # the lab admin's certificate: impersonated
     nodes, rv = k.list_nodes()
     assert "pf-1" in nodes and rv
@@ -85,20 +95,25 @@ def test_untouched_requests_reach_the_real_server_with_the_clients_own_credentia
 
 def test_overload_answers_are_the_real_servers_words(proxy, control_plane, tmp_path):
     k = via_proxy(tmp_path, proxy, control_plane)
-    rule = proxy.rules.add(method="GET", path_regex=r"^/api/v1/nodes$", status=429, retry_after=1, times=1)
+    rule = proxy.rules.add(method="PATCH", path_regex=r"^/api/v1/nodes/pf-1$", status=429, retry_after=1, times=1)
     with pytest.raises(KubeError) as err:
-        k.list_nodes()
+        k.patch_node("pf-1", {"metadata": {"labels": {"x": "1"}}})
     assert (err.value.status, err.value.retry_after) == (429, 1.0)
     assert "Too many requests, please try again later." in str(err.value)
     assert rule.hits == 1
-    k.list_nodes()  # spent: the next one is the real server's
+    k.patch_node("pf-1", {"metadata": {"labels": {"x": "1"}}})  # spent: the next one is the real server's
+    # a GET (an idempotent method) with Retry-After is retried inside the client (urllib3 honours
+    # Retry-After on 429/503, 3 times by default): the caller sees the answer after the overload
+    rule = proxy.rules.add(method="GET", path_regex=r"^/api/v1/nodes$", status=429, retry_after=1, times=1)
+    assert "pf-1" in k.list_nodes()[0]
+    assert rule.hits == 1
     proxy.rules.add(method="PATCH", status=503, times=1)
     with pytest.raises(KubeError, match="HTTP 503: the server is currently unable"):
-        k.patch_node("pf-1", {"metadata": {"labels": {"x": "1"}}})
+        k.patch_node("pf-1", {"metadata": {"labels": {"x": "2"}}})
 
 
 def test_slow_and_vanished_answers_are_timeouts_and_resets(proxy, control_plane, admin, tmp_path):
-    admin.create_node({"metadata": {"name": "pf-2"}})
+    _node(admin, "pf-2")
     k = via_proxy(tmp_path, proxy, control_plane, timeout=0.5)
     proxy.rules.add(method="PATCH", path_regex="/nodes/pf-2$", latency_ms=1500, times=1)
     with pytest.raises(KubeError) as err:
@@ -106,17 +121,20 @@ def test_slow_and_vanished_answers_are_timeouts_and_resets(proxy, control_plane,
     assert err.value.status == 0  # no answer in time
     # a slow server still does the work: the write lands after the client gave up
     wait_for(lambda: (admin.read_node("pf-2").metadata.labels or {}).get("slow") == "yes", 10, "the late write")
-    proxy.rules.add(method="GET", path_regex=r"^/api/v1/nodes$", disconnect=True, times=1)
+    proxy.rules.add(method="PATCH", path_regex="/nodes/pf-2$", disconnect=True, times=1)
     with pytest.raises(KubeError) as err:
-        k.list_nodes()
-    assert err.value.status == 0
+        k.patch_node("pf-2", {"metadata": {"labels": {"gone": "yes"}}})
+    assert err.value.status == 0  # the connection closed with no answer
+    # a GET whose connection vanished is sent again by the client itself (urllib3's default retries)
+    rule = proxy.rules.add(method="GET", path_regex=r"^/api/v1/nodes$", disconnect=True, times=1)
     assert "pf-2" in k.list_nodes()[0]
+    assert rule.hits == 1
 
 
 def test_a_watch_cut_mid_stream_is_resumed_by_the_informer(proxy, control_plane, admin, tmp_path):
     from autoheal.k8s_sync.informer import Informer
 
-    admin.create_node({"metadata": {"name": "pf-3"}})
+    _node(admin, "pf-3")
     k = via_proxy(tmp_path, proxy, control_plane)
     rule = proxy.rules.add(watch=True, path_regex=r"^/api/v1/nodes$", drop_after_ms=300, times=1)
     inf = Informer("nodes", k.list_nodes, k.watch_nodes, timeout=30)
