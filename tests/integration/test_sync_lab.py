@@ -171,10 +171,10 @@ def _converged(rec):
 
 
 def _lose_a_race(env, rec, a):
-    """A real 409: the pass's Node write is held at the proxy while someone else writes the Node, so it
-    reaches the server with the resourceVersion it read, which is stale by then."""
-    rule = env["proxy"].rules.add(method="PATCH", path_regex=rf"/nodes/{k8s_name(a)}(/status)?$", latency_ms=1500,
-                                  times=1)
+    """A real 409: the pass's taint write (guarded by the Node's resourceVersion, as ``spec.taints`` is
+    replaced whole) is held at the proxy while someone else writes the Node, so it reaches the server with
+    a resourceVersion that is stale by then. (Its condition write, a strategic merge by type, is unguarded.)"""
+    rule = env["proxy"].rules.add(method="PATCH", path_regex=rf"/nodes/{k8s_name(a)}$", latency_ms=1500, times=1)
     out = {}
     runner = threading.Thread(target=lambda: out.setdefault("res", rec.run_pass()))
     runner.start()
