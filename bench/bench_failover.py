@@ -1,7 +1,8 @@
 """Benchmark of `autoheal sync` leader failover (issue 17 item 5).
 
-Two SyncDaemon replicas (watch caches, Lease election, the real Kubernetes client) against the lab's fake
-API server in this process, Slurm in memory. The leader is stopped without releasing the Lease (what a
+Two SyncDaemon replicas (watch caches, Lease election, the real Kubernetes client) against the lab's real
+control plane (etcd + kube-apiserver + kube-controller-manager, ``autoheal_lab.controlplane``, built once per
+machine), real coordination.k8s.io/v1 Leases, Slurm in memory. The leader is stopped without releasing the Lease (what a
 SIGKILL or a lost machine does to the Lease) and a Slurm change is made at that instant; measured:
 
 - ``takeover``: crash -> the other replica holds the Lease;
@@ -113,13 +114,23 @@ def main(argv=None) -> int:
 
     from sync_helpers import seed_fake_api
 
-    from autoheal_lab.fakekube.server import FakeKubeServer
+    from autoheal_lab import controlplane
+    from autoheal_lab.testing.realkube import RealKube
 
+    why = controlplane.missing_toolchain()
+    if why:
+        print(f"bench_failover: {why}", file=sys.stderr)
+        return 2
     results = []
-    server = FakeKubeServer().start()
+    tmp = Path(tempfile.mkdtemp(prefix="autoheal-bench-failover-"))
+    server = RealKube.start(tmp / "controlplane")
     try:
-        kc = server.write_kubeconfig(str(Path(tempfile.mkdtemp(prefix="autoheal-bench-failover-")) / "kubeconfig"))
+        kc = server.write_kubeconfig(str(tmp / "kubeconfig"))
         seed_fake_api(server, NODES)
+        server_version = server.api_client().call_api("GET", f"{server.url}/version").read().decode()
+        server_version = json.loads(server_version).get("gitVersion", "")
+        if not args.json:
+            print(f"kube-apiserver {server_version} (real control plane, {tmp})", flush=True)
         for duration in args.durations:
             for mode in args.modes:
                 rows = [one_run(server, kc, duration, mode, i) for i in range(args.runs)]
@@ -133,7 +144,7 @@ def main(argv=None) -> int:
     finally:
         server.stop()
     if args.json:
-        print(json.dumps({"failover": results}, indent=2))
+        print(json.dumps({"failover": results, "server": server_version}, indent=2))
     return 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
+from urllib.parse import quote
 
 from autoheal.errors import AutohealError
 
@@ -159,6 +160,24 @@ class KubeApi:
             return obj
         except ValueError:
             raise KubeError(f"{what}: answer is not JSON") from None
+
+    def _send_json(self, method: str, path: str, body: Dict[str, Any], _preload_content: bool = False,
+                   _request_timeout: Any = None) -> Any:
+        """``body`` sent as the JSON it is, past the client's model classes (what ``_raw`` calls instead of a
+        generated method). The generated methods of client 37 validate a dict body into its model, which
+        turns a MicroTime string into a datetime and writes it back with ``isoformat()``: without its
+        fraction when the microseconds are 0 (``...:00+00:00``), which the real API server refuses (400:
+        MicroTime is RFC 3339 with exactly 6 digits). The Lease's renewTime/acquireTime are ours to word."""
+        from kubernetes.client.exceptions import ApiException
+
+        params = self.api_client.param_serialize(
+            method=method, resource_path=path, body=body, auth_settings=["BearerToken"],
+            header_params={"Accept": "application/json", "Content-Type": "application/json"})
+        resp = self.api_client.call_api(*params, _request_timeout=_request_timeout)
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException.from_response(http_resp=resp, body=None, data=None)
+        return resp.response
 
     def _patch(self, what: str, fn: Callable[..., Any], *args: Any, body: Any, patch_type: str) -> Dict[str, Any]:
         return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
@@ -335,11 +354,16 @@ class KubeApi:
 
     @needs(("coordination.k8s.io", "leases", "create"))
     def create_lease(self, namespace: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        return self._raw("create_lease", self.coord.create_namespaced_lease, namespace, body)
+        return self._raw("create_lease", self._send_json, "POST", _lease_path(namespace), body)
 
     @needs(("coordination.k8s.io", "leases", "update"))
     def replace_lease(self, namespace: str, name: str, body: Dict[str, Any]) -> Dict[str, Any]:
-        return self._raw("replace_lease", self.coord.replace_namespaced_lease, name, namespace, body)
+        return self._raw("replace_lease", self._send_json, "PUT", f"{_lease_path(namespace)}/{quote(name, safe='')}",
+                         body)
+
+
+def _lease_path(namespace: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace, safe='')}/leases"
 
 
 def event_body(namespace: str, node: Dict[str, Any], reason: str, message: str, etype: str,

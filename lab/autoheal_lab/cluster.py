@@ -26,12 +26,17 @@ from autoheal_lab.slurmconf import LabLayout, render_gres_conf, render_slurm_con
 
 STATE_FILE = "lab.json"
 #: ``down`` stops processes in this order (0: every client first), each while what it talks to still runs.
-_STOP_ORDER = {"kube-api": 1, "kube-controller-manager": 1, "kube-apiserver": 2, "etcd": 3, "slurmctld": 4,
-               "munged": 5}
+_STOP_ORDER = {"kube-api": 1, "kube-api-faults": 1, "kube-controller-manager": 1, "kube-apiserver": 2, "etcd": 3,
+               "slurmctld": 4, "munged": 5}
 #: Directories every lab has (besides the state ones in ``autoheal_lab.cleanup.STATE_DIRS``).
 LAB_DIRS = ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal")
 STATE_ONLY_DIRS = ("nodestate", "metrics", "dcgm", "kube", "drill", "lib")
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
+
+
+def stop_order(names) -> List[str]:
+    """The lab's processes in the order ``Lab.down`` stops them: clients before what they talk to."""
+    return sorted(names, key=lambda n: (_STOP_ORDER.get(n, 0), n))
 
 
 class LabError(AutohealError):
@@ -502,9 +507,10 @@ class Lab:
         slurmd shutdown; with KillWait=120 a cancel alone takes two minutes to reach SIGKILL)."""
         self._kill_job_processes()
         recs = self.records()
-        # clients first (slurmd, node and controller daemons, sync, spare pool), then the fake API server,
-        # slurmctld and munged last: each still reaches what it talks to while it shuts down
-        order = sorted(recs, key=lambda n: (_STOP_ORDER.get(n, 0), n))
+        # clients first (slurmd, node and controller daemons, sync, spare pool), then the fake API server or
+        # the fault proxy in front of the real one and the control plane, slurmctld and munged last: each
+        # still reaches what it talks to while it shuts down
+        order = stop_order(recs)
         stopped = []
         for name in order:
             if procs.stop(recs[name]):

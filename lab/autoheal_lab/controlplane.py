@@ -173,6 +173,18 @@ class ControlPlane:
     def audit_log(self) -> Path:
         return self.root / AUDIT_LOG
 
+    def restart(self, name: str = "kube-apiserver", timeout: float = 120.0) -> None:
+        """Stop one of the processes by PID and start it again as it was (etcd keeps its data): what a rolling
+        restart or a crash of a control-plane member does to its clients (the API server's watch cache
+        starts afresh, so a watch from before answers 410 Gone)."""
+        i = next(i for i, rec in enumerate(self.records) if rec.name == name)
+        old = self.records[i]
+        procs.stop(old)
+        rec = procs.spawn(name, list(old.argv), Path(old.log), env=dict(os.environ))
+        self.records[i] = rec
+        if name == APISERVER:
+            _wait(name, rec, lambda: _ready(self.server, self.root / "pki"), timeout)
+
     def stop(self) -> None:
         """Stop every process by PID, newest first (the controller manager, then the API server, then etcd)."""
         for rec in reversed(self.records):

@@ -17,6 +17,9 @@ In order:
    ``autoheal_lab.kubelet`` (a lab process) starts and finishes pods as kubelets would.
 4. A token for the chart's ServiceAccount (TokenRequest) goes into ``<lab>/kube/sync.kubeconfig``; the
    lab's ``autoheal sync`` processes use it, so every call they make is one the chart's RBAC allows.
+   Its server is ``autoheal_lab.apifaults`` (a lab process), a fault-injecting HTTPS proxy in front of the
+   real API server that passes the token on: it answers as the real server does until it is told a window
+   of 5xx / 429 / slow answers / dropped watches (the soak's API faults; ``fault_control``).
 """
 
 from __future__ import annotations
@@ -86,7 +89,8 @@ def start(lab, keep_state: bool = False, progress: Optional[Callable[[str], None
         wait_crds(api, CHART_CRDS, wait)
         wait_default_service_account(api, NAMESPACE, wait)
         register_nodes(api, lay.nodes + lab._spares_in_service(lay))
-        write_sync_kubeconfig(lab, api, cp.server, cp.ca)
+        faults_url = start_fault_proxy(lab, cp, wait)
+        write_sync_kubeconfig(lab, api, faults_url, cp.ca)
     except Exception as exc:
         if isinstance(exc, LabError):
             raise
@@ -95,6 +99,39 @@ def start(lab, keep_state: bool = False, progress: Optional[Callable[[str], None
                       lay.path("log", f"{KUBELET_PROC}.log"), env=lab.slurm_env())
     lab._record(rec)
     return str(kc)
+
+
+def start_fault_proxy(lab, cp: controlplane.ControlPlane, timeout: float) -> str:
+    """``autoheal_lab.apifaults`` in front of the API server as a lab process (the soak's API fault windows);
+    the sync's kubeconfig points at it, so the sync meets an overloaded server only where one is told.
+    Returns its URL (also in lab.json: ``kube.faults_url``, and its port under ``ports``)."""
+    from autoheal_lab.apifaults import PROXY_PROC
+
+    lay = lab.layout()
+    port_file = lab.root / "kube" / "api-faults.port"
+    port_file.unlink(missing_ok=True)
+    rec = procs.spawn(PROXY_PROC, [sys.executable, "-m", "autoheal_lab.apifaults", "--upstream", cp.server,
+                                   "--pki", str(cp.root / "pki"), "--port-file", str(port_file)],
+                      lay.path("log", f"{PROXY_PROC}.log"), env=dict(os.environ))
+    lab._record(rec)
+    _wait(f"{PROXY_PROC} to listen", lambda: port_file.exists() or not procs.is_alive(rec), timeout)
+    if not port_file.exists():
+        raise KubeLabError(f"{PROXY_PROC} exited at start; see {rec.log}")
+    port = int(port_file.read_text().strip())
+    url = f"https://127.0.0.1:{port}"
+    with lab.edit_state() as st:
+        st.setdefault("ports", {})[PROXY_PROC] = port
+        st.setdefault("kube", {})["faults_url"] = url
+    return url
+
+
+def fault_control(lab) -> Any:
+    """An ``apifaults.Control`` for this lab's proxy (the lab admin's certificate)."""
+    from autoheal_lab.apifaults import Control
+
+    st = lab.load_state() or {}
+    pki = Path(st["kube"]["ca"]).parent
+    return Control(st["kube"]["faults_url"], pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
 
 
 def helm_env(lab) -> Dict[str, str]:

@@ -123,7 +123,6 @@ class Soak:
         self.notes: List[str] = []
         self.workdir: Path = Path()
         self._core = None
-        self._api_url = ""
         self._ctld_down = False
         self._paged = 0
         self._client: Optional[subprocess.Popen] = None  # the submitit job's client
@@ -134,10 +133,10 @@ class Soak:
         st = self.lab.load_state()
         if st and st.get("procs"):
             self.lab.down()
-        # the fake API server: its /_fake/faults make the soak's API fault windows (issue 21: a fault proxy in
-        # front of the real API server comes later)
+        # the real control plane; the sync reaches it through the lab's fault proxy (autoheal_lab.apifaults),
+        # which makes the soak's API fault windows
         self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube,
-                    kube_api="fake")
+                    kube_api="real")
         self.lay = self.lab.layout()
         self.env = self.lab.slurm_env()
         from autoheal.config import load_config
@@ -158,7 +157,6 @@ class Soak:
             self._api = client.ApiClient(cfg)
             self._core = client.CoreV1Api(self._api)
             self._custom = client.CustomObjectsApi(self._api)
-            self._api_url = cfg.host.rstrip("/")
 
     def _run(self, argv: List[str], timeout: float = 30.0, check: bool = True) -> subprocess.CompletedProcess:
         res = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=timeout,
@@ -547,10 +545,14 @@ class Soak:
         elif spec.group == "api":
             rule = {"api-5xx": {"status": 503}, "api-429": {"status": 429, "retry_after": 1},
                     "api-slow": {"latency_ms": 1500}}[f.kind]
-            added = self._fake_api("POST", "/_fake/faults", dict(rule, path_regex="^/api"))
-            inj.note = (inj.note + f" rule {added['faults'][0]['id']}").strip()
-            rid = added["faults"][0]["id"]
-            self._at(end, f"{f.kind} over", lambda: (self._fake_api("DELETE", f"/_fake/faults/{rid}"), ended()))
+            from autoheal_lab.realkube import fault_control
+
+            control = fault_control(self.lab)
+            # every API call of the sync in the window (its watches too: an overloaded server refuses new
+            # ones); the window's end is the proxy's own too, should the soak die before it removes the rule
+            added = control.add(path_regex="^/api", end=end, **rule)
+            inj.note = (inj.note + f" rule {added['id']}").strip()
+            self._at(end, f"{f.kind} over", lambda: (control.remove(added["id"]), ended()))
         elif f.kind == "admin-drain":
             inj.reason = f"admin: soak maintenance {f.id}"
             self._pending(inj)
@@ -740,15 +742,6 @@ class Soak:
         from autoheal_lab import procs
 
         procs._reap(rec.pid)
-
-    def _fake_api(self, method: str, path: str, body: Optional[dict] = None) -> dict:
-        import urllib.request
-
-        req = urllib.request.Request(self._api_url + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read().decode() or "{}")
 
     # ---- the run -------------------------------------------------------------------------------------
     def run(self) -> SoakReport:

@@ -21,6 +21,17 @@ for b in $want; do [ -x "$bin/$b" ] || have_all=0; done
 if [ "$have_all" = 1 ]; then echo "$bin"; exit 0; fi
 
 mkdir -p "$bin"
+# one build at a time per machine: a second caller (another worktree's tests, ./dev) waits for the first
+# instead of compiling the same binaries into the same bin.partial (seen: three kube-apiserver builds at
+# once on 2 cores, each overwriting the others' output)
+exec 9>"$bin.lock"
+if ! flock -n 9; then
+  echo "kube-tools: another build of these binaries is running; waiting for it" >&2
+  flock 9
+fi
+have_all=1
+for b in $want; do [ -x "$bin/$b" ] || have_all=0; done
+if [ "$have_all" = 1 ]; then echo "$bin"; exit 0; fi
 tmp="$bin.partial"
 mkdir -p "$tmp"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false

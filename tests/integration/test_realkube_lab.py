@@ -84,9 +84,13 @@ def test_the_sync_runs_as_the_charts_service_account_allowed_everything_it_does_
     lab = handle.lab
     res = CliRunner().invoke(lab_cli, ["status", "--dir", str(handle.root), "--json"])
     st = {p["name"]: p for p in json.loads(res.output)["processes"]}
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kubelet", "sync", "spare-pool"):
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-api-faults", "kubelet", "sync",
+                 "spare-pool"):
         assert st[name]["alive"], (name, st)
-    assert st["etcd"]["port"] and st["kube-apiserver"]["port"]
+    assert st["etcd"]["port"] and st["kube-apiserver"]["port"] and st["kube-api-faults"]["port"]
+    # the sync's server is the fault proxy (untouched until told a window), its token the chart's
+    sync_kc = json.loads((handle.root / "kube" / labkube.SYNC_KUBECONFIG).read_text())
+    assert sync_kc["clusters"][0]["cluster"]["server"] == f"https://127.0.0.1:{st['kube-api-faults']['port']}"
     text = CliRunner().invoke(lab_cli, ["status", "--dir", str(handle.root)]).output
     assert f"port {st['kube-apiserver']['port']}" in text
 

@@ -1,8 +1,8 @@
 """autoheal sync against the lab: real Slurm (CLI adapter) and the real Kubernetes control plane (etcd +
 kube-apiserver + kube-controller-manager) through the real kubernetes client (and the real kubectl for
-cordon/uncordon when it is installed). Two tests stay on the fake API server until a fault-injecting proxy
-fronts the real one: injected API faults (the fake's /_fake/faults) and a forced 410 Gone on a watch (the
-fake's short history window; the real one answers 410 only after etcd compaction)."""
+cordon/uncordon when it is installed). API faults come from the lab's fault proxy in front of the real
+server (autoheal_lab.apifaults); a 409 is the real server's own (a write that lost a race), and a 410 Gone
+is the real server's answer to a watch from before its restart."""
 
 from __future__ import annotations
 
@@ -22,34 +22,30 @@ from autoheal.reasons import strip_reason_suffix
 pytest.importorskip("kubernetes")
 from helpers import wait_for
 
-from autoheal_lab.fakekube.server import FakeKubeServer
-
 HEALTH = "autoheal: xid 79: gpu 3 fell off the bus"
 
 
-def _env(plain_lab, tmp_path_factory, real):
+@pytest.fixture(scope="module")
+def kube_env(plain_lab, tmp_path_factory):
+    import os
+
+    from autoheal_lab import controlplane
+    from autoheal_lab.testing.realkube import RealKube
+
+    why = controlplane.missing_toolchain()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must be able to build the control plane: {why}")
+        pytest.skip(why)
     d = tmp_path_factory.mktemp("kube")
-    if real:
-        import os
-
-        from autoheal_lab import controlplane
-        from autoheal_lab.testing.realkube import RealKube
-
-        why = controlplane.missing_toolchain()
-        if why:
-            if os.environ.get("CI"):
-                pytest.fail(f"CI must be able to build the control plane: {why}")
-            pytest.skip(why)
-        server = RealKube.start(d / "controlplane")
-    else:
-        server = FakeKubeServer().start()
+    server = RealKube.start(d / "controlplane")
     kc = str(d / "kubeconfig")
     server.write_kubeconfig(kc)
     names = list(plain_lab.layout.nodes)
     seed_fake_api(server, names)
     slurm = plain_lab.adapter(timeout=10)
     yield {"server": server, "kubeconfig": kc, "names": names, "slurm": slurm, "api": core_api(server),
-           "lab": plain_lab}
+           "lab": plain_lab, "dir": d}
     for n in names:  # leave the shared lab as we found it
         try:
             node = slurm.get_node(n)
@@ -61,14 +57,20 @@ def _env(plain_lab, tmp_path_factory, real):
 
 
 @pytest.fixture(scope="module")
-def kube_env(plain_lab, tmp_path_factory):
-    yield from _env(plain_lab, tmp_path_factory, real=True)
+def proxy_env(kube_env):
+    """The same real server behind the lab's fault proxy (its client: the lab admin's certificate, which the
+    proxy passes on by impersonation), for the test that injects API faults."""
+    from autoheal_lab import apifaults
 
+    proxy = apifaults.for_control_plane(kube_env["server"].cp).start()
+    cp = kube_env["server"].cp
+    pki = cp.root / "pki"
+    kc = kube_env["dir"] / "proxy.kubeconfig"
+    from autoheal_lab.controlplane import ADMIN_USER, kubeconfig_text
 
-@pytest.fixture(scope="module")
-def fake_env(plain_lab, tmp_path_factory):
-    """The fake API server, for the one test that injects API faults through it."""
-    yield from _env(plain_lab, tmp_path_factory, real=False)
+    kc.write_text(kubeconfig_text(proxy.url, pki / "ca.crt", pki / "admin.crt", pki / "admin.key", ADMIN_USER))
+    yield dict(kube_env, kubeconfig=str(kc), proxy=proxy)
+    proxy.stop()
 
 
 def kube(env, **kw):
@@ -154,46 +156,73 @@ def test_mirroring_both_directions(kube_env):
     assert rec.run_pass().ok
 
 
-def test_api_faults_are_reported_then_retried(fake_env):
-    env, slurm, server = fake_env, fake_env["slurm"], fake_env["server"]
+def _flip(slurm, a):
+    """Make a Node change pending for ``a`` (taint on / off)."""
+    slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
+
+
+def _converged(rec):
+    """No writes left (a node resumed a moment ago may still flip IDLE* -> IDLE once in Slurm, which is a
+    real change to mirror; more than that would be ping-pong)."""
+    idle = rec.run_pass()
+    if idle.planned:
+        idle = rec.run_pass()
+    assert idle.planned == [], [a.describe() for a in idle.planned]
+
+
+def _lose_a_race(env, rec, a):
+    """A real 409: the pass's taint write (guarded by the Node's resourceVersion, as ``spec.taints`` is
+    replaced whole) is held at the proxy while someone else writes the Node, so it reaches the server with
+    a resourceVersion that is stale by then. (Its condition write, a strategic merge by type, is unguarded.)"""
+    rule = env["proxy"].rules.add(method="PATCH", path_regex=rf"/nodes/{k8s_name(a)}$", latency_ms=1500, times=1)
+    out = {}
+    runner = threading.Thread(target=lambda: out.setdefault("res", rec.run_pass()))
+    runner.start()
+    wait_for(lambda: rule.hits == 1, 10, "the pass's Node write held at the proxy")
+    env["api"].patch_node(k8s_name(a), {"metadata": {"labels": {"someone": f"else-{time.monotonic_ns()}"}}})
+    runner.join(30)
+    return out["res"]
+
+
+def test_api_faults_are_reported_then_retried(proxy_env):
+    env, slurm, proxy = proxy_env, proxy_env["slurm"], proxy_env["proxy"]
     a = env["names"][0]
     rec = Reconciler(slurm, kube(env), sync_cfg())
     rec.run_pass()
     try:
         for status in (409, 429, 500):
-            # make a Node change pending (taint on / off), then fail its first write
-            slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
-            rule = server.faults.add(method="PATCH", path_regex=r"/nodes/", status=status, times=1)
-            res = rec.run_pass()
-            assert rule.hits == 1
+            _flip(slurm, a)
             if status == 409:
-                assert res.conflicts >= 1 and not res.errors
-            else:
+                res = _lose_a_race(env, rec, a)
+                assert res.conflicts >= 1 and not res.errors, res.summary()
+            else:  # what an overloaded server answers (429 with Retry-After, as its max-in-flight filter does)
+                rule = proxy.rules.add(method="PATCH", path_regex=r"/nodes/", status=status, times=1,
+                                       retry_after=1 if status == 429 else None)
+                res = rec.run_pass()
+                assert rule.hits == 1
                 assert any(f"HTTP {status}" in e for e in res.errors), res.errors
             res = rec.run_pass()  # the fault is gone: the next pass completes the change
             assert res.ok and not res.errors
-            # converged: no writes left (a node resumed a moment ago may still flip IDLE* -> IDLE once in
-            # Slurm, which is a real change to mirror; more than that would be ping-pong)
-            idle = rec.run_pass()
-            if idle.planned:
-                idle = rec.run_pass()
-            assert idle.planned == [], [a.describe() for a in idle.planned]
-        # a write that times out is reported like a 5xx and redone by the next pass
+            _converged(rec)
+        # a write that times out is reported like a 5xx and redone by the next pass (the slow server still
+        # carries the first one out a moment later: the same change, so nothing is left to do)
         slow = Reconciler(slurm, kube(env, timeout=1.0), sync_cfg())
-        slurm.resume(a) if slurm.get_node(a).drain else slurm.drain(a, HEALTH)
-        server.faults.add(method="PATCH", path_regex=r"/nodes/", latency_ms=2500, times=1)
+        _flip(slurm, a)
+        proxy.rules.add(method="PATCH", path_regex=r"/nodes/", latency_ms=2500, times=1)
         res = slow.run_pass()
         assert res.errors and not res.read_error, res.summary()
-        assert slow.run_pass().ok and slow.run_pass().planned == []
+        time.sleep(2.0)  # let the held write land (not a timing assertion: the end state is checked)
+        assert slow.run_pass().ok
+        _converged(slow)
         # a failed list read writes nothing at all
-        server.faults.add(method="GET", path_regex=r"/api/v1/nodes$", status=500, times=1)
+        proxy.rules.add(method="GET", path_regex=r"^/api/v1/nodes$", status=500, times=1)
         slurm.drain(a, HEALTH) if not slurm.get_node(a).drain else None
-        before = len(writes(server))
+        before = len(writes(env["server"]))
         res = rec.run_pass()
         assert not res.ok and "500" in res.read_error
-        assert len(writes(server)) == before
+        assert len(writes(env["server"])) == before
     finally:
-        server.faults.clear()
+        proxy.rules.clear()
         if slurm.get_node(a).drain:
             slurm.resume(a)
         rec.run_pass()
@@ -263,32 +292,36 @@ def test_leader_failover_without_double_writes(kube_env):
             slurm.resume(a)
 
 
-def test_watch_relists_after_410(tmp_path):
+def test_watch_relists_after_410(kube_env):
+    """A real 410 Gone: the API server restarted (its watch cache starts at the revision it found in etcd),
+    and the informer resumes its watch from a resourceVersion from before that."""
     from autoheal.k8s_sync.informer import Informer
+    from autoheal.k8s_sync.kube import Gone
 
-    server = FakeKubeServer(history_window=5).start()
+    env = kube_env
+    name = k8s_name(env["names"][0])
+    k = KubeApi.from_settings(env["kubeconfig"], timeout=5.0)
+    inf = Informer("nodes", k.list_nodes, k.watch_nodes, timeout=5)
+    inf.relist()
+    old_rv, relists = inf.rv, inf.relists
+    env["api"].patch_node(name, {"metadata": {"labels": {"step": "before"}}})  # old_rv is history now
+    env["server"].cp.restart("kube-apiserver")
+    api = core_api(env["server"])  # a new connection to the restarted server
+    for i in range(3):
+        api.patch_node(name, {"metadata": {"labels": {"step": str(i)}}})
+    with pytest.raises(Gone):
+        next(iter(k.watch_nodes(old_rv, 5)))
+    inf.rv = old_rv
+    inf.start()
     try:
-        kc = server.write_kubeconfig(str(tmp_path / "kubeconfig"))
-        seed_fake_api(server, ["w1"])
-        api = core_api(server)
-        k = KubeApi.from_settings(kc, timeout=5.0)
-        inf = Informer("nodes", k.list_nodes, k.watch_nodes, timeout=5)
-        inf.relist()
-        old_rv, relists = inf.rv, inf.relists
-        for i in range(20):  # push old_rv out of the server's watch history
-            api.patch_node(k8s_name("w1"), {"metadata": {"labels": {"step": str(i)}}})
-        inf.rv = old_rv
-        inf.start()
-        try:
-            wait_for(lambda: inf.relists > relists and inf.synced, 10, "relist after 410")
-            assert (inf.snapshot()[k8s_name("w1")]["metadata"]["labels"]["step"]) == "19"
-            api.patch_node(k8s_name("w1"), {"metadata": {"labels": {"step": "after"}}})
-            wait_for(lambda: inf.snapshot()[k8s_name("w1")]["metadata"]["labels"]["step"] == "after", 10,
-                     "watch event after the relist")
-        finally:
-            inf.stop()
+        wait_for(lambda: inf.relists > relists and inf.synced, 20, "relist after 410")
+        wait_for(lambda: inf.snapshot()[name]["metadata"]["labels"]["step"] == "2", 10, "the relisted Node")
+        api.patch_node(name, {"metadata": {"labels": {"step": "after"}}})
+        wait_for(lambda: inf.snapshot()[name]["metadata"]["labels"]["step"] == "after", 10,
+                 "watch event after the relist")
     finally:
-        server.stop()
+        inf.stop()
+        api.patch_node(name, {"metadata": {"labels": {"step": None}}})
 
 
 class CountingSlurm:

@@ -35,3 +35,15 @@ def test_pid_namespace_launcher_is_an_ancestor():
     assert res.returncode == 0, res.stderr
     chain = json.loads(res.stdout)
     assert chain[-1] == 1 and len(chain) == 2, chain
+
+
+def test_lab_down_stops_the_sync_before_the_fault_proxy_it_talks_through():
+    """Seen in a soak on the real control plane: the proxy (``kube-api-faults``) sorted before ``sync`` and
+    was stopped first, so the sync's last moments were connection-refused warnings."""
+    from autoheal_lab.cluster import stop_order
+
+    order = stop_order(["sync", "kube-api-faults", "kube-apiserver", "etcd", "kubelet", "spare-pool",
+                        "kube-controller-manager", "slurmctld", "munged", "slurmd-gpu1"])
+    for client in ("sync", "kubelet", "spare-pool"):
+        assert order.index(client) < order.index("kube-api-faults") < order.index("kube-apiserver")
+    assert order.index("kube-apiserver") < order.index("etcd") < order.index("slurmctld") < order.index("munged")
