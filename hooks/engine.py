@@ -19,6 +19,7 @@ from autoheal.hooks.gather import NodeSample, gather, index_by_pci
 from autoheal.hooks.ladder import next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
+from autoheal.reasons import parse_body
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
@@ -50,7 +51,7 @@ class Pass:
                 "gpus": None if self.sample is None else self.sample.count}
 
     def summary(self) -> str:
-        bad = [r.reason for r in self.results if r.status in (C.FAIL, C.UNKNOWN, C.WARN)]
+        bad = [r.text for r in self.results if r.status in (C.FAIL, C.UNKNOWN, C.WARN)]
         head = f"{self.node}: {self.status}"
         return head + ("" if not bad else ": " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
 
@@ -95,7 +96,7 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
                 dup["noted"] = now
                 r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
                 notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
-                              "message": f"{r.reason}: seen again ({dup['dups']} time(s) since "
+                              "message": f"{r.text}: seen again ({dup['dups']} time(s) since "
                               f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
                               f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
             continue
@@ -124,7 +125,7 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)
         if r.status == C.FAIL:
-            S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
+            S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.text, "since": now,
                               "evidence": r.evidence})
     return out
 
@@ -172,8 +173,8 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
         for f in st.get("faults", []):
             if (f.get("check", "xid"), f.get("gpu")) in failing:
                 continue
-            results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, f.get("reason", ""), f.get("action", C.RESET),
-                                         f.get("gpu"), {"open_fault_since": f.get("since")}))
+            results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, parse_body(f.get("reason", "")),
+                                         f.get("action", C.RESET), f.get("gpu"), {"open_fault_since": f.get("since")}))
         p.results = results
         p.status = C.overall(results)
         if not cheap:
@@ -201,8 +202,8 @@ def _escalate_unknown(ctx: Context, st: Dict[str, Any], results: List[C.CheckRes
             key = str(r.gpu)
             streaks[key] = int(old.get(key, 0)) + 1
             if streaks[key] >= ctx.hooks.unknown_runs_to_fail:
-                r = C.CheckResult("gpu-lost", C.FAIL, f"gpu-lost: {C.gpu_label(None, r.gpu, node=ctx.node)}: "
-                                  f"unresponsive in {streaks[key]} checks", C.REBOOT, r.gpu, r.evidence)
+                why = C.on_gpu("gpu-lost", None, f"unresponsive in {streaks[key]} checks", ctx.node, index=r.gpu)
+                r = C.CheckResult("gpu-lost", C.FAIL, why, C.REBOOT, r.gpu, r.evidence)
         out.append(r)
     st["unknown_runs"] = streaks
     return out
@@ -214,9 +215,9 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
+    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, strip_reason_suffix
 
-    reason = parse_body(failure.reason).render()
+    reason = failure.reason.render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     lemon_body = None
@@ -244,7 +245,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
         with ctx.store.locked() as st:
             if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
                 lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
-                                 failure.reason)
+                                 failure.text)
             rec = st.get("drain") or {}
             # A record naming another reason than the node now carries, or one left from before a fresh drain,
             # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
@@ -261,7 +262,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
         if lemon_body is not None:
             ctx.record("lemon", check=failure.check, action="retire", outcome="drained", severity="action",
                        message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
-                       f"{failure.reason})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
+                       f"{failure.text})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
         # once per fault and foreign reason, not on every health check while the admin's drain lasts
         key = f"{failure.check}:{failure.gpu}"
@@ -271,7 +272,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
             noted[key] = out.previous_reason
         if first:
             ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
-                       message=f"{failure.reason} (node already drained by someone else: {out.previous_reason})",
+                       message=f"{failure.text} (node already drained by someone else: {out.previous_reason})",
                        severity="info", evidence=failure.evidence)
     return act
 
@@ -433,7 +434,7 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
             st["passes"] = 0
             S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
     ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=outcome,
-               message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.reason}",
+               message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.text}",
                severity="action" if ok else "error",
                evidence={"argv": argv})
     return outcome
@@ -441,13 +442,13 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
 
 def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
     """``scontrol reboot ASAP nextstate=resume`` with a reboot reason, once per boot."""
-    from autoheal.reasons import Origin, parse_body
+    from autoheal.reasons import Origin
 
     st = ctx.store.read()
     pending = st.get("reboot_requested") or {}
     if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
         return "waiting: reboot already requested"
-    reason = parse_body(r.reason, Origin.REBOOT).render()
+    reason = r.reason.with_origin(Origin.REBOOT).render()
     ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
     with ctx.store.locked() as st:
         S.record_rung(st, r.gpu, "reboot", now)
@@ -463,9 +464,9 @@ def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
 def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
     """Say so in the drain reason; the k8s_sync remediation acts on ``autoheal: replace: ...``."""
     from autoheal import nodeops
-    from autoheal.reasons import Origin, Reason, parse_body
+    from autoheal.reasons import Origin, Reason
 
-    reason = parse_body(r.reason, Origin.REPLACE).render()
+    reason = r.reason.with_origin(Origin.REPLACE).render()
     current = Reason.parse(ctx.slurm.get_node(ctx.node).reason)
     if current is not None and current.rung is Origin.REPLACE:
         return "already asked"

@@ -100,6 +100,13 @@ def requeue_note(reason: str) -> str:
     return parse_body(body or "a GPU fault", Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
 
 
+def result_note(r: C.CheckResult) -> str:
+    """The job comment of a requeue for the result ``r`` (``requeue_note`` of its text, from the value)."""
+    from autoheal.reasons import MAX_COMMENT_LEN, Origin
+
+    return r.reason.with_origin(Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
+
+
 # ---- pure changes to the state dict --------------------------------------------------------------------
 
 def request_drain(st: Dict[str, Any], failure: C.CheckResult, now: float) -> None:
@@ -130,10 +137,10 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
     """A "requeue"-policy XID (94, contained ECC): the GPU stays in service, its jobs restart. ``jobs``
     from the DCGM mapping, or None: every job running on the node, found when slurmctld answers."""
     fid = f"xid{r.evidence.get('xid')}-{r.gpu}-{now:.3f}"
-    st.setdefault("requeue_faults", []).append({"id": fid, "reason": r.reason, "since": now,
+    st.setdefault("requeue_faults", []).append({"id": fid, "reason": r.text, "since": now,
                                                 "jobs": None if jobs is None else list(jobs)})
     for j in jobs or []:
-        add_action(st, j, fid, requeue_note(r.reason), now, detail=r.reason)
+        add_action(st, j, fid, result_note(r), now, detail=r.text)
     return fid
 
 
@@ -380,7 +387,7 @@ class JobSide:
                 first = p["tries"] == 1
             if first:
                 self.ctx.record("error", check=failure.check, action="drain", severity="error",
-                                message=f"cannot drain for {failure.reason}: {exc}; retrying")
+                                message=f"cannot drain for {failure.text}: {exc}; retrying")
             return None
         drained = act.get("outcome") in ("drained", "reason-updated")
         from autoheal import nodeops

@@ -79,7 +79,7 @@ def _result_text(kind: str, r: C.CheckResult, node: str) -> str:
         return f"{'page retirement' if r.check == 'retired-pages' else 'row remap'} pending on {where}"
     if r.check == "temperature":
         return f"temperature {(r.evidence or {}).get('temperature')} C on {where}"
-    body = r.reason.split(": ", 2)[-1] if r.reason.count(": ") >= 2 else r.reason
+    body = r.reason.detail if r.reason.kind else r.text
     label = {"pcie": "PCIe ", "nvlink": "NVLink "}.get(kind, "")
     return f"{label}{body} on {where}"
 

@@ -101,7 +101,7 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
         seen = mem.get(key)
         if seen is not None and float(seen.get("since", 0)) >= S.repaired_at(st, r.gpu):
             continue
-        mem[key] = {"check": r.check, "gpu": r.gpu, "reason": r.reason, "since": now}
+        mem[key] = {"check": r.check, "gpu": r.gpu, "reason": r.text, "since": now}
         new.append(r)
     drain = bool(new) and not (st.get("drain") or st.get("pending_drain"))
     return new, drain
@@ -307,7 +307,7 @@ class XidWatch:
             return new
         for r in new:
             self.ctx.record("detection", check=r.check, evidence={**r.evidence, "source": "health-poll"},
-                            message=r.reason, severity="action", action=r.action, time=now)
+                            message=r.text, severity="action", action=r.action, time=now)
         return new
 
     def handle(self, events: List[XidEvent], now: Optional[float] = None) -> List[C.CheckResult]:
@@ -348,7 +348,7 @@ class XidWatch:
             if r.action == C.REQUEUE and r.evidence.get("companion"):
                 continue  # NVML's copy was journalled and acted on
             sev = "action" if r.status == C.FAIL else "info"
-            msg = r.reason + (" (back after a repair)" if r.evidence.get("after_repair") else "")
+            msg = r.text + (" (back after a repair)" if r.evidence.get("after_repair") else "")
             self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,
                             action=r.action, time=now)
         for n in notes:
