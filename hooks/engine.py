@@ -16,7 +16,7 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
-from autoheal.hooks.ladder import next_rung
+from autoheal.hooks.ladder import Rung, next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 from autoheal.reasons import parse_body
@@ -391,8 +391,8 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
             if cur is None or RUNG_WEIGHT[r.action] > RUNG_WEIGHT[cur.action]:
                 per_gpu[r.gpu] = r
     for r in sorted(per_gpu.values(), key=lambda x: -RUNG_WEIGHT[x.action]):
-        resets = S.ladder_count(st, r.gpu, "reset", now, window)
-        reboots = S.ladder_count(st, r.gpu, "reboot", now, window)
+        resets = S.ladder_count(st, r.gpu, Rung.RESET, now, window)
+        reboots = S.ladder_count(st, r.gpu, Rung.REBOOT, now, window)
         rung = next_rung(r.action, resets, reboots, can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
                          can_reboot=ctx.hooks.reboot_enabled)
         if not rung:
@@ -428,7 +428,7 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         ok, outcome = False, f"failed: {exc}"
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "reset", now)
+        S.record_rung(st, r.gpu, Rung.RESET, now)
         if ok:
             st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
             st["passes"] = 0
@@ -451,7 +451,7 @@ def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
     reason = r.reason.with_origin(Origin.REBOOT).render()
     ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "reboot", now)
+        S.record_rung(st, r.gpu, Rung.REBOOT, now)
         st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
         st["faults"] = []
         if st.get("drain"):
@@ -472,7 +472,7 @@ def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
         return "already asked"
     out = nodeops.drain(ctx.slurm, ctx.node, reason)
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "replace", now)
+        S.record_rung(st, r.gpu, Rung.REPLACE, now)
         if st.get("drain"):
             st["drain"]["reason"] = reason
     ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
