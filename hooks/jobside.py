@@ -301,7 +301,7 @@ class JobSide:
             ep = st.get("episode")
             if fault_drain and (ep or ours is not None or is_health_reason(node.reason)):
                 if not ep:
-                    reason = ours.reason if ours is not None else node.reason
+                    reason = ours.text if ours is not None else node.reason
                     ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
                 if ours is not None and self._kept_foreign is ours:
                     ep["under_foreign"] = ours.to_dict()

@@ -171,6 +171,20 @@ def test_runner_gets_its_signal_then_a_requeue_only_if_still_running(tmp_path):
     assert done == {"8": "requeued", "9": "no longer runs here (PENDING)"}
 
 
+def test_the_fault_episode_and_the_job_comment_name_the_fault_in_text(tmp_path):
+    """The episode opened by a pending drain keeps the fault's line (the state file holds text, read by
+    the requeue comment and `autoheal status`), never the repr of the typed value (issue 24)."""
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("7")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    side(ctx).step(now=100.0, urgent=True)
+    st = ctx.store.read()
+    assert st["episode"]["reason"] == "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"
+    note = st["job_actions"]["7@" + st["episode"]["id"]]["note"]
+    assert note == "autoheal: requeued after xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"
+
+
 def test_hot_spare_job_is_recognised_and_signalled_like_a_runner_job(tmp_path):
     ctx = make_ctx(tmp_path)
     ctx.slurm.add_job("8", comment="autoheal-runner nodes=gpu1,gpu2 state=running spares=gpu3")
