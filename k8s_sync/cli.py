@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import click
 
@@ -421,6 +421,28 @@ def remediation(ctx: click.Context, as_json: bool) -> None:
     sys.exit(EXIT_PROBLEM if any(r["state"] == "failed" for r in rows) else EXIT_OK)
 
 
+def _failing(node: str, as_json: bool) -> Callable[[int, str], NoReturn]:
+    """``fail(code, message)``: the one-line error (and the JSON envelope with --json), then exit ``code``."""
+    def fail(code: int, message: str) -> NoReturn:
+        if as_json:
+            print_json({"ok": False, "node": node, "error": message})
+        click.echo(f"autoheal: error: {message}", err=True)
+        sys.exit(code)
+
+    return fail
+
+
+def _retry_requested(cfg: Any, kube: Any, kname: str, knode: Dict[str, Any], cur: Any) -> str:
+    """Journal and Event of a retry written to the Node; the message for the person."""
+    _record_cli(cfg, kube, "remediation-retry-requested", [cur.slurm_node] if cur.slurm_node else [],
+                f"Node {kname} (Slurm {cur.slurm_node}): retry of the failed remediation requested by "
+                f"{_who()}; it had failed: {cur.reason}",
+                ("AutohealRemediationRetryRequested", knode, "Node"),
+                {"k8s_node": kname, "attempts": cur.attempts, "previous_reason": cur.reason})
+    return (f"retry of {kname} requested: the sync leader starts it again on its next pass "
+            f"(opt-out check and circuit breaker apply)")
+
+
 @remediation.command("retry")
 @click.argument("node")
 @click.option("--dry-run", is_flag=True, help="Say what would be retried; change nothing.")
@@ -454,13 +476,7 @@ def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: boo
     cfg = load_cfg(obj.get("config_path"))
     kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
     prefix = cfg.sync.annotation_prefix
-
-    def fail(code: int, message: str) -> NoReturn:
-        if as_json:
-            print_json({"ok": False, "node": node, "error": message})
-        click.echo(f"autoheal: error: {message}", err=True)
-        sys.exit(code)
-
+    fail = _failing(node, as_json)
     try:
         nodes, _ = kube.list_nodes()
     except KubeError as exc:
@@ -485,13 +501,7 @@ def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: boo
             kube.patch_node(kname, body, "merge")
         except KubeError as exc:
             fail(EXIT_PROBLEM, f"{kname}: {exc}")
-        out["message"] = (f"retry of {kname} requested: the sync leader starts it again on its next pass "
-                          f"(opt-out check and circuit breaker apply)")
-        _record_cli(cfg, kube, "remediation-retry-requested", [cur.slurm_node] if cur.slurm_node else [],
-                    f"Node {kname} (Slurm {cur.slurm_node}): retry of the failed remediation requested by "
-                    f"{_who()}; it had failed: {cur.reason}",
-                    ("AutohealRemediationRetryRequested", nodes[kname], "Node"),
-                    {"k8s_node": kname, "attempts": cur.attempts, "previous_reason": cur.reason})
+        out["message"] = _retry_requested(cfg, kube, kname, nodes[kname], cur)
     if as_json:
         print_json(out)
     else:

@@ -498,43 +498,60 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
         # a crash between states, or someone uncordoned it: the flow needs it cordoned
         out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", cordon, group=kname, why="re-cordon"))
     if step.do in (Do.EVICT, Do.FINAL_EVICT):
-        final = step.do is Do.FINAL_EVICT
-        if final:  # recorded first: the next pass fails the remediation if pods are still there
-            out.append(_state(kname, sname, _then(step), prefix, step.why))
-        deadline = cur.since + settings.drain_timeout_seconds
-        for p in evict:
-            meta = p.get("metadata") or {}
-            ns, name = meta.get("namespace", ""), meta.get("name", "")
-            # one group per pod: a PodDisruptionBudget refusing one pod never holds back the others
-            out.append(Action(STEP, R.KUBE_EVICT, name, sname, ns, group=f"evict:{kname}:{ns}/{name}",
-                              why=f"evict from {kname}" + (" (last attempt)" if final else ""),
-                              deadline=deadline, force=final))
-        return out
+        return out + _evict(kname, sname, step, prefix, cur.since + settings.drain_timeout_seconds, evict)
     if step.do is Do.REQUEST_REPLACEMENT:
         return out + _request(ctx, kname, sname, _then(step), knode)
     if cur.state == "replacing" and step.do is Do.WAIT:
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
-            if strip_reason_suffix(spare.reason).startswith(cfg.spare_reason_prefix.strip()):
-                out.append(Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
-                                  why=f"replacement {new_slurm} registered: resumed; {kname} is done once it "
-                                      f"responds", journal="resume"))
-            else:
-                ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
-                                    f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
+            out += _resume_replacement(ctx, kname, new_slurm, spare)
         return out
     if step.do is Do.RETIRE:
-        # Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
-        # slurmctld away), the record still says replacing and the next pass (any leader) retires again.
-        acts = []
-        if sname in snap.slurm:
-            acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
-                               why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
-        acts.append(_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
-                           event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
-                                  f"{new_slurm})", "Normal"), journal="remediation-done"))
-        return out + acts
+        return out + _retire(ctx, kname, sname, step, new, new_slurm)
     return out
+
+
+def _evict(kname: str, sname: str, step: R.Step, prefix: str, deadline: float,
+           evict: List[Dict[str, Any]]) -> List[Action]:
+    """Evict the pods left on the Node; the last attempt (forced) is recorded first: the next pass fails
+    the remediation if pods are still there."""
+    out: List[Action] = []
+    final = step.do is Do.FINAL_EVICT
+    if final:
+        out.append(_state(kname, sname, _then(step), prefix, step.why))
+    for p in evict:
+        meta = p.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        # one group per pod: a PodDisruptionBudget refusing one pod never holds back the others
+        out.append(Action(STEP, R.KUBE_EVICT, name, sname, ns, group=f"evict:{kname}:{ns}/{name}",
+                          why=f"evict from {kname}" + (" (last attempt)" if final else ""),
+                          deadline=deadline, force=final))
+    return out
+
+
+def _resume_replacement(ctx: Context, kname: str, new_slurm: str, spare: Node) -> List[Action]:
+    """The replacement registered and answers but is still drained: resume it from our spare drain, or
+    wait (a problem said) while someone else's drain holds it."""
+    if strip_reason_suffix(spare.reason).startswith(ctx.cfg.spare_reason_prefix.strip()):
+        return [Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
+                       why=f"replacement {new_slurm} registered: resumed; {kname} is done once it responds",
+                       journal="resume")]
+    ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
+                        f"someone else ({snode_reason(ctx.snap, new_slurm)!r}); waiting")
+    return []
+
+
+def _retire(ctx: Context, kname: str, sname: str, step: R.Step, new: str, new_slurm: str) -> List[Action]:
+    """Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
+    slurmctld away), the record still says replacing and the next pass (any leader) retires again."""
+    acts = []
+    if sname in ctx.snap.slurm:
+        acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
+                           why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
+    acts.append(_state(kname, sname, _then(step), ctx.cfg.annotation_prefix, f"replaced by {new} (Slurm {new_slurm})",
+                       event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
+                              f"{new_slurm})", "Normal"), journal="remediation-done"))
+    return acts
 
 
 def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode: Dict[str, Any]) -> List[Action]:
