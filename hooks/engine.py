@@ -23,6 +23,7 @@ from autoheal.reasons import parse_body
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.nodeops import Outcome
     from autoheal.slurm.model import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
@@ -81,37 +82,13 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
         pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
         dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds, source=ev.source)
         if dup is not None:
-            sources = dup.setdefault("sources", [])
-            if ev.source not in sources:
-                sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
-                if dup.pop("app_pending", False) and ev.line:
-                    # an application XID NVML told first, with no process: the kernel log's copy names the
-                    # process, so its job can be told (xid_jobs); judged once more, for that only
-                    r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
-                    r.evidence["companion"] = True
-                    out.append(r)
-                continue
-            dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
-            if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
-                dup["noted"] = now
-                r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
-                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
-                              "message": f"{r.text}: seen again ({dup['dups']} time(s) since "
-                              f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
-                              f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
+            companion = _seen_again(ctx, dup, ev, gpu, pci_full, now, notes)
+            if companion is not None:
+                out.append(companion)
             continue
         same = _open_same_fault(st, ev.xid, gpu)
         if same is not None:
-            # the fault this XID opened is still open (no repair since): the same XID again is that fault
-            # with a count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3
-            # nodes in 3 hours were 672 fatal events)
-            same["count"] = int(same.get("count", 1)) + 1
-            if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
-                same["noted"] = now
-                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
-                              "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
-                              f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
-                                                                             "count": same["count"]}})
+            _count_open_fault(same, ev, gpu, now, notes)
             S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
             continue
         repaired = S.repaired_at(st, gpu)
@@ -128,6 +105,45 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.text, "since": now,
                               "evidence": r.evidence})
     return out
+
+
+def _seen_again(ctx: Context, dup: Dict[str, Any], ev: XidEvent, gpu: Optional[int], pci_full: str, now: float,
+                notes: Optional[List[Dict[str, Any]]]) -> Optional[C.CheckResult]:
+    """An XID judged within the dedupe window: the other source's copy (silent; judged once more only for
+    an application XID whose process the kernel log names), or a repeat (a note at most once a minute)."""
+    sources = dup.setdefault("sources", [])
+    if ev.source not in sources:
+        sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+        if dup.pop("app_pending", False) and ev.line:
+            # an application XID NVML told first, with no process: the kernel log's copy names the
+            # process, so its job can be told (xid_jobs); judged once more, for that only
+            r = C.judge_xid(ev, ctx.hooks.xid_policy, gpu, pci_full, node=ctx.node)
+            r.evidence["companion"] = True
+            return r
+        return None
+    dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
+    if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+        dup["noted"] = now
+        r = C.judge_xid(ev, ctx.hooks.xid_policy, gpu, pci_full, node=ctx.node)
+        notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                      "message": f"{r.text}: seen again ({dup['dups']} time(s) since "
+                      f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
+                      f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
+    return None
+
+
+def _count_open_fault(same: Dict[str, Any], ev: XidEvent, gpu: Optional[int], now: float,
+                      notes: Optional[List[Dict[str, Any]]]) -> None:
+    """The fault this XID opened is still open (no repair since): the same XID again is that fault with a
+    count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3 nodes in 3 hours
+    were 672 fatal events)."""
+    same["count"] = int(same.get("count", 1)) + 1
+    if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+        same["noted"] = now
+        notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                      "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
+                      f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
+                                                                     "count": same["count"]}})
 
 
 def _open_same_fault(st: Dict[str, Any], xid: int, gpu: Optional[int]) -> Optional[Dict[str, Any]]:
@@ -242,20 +258,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
            "dry_run": dry_run}
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
-        with ctx.store.locked() as st:
-            if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
-                lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
-                                 failure.text)
-            rec = st.get("drain") or {}
-            # A record naming another reason than the node now carries, or one left from before a fresh drain,
-            # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
-            # between two healthchecks). Kept, maybe_resume read the mismatch as "re-drained by someone else"
-            # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
-            if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
-                    or rec.get("reason") != (out.reason or current):
-                st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
-                               "check": failure.check, "gpu": failure.gpu}
-            st["passes"] = 0
+        _remember_drain(ctx, failure, out, current, new_episode)
     if out.changed:
         ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
@@ -264,17 +267,43 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
                        message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
                        f"{failure.text})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
-        # once per fault and foreign reason, not on every health check while the admin's drain lasts
-        key = f"{failure.check}:{failure.gpu}"
-        with ctx.store.locked() as st:
-            noted = st.setdefault("foreign_noted", {})
-            first = noted.get(key) != out.previous_reason
-            noted[key] = out.previous_reason
-        if first:
-            ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
-                       message=f"{failure.text} (node already drained by someone else: {out.previous_reason})",
-                       severity="info", evidence=failure.evidence)
+        _note_foreign(ctx, failure, out)
     return act
+
+
+def _remember_drain(ctx: Context, failure: C.CheckResult, out: Outcome, current: str, new_episode: bool) -> None:
+    """Our drain (made, reworded, or already there) in the node state: the record maybe_resume reads."""
+    from autoheal import nodeops
+    from autoheal.reasons import is_preswap
+
+    with ctx.store.locked() as st:
+        if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
+            lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
+                             failure.text)
+        rec = st.get("drain") or {}
+        # A record naming another reason than the node now carries, or one left from before a fresh drain,
+        # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
+        # between two healthchecks). Kept, maybe_resume read the mismatch as "re-drained by someone else"
+        # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
+        if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
+                or rec.get("reason") != (out.reason or current):
+            st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
+                           "check": failure.check, "gpu": failure.gpu}
+        st["passes"] = 0
+
+
+def _note_foreign(ctx: Context, failure: C.CheckResult, out: Outcome) -> None:
+    """A fault on a node someone else drained: journalled once per fault and foreign reason, not on every
+    health check while the admin's drain lasts."""
+    key = f"{failure.check}:{failure.gpu}"
+    with ctx.store.locked() as st:
+        noted = st.setdefault("foreign_noted", {})
+        first = noted.get(key) != out.previous_reason
+        noted[key] = out.previous_reason
+    if first:
+        ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
+                   message=f"{failure.text} (node already drained by someone else: {out.previous_reason})",
+                   severity="info", evidence=failure.evidence)
 
 
 def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
