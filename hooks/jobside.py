@@ -30,13 +30,13 @@ process whose state write failed.
 from __future__ import annotations
 
 import random
-import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+from autoheal.reasons import RUNNER_MARKER
 from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
@@ -147,12 +147,13 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
 #: ``autoheal sbatch --spare-nodes`` jobs carry ``spares=`` in their runner comment: on a fault their runner
 #: swaps the node for a spare inside the allocation (no requeue); the requeue after the grace stays as the
 #: safety net, and finds the job gone from the node once the swap is made.
-_HOT_SPARE = re.compile(r"\sspares=\S")
+def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None,
+                   marker: str = RUNNER_MARKER) -> None:
+    """Note on a new job action that the job is a hot-spare job (its journal line says what comes).
+    ``marker``: ``hooks.runner_comment``, which starts the comment of a runner job."""
+    from autoheal.runner_comment import CommentState
 
-
-def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None) -> None:
-    """Note on a new job action that the job is a hot-spare job (its journal line says what comes)."""
-    if runner_comment and _HOT_SPARE.search(str(runner_comment).split("|", 1)[0]):
+    if runner_comment and CommentState.parse(str(runner_comment), marker).hot_spare:
         st["job_actions"][key]["hot_spare"] = True
 
 
@@ -178,11 +179,12 @@ def fingerprint(st: Dict[str, Any]) -> Tuple[Any, ...]:
             bool(st.get("reboot_requested")))
 
 
-def runner_state(comment: str) -> str:
-    """``state=`` of an ``autoheal-runner ...`` job comment ("" when absent); the user's part after
-    `` | `` is not read."""
-    m = re.search(r"(?:^|\s)state=(\S+)", (comment or "").split(" | ", 1)[0])
-    return m.group(1) if m else ""
+def runner_state(comment: str, marker: str = RUNNER_MARKER) -> str:
+    """``state=`` of a runner job comment ("" when absent); the user's part after `` | `` is not read
+    (the core's comment model, ``autoheal.runner_comment``)."""
+    from autoheal.runner_comment import CommentState
+
+    return CommentState.parse(comment, marker).state
 
 
 def migrate(st: Dict[str, Any]) -> None:
@@ -365,7 +367,8 @@ class JobSide:
                 note = requeue_note(ep.get("reason", ""))
                 for j in running:
                     if add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", "")):
-                        mark_hot_spare(st, f"{j.job_id}@{ep['id']}", self._is_runner(j) and j.comment)
+                        mark_hot_spare(st, f"{j.job_id}@{ep['id']}", self._is_runner(j) and j.comment,
+                                       self.h.runner_comment)
             for f in st.get("requeue_faults") or []:
                 if f.get("jobs") is None:
                     f["jobs"] = [j.job_id for j in running]
@@ -588,7 +591,9 @@ class JobSide:
         except SlurmNotFound:
             self._update(key, stage=DONE, outcome="gone")
             return False
-        if runner_state(info.comment) == "running":
+        from autoheal.runner_comment import RunnerState
+
+        if runner_state(info.comment, self.h.runner_comment) == RunnerState.RUNNING:
             return True
         if not (info.running and self.ctx.node in info.nodes):
             self._update(key, stage=DONE, outcome=f"not running here ({info.state})")

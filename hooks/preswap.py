@@ -18,7 +18,6 @@ host, another job beside it, a drain already there) is handled as without this m
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -28,6 +27,7 @@ from autoheal.hooks import state as S
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.runner_comment import CommentState
 
 ACTION = "preswap-drain"
 #: Order in which signs name the drain (the most telling first).
@@ -124,15 +124,14 @@ def faults_beside(results: Iterable[C.CheckResult], enabled: Sequence[str]) -> L
     return [r for r in results if r.status == C.FAIL and result_kind(r) not in enabled]
 
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
+def runner_state_of(comment: str, marker: str) -> Optional[CommentState]:
+    """The runner's state in an ``autoheal sbatch`` job's comment (the core's model); None for others."""
+    from autoheal.runner_comment import CommentState
 
-
-def runner_fields(comment: str, marker: str) -> Optional[Dict[str, str]]:
-    """The ``key=value`` words of an ``autoheal sbatch`` job's comment (before ``|``); None for others."""
     text = (comment or "").strip()
     if not (marker and text.startswith(marker)):
         return None
-    return dict(_FIELD.findall(text.split("|", 1)[0]))
+    return CommentState.parse(text, marker)
 
 
 def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], str]:
@@ -145,12 +144,12 @@ def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], st
         return [], f"no job runs on {node}"
     ids: List[str] = []
     for j in running:
-        f = runner_fields(j.comment, marker)
-        if f is None or "spares" not in f:
+        f = runner_state_of(j.comment, marker)
+        if f is None or not f.hot_spare:
             return [], f"job {j.job_id} on {node} has no hot spares"
-        if node not in f.get("nodes", "").split(","):
+        if node not in f.nodes.split(","):
             return [], f"{node} is an idle spare of job {j.job_id}"
-        if f.get("spares", "") in ("", "none"):
+        if f.spares == "none":
             return [], f"job {j.job_id} has no spare left"
         if j.batch_host == node:
             return [], f"{node} runs the batch shell of job {j.job_id}"
