@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
@@ -200,7 +201,7 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
     if trouble:  # the node state could not be saved: the checks still ran, on an in-memory copy
         p.errors.append(trouble)
     for n in notes:
-        ctx.record("detection", **n)
+        ctx.record(Event.DETECTION, **n)
     if xres:  # application XIDs the healthcheck read first: the job's record (xid_jobs), never a drain
         from autoheal.hooks import xid_jobs
 
@@ -260,10 +261,10 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
             and is_ours(out.reason or current):
         _remember_drain(ctx, failure, out, current, new_episode)
     if out.changed:
-        ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
+        ctx.record(Event.DRAIN, check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
         if lemon_body is not None:
-            ctx.record("lemon", check=failure.check, action="retire", outcome="drained", severity="action",
+            ctx.record(Event.LEMON, check=failure.check, action="retire", outcome="drained", severity="action",
                        message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
                        f"{failure.text})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
@@ -301,7 +302,7 @@ def _note_foreign(ctx: Context, failure: C.CheckResult, out: Outcome) -> None:
         first = noted.get(key) != out.previous_reason
         noted[key] = out.previous_reason
     if first:
-        ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
+        ctx.record(Event.DETECTION, check=failure.check, action="drain", outcome=out.action,
                    message=f"{failure.text} (node already drained by someone else: {out.previous_reason})",
                    severity="info", evidence=failure.evidence)
 
@@ -340,7 +341,7 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             st2["drain"] = None
             S.mark_repaired(st2, None, now)
             lemon.note_return(st2, now, "resumed by autoheal")
-        ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
+        ctx.record(Event.RESUME, action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
 
@@ -392,7 +393,7 @@ def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any
     out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
            "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
     if forgotten or stale:
-        ctx.record("resume", check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
+        ctx.record(Event.RESUME, check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
                    severity="info", evidence={"faults": out["faults"], "drain": ours.get("reason", "")},
                    message=f"{ctx.node} was resumed (not by autoheal) while drained for: {ours.get('reason', '')}; "
                    f"forgot {len(forgotten)} open fault(s) behind that drain, the GPUs are checked live again")
@@ -462,7 +463,7 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
             st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
             st["passes"] = 0
             S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
-    ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=outcome,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="reset-gpu", outcome=outcome,
                message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.text}",
                severity="action" if ok else "error",
                evidence={"argv": argv})
@@ -485,7 +486,7 @@ def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
         st["faults"] = []
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    ctx.record("remediation-step", check=r.check, action="reboot-node", outcome="requested", message=reason,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="reboot-node", outcome="requested", message=reason,
                severity="action")
     return "requested"
 
@@ -504,7 +505,7 @@ def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
         S.record_rung(st, r.gpu, Rung.REPLACE, now)
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
     if out.changed:  # the wait starts: who acts next, said once (issue 27)
         from autoheal import awaiting
@@ -602,11 +603,11 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
             p.exit_code = EXIT_OK
     except SlurmUnavailable as exc:
         p.errors.append(f"slurmctld unreachable, nothing changed: {exc}")
-        ctx.record("error", message=f"health pass: slurmctld unreachable: {exc}", severity="error")
+        ctx.record(Event.ERROR, message=f"health pass: slurmctld unreachable: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
     except SlurmError as exc:
         p.errors.append(f"slurm: {exc}")
-        ctx.record("error", message=f"health pass: {exc}", severity="error")
+        ctx.record(Event.ERROR, message=f"health pass: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
     if p.exit_code == EXIT_OK and bool(getattr(ctx.store, "trouble", "")):
         # healthy, but the pass could not be remembered (passes, cursor): the node cannot be resumed by
@@ -662,7 +663,7 @@ def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False)
            "ladder": sorted(cleared["ladder"]), "cleared": cleared}
     if not dry_run and (cleared["faults"] or cleared["ladder"] or cleared["unknown_runs"]
                         or cleared["reboot_requested"]):
-        ctx.record("clear-faults", action="clear-faults", outcome="cleared", severity="action",
+        ctx.record(Event.CLEAR_FAULTS, action="clear-faults", outcome="cleared", severity="action",
                    message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
                    f"{', '.join(S.ladder_label(k, ctx.node) for k in sorted(cleared['ladder'])) or 'nothing'}",
                    evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})

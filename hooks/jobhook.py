@@ -15,6 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 
 if TYPE_CHECKING:
@@ -146,7 +147,7 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
         print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)
     except Exception as exc:  # the fault stands: exit 1 all the same, and say what went wrong
         print(f"autoheal-{kind}: could not drain: {type(exc).__name__}: {exc}", file=sys.stderr)
-    ctx.record("detection", job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
+    ctx.record(Event.DETECTION, job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
                message=failure.text, severity="action", evidence=failure.evidence)
     return drained
 

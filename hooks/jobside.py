@@ -34,6 +34,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 from autoheal.reasons import RUNNER_MARKER
@@ -247,7 +248,7 @@ class JobSide:
             self._failed(now)
             if not self.outage_noted and open_work(self.ctx.store.read()):
                 self.outage_noted = True
-                self.ctx.record("error", check="xid", action="retry", outcome="waiting for slurmctld",
+                self.ctx.record(Event.ERROR, check="xid", action="retry", outcome="waiting for slurmctld",
                                 severity="error", message=f"slurmctld does not answer ({exc}); the drain and "
                                 "the job actions stay pending and are retried with backoff until done")
             return True
@@ -259,7 +260,7 @@ class JobSide:
             return True
         if self.outage_noted:
             self.outage_noted = False
-            self.ctx.record("retry", check="xid", action="retry", outcome="slurmctld answers again",
+            self.ctx.record(Event.RETRY, check="xid", action="retry", outcome="slurmctld answers again",
                             severity="info", message="slurmctld answers again: pending drain and job actions "
                             "resumed")
         self.tries = 0
@@ -302,11 +303,11 @@ class JobSide:
             ep, closed, redrain = self._follow_drain(st, node, ours, fault_drain, now)
             unresolved = [f for f in st.get("requeue_faults") or [] if f.get("jobs") is None]
         if redrain:  # at once, before the scheduler hands the node a job
-            self.ctx.record("detection", check="xid", action="drain", outcome="after someone else's drain",
+            self.ctx.record(Event.DETECTION, check="xid", action="drain", outcome="after someone else's drain",
                             severity="info", message=f"{node_name}: the drain our fault waited behind has ended")
             return self.check(now)
         if closed is not None:
-            self.ctx.record("resume", check="xid", action="job-side", outcome="fault over", severity="info",
+            self.ctx.record(Event.RESUME, check="xid", action="job-side", outcome="fault over", severity="info",
                             message=f"{node_name} is back in service: fault episode closed"
                             + (f"; {closed} pending job action(s) dropped" if closed > 0 else ""))
         settling = False
@@ -405,7 +406,7 @@ class JobSide:
                 p["next_try"] = now + backoff(p["tries"], 60.0)
                 first = p["tries"] == 1
             if first:
-                self.ctx.record("error", check=failure.check, action="drain", severity="error",
+                self.ctx.record(Event.ERROR, check=failure.check, action="drain", severity="error",
                                 message=f"cannot drain for {failure.text}: {exc}; retrying")
             return None
         drained = act.get("outcome") in ("drained", "reason-updated")
@@ -536,7 +537,7 @@ class JobSide:
                 self._update(key, stage=DONE, outcome="finished before the signal")
                 return
             # could not signal (refused): the requeue after the grace still comes
-            self.ctx.record("error", job_ids=[job], check="xid", action="signal", severity="error",
+            self.ctx.record(Event.ERROR, job_ids=[job], check="xid", action="signal", severity="error",
                             message=f"job {job}: grace signal {sig} failed: {exc}; requeue in "
                             f"{self.h.grace_seconds:g}s if it still runs here")
             self._update(key, stage=GRACE, deadline=now + self.h.grace_seconds)
@@ -575,7 +576,7 @@ class JobSide:
         else:
             self._update(key, stage=GRACE, deadline=sent + self.h.grace_seconds)
         self._count("signals_total")
-        self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
+        self.ctx.record(Event.SIGNAL, job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
                         f"requeue in {self.h.grace_seconds:g}s if it still runs here")
 
@@ -681,7 +682,7 @@ class JobSide:
         outcome = f"requeued after it ended {info.state} on the grace signal" if ended_on_signal else "requeued"
         self._update(key, stage=DONE, outcome=outcome)
         self._count("requeues_total")
-        self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", outcome=outcome,
+        self.ctx.record(Event.REQUEUE, job_ids=[job], check="xid", action="requeue", outcome=outcome,
                         message=note, severity="action")
 
     def _still_in_grace(self, key: str, a: Dict[str, Any], info: Job, now: float) -> bool:
@@ -701,7 +702,7 @@ class JobSide:
             # our requeue went out while slurmctld was slow to answer and it took it after all
             self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
             self._count("requeues_total")
-            self.ctx.record("requeue", job_ids=[a["job"]], check="xid", action="requeue", severity="action",
+            self.ctx.record(Event.REQUEUE, job_ids=[a["job"]], check="xid", action="requeue", severity="action",
                             outcome="requeued (slurmctld answered late)", message=note)
             return
         # finished, or requeued itself (the runner, a framework): nothing left to do here
@@ -716,7 +717,7 @@ class JobSide:
         tries = int(a.get("tries", 0)) + 1
         if tries >= MAX_REFUSALS or _requeue_disabled(exc):
             self._update(key, stage=DONE, outcome=f"requeue refused: {exc}", tries=tries)
-            self.ctx.record("error", job_ids=[a["job"]], check="xid", action="requeue", severity="error",
+            self.ctx.record(Event.ERROR, job_ids=[a["job"]], check="xid", action="requeue", severity="error",
                             message=f"job {a['job']}: requeue refused by Slurm ({exc}); it keeps running on the "
                             f"drained node {self.ctx.node}")
             return

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 
@@ -202,7 +203,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
         st["drain"] = {"reason": out.reason, "time": time.time(), "source": ctx.source, "check": sign.check,
                        "gpu": sign.gpu, "preswap": sign.kind}
         st["passes"] = 0
-    ctx.record("drain", check=sign.check, action="drain", outcome=out.action, severity="action",
+    ctx.record(Event.DRAIN, check=sign.check, action="drain", outcome=out.action, severity="action",
                job_ids=ids, message=f"{out.reason} (job(s) {','.join(ids)} keep running and swap {ctx.node} for a "
                f"hot spare at their next checkpoint)",
                evidence={"sign": sign.kind, "gpu": sign.gpu, "signs": [s.text for s in found], "jobs": ids})

@@ -22,6 +22,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import XidEvent
@@ -184,7 +185,7 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
         msg = f"{r.text}: " + (f"raised by job {job} ({how})" if job else how) + \
             ": the application's XID (NVIDIA: restart the application); the node stays in service"
         extra: Dict[str, Any] = {"time": now} if now else {}
-        ctx.record("app-xid", check="xid", job_ids=[job] if job else [], severity="info", action=r.action,
+        ctx.record(Event.APP_XID, check="xid", job_ids=[job] if job else [], severity="info", action=r.action,
                    outcome="attributed" if job else "unattributed", message=msg, evidence=dict(r.evidence),
                    **extra)
         done.append(out)

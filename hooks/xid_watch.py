@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside, xid_jobs
 from autoheal.hooks import state as S
@@ -313,7 +314,7 @@ class XidWatch:
             # the fault once with that reason; a second detection record would say the same again
             return new
         for r in new:
-            self.ctx.record("detection", check=r.check, evidence={**r.evidence, "source": "health-poll"},
+            self.ctx.record(Event.DETECTION, check=r.check, evidence={**r.evidence, "source": "health-poll"},
                             message=r.text, severity="action", action=r.action, time=now)
         return new
 
@@ -356,10 +357,10 @@ class XidWatch:
                 continue  # NVML's copy was journalled and acted on
             sev = "action" if r.status == C.FAIL else "info"
             msg = r.text + (" (back after a repair)" if r.evidence.get("after_repair") else "")
-            self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,
+            self.ctx.record(Event.DETECTION, check="xid", evidence=r.evidence, message=msg, severity=sev,
                             action=r.action, time=now)
         for n in notes:
-            self.ctx.record("detection", **n)
+            self.ctx.record(Event.DETECTION, **n)
         return results
 
     def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
