@@ -196,10 +196,6 @@ def comment_spares(spares: Sequence[str]) -> str:
     return ",".join(spares) or NONE
 
 
-def parse_comment_nodes(value: str) -> List[str]:
-    return [] if value in ("", NONE) else [n for n in value.split(",") if n]
-
-
 def preswap_targets(sets: NodeSets, nodes: Iterable[Node], batch_host: str = "") -> List[Tuple[str, str]]:
     """Active nodes (never the batch host) the health check drained for a pre-emptive swap, with the
     reason: ``[("gpu2", "autoheal: pre-emptive swap: row remap pending on GPU 0 of gpu2")]``."""
