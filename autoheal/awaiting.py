@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from autoheal.events import Event
 from autoheal.reasons import Origin, Reason
 
 if TYPE_CHECKING:
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
     from autoheal.slurm.model import Node
 
 #: The journal event of a node that starts waiting for a replacement.
-EVENT = "awaiting-replacement"
+EVENT = Event.AWAITING_REPLACEMENT
 
 
 def awaiting_replacement(node: Node, prefixes: Sequence[str] = ()) -> bool:

@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, List, Optional
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
 from autoheal.hooks.xids import XidEvent, describe, policy_for
+from autoheal.reasons import Reason, gpu_where, parse_body
 from autoheal.strenum import StrEnum
 
 
@@ -55,35 +56,54 @@ class CheckResult:
 
     check: str
     status: Status
-    reason: str = ""
+    reason: Reason = field(default_factory=Reason)
     action: CheckAction = NONE
     gpu: Optional[int] = None
     evidence: Dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def text(self) -> str:
+        """The result's one readable line (the drain reason's body after ``autoheal: ``)."""
+        return self.reason.body()
+
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        """The JSON form (the node state's ``last_result``, ``--json``): the reason as its text."""
+        out = asdict(self)
+        out["reason"] = self.text
+        return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> CheckResult:
+        """A result read back from JSON (``to_dict``'s form; the reason text parsed once, by the core)."""
         fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if fields.get("status") in _STATUSES:
             fields["status"] = Status(fields["status"])
         if fields.get("action") in _ACTIONS:
             fields["action"] = CheckAction(fields["action"])
+        fields["reason"] = parse_body(str(fields.get("reason") or ""))
         return cls(**fields)
 
 
 def gpu_label(g: Optional[GpuSample], index: Optional[int] = None, pci: str = "", node: str = "") -> str:
     """``GPU 3 of gpu2 (0000:3b:00.0)``: a GPU index never reads like a node name (``gpu3``)."""
-    from autoheal.reasons import gpu_where
-
     idx = g.index if g is not None else index
     bus = (g.pci if g is not None and g.pci else "") or pci
     return gpu_where(idx, node, bus)
 
 
 def _ok(check: str, gpu: Optional[int] = None) -> CheckResult:
-    return CheckResult(check, OK, "", NONE, gpu)
+    return CheckResult(check, OK, Reason(), NONE, gpu)
+
+
+def said(text: str) -> Reason:
+    """A node-wide result's line, which names no GPU (``driver: NVIDIA driver not loaded``)."""
+    return Reason(detail=text)
+
+
+def on_gpu(check: str, g: Optional[GpuSample], detail: str, node: str = "", index: Optional[int] = None) -> Reason:
+    """A GPU's result: ``<check>: GPU 3 of gpu2 (0000:3b:00.0): <detail>``."""
+    idx = g.index if g is not None else index
+    return Reason(kind=check, gpu=idx, node=node, pci=(g.pci or "") if g is not None else "", detail=detail)
 
 
 # ---- node-wide -------------------------------------------------------------------------------------
@@ -94,12 +114,12 @@ def check_driver(s: NodeSample, pinned: str = "") -> List[CheckResult]:
     if s.init_error:
         low = s.init_error.lower()
         if "driver not loaded" in low or "driver_not_loaded" in low:
-            return [CheckResult("driver", FAIL, "driver: NVIDIA driver not loaded", REBOOT,
+            return [CheckResult("driver", FAIL, said("driver: NVIDIA driver not loaded"), REBOOT,
                                 evidence={"error": s.init_error})]
-        return [CheckResult("driver", UNKNOWN, f"driver: NVML unavailable: {s.init_error}", NONE,
+        return [CheckResult("driver", UNKNOWN, said(f"driver: NVML unavailable: {s.init_error}"), NONE,
                             evidence={"error": s.init_error})]
     if pinned and s.driver_version != pinned:
-        return [CheckResult("driver", FAIL, f"driver: version {s.driver_version}, expected {pinned}", REBOOT,
+        return [CheckResult("driver", FAIL, said(f"driver: version {s.driver_version}, expected {pinned}"), REBOOT,
                             evidence={"driver_version": s.driver_version, "expected": pinned})]
     return [CheckResult("driver", OK, evidence={"driver_version": s.driver_version})]
 
@@ -109,7 +129,7 @@ def check_count(s: NodeSample, expected: int) -> List[CheckResult]:
     if expected <= 0 or s.count is None:
         return []
     if s.count < expected:
-        return [CheckResult("gpu-count", FAIL, f"gpu-count: {s.count} of {expected} GPUs visible", REBOOT,
+        return [CheckResult("gpu-count", FAIL, said(f"gpu-count: {s.count} of {expected} GPUs visible"), REBOOT,
                             evidence={"count": s.count, "expected": expected})]
     return [CheckResult("gpu-count", OK, evidence={"count": s.count})]
 
@@ -118,33 +138,30 @@ def check_count(s: NodeSample, expected: int) -> List[CheckResult]:
 
 def check_reachable(g: GpuSample, node: str = "") -> List[CheckResult]:
     """GPU lost (NVML_ERROR_GPU_IS_LOST) fails; a read that did not finish is unknown."""
-    lbl = gpu_label(g, node=node)
     if g.error == "lost":
-        return [CheckResult("gpu-lost", FAIL, f"gpu-lost: {lbl}: GPU is lost (fallen off the bus)",
+        return [CheckResult("gpu-lost", FAIL, on_gpu("gpu-lost", g, "GPU is lost (fallen off the bus)", node),
                             REBOOT, g.index, {"error": g.error})]
     if g.error:
-        return [CheckResult("gpu-lost", UNKNOWN, f"gpu-lost: {lbl}: not read: {g.error}", NONE, g.index,
+        return [CheckResult("gpu-lost", UNKNOWN, on_gpu("gpu-lost", g, f"not read: {g.error}", node), NONE, g.index,
                             {"error": g.error})]
     return [_ok("gpu-lost", g.index)]
 
 
 def check_ecc(g: GpuSample, dbe_max: int = 0, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.ecc_dbe_volatile is None:
         return []
     if g.ecc_dbe_volatile > dbe_max:
-        return [CheckResult("ecc", FAIL, f"ecc: {lbl}: {g.ecc_dbe_volatile} uncorrectable ECC errors",
+        return [CheckResult("ecc", FAIL, on_gpu("ecc", g, f"{g.ecc_dbe_volatile} uncorrectable ECC errors", node),
                             RESET, g.index, {"ecc_dbe_volatile": g.ecc_dbe_volatile})]
     return [_ok("ecc", g.index)]
 
 
 def check_remapped_rows(g: GpuSample, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.remap_failure:
-        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {lbl}: row remap failure",
+        return [CheckResult("remapped-rows", FAIL, on_gpu("remapped-rows", g, "row remap failure", node),
                             REPLACE, g.index, {"remap_failure": True})]
     if g.remap_pending:
-        return [CheckResult("remapped-rows", FAIL, f"remapped-rows: {lbl}: row remap pending a reset",
+        return [CheckResult("remapped-rows", FAIL, on_gpu("remapped-rows", g, "row remap pending a reset", node),
                             RESET, g.index, {"remap_pending": True, "uncorrectable": g.remap_uncorrectable})]
     if g.remap_failure is None:
         return []
@@ -152,27 +169,25 @@ def check_remapped_rows(g: GpuSample, node: str = "") -> List[CheckResult]:
 
 
 def check_retired_pages(g: GpuSample, pages_max: int = 60, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.retired_pages is None and g.retired_pending is None:
         return []
     if (g.retired_pages or 0) > pages_max:
-        return [CheckResult("retired-pages", FAIL, f"retired-pages: {lbl}: {g.retired_pages} retired "
-                            f"pages", REPLACE, g.index, {"retired_pages": g.retired_pages})]
+        return [CheckResult("retired-pages", FAIL, on_gpu("retired-pages", g, f"{g.retired_pages} retired pages", node),
+                            REPLACE, g.index, {"retired_pages": g.retired_pages})]
     if g.retired_pending:
-        return [CheckResult("retired-pages", FAIL, f"retired-pages: {lbl}: page retirement pending a "
-                            f"reset", RESET, g.index, {"retired_pending": True})]
+        return [CheckResult("retired-pages", FAIL, on_gpu("retired-pages", g, "page retirement pending a reset", node),
+                            RESET, g.index, {"retired_pending": True})]
     return [_ok("retired-pages", g.index)]
 
 
 def check_pcie(g: GpuSample, gen: bool = True, width: bool = True, node: str = "") -> List[CheckResult]:
     """Width below max always counts; generation only on a busy GPU (it drops while idle)."""
-    lbl = gpu_label(g, node=node)
     ev = {"gen": g.pcie_gen, "gen_max": g.pcie_gen_max, "width": g.pcie_width, "width_max": g.pcie_width_max}
     if width and g.pcie_width and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
-        return [CheckResult("pcie", FAIL, f"pcie: {lbl}: link x{g.pcie_width} below x{g.pcie_width_max}",
+        return [CheckResult("pcie", FAIL, on_gpu("pcie", g, f"link x{g.pcie_width} below x{g.pcie_width_max}", node),
                             REBOOT, g.index, ev)]
     if gen and g.idle is False and g.pcie_gen and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max:
-        return [CheckResult("pcie", FAIL, f"pcie: {lbl}: link gen{g.pcie_gen} below gen{g.pcie_gen_max}",
+        return [CheckResult("pcie", FAIL, on_gpu("pcie", g, f"link gen{g.pcie_gen} below gen{g.pcie_gen_max}", node),
                             REBOOT, g.index, ev)]
     if g.pcie_width is None and g.pcie_gen is None:
         return []
@@ -180,60 +195,55 @@ def check_pcie(g: GpuSample, gen: bool = True, width: bool = True, node: str = "
 
 
 def check_nvlink(g: GpuSample, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.nvlinks_down is None:
         return []
     if g.nvlinks_down:
         links = ",".join(str(x) for x in g.nvlinks_down)
-        return [CheckResult("nvlink", FAIL, f"nvlink: {lbl}: link {links} down", RESET, g.index,
+        return [CheckResult("nvlink", FAIL, on_gpu("nvlink", g, f"link {links} down", node), RESET, g.index,
                             {"links_down": list(g.nvlinks_down)})]
     return [_ok("nvlink", g.index)]
 
 
 def check_clocks(g: GpuSample, fail: bool = False, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.clock_events is None:
         return []
     names = [n for bit, n in ((CLOCKS_HW_SLOWDOWN, "HW slowdown"), (CLOCKS_HW_THERMAL, "HW thermal slowdown"),
                               (CLOCKS_SW_THERMAL, "SW thermal slowdown"), (CLOCKS_HW_POWER_BRAKE, "power brake"))
              if g.clock_events & bit]
     if names:
-        return [CheckResult("clocks", FAIL if fail else WARN, f"clocks: {lbl}: {', '.join(names)}",
+        return [CheckResult("clocks", FAIL if fail else WARN, on_gpu("clocks", g, ', '.join(names), node),
                             DRAIN if fail else NONE, g.index, {"clock_events": hex(g.clock_events)})]
     return [_ok("clocks", g.index)]
 
 
 def check_temperature(g: GpuSample, fail_at: int = 90, warn_at: int = 85, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.temperature is None:
         return []
     if g.temperature >= fail_at:
-        return [CheckResult("temperature", FAIL, f"temperature: {lbl}: {g.temperature} C (limit {fail_at})",
+        return [CheckResult("temperature", FAIL, on_gpu("temperature", g, f"{g.temperature} C (limit {fail_at})", node),
                             DRAIN, g.index, {"temperature": g.temperature})]
     if g.temperature >= warn_at:
-        return [CheckResult("temperature", WARN, f"temperature: {lbl}: {g.temperature} C", NONE, g.index,
+        return [CheckResult("temperature", WARN, on_gpu("temperature", g, f"{g.temperature} C", node), NONE, g.index,
                             {"temperature": g.temperature})]
     return [_ok("temperature", g.index)]
 
 
 def check_recovery_action(g: GpuSample, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.recovery_action is None:
         return []
     if g.recovery_action in RECOVERY_ACTIONS:
         text, action = RECOVERY_ACTIONS[g.recovery_action]
         status = WARN if action == DRAIN else FAIL
-        return [CheckResult("recovery-action", status, f"recovery-action: {lbl}: {text}", action, g.index,
+        return [CheckResult("recovery-action", status, on_gpu("recovery-action", g, text, node), action, g.index,
                             {"recovery_action": g.recovery_action})]
     return [_ok("recovery-action", g.index)]
 
 
 def check_persistence(g: GpuSample, required: bool = True, node: str = "") -> List[CheckResult]:
-    lbl = gpu_label(g, node=node)
     if g.persistence is None or not required:
         return []
     if not g.persistence:
-        return [CheckResult("persistence", WARN, f"persistence: {lbl}: persistence mode off", NONE,
+        return [CheckResult("persistence", WARN, on_gpu("persistence", g, "persistence mode off", node), NONE,
                             g.index)]
     return [_ok("persistence", g.index)]
 
@@ -250,9 +260,7 @@ def judge_xid(ev: XidEvent, overrides: Optional[Dict[str, str]] = None, gpu: Opt
     policy = policy_for(ev.xid, overrides)
     idx = ev.gpu if ev.gpu is not None else gpu
     bus = pci or (ev.pci + ".0" if ev.pci and ev.pci.count(":") == 2 else ev.pci)
-    from autoheal.reasons import Reason
-
-    text = Reason(kind="xid", xid=ev.xid, gpu=idx, node=node, pci=bus, detail=describe(ev.xid)).body()
+    text = Reason(kind="xid", xid=ev.xid, gpu=idx, node=node, pci=bus, detail=describe(ev.xid))
     evidence = {"xid": ev.xid, "pci": ev.pci, "source": ev.source, "policy": policy}
     if ev.seq is not None:
         evidence["seq"] = ev.seq
@@ -278,7 +286,7 @@ def judge_sample(s: NodeSample, hooks_cfg: Any, expected_gpus: int = 0) -> List[
     if "driver" not in off:
         out += check_driver(s, hooks_cfg.driver_version)
     elif s.init_error:
-        out.append(CheckResult("driver", UNKNOWN, f"driver: NVML unavailable: {s.init_error}"))
+        out.append(CheckResult("driver", UNKNOWN, said(f"driver: NVML unavailable: {s.init_error}")))
     if s.init_error:
         return out
     if "gpu-count" not in off:

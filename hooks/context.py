@@ -11,6 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Optional
 
+from autoheal.events import Event
 from autoheal.hooks.state import NodeState, expand
 
 if TYPE_CHECKING:  # imported lazily below: hooks start fast
@@ -82,7 +83,7 @@ class Context:
             self._journal = Journal.from_config(self.cfg)
         return self._journal
 
-    def record(self, event: str, **fields: Any) -> None:
+    def record(self, event: Event, **fields: Any) -> None:
         """Journal and notify actions and errors; never fails the caller and never waits for a webhook
         (deliveries run in the background; ``close`` waits a bounded time for them at exit)."""
         fields.setdefault("node", self.node)
@@ -176,11 +177,11 @@ def report_own_trouble(hook: str, ctx: Optional[Context], what: str, err: BaseEx
     print(f"autoheal-{hook}: error: {line}", file=sys.stderr, flush=True)
     try:
         if ctx is not None:
-            ctx.record("error", action="hook-trouble", message=f"{hook}: {line}", severity="error")
+            ctx.record(Event.ERROR, action="hook-trouble", message=f"{hook}: {line}", severity="error")
             return line
         from autoheal.journal import Journal
 
-        Journal(_salvage_journal_path()).record("error", node=node_name(), source=hook, action="hook-trouble",
+        Journal(_salvage_journal_path()).record(Event.ERROR, node=node_name(), source=hook, action="hook-trouble",
                                                 message=f"{hook}: {line}", severity="error")
     except Exception:
         pass

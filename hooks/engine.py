@@ -12,16 +12,19 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import lemon, preswap
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import NodeSample, gather, index_by_pci
-from autoheal.hooks.ladder import next_rung
+from autoheal.hooks.ladder import Rung, next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
+from autoheal.reasons import parse_body
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.nodeops import Outcome
     from autoheal.slurm.model import Node
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
@@ -50,7 +53,7 @@ class Pass:
                 "gpus": None if self.sample is None else self.sample.count}
 
     def summary(self) -> str:
-        bad = [r.reason for r in self.results if r.status in (C.FAIL, C.UNKNOWN, C.WARN)]
+        bad = [r.text for r in self.results if r.status in (C.FAIL, C.UNKNOWN, C.WARN)]
         head = f"{self.node}: {self.status}"
         return head + ("" if not bad else ": " + "; ".join(bad[:5]) + (" ..." if len(bad) > 5 else ""))
 
@@ -80,37 +83,13 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
         pci_full = next((k + ".0" for k, v in pci_map.items() if v == gpu), "") if gpu is not None else ""
         dup = S.recent_xid(st, ev.xid, gpu, ev.pci, now, h.xid_dedupe_seconds, source=ev.source)
         if dup is not None:
-            sources = dup.setdefault("sources", [])
-            if ev.source not in sources:
-                sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
-                if dup.pop("app_pending", False) and ev.line:
-                    # an application XID NVML told first, with no process: the kernel log's copy names the
-                    # process, so its job can be told (xid_jobs); judged once more, for that only
-                    r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
-                    r.evidence["companion"] = True
-                    out.append(r)
-                continue
-            dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
-            if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
-                dup["noted"] = now
-                r = C.judge_xid(ev, h.xid_policy, gpu, pci_full, node=ctx.node)
-                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
-                              "message": f"{r.reason}: seen again ({dup['dups']} time(s) since "
-                              f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
-                              f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
+            companion = _seen_again(ctx, dup, ev, gpu, pci_full, now, notes)
+            if companion is not None:
+                out.append(companion)
             continue
         same = _open_same_fault(st, ev.xid, gpu)
         if same is not None:
-            # the fault this XID opened is still open (no repair since): the same XID again is that fault
-            # with a count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3
-            # nodes in 3 hours were 672 fatal events)
-            same["count"] = int(same.get("count", 1)) + 1
-            if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
-                same["noted"] = now
-                notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
-                              "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
-                              f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
-                                                                             "count": same["count"]}})
+            _count_open_fault(same, ev, gpu, now, notes)
             S.remember_xid(st, ev.xid, gpu, ev.pci, now, source=ev.source)
             continue
         repaired = S.repaired_at(st, gpu)
@@ -124,9 +103,48 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
             r.evidence["after_repair"] = repaired  # the fault came back: the ladder climbs
         out.append(r)
         if r.status == C.FAIL:
-            S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.reason, "since": now,
+            S.open_fault(st, {"check": "xid", "gpu": gpu, "action": r.action, "reason": r.text, "since": now,
                               "evidence": r.evidence})
     return out
+
+
+def _seen_again(ctx: Context, dup: Dict[str, Any], ev: XidEvent, gpu: Optional[int], pci_full: str, now: float,
+                notes: Optional[List[Dict[str, Any]]]) -> Optional[C.CheckResult]:
+    """An XID judged within the dedupe window: the other source's copy (silent; judged once more only for
+    an application XID whose process the kernel log names), or a repeat (a note at most once a minute)."""
+    sources = dup.setdefault("sources", [])
+    if ev.source not in sources:
+        sources.append(ev.source)  # the same XID told by the other source (NVML / kernel log)
+        if dup.pop("app_pending", False) and ev.line:
+            # an application XID NVML told first, with no process: the kernel log's copy names the
+            # process, so its job can be told (xid_jobs); judged once more, for that only
+            r = C.judge_xid(ev, ctx.hooks.xid_policy, gpu, pci_full, node=ctx.node)
+            r.evidence["companion"] = True
+            return r
+        return None
+    dup["dups"] = int(dup.get("dups", 0)) + 1  # the GPU raised it again: a repeat of the fault
+    if notes is not None and now - float(dup.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+        dup["noted"] = now
+        r = C.judge_xid(ev, ctx.hooks.xid_policy, gpu, pci_full, node=ctx.node)
+        notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                      "message": f"{r.text}: seen again ({dup['dups']} time(s) since "
+                      f"{time.strftime('%H:%M:%S', time.localtime(float(dup['time'])))}), "
+                      f"same fault", "evidence": {**r.evidence, "repeats": dup["dups"]}})
+    return None
+
+
+def _count_open_fault(same: Dict[str, Any], ev: XidEvent, gpu: Optional[int], now: float,
+                      notes: Optional[List[Dict[str, Any]]]) -> None:
+    """The fault this XID opened is still open (no repair since): the same XID again is that fault with a
+    count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3 nodes in 3 hours
+    were 672 fatal events)."""
+    same["count"] = int(same.get("count", 1)) + 1
+    if notes is not None and now - float(same.get("noted", 0)) >= REPEAT_NOTE_SECONDS:
+        same["noted"] = now
+        notes.append({"check": "xid", "severity": "info", "outcome": "repeat",
+                      "message": f"{same.get('reason', '')}: seen again, {same['count']} times while "
+                      f"the fault is open, same fault", "evidence": {"xid": ev.xid, "gpu": gpu,
+                                                                     "count": same["count"]}})
 
 
 def _open_same_fault(st: Dict[str, Any], xid: int, gpu: Optional[int]) -> Optional[Dict[str, Any]]:
@@ -172,8 +190,8 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
         for f in st.get("faults", []):
             if (f.get("check", "xid"), f.get("gpu")) in failing:
                 continue
-            results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, f.get("reason", ""), f.get("action", C.RESET),
-                                         f.get("gpu"), {"open_fault_since": f.get("since")}))
+            results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, parse_body(f.get("reason", "")),
+                                         f.get("action", C.RESET), f.get("gpu"), {"open_fault_since": f.get("since")}))
         p.results = results
         p.status = C.overall(results)
         if not cheap:
@@ -183,7 +201,7 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
     if trouble:  # the node state could not be saved: the checks still ran, on an in-memory copy
         p.errors.append(trouble)
     for n in notes:
-        ctx.record("detection", **n)
+        ctx.record(Event.DETECTION, **n)
     if xres:  # application XIDs the healthcheck read first: the job's record (xid_jobs), never a drain
         from autoheal.hooks import xid_jobs
 
@@ -201,8 +219,8 @@ def _escalate_unknown(ctx: Context, st: Dict[str, Any], results: List[C.CheckRes
             key = str(r.gpu)
             streaks[key] = int(old.get(key, 0)) + 1
             if streaks[key] >= ctx.hooks.unknown_runs_to_fail:
-                r = C.CheckResult("gpu-lost", C.FAIL, f"gpu-lost: {C.gpu_label(None, r.gpu, node=ctx.node)}: "
-                                  f"unresponsive in {streaks[key]} checks", C.REBOOT, r.gpu, r.evidence)
+                why = C.on_gpu("gpu-lost", None, f"unresponsive in {streaks[key]} checks", ctx.node, index=r.gpu)
+                r = C.CheckResult("gpu-lost", C.FAIL, why, C.REBOOT, r.gpu, r.evidence)
         out.append(r)
     st["unknown_runs"] = streaks
     return out
@@ -214,9 +232,9 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, parse_body, strip_reason_suffix
+    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, strip_reason_suffix
 
-    reason = parse_body(failure.reason).render()
+    reason = failure.reason.render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     lemon_body = None
@@ -241,39 +259,52 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
            "dry_run": dry_run}
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
-        with ctx.store.locked() as st:
-            if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
-                lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
-                                 failure.reason)
-            rec = st.get("drain") or {}
-            # A record naming another reason than the node now carries, or one left from before a fresh drain,
-            # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
-            # between two healthchecks). Kept, maybe_resume read the mismatch as "re-drained by someone else"
-            # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
-            if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
-                    or rec.get("reason") != (out.reason or current):
-                st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
-                               "check": failure.check, "gpu": failure.gpu}
-            st["passes"] = 0
+        _remember_drain(ctx, failure, out, current, new_episode)
     if out.changed:
-        ctx.record("drain", check=failure.check, action="drain", outcome=out.action, message=out.reason,
+        ctx.record(Event.DRAIN, check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
         if lemon_body is not None:
-            ctx.record("lemon", check=failure.check, action="retire", outcome="drained", severity="action",
+            ctx.record(Event.LEMON, check=failure.check, action="retire", outcome="drained", severity="action",
                        message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
-                       f"{failure.reason})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
+                       f"{failure.text})", evidence={"history": lemon.history(ctx.store.read())[-20:]})
     elif out.action == nodeops.SKIPPED_FOREIGN and not dry_run:
-        # once per fault and foreign reason, not on every health check while the admin's drain lasts
-        key = f"{failure.check}:{failure.gpu}"
-        with ctx.store.locked() as st:
-            noted = st.setdefault("foreign_noted", {})
-            first = noted.get(key) != out.previous_reason
-            noted[key] = out.previous_reason
-        if first:
-            ctx.record("detection", check=failure.check, action="drain", outcome=out.action,
-                       message=f"{failure.reason} (node already drained by someone else: {out.previous_reason})",
-                       severity="info", evidence=failure.evidence)
+        _note_foreign(ctx, failure, out)
     return act
+
+
+def _remember_drain(ctx: Context, failure: C.CheckResult, out: Outcome, current: str, new_episode: bool) -> None:
+    """Our drain (made, reworded, or already there) in the node state: the record maybe_resume reads."""
+    from autoheal import nodeops
+    from autoheal.reasons import is_preswap
+
+    with ctx.store.locked() as st:
+        if new_episode and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED):
+            lemon.note_fault(st, time.time(), failure.check, failure.evidence.get("xid"), failure.gpu,
+                             failure.text)
+        rec = st.get("drain") or {}
+        # A record naming another reason than the node now carries, or one left from before a fresh drain,
+        # is stale: its drain ended without the hooks seeing it (a technician's `autoheal node resume`
+        # between two healthchecks). Kept, maybe_resume read the mismatch as "re-drained by someone else"
+        # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
+        if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
+                or rec.get("reason") != (out.reason or current):
+            st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
+                           "check": failure.check, "gpu": failure.gpu}
+        st["passes"] = 0
+
+
+def _note_foreign(ctx: Context, failure: C.CheckResult, out: Outcome) -> None:
+    """A fault on a node someone else drained: journalled once per fault and foreign reason, not on every
+    health check while the admin's drain lasts."""
+    key = f"{failure.check}:{failure.gpu}"
+    with ctx.store.locked() as st:
+        noted = st.setdefault("foreign_noted", {})
+        first = noted.get(key) != out.previous_reason
+        noted[key] = out.previous_reason
+    if first:
+        ctx.record(Event.DETECTION, check=failure.check, action="drain", outcome=out.action,
+                   message=f"{failure.text} (node already drained by someone else: {out.previous_reason})",
+                   severity="info", evidence=failure.evidence)
 
 
 def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
@@ -310,7 +341,7 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             st2["drain"] = None
             S.mark_repaired(st2, None, now)
             lemon.note_return(st2, now, "resumed by autoheal")
-        ctx.record("resume", action="resume", outcome=out.action, message=f"healthy again after: {current}",
+        ctx.record(Event.RESUME, action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
     return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
 
@@ -362,7 +393,7 @@ def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any
     out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
            "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
     if forgotten or stale:
-        ctx.record("resume", check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
+        ctx.record(Event.RESUME, check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
                    severity="info", evidence={"faults": out["faults"], "drain": ours.get("reason", "")},
                    message=f"{ctx.node} was resumed (not by autoheal) while drained for: {ours.get('reason', '')}; "
                    f"forgot {len(forgotten)} open fault(s) behind that drain, the GPUs are checked live again")
@@ -390,8 +421,8 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
             if cur is None or RUNG_WEIGHT[r.action] > RUNG_WEIGHT[cur.action]:
                 per_gpu[r.gpu] = r
     for r in sorted(per_gpu.values(), key=lambda x: -RUNG_WEIGHT[x.action]):
-        resets = S.ladder_count(st, r.gpu, "reset", now, window)
-        reboots = S.ladder_count(st, r.gpu, "reboot", now, window)
+        resets = S.ladder_count(st, r.gpu, Rung.RESET, now, window)
+        reboots = S.ladder_count(st, r.gpu, Rung.REBOOT, now, window)
         rung = next_rung(r.action, resets, reboots, can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
                          can_reboot=ctx.hooks.reboot_enabled)
         if not rung:
@@ -427,13 +458,13 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
     except (OSError, subprocess.TimeoutExpired) as exc:
         ok, outcome = False, f"failed: {exc}"
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "reset", now)
+        S.record_rung(st, r.gpu, Rung.RESET, now)
         if ok:
             st["faults"] = [f for f in st.get("faults", []) if f.get("gpu") != r.gpu]
             st["passes"] = 0
             S.mark_repaired(st, r.gpu, time.time())  # the same XID back after this is a new fault
-    ctx.record("remediation-step", check=r.check, action="reset-gpu", outcome=outcome,
-               message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.reason}",
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="reset-gpu", outcome=outcome,
+               message=f"reset {C.gpu_label(None, r.gpu, node=ctx.node)} for: {r.text}",
                severity="action" if ok else "error",
                evidence={"argv": argv})
     return outcome
@@ -441,21 +472,21 @@ def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
 
 def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
     """``scontrol reboot ASAP nextstate=resume`` with a reboot reason, once per boot."""
-    from autoheal.reasons import Origin, parse_body
+    from autoheal.reasons import Origin
 
     st = ctx.store.read()
     pending = st.get("reboot_requested") or {}
     if pending.get("boot_id") == boot_id() and reboot_still_pending(ctx.slurm.get_node(ctx.node), pending, now):
         return "waiting: reboot already requested"
-    reason = parse_body(r.reason, Origin.REBOOT).render()
+    reason = r.reason.with_origin(Origin.REBOOT).render()
     ctx.slurm.reboot(ctx.node, reason, asap=True, nextstate="resume")
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "reboot", now)
+        S.record_rung(st, r.gpu, Rung.REBOOT, now)
         st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
         st["faults"] = []
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    ctx.record("remediation-step", check=r.check, action="reboot-node", outcome="requested", message=reason,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="reboot-node", outcome="requested", message=reason,
                severity="action")
     return "requested"
 
@@ -463,18 +494,18 @@ def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
 def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
     """Say so in the drain reason; the k8s_sync remediation acts on ``autoheal: replace: ...``."""
     from autoheal import nodeops
-    from autoheal.reasons import Origin, Reason, parse_body
+    from autoheal.reasons import Origin, Reason
 
-    reason = parse_body(r.reason, Origin.REPLACE).render()
+    reason = r.reason.with_origin(Origin.REPLACE).render()
     current = Reason.parse(ctx.slurm.get_node(ctx.node).reason)
     if current is not None and current.rung is Origin.REPLACE:
         return "already asked"
     out = nodeops.drain(ctx.slurm, ctx.node, reason)
     with ctx.store.locked() as st:
-        S.record_rung(st, r.gpu, "replace", now)
+        S.record_rung(st, r.gpu, Rung.REPLACE, now)
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    ctx.record("remediation-step", check=r.check, action="replace-node", outcome=out.action, message=reason,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="replace-node", outcome=out.action, message=reason,
                severity="action")
     if out.changed:  # the wait starts: who acts next, said once (issue 27)
         from autoheal import awaiting
@@ -572,11 +603,11 @@ def _health_pass(ctx: Context, drain: bool, budget: Optional[float], dry_run: bo
             p.exit_code = EXIT_OK
     except SlurmUnavailable as exc:
         p.errors.append(f"slurmctld unreachable, nothing changed: {exc}")
-        ctx.record("error", message=f"health pass: slurmctld unreachable: {exc}", severity="error")
+        ctx.record(Event.ERROR, message=f"health pass: slurmctld unreachable: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
     except SlurmError as exc:
         p.errors.append(f"slurm: {exc}")
-        ctx.record("error", message=f"health pass: {exc}", severity="error")
+        ctx.record(Event.ERROR, message=f"health pass: {exc}", severity="error")
         p.exit_code = EXIT_UNKNOWN
     if p.exit_code == EXIT_OK and bool(getattr(ctx.store, "trouble", "")):
         # healthy, but the pass could not be remembered (passes, cursor): the node cannot be resumed by
@@ -632,7 +663,7 @@ def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False)
            "ladder": sorted(cleared["ladder"]), "cleared": cleared}
     if not dry_run and (cleared["faults"] or cleared["ladder"] or cleared["unknown_runs"]
                         or cleared["reboot_requested"]):
-        ctx.record("clear-faults", action="clear-faults", outcome="cleared", severity="action",
+        ctx.record(Event.CLEAR_FAULTS, action="clear-faults", outcome="cleared", severity="action",
                    message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
                    f"{', '.join(S.ladder_label(k, ctx.node) for k in sorted(cleared['ladder'])) or 'nothing'}",
                    evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})

@@ -107,6 +107,35 @@ def _text(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
+def _read_retired_pages(nv: Any, h: Any, sample: GpuSample) -> None:
+    """Retired pages (both causes) and whether a retirement waits for a reset (GPUs before A100)."""
+    pages = 0
+    for cause in (nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+                  nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR):
+        got = _opt(nv.nvmlDeviceGetRetiredPages, h, cause)
+        if got is not None:
+            pages += len(got)
+    sample.retired_pages = pages
+    pend = _opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    sample.retired_pending = None if pend is None else bool(pend)
+
+
+def _nvlinks_down(nv: Any, h: Any) -> Optional[List[int]]:
+    """The NVLinks that are down; None when the GPU has none (link 0 not supported)."""
+    down: List[int] = []
+    supported = False
+    for link in range(NVLINK_MAX_LINKS):
+        st = _opt(nv.nvmlDeviceGetNvLinkState, h, link)
+        if st is None:
+            if link == 0:
+                break
+            continue
+        supported = True
+        if not st:
+            down.append(link)
+    return down if supported else None
+
+
 def read_gpu(nv: Any, index: int, sample: GpuSample, cheap: bool = False) -> None:
     """Fill ``sample`` for GPU ``index`` (in place, so a timeout keeps what was read)."""
     try:
@@ -130,31 +159,12 @@ def read_gpu(nv: Any, index: int, sample: GpuSample, cheap: bool = False) -> Non
         sample.persistence = None if pm is None else bool(pm)
         sample.temperature = _opt(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if rows is None:  # pre-A100: page retirement instead of row remapping
-            pages = 0
-            for cause in (nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-                          nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR):
-                got = _opt(nv.nvmlDeviceGetRetiredPages, h, cause)
-                if got is not None:
-                    pages += len(got)
-            sample.retired_pages = pages
-            pend = _opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
-            sample.retired_pending = None if pend is None else bool(pend)
+            _read_retired_pages(nv, h, sample)
         sample.pcie_gen = _opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
         sample.pcie_gen_max = _opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
         sample.pcie_width = _opt(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
         sample.pcie_width_max = _opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
-        down: List[int] = []
-        supported = False
-        for link in range(NVLINK_MAX_LINKS):
-            st = _opt(nv.nvmlDeviceGetNvLinkState, h, link)
-            if st is None:
-                if link == 0:
-                    break
-                continue
-            supported = True
-            if not st:
-                down.append(link)
-        sample.nvlinks_down = down if supported else None
+        sample.nvlinks_down = _nvlinks_down(nv, h)
         getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
         sample.clock_events = _opt(getter, h)

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Optional
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
     from autoheal.errors import SlurmError
     from autoheal.hooks.engine import drain_for
 
-    print(f"autoheal-{kind}: {ctx.node}: {failure.reason}", file=sys.stderr)
+    print(f"autoheal-{kind}: {ctx.node}: {failure.text}", file=sys.stderr)
     drained = False
     try:
         act = drain_for(ctx, failure)
@@ -146,8 +147,8 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
         print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)
     except Exception as exc:  # the fault stands: exit 1 all the same, and say what went wrong
         print(f"autoheal-{kind}: could not drain: {type(exc).__name__}: {exc}", file=sys.stderr)
-    ctx.record("detection", job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
-               message=failure.reason, severity="action", evidence=failure.evidence)
+    ctx.record(Event.DETECTION, job_ids=[job] if job else [], check=failure.check, action=f"{kind}-fail",
+               message=failure.text, severity="action", evidence=failure.evidence)
     return drained
 
 

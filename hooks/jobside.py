@@ -30,18 +30,19 @@ process whose state write failed.
 from __future__ import annotations
 
 import random
-import re
 import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+from autoheal.reasons import RUNNER_MARKER
 from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
-    from autoheal.slurm.model import Job, WarnSignal
+    from autoheal.slurm.model import Job, Node, WarnSignal
 
 
 
@@ -100,6 +101,13 @@ def requeue_note(reason: str) -> str:
     return parse_body(body or "a GPU fault", Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
 
 
+def result_note(r: C.CheckResult) -> str:
+    """The job comment of a requeue for the result ``r`` (``requeue_note`` of its text, from the value)."""
+    from autoheal.reasons import MAX_COMMENT_LEN, Origin
+
+    return r.reason.with_origin(Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
+
+
 # ---- pure changes to the state dict --------------------------------------------------------------------
 
 def request_drain(st: Dict[str, Any], failure: C.CheckResult, now: float) -> None:
@@ -130,22 +138,23 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
     """A "requeue"-policy XID (94, contained ECC): the GPU stays in service, its jobs restart. ``jobs``
     from the DCGM mapping, or None: every job running on the node, found when slurmctld answers."""
     fid = f"xid{r.evidence.get('xid')}-{r.gpu}-{now:.3f}"
-    st.setdefault("requeue_faults", []).append({"id": fid, "reason": r.reason, "since": now,
+    st.setdefault("requeue_faults", []).append({"id": fid, "reason": r.text, "since": now,
                                                 "jobs": None if jobs is None else list(jobs)})
     for j in jobs or []:
-        add_action(st, j, fid, requeue_note(r.reason), now, detail=r.reason)
+        add_action(st, j, fid, result_note(r), now, detail=r.text)
     return fid
 
 
 #: ``autoheal sbatch --spare-nodes`` jobs carry ``spares=`` in their runner comment: on a fault their runner
 #: swaps the node for a spare inside the allocation (no requeue); the requeue after the grace stays as the
 #: safety net, and finds the job gone from the node once the swap is made.
-_HOT_SPARE = re.compile(r"\sspares=\S")
+def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None,
+                   marker: str = RUNNER_MARKER) -> None:
+    """Note on a new job action that the job is a hot-spare job (its journal line says what comes).
+    ``marker``: ``hooks.runner_comment``, which starts the comment of a runner job."""
+    from autoheal.runner_comment import CommentState
 
-
-def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None) -> None:
-    """Note on a new job action that the job is a hot-spare job (its journal line says what comes)."""
-    if runner_comment and _HOT_SPARE.search(str(runner_comment).split("|", 1)[0]):
+    if runner_comment and CommentState.parse(str(runner_comment), marker).hot_spare:
         st["job_actions"][key]["hot_spare"] = True
 
 
@@ -171,11 +180,12 @@ def fingerprint(st: Dict[str, Any]) -> Tuple[Any, ...]:
             bool(st.get("reboot_requested")))
 
 
-def runner_state(comment: str) -> str:
-    """``state=`` of an ``autoheal-runner ...`` job comment ("" when absent); the user's part after
-    `` | `` is not read."""
-    m = re.search(r"(?:^|\s)state=(\S+)", (comment or "").split(" | ", 1)[0])
-    return m.group(1) if m else ""
+def runner_state(comment: str, marker: str = RUNNER_MARKER) -> str:
+    """``state=`` of a runner job comment ("" when absent); the user's part after `` | `` is not read
+    (the core's comment model, ``autoheal.runner_comment``)."""
+    from autoheal.runner_comment import CommentState
+
+    return CommentState.parse(comment, marker).state
 
 
 def migrate(st: Dict[str, Any]) -> None:
@@ -238,7 +248,7 @@ class JobSide:
             self._failed(now)
             if not self.outage_noted and open_work(self.ctx.store.read()):
                 self.outage_noted = True
-                self.ctx.record("error", check="xid", action="retry", outcome="waiting for slurmctld",
+                self.ctx.record(Event.ERROR, check="xid", action="retry", outcome="waiting for slurmctld",
                                 severity="error", message=f"slurmctld does not answer ({exc}); the drain and "
                                 "the job actions stay pending and are retried with backoff until done")
             return True
@@ -250,7 +260,7 @@ class JobSide:
             return True
         if self.outage_noted:
             self.outage_noted = False
-            self.ctx.record("retry", check="xid", action="retry", outcome="slurmctld answers again",
+            self.ctx.record(Event.RETRY, check="xid", action="retry", outcome="slurmctld answers again",
                             severity="info", message="slurmctld answers again: pending drain and job actions "
                             "resumed")
         self.tries = 0
@@ -290,56 +300,19 @@ class JobSide:
 
         fault_drain = drained and not (ours is None and is_preswap(node.reason))
         with self.ctx.store.locked() as st:
-            migrate(st)
-            ep = st.get("episode")
-            if fault_drain and (ep or ours is not None or is_health_reason(node.reason)):
-                if not ep:
-                    reason = ours.reason if ours is not None else node.reason
-                    ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
-                if ours is not None and self._kept_foreign is ours:
-                    ep["under_foreign"] = ours.to_dict()
-            elif not fault_drain and ep:
-                closed = self._close_episode(st, ep, now)
-                if ep.get("under_foreign"):
-                    # The fault came while someone else's drain (an admin's maintenance) was on the node, and
-                    # that drain has ended: their resume says nothing of our fault, so drain for it now. Closing
-                    # the episode alone put the node back in service with the fault, and the scheduler gave it
-                    # a job before the next check (CI soak seed 12: a DBE, a hot-spare job that gave up).
-                    request_drain(st, C.CheckResult.from_dict(ep["under_foreign"]), now)
-                    redrain = True
-                ep = None
-            elif not drained and st.get("reboot_requested"):
-                # back in service after our reboot (Slurm's nextstate=resume): that repair is done
-                st["reboot_requested"] = None
-                S.mark_repaired(st, None, now)
+            ep, closed, redrain = self._follow_drain(st, node, ours, fault_drain, now)
             unresolved = [f for f in st.get("requeue_faults") or [] if f.get("jobs") is None]
         if redrain:  # at once, before the scheduler hands the node a job
-            self.ctx.record("detection", check="xid", action="drain", outcome="after someone else's drain",
+            self.ctx.record(Event.DETECTION, check="xid", action="drain", outcome="after someone else's drain",
                             severity="info", message=f"{node_name}: the drain our fault waited behind has ended")
             return self.check(now)
         if closed is not None:
-            self.ctx.record("resume", check="xid", action="job-side", outcome="fault over", severity="info",
+            self.ctx.record(Event.RESUME, check="xid", action="job-side", outcome="fault over", severity="info",
                             message=f"{node_name} is back in service: fault episode closed"
                             + (f"; {closed} pending job action(s) dropped" if closed > 0 else ""))
         settling = False
         if (ep and not node.drained) or unresolved:
-            jobs = self.ctx.slurm.list_jobs(node=node_name)
-            running = [j for j in jobs if j.state == "RUNNING" and node_name in j.nodes]
-            # a job still starting (prolog, CONFIGURING) becomes RUNNING in a moment: look again soon
-            settling = any(j.state in ("CONFIGURING", "COMPLETING") for j in jobs) or "COMPLETING" in node.flags
-            with self.ctx.store.locked() as st:
-                ep = st.get("episode")
-                if ep and drained:
-                    note = requeue_note(ep.get("reason", ""))
-                    for j in running:
-                        if add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", "")):
-                            mark_hot_spare(st, f"{j.job_id}@{ep['id']}", self._is_runner(j) and j.comment)
-                for f in st.get("requeue_faults") or []:
-                    if f.get("jobs") is None:
-                        f["jobs"] = [j.job_id for j in running]
-                        for j in running:
-                            add_action(st, j.job_id, f["id"], requeue_note(f.get("reason", "")), now,
-                                       self._is_runner(j), f.get("reason", ""))
+            settling = self._find_jobs(node, drained, now)
         next_due = self._process(now)
         with self.ctx.store.locked() as st:
             self._prune(st)
@@ -350,6 +323,60 @@ class JobSide:
         if settling:
             return BUSY, now + FAST_SECONDS
         return (WAITING if work else QUIET), next_due
+
+    def _follow_drain(self, st: Dict[str, Any], node: Node, ours: Optional[C.CheckResult], fault_drain: bool,
+                      now: float) -> Tuple[Optional[Dict[str, Any]], Optional[int], bool]:
+        """Open the fault episode on a fault drain, close it once the node is back in service (a drain
+        our fault waited behind has ended: drain for it now). (the episode, job actions dropped by a
+        close or None, drain again now)."""
+        migrate(st)
+        closed, redrain = None, False
+        ep = st.get("episode")
+        if fault_drain and (ep or ours is not None or is_health_reason(node.reason)):
+            if not ep:
+                reason = ours.text if ours is not None else node.reason
+                ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
+            if ours is not None and self._kept_foreign is ours:
+                ep["under_foreign"] = ours.to_dict()
+        elif not fault_drain and ep:
+            closed = self._close_episode(st, ep, now)
+            if ep.get("under_foreign"):
+                # The fault came while someone else's drain (an admin's maintenance) was on the node, and
+                # that drain has ended: their resume says nothing of our fault, so drain for it now. Closing
+                # the episode alone put the node back in service with the fault, and the scheduler gave it
+                # a job before the next check (CI soak seed 12: a DBE, a hot-spare job that gave up).
+                request_drain(st, C.CheckResult.from_dict(ep["under_foreign"]), now)
+                redrain = True
+            ep = None
+        elif not (node.drain or node.down) and st.get("reboot_requested"):
+            # back in service after our reboot (Slurm's nextstate=resume): that repair is done
+            st["reboot_requested"] = None
+            S.mark_repaired(st, None, now)
+        return ep, closed, redrain
+
+    def _find_jobs(self, node: Node, drained: bool, now: float) -> bool:
+        """The jobs still running on the node get their job action (the episode's, a requeue fault's
+        whose jobs were not known yet). True while a job is still starting or ending (look again soon)."""
+        node_name = self.ctx.node
+        jobs = self.ctx.slurm.list_jobs(node=node_name)
+        running = [j for j in jobs if j.state == "RUNNING" and node_name in j.nodes]
+        # a job still starting (prolog, CONFIGURING) becomes RUNNING in a moment: look again soon
+        settling = any(j.state in ("CONFIGURING", "COMPLETING") for j in jobs) or "COMPLETING" in node.flags
+        with self.ctx.store.locked() as st:
+            ep = st.get("episode")
+            if ep and drained:
+                note = requeue_note(ep.get("reason", ""))
+                for j in running:
+                    if add_action(st, j.job_id, ep["id"], note, now, self._is_runner(j), ep.get("reason", "")):
+                        mark_hot_spare(st, f"{j.job_id}@{ep['id']}", self._is_runner(j) and j.comment,
+                                       self.h.runner_comment)
+            for f in st.get("requeue_faults") or []:
+                if f.get("jobs") is None:
+                    f["jobs"] = [j.job_id for j in running]
+                    for j in running:
+                        add_action(st, j.job_id, f["id"], requeue_note(f.get("reason", "")), now,
+                                   self._is_runner(j), f.get("reason", ""))
+        return settling
 
     def _now(self, now: float) -> float:
         """``now`` of this step plus the real time the step has taken so far."""
@@ -379,8 +406,8 @@ class JobSide:
                 p["next_try"] = now + backoff(p["tries"], 60.0)
                 first = p["tries"] == 1
             if first:
-                self.ctx.record("error", check=failure.check, action="drain", severity="error",
-                                message=f"cannot drain for {failure.reason}: {exc}; retrying")
+                self.ctx.record(Event.ERROR, check=failure.check, action="drain", severity="error",
+                                message=f"cannot drain for {failure.text}: {exc}; retrying")
             return None
         drained = act.get("outcome") in ("drained", "reason-updated")
         from autoheal import nodeops
@@ -496,23 +523,7 @@ class JobSide:
             return
         if runner and not self._runner_up(key, a, job, now):
             return
-        if runner and _hot_spare(a):
-            sig, batch = _sig(self.h.runner_signal), True
-            to = "batch shell; a hot-spare job: the runner swaps the node for a spare inside the allocation"
-        elif runner:
-            sig, batch, to = _sig(self.h.runner_signal), True, "batch shell, the runner requeues itself"
-        elif warn is not None:
-            # the job's own --signal, delivered as Slurm delivers it near the time limit
-            # (send_job_warn_signal): SIGCONT first, then the signal, with B: to the batch shell only,
-            # else to every step but the batch shell. The framework checkpoints and requeues itself.
-            sig, batch = warn.signal, warn.batch
-            to = (f"the job's own --signal={warn.spec}: "
-                  + ("batch shell only" if batch else "every step, not the batch shell"))
-        else:
-            # the job asked for nothing: hooks.grace_signal to its steps, never to the batch shell
-            # (a shell without a trap dies of USR1/USR2 and the job ends FAILED, not requeued)
-            sig, batch = _sig(self.h.grace_signal), False
-            to = "hooks.grace_signal, every step, not the batch shell; the job asked for no signal"
+        sig, batch, to = self._which_signal(a, bool(runner), warn)
         self._update(key, stage=SIGNALLING, signalled_at=now)
         try:
             if warn is not None:
@@ -526,15 +537,37 @@ class JobSide:
                 self._update(key, stage=DONE, outcome="finished before the signal")
                 return
             # could not signal (refused): the requeue after the grace still comes
-            self.ctx.record("error", job_ids=[job], check="xid", action="signal", severity="error",
+            self.ctx.record(Event.ERROR, job_ids=[job], check="xid", action="signal", severity="error",
                             message=f"job {job}: grace signal {sig} failed: {exc}; requeue in "
                             f"{self.h.grace_seconds:g}s if it still runs here")
             self._update(key, stage=GRACE, deadline=now + self.h.grace_seconds)
             return
-        # the grace starts when the signal went out, not when this look at Slurm began (a slow or
-        # just-restarted slurmctld can make that many seconds)
+        self._signalled(key, a, sig, to, fallback=not runner and warn is None, now=now)
+
+    def _which_signal(self, a: Dict[str, Any], runner: bool, warn: Optional[WarnSignal]) -> Tuple[str, bool, str]:
+        """(signal, to the batch shell only?, to whom, for the journal) for the job of action ``a``."""
+        if runner and _hot_spare(a):
+            return (_sig(self.h.runner_signal), True,
+                    "batch shell; a hot-spare job: the runner swaps the node for a spare inside the allocation")
+        if runner:
+            return _sig(self.h.runner_signal), True, "batch shell, the runner requeues itself"
+        if warn is not None:
+            # the job's own --signal, delivered as Slurm delivers it near the time limit
+            # (send_job_warn_signal): SIGCONT first, then the signal, with B: to the batch shell only,
+            # else to every step but the batch shell. The framework checkpoints and requeues itself.
+            return (warn.signal, warn.batch, f"the job's own --signal={warn.spec}: "
+                    + ("batch shell only" if warn.batch else "every step, not the batch shell"))
+        # the job asked for nothing: hooks.grace_signal to its steps, never to the batch shell
+        # (a shell without a trap dies of USR1/USR2 and the job ends FAILED, not requeued)
+        return (_sig(self.h.grace_signal), False,
+                "hooks.grace_signal, every step, not the batch shell; the job asked for no signal")
+
+    def _signalled(self, key: str, a: Dict[str, Any], sig: str, to: str, fallback: bool, now: float) -> None:
+        """The signal went out: the grace starts now (not when this look at Slurm began: a slow or
+        just-restarted slurmctld can make that many seconds)."""
+        job = a["job"]
         sent = self._now(now)
-        if not runner and warn is None:
+        if fallback:
             # hooks.grace_signal to a job that asked for nothing: a step without a handler dies of it
             # (USR1, HUP, ...), and a batch script ending on that step ends FAILED within the grace.
             # Look again every FAST_SECONDS: such a job is requeued as soon as it has ended (issue 15)
@@ -543,7 +576,7 @@ class JobSide:
         else:
             self._update(key, stage=GRACE, deadline=sent + self.h.grace_seconds)
         self._count("signals_total")
-        self.ctx.record("signal", job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
+        self.ctx.record(Event.SIGNAL, job_ids=[job], check="xid", action="signal", outcome=sig, severity="action",
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
                         f"requeue in {self.h.grace_seconds:g}s if it still runs here")
 
@@ -559,7 +592,9 @@ class JobSide:
         except SlurmNotFound:
             self._update(key, stage=DONE, outcome="gone")
             return False
-        if runner_state(info.comment) == "running":
+        from autoheal.runner_comment import RunnerState
+
+        if runner_state(info.comment, self.h.runner_comment) == RunnerState.RUNNING:
             return True
         if not (info.running and self.ctx.node in info.nodes):
             self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
@@ -621,26 +656,13 @@ class JobSide:
         note = a.get("note") or requeue_note("")
         ended_on_signal = False
         if a.get("fallback") and self.ctx.node in info.nodes:
-            if info.state in ENDED_ON_SIGNAL:
-                # it ended after hooks.grace_signal (died of it, or checkpointed and exited): requeue the
-                # finished batch job, as Slurm requeues a preempted one, so it never ends FAILED here
-                ended_on_signal = True
-            elif info.state == "COMPLETING" and now < float(a.get("grace_end") or 0) + ENDING_WAIT:
-                self._update(key, deadline=now + FAST_SECONDS)  # ending: requeue it once it has ended
-                return
-            elif info.running and now < float(a.get("grace_end") or 0):
-                self._update(key, deadline=min(float(a["grace_end"]), now + FAST_SECONDS))
+            # it ended after hooks.grace_signal (died of it, or checkpointed and exited): requeue the
+            # finished batch job, as Slurm requeues a preempted one, so it never ends FAILED here
+            ended_on_signal = info.state in ENDED_ON_SIGNAL
+            if not ended_on_signal and self._still_in_grace(key, a, info, now):
                 return
         if not ended_on_signal and not (info.running and self.ctx.node in info.nodes):
-            if a.get("requeue_tried"):
-                # our requeue went out while slurmctld was slow to answer and it took it after all
-                self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
-                self._count("requeues_total")
-                self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", severity="action",
-                                outcome="requeued (slurmctld answered late)", message=note)
-                return
-            # finished, or requeued itself (the runner, a framework): nothing left to do here
-            self._update(key, stage=DONE, outcome=f"no longer runs here ({info.state})")
+            self._no_longer_here(key, a, info, note)
             return
         try:
             if not self._is_runner(info):
@@ -655,23 +677,51 @@ class JobSide:
         except SlurmUnavailable:
             raise
         except SlurmError as exc:
-            if _finished(exc):
-                self._update(key, stage=DONE, outcome="already requeued or finished")
-                return
-            tries = int(a.get("tries", 0)) + 1
-            if tries >= MAX_REFUSALS or _requeue_disabled(exc):
-                self._update(key, stage=DONE, outcome=f"requeue refused: {exc}", tries=tries)
-                self.ctx.record("error", job_ids=[job], check="xid", action="requeue", severity="error",
-                                message=f"job {job}: requeue refused by Slurm ({exc}); it keeps running on the "
-                                f"drained node {self.ctx.node}")
-                return
-            self._update(key, tries=tries, next_try=now + backoff(tries, 30.0), requeue_tried=None)
+            self._requeue_refused(key, a, exc, now)
             return
         outcome = f"requeued after it ended {info.state} on the grace signal" if ended_on_signal else "requeued"
         self._update(key, stage=DONE, outcome=outcome)
         self._count("requeues_total")
-        self.ctx.record("requeue", job_ids=[job], check="xid", action="requeue", outcome=outcome,
+        self.ctx.record(Event.REQUEUE, job_ids=[job], check="xid", action="requeue", outcome=outcome,
                         message=note, severity="action")
+
+    def _still_in_grace(self, key: str, a: Dict[str, Any], info: Job, now: float) -> bool:
+        """A job that got hooks.grace_signal is still ending, or running within its grace: look again
+        soon (True) instead of requeueing it now."""
+        if info.state == "COMPLETING" and now < float(a.get("grace_end") or 0) + ENDING_WAIT:
+            self._update(key, deadline=now + FAST_SECONDS)  # ending: requeue it once it has ended
+            return True
+        if info.running and now < float(a.get("grace_end") or 0):
+            self._update(key, deadline=min(float(a["grace_end"]), now + FAST_SECONDS))
+            return True
+        return False
+
+    def _no_longer_here(self, key: str, a: Dict[str, Any], info: Job, note: str) -> None:
+        """The job does not run here any more: our late-answered requeue, or it ended or moved itself."""
+        if a.get("requeue_tried"):
+            # our requeue went out while slurmctld was slow to answer and it took it after all
+            self._update(key, stage=DONE, outcome="requeued (slurmctld answered late)")
+            self._count("requeues_total")
+            self.ctx.record(Event.REQUEUE, job_ids=[a["job"]], check="xid", action="requeue", severity="action",
+                            outcome="requeued (slurmctld answered late)", message=note)
+            return
+        # finished, or requeued itself (the runner, a framework): nothing left to do here
+        self._update(key, stage=DONE, outcome=f"no longer runs here ({info.state})")
+
+    def _requeue_refused(self, key: str, a: Dict[str, Any], exc: Exception, now: float) -> None:
+        """Slurm refused the requeue: done when the job ended; given up when refused for good (or too
+        often); else tried again after a backoff."""
+        if _finished(exc):
+            self._update(key, stage=DONE, outcome="already requeued or finished")
+            return
+        tries = int(a.get("tries", 0)) + 1
+        if tries >= MAX_REFUSALS or _requeue_disabled(exc):
+            self._update(key, stage=DONE, outcome=f"requeue refused: {exc}", tries=tries)
+            self.ctx.record(Event.ERROR, job_ids=[a["job"]], check="xid", action="requeue", severity="error",
+                            message=f"job {a['job']}: requeue refused by Slurm ({exc}); it keeps running on the "
+                            f"drained node {self.ctx.node}")
+            return
+        self._update(key, tries=tries, next_try=now + backoff(tries, 30.0), requeue_tried=None)
 
 
 def _sig(name: str) -> str:

@@ -7,11 +7,25 @@ per node and GPU in the node state, across restarts, for ``hooks.ladder_window``
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Dict, Optional
 
 from autoheal.hooks.checks import REBOOT, REPLACE, RESET, CheckAction
+from autoheal.strenum import StrEnum
 
 RUNGS = (RESET, REBOOT, REPLACE)
+
+
+class Rung(StrEnum):
+    """A rung as the node state counts it (``ladder`` -> ``{"reset": [times], ...}``): the word today's
+    state files hold, where the check's suggestion says ``reset-gpu`` / ``reboot-node`` / ``replace-node``."""
+
+    RESET = "reset"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+
+
+#: The rung each repair action of a check climbs to, one name per rung between the check and the state.
+RUNG_OF: Dict[CheckAction, Rung] = {RESET: Rung.RESET, REBOOT: Rung.REBOOT, REPLACE: Rung.REPLACE}
 
 
 def next_rung(first: CheckAction, resets: int, reboots: int, can_reset: bool = True,

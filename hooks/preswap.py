@@ -18,16 +18,17 @@ host, another job beside it, a drain already there) is handled as without this m
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.runner_comment import CommentState
 
 ACTION = "preswap-drain"
 #: Order in which signs name the drain (the most telling first).
@@ -79,7 +80,7 @@ def _result_text(kind: str, r: C.CheckResult, node: str) -> str:
         return f"{'page retirement' if r.check == 'retired-pages' else 'row remap'} pending on {where}"
     if r.check == "temperature":
         return f"temperature {(r.evidence or {}).get('temperature')} C on {where}"
-    body = r.reason.split(": ", 2)[-1] if r.reason.count(": ") >= 2 else r.reason
+    body = r.reason.detail if r.reason.kind else r.text
     label = {"pcie": "PCIe ", "nvlink": "NVLink "}.get(kind, "")
     return f"{label}{body} on {where}"
 
@@ -124,15 +125,14 @@ def faults_beside(results: Iterable[C.CheckResult], enabled: Sequence[str]) -> L
     return [r for r in results if r.status == C.FAIL and result_kind(r) not in enabled]
 
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
+def runner_state_of(comment: str, marker: str) -> Optional[CommentState]:
+    """The runner's state in an ``autoheal sbatch`` job's comment (the core's model); None for others."""
+    from autoheal.runner_comment import CommentState
 
-
-def runner_fields(comment: str, marker: str) -> Optional[Dict[str, str]]:
-    """The ``key=value`` words of an ``autoheal sbatch`` job's comment (before ``|``); None for others."""
     text = (comment or "").strip()
     if not (marker and text.startswith(marker)):
         return None
-    return dict(_FIELD.findall(text.split("|", 1)[0]))
+    return CommentState.parse(text, marker)
 
 
 def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], str]:
@@ -145,12 +145,12 @@ def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], st
         return [], f"no job runs on {node}"
     ids: List[str] = []
     for j in running:
-        f = runner_fields(j.comment, marker)
-        if f is None or "spares" not in f:
+        f = runner_state_of(j.comment, marker)
+        if f is None or not f.hot_spare:
             return [], f"job {j.job_id} on {node} has no hot spares"
-        if node not in f.get("nodes", "").split(","):
+        if node not in f.nodes.split(","):
             return [], f"{node} is an idle spare of job {j.job_id}"
-        if f.get("spares", "") in ("", "none"):
+        if f.spares == "none":
             return [], f"job {j.job_id} has no spare left"
         if j.batch_host == node:
             return [], f"{node} runs the batch shell of job {j.job_id}"
@@ -204,7 +204,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
         st["drain"] = {"reason": out.reason, "time": time.time(), "source": ctx.source, "check": sign.check,
                        "gpu": sign.gpu, "preswap": sign.kind}
         st["passes"] = 0
-    ctx.record("drain", check=sign.check, action="drain", outcome=out.action, severity="action",
+    ctx.record(Event.DRAIN, check=sign.check, action="drain", outcome=out.action, severity="action",
                job_ids=ids, message=f"{out.reason} (job(s) {','.join(ids)} keep running and swap {ctx.node} for a "
                f"hot spare at their next checkpoint)",
                evidence={"sign": sign.kind, "gpu": sign.gpu, "signs": [s.text for s in found], "jobs": ids})

@@ -19,7 +19,10 @@ import contextlib
 import copy
 import json
 from pathlib import Path
-from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from autoheal.hooks.ladder import Rung
 
 STATE_FILE = "state.json"
 
@@ -254,12 +257,12 @@ def ladder_label(key: str, node: str) -> str:
     return f"{node} as a whole" if key == "node" else key
 
 
-def ladder_count(state: Dict[str, Any], gpu: Optional[int], rung: str, now: float, window: float) -> int:
+def ladder_count(state: Dict[str, Any], gpu: Optional[int], rung: Rung, now: float, window: float) -> int:
     times = state.get("ladder", {}).get(ladder_key(gpu), {}).get(rung, [])
     return sum(1 for t in times if now - float(t) <= window)
 
 
-def record_rung(state: Dict[str, Any], gpu: Optional[int], rung: str, now: float) -> None:
+def record_rung(state: Dict[str, Any], gpu: Optional[int], rung: Rung, now: float) -> None:
     ent = state.setdefault("ladder", {}).setdefault(ladder_key(gpu), {})
     ent.setdefault(rung, []).append(now)
     ent[rung] = ent[rung][-50:]

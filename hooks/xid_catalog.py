@@ -153,11 +153,6 @@ def default_policy(xid: int) -> str:
     return verdict(xid).policy
 
 
-def policy_table() -> Dict[int, str]:
-    """Every catalog XID's default policy (for tables and tests)."""
-    return {x: default_policy(x) for x in sorted(load()[0])}
-
-
 def xids_in_bucket(bucket: str, generation: str = "") -> List[int]:
     """Catalog XIDs whose immediate bucket is ``bucket`` (optionally only those that apply to ``generation``)."""
     return [e.xid for e in sorted(load()[0].values(), key=lambda e: e.xid)

@@ -22,6 +22,7 @@ import os
 import re
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import XidEvent
@@ -144,8 +145,8 @@ def comment_for(r: C.CheckResult, job: str, count: int = 1) -> str:
     from autoheal.reasons import MAX_COMMENT_LEN, make_reason
 
     who = r.evidence.get("process") or ""
-    times = f", {count} times on {r.reason.split(' of ', 1)[-1].split(' ', 1)[0]}" if count > 1 else ""
-    return make_reason(f"{r.reason}: raised by job {job}" + (f" ({who})" if who else "") + times
+    times = f", {count} times on {r.reason.node}" if count > 1 else ""
+    return make_reason(f"{r.text}: raised by job {job}" + (f" ({who})" if who else "") + times
                        + "; the node stays in service", max_len=MAX_COMMENT_LEN)
 
 
@@ -181,10 +182,10 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
         out = {"xid": xid, "gpu": r.gpu, "job": job, "how": how, "count": count, "told": False}
         if job and tell:
             out["told"] = _tell(ctx, job, r, count)
-        msg = f"{r.reason}: " + (f"raised by job {job} ({how})" if job else how) + \
+        msg = f"{r.text}: " + (f"raised by job {job} ({how})" if job else how) + \
             ": the application's XID (NVIDIA: restart the application); the node stays in service"
         extra: Dict[str, Any] = {"time": now} if now else {}
-        ctx.record("app-xid", check="xid", job_ids=[job] if job else [], severity="info", action=r.action,
+        ctx.record(Event.APP_XID, check="xid", job_ids=[job] if job else [], severity="info", action=r.action,
                    outcome="attributed" if job else "unattributed", message=msg, evidence=dict(r.evidence),
                    **extra)
         done.append(out)

@@ -31,6 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
+from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside, xid_jobs
 from autoheal.hooks import state as S
@@ -101,7 +102,7 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
         seen = mem.get(key)
         if seen is not None and float(seen.get("since", 0)) >= S.repaired_at(st, r.gpu):
             continue
-        mem[key] = {"check": r.check, "gpu": r.gpu, "reason": r.reason, "since": now}
+        mem[key] = {"check": r.check, "gpu": r.gpu, "reason": r.text, "since": now}
         new.append(r)
     drain = bool(new) and not (st.get("drain") or st.get("pending_drain"))
     return new, drain
@@ -127,6 +128,11 @@ class XidWatch:
         self._metrics_dirty = True
         self._metrics_error = ""
         self._metrics_written = 0.0  # monotonic time of the last textfile write (heartbeat)
+        # health polls finished since the start, and when the last one began (wall clock), in memory only
+        # (a healthy poll writes nothing): the textfile shows them, so a stalled poll thread is visible
+        # and a test can wait for polls that read the GPUs after it changed them
+        self.health_polls = 0
+        self.health_poll_started = 0.0
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
@@ -253,12 +259,14 @@ class XidWatch:
             if any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate()):
                 self._count("health_polls_skipped_total")  # a read of an earlier poll hangs in the driver
                 continue
+            started = time.time()
             try:
                 sample = gather(self.ctx.node, budget=self.h.nvml_timeout)
                 results = C.judge_sample(sample, self.h, 0)
             except Exception as exc:  # a bug in a judge: say it, poll again later
                 print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
                 continue
+            self.health_polls, self.health_poll_started = self.health_polls + 1, started
             read_ok = [g.index for g in sample.gpus if g.ok and not g.error]
             if not hard_failures(results) and not self.ctx.store.read().get(POLLED):
                 continue  # the common case: healthy, nothing remembered
@@ -306,8 +314,8 @@ class XidWatch:
             # the fault once with that reason; a second detection record would say the same again
             return new
         for r in new:
-            self.ctx.record("detection", check=r.check, evidence={**r.evidence, "source": "health-poll"},
-                            message=r.reason, severity="action", action=r.action, time=now)
+            self.ctx.record(Event.DETECTION, check=r.check, evidence={**r.evidence, "source": "health-poll"},
+                            message=r.text, severity="action", action=r.action, time=now)
         return new
 
     def handle(self, events: List[XidEvent], now: Optional[float] = None) -> List[C.CheckResult]:
@@ -348,11 +356,11 @@ class XidWatch:
             if r.action == C.REQUEUE and r.evidence.get("companion"):
                 continue  # NVML's copy was journalled and acted on
             sev = "action" if r.status == C.FAIL else "info"
-            msg = r.reason + (" (back after a repair)" if r.evidence.get("after_repair") else "")
-            self.ctx.record("detection", check="xid", evidence=r.evidence, message=msg, severity=sev,
+            msg = r.text + (" (back after a repair)" if r.evidence.get("after_repair") else "")
+            self.ctx.record(Event.DETECTION, check="xid", evidence=r.evidence, message=msg, severity=sev,
                             action=r.action, time=now)
         for n in notes:
-            self.ctx.record("detection", **n)
+            self.ctx.record(Event.DETECTION, **n)
         return results
 
     def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
@@ -424,7 +432,12 @@ class XidWatch:
                  "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} {1 if up else 0}',
                  # when this file was written: a dead daemon's file keeps its last beat (alert: stale)
                  "# TYPE autoheal_xid_watch_heartbeat_timestamp_seconds gauge",
-                 f'autoheal_xid_watch_heartbeat_timestamp_seconds{{node="{node}"}} {time.time():.3f}']
+                 f'autoheal_xid_watch_heartbeat_timestamp_seconds{{node="{node}"}} {time.time():.3f}',
+                 "# TYPE autoheal_xid_watch_health_polls_total counter",
+                 f'autoheal_xid_watch_health_polls_total{{node="{node}"}} {self.health_polls}',
+                 "# TYPE autoheal_xid_watch_health_poll_started_timestamp_seconds gauge",
+                 f'autoheal_xid_watch_health_poll_started_timestamp_seconds{{node="{node}"}} '
+                 f'{self.health_poll_started:.3f}']
         for key, val in sorted(counters.items()):
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import click
 
@@ -174,6 +174,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
     from autoheal.k8s_sync.engine import Reconciler
     from autoheal.k8s_sync.kube import KubeError
     from autoheal.k8s_sync.leader import lease_expired
+    from autoheal.k8s_sync.remediation import RS
 
     obj = ctx.obj or {}
     cfg = load_cfg(obj.get("config_path"))
@@ -207,7 +208,7 @@ def status(ctx: click.Context, as_json: bool) -> None:
         for kname, r in sorted(res.remediations.items()):
             click.echo(f"remediation: {kname} (Slurm {r['slurm_node']}): {r['state']}"
                        + (f" ({r['limit']}, since {_when(r['since'])}" + (f", until {_when(r['until'])}"
-                          if r.get("until") else "") + ")" if r["state"] == "waiting" else "")
+                          if r.get("until") else "") + ")" if r["state"] == RS.WAITING else "")
                        + (f": {r['reason']}" if r["reason"] else "") + f" [attempt {r['attempts']}]"
                        + (f"; {r['retry']}" if r.get("retry") else ""))
         if (res.capacity or {}).get("warning"):
@@ -229,12 +230,12 @@ def _when(epoch: Any) -> str:
 
 def waiting_rows(nodes: Dict[str, Dict[str, Any]], prefix: str) -> List[Dict[str, Any]]:
     """Nodes whose remediation waits for a breaker limit, oldest first (the order they start in)."""
-    from autoheal.k8s_sync.remediation import NodeRemediation
+    from autoheal.k8s_sync.remediation import RS, NodeRemediation
 
     rows = []
     for kname, node in nodes.items():
         cur = NodeRemediation.from_node(node, prefix)
-        if cur.state == "waiting":
+        if cur.state == RS.WAITING:
             rows.append({"node": kname, "slurm_node": cur.slurm_node, "since": cur.since, "until": cur.until,
                          "limit": cur.limit, "why": cur.reason})
     return sorted(rows, key=lambda r: (r["since"], r["node"]))
@@ -388,7 +389,7 @@ def remediation(ctx: click.Context, as_json: bool) -> None:
     if ctx.invoked_subcommand is not None:
         return
     from autoheal.k8s_sync.kube import KubeError
-    from autoheal.k8s_sync.remediation import NodeRemediation, keys
+    from autoheal.k8s_sync.remediation import RS, NodeRemediation, keys
 
     obj = ctx.obj or {}
     cfg = load_cfg(obj.get("config_path"))
@@ -406,7 +407,7 @@ def remediation(ctx: click.Context, as_json: bool) -> None:
         if cur.state or opted:
             rows.append({"node": kname, "slurm_node": cur.slurm_node, "state": cur.state or "opted-out",
                          "since": cur.since, "attempts": cur.attempts, "reason": cur.reason or opted})
-            if cur.state == "waiting":
+            if cur.state == RS.WAITING:
                 rows[-1].update(until=cur.until, limit=cur.limit)
     if as_json:
         print_json({"remediations": rows})
@@ -415,10 +416,32 @@ def remediation(ctx: click.Context, as_json: bool) -> None:
     else:
         for r in rows:
             wait = (f" ({r['limit']}, since {_when(r['since'])}" + (f", until {_when(r['until'])}" if r["until"]
-                    else "") + ")") if r["state"] == "waiting" else ""
+                    else "") + ")") if r["state"] == RS.WAITING else ""
             click.echo(f"{r['node']} (Slurm {r['slurm_node'] or '?'}): {r['state']}{wait} [attempt {r['attempts']}]"
                        + (f": {r['reason']}" if r["reason"] else ""))
-    sys.exit(EXIT_PROBLEM if any(r["state"] == "failed" for r in rows) else EXIT_OK)
+    sys.exit(EXIT_PROBLEM if any(r["state"] == RS.FAILED for r in rows) else EXIT_OK)
+
+
+def _failing(node: str, as_json: bool) -> Callable[[int, str], NoReturn]:
+    """``fail(code, message)``: the one-line error (and the JSON envelope with --json), then exit ``code``."""
+    def fail(code: int, message: str) -> NoReturn:
+        if as_json:
+            print_json({"ok": False, "node": node, "error": message})
+        click.echo(f"autoheal: error: {message}", err=True)
+        sys.exit(code)
+
+    return fail
+
+
+def _retry_requested(cfg: Any, kube: Any, kname: str, knode: Dict[str, Any], cur: Any) -> str:
+    """Journal and Event of a retry written to the Node; the message for the person."""
+    _record_cli(cfg, kube, "remediation-retry-requested", [cur.slurm_node] if cur.slurm_node else [],
+                f"Node {kname} (Slurm {cur.slurm_node}): retry of the failed remediation requested by "
+                f"{_who()}; it had failed: {cur.reason}",
+                ("AutohealRemediationRetryRequested", knode, "Node"),
+                {"k8s_node": kname, "attempts": cur.attempts, "previous_reason": cur.reason})
+    return (f"retry of {kname} requested: the sync leader starts it again on its next pass "
+            f"(opt-out check and circuit breaker apply)")
 
 
 @remediation.command("retry")
@@ -454,13 +477,7 @@ def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: boo
     cfg = load_cfg(obj.get("config_path"))
     kube = _kube(cfg, obj.get("kubeconfig"), obj.get("in_cluster"))
     prefix = cfg.sync.annotation_prefix
-
-    def fail(code: int, message: str) -> NoReturn:
-        if as_json:
-            print_json({"ok": False, "node": node, "error": message})
-        click.echo(f"autoheal: error: {message}", err=True)
-        sys.exit(code)
-
+    fail = _failing(node, as_json)
     try:
         nodes, _ = kube.list_nodes()
     except KubeError as exc:
@@ -485,13 +502,7 @@ def remediation_retry(ctx: click.Context, node: str, dry_run: bool, as_json: boo
             kube.patch_node(kname, body, "merge")
         except KubeError as exc:
             fail(EXIT_PROBLEM, f"{kname}: {exc}")
-        out["message"] = (f"retry of {kname} requested: the sync leader starts it again on its next pass "
-                          f"(opt-out check and circuit breaker apply)")
-        _record_cli(cfg, kube, "remediation-retry-requested", [cur.slurm_node] if cur.slurm_node else [],
-                    f"Node {kname} (Slurm {cur.slurm_node}): retry of the failed remediation requested by "
-                    f"{_who()}; it had failed: {cur.reason}",
-                    ("AutohealRemediationRetryRequested", nodes[kname], "Node"),
-                    {"k8s_node": kname, "attempts": cur.attempts, "previous_reason": cur.reason})
+        out["message"] = _retry_requested(cfg, kube, kname, nodes[kname], cur)
     if as_json:
         print_json(out)
     else:

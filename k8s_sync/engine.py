@@ -39,6 +39,7 @@ from autoheal.k8s_sync.plan import (
     make_context,
 )
 from autoheal.k8s_sync.ratelimit import TokenBucket
+from autoheal.k8s_sync.remediation import RS
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
 
@@ -495,9 +496,9 @@ class Reconciler:
             if cur.state:
                 res.remediations[kname] = {"state": cur.state, "since": cur.since, "attempts": cur.attempts,
                                            "reason": cur.reason, "slurm_node": cur.slurm_node}
-                if cur.state == "failed" and notes.get(kname):
+                if cur.state == RS.FAILED and notes.get(kname):
                     res.remediations[kname]["retry"] = notes[kname]
-                if cur.state == "waiting":
+                if cur.state == RS.WAITING:
                     res.remediations[kname].update(until=cur.until, limit=cur.limit)
         res.opted_out = dict(ctx.opted_out) if ctx is not None else {}
         if ctx is not None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
-from autoheal.k8s_sync.remediation import Do
+from autoheal.k8s_sync.remediation import RS, Do
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
 
@@ -186,7 +186,7 @@ def _survey_node(ctx: Context, kname: str, slurm_of: Dict[str, str], opted_out_k
             and not strip_reason_suffix(snode.reason).startswith(cfg.spare_reason_prefix.strip()):
         survey.affected.append(sname)  # retired nodes left the pool; spares were never in it
     opted = bool(_ann(knode).get(opted_out_key))
-    if cur.state == "done":
+    if cur.state == RS.DONE:
         if released:  # the old machine came back into Slurm service: autoheal's cordon goes
             survey.out.extend(_cleanup(ctx, kname, sname, knode, cur, True, "cleared",
                                        f"retired Slurm node {sname} is in service again"))
@@ -200,7 +200,7 @@ def _survey_node(ctx: Context, kname: str, slurm_of: Dict[str, str], opted_out_k
         return
     if not wants:
         return
-    if cur.state == "failed":
+    if cur.state == RS.FAILED:
         due, note = R.retry_due(cur, settings, snap.clock)
         ctx.retry_notes[kname] = note
         if due:
@@ -217,7 +217,7 @@ def queue_order(ctx: Context, wanting: List[Tuple[str, str, str]]) -> List[Tuple
 
     def key(item: Tuple[str, str, str]) -> Tuple[float, str]:
         cur = R.NodeRemediation.from_node(ctx.snap.nodes[item[0]], prefix)
-        return (cur.since if cur.state == "waiting" and cur.since else now, item[0])
+        return (cur.since if cur.state == RS.WAITING and cur.since else now, item[0])
 
     return sorted(wanting, key=key)
 
@@ -265,8 +265,8 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
         breaker.record_start(now)
         extra = {"metadata": {"annotations": {k["opted-out"]: None, k["requested"]: None}}}
         reason = snode_reason(snap, sname)
-        waited = f" after waiting {now - cur.since:.0f}s ({cur.limit})" if cur.state == "waiting" else ""
-        if how == "retry" or (cur.state == "waiting" and cur.attempts):
+        waited = f" after waiting {now - cur.since:.0f}s ({cur.limit})" if cur.state == RS.WAITING else ""
+        if how == "retry" or (cur.state == RS.WAITING and cur.attempts):
             note = ctx.retry_notes.get(kname) or f"attempt {cur.attempts + 1}"
             event = ("AutohealRemediationRetry", f"Node {kname} (Slurm {sname}): remediation {note}{waited}"
                      f"; it had failed: {cur.reason}", "Warning")
@@ -291,9 +291,9 @@ def _waiting(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, wait:
     fleet-wide event, not one per node): no record each."""
     prefix = ctx.cfg.annotation_prefix
     ctx.waiting[kname] = {"slurm_node": sname, "limit": str(wait.limit), "why": wait.why, "until": wait.until,
-                          "since": cur.since if cur.state == "waiting" else ctx.snap.clock}
+                          "since": cur.since if cur.state == RS.WAITING else ctx.snap.clock}
     extra = {"metadata": {"annotations": {R.keys(prefix)["opted-out"]: None}}}
-    if cur.state == "waiting":
+    if cur.state == RS.WAITING:
         if cur.limit == wait.limit and cur.reason == wait.why[:256] and abs(cur.until - wait.until) < 1.0:
             return []  # nothing new: no write
         then = replace(cur, reason=wait.why[:256], until=wait.until, limit=str(wait.limit))
@@ -303,7 +303,7 @@ def _waiting(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, wait:
             return [_state(kname, sname, then, prefix, f"still waiting: {wait.why}", journal="")]
     else:
         # attempts kept: a failed one due for its retry waits like a new one, and starts as a retry
-        then = R.NodeRemediation("waiting", ctx.snap.clock, cur.attempts, wait.why[:256], sname or cur.slurm_node,
+        then = R.NodeRemediation(RS.WAITING, ctx.snap.clock, cur.attempts, wait.why[:256], sname or cur.slurm_node,
                                  until=wait.until, limit=str(wait.limit))
     if quiet or wait.limit is R.Limit.TRIPPED:
         return [_state(kname, sname, then, prefix, wait.why, extra=extra, journal="")]
@@ -474,7 +474,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
     # done only once the replacement takes jobs: registered, resumed from its spare drain, and answering
     # (a spare just resumed shows `idle*`, not responding, for a while)
     ready = node_ready and _in_service(spare)
-    step = R.next_step(cur, True, (snap.jobs or {}).get(sname, 0), evict if cur.state != "quarantined" else pods,
+    step = R.next_step(cur, True, (snap.jobs or {}).get(sname, 0), evict if cur.state != RS.QUARANTINED else pods,
                        ready, settings, now, sname, knode)
     cordon = {"spec": {"unschedulable": True},
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
@@ -494,47 +494,64 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
         return [_state(kname, sname, _then(step), prefix, "cordoned; evicting its pods", extra=cordon,
                        event=("AutohealCordoned", f"Node {kname} cordoned for replacement (Slurm {sname})",
                               "Normal"))]
-    if cur.state in ("draining", "drained") and not (knode.get("spec") or {}).get("unschedulable"):
+    if cur.state in (RS.DRAINING, RS.DRAINED) and not (knode.get("spec") or {}).get("unschedulable"):
         # a crash between states, or someone uncordoned it: the flow needs it cordoned
         out.append(Action(STEP, NODE_PATCH, kname, sname, "", "merge", cordon, group=kname, why="re-cordon"))
     if step.do in (Do.EVICT, Do.FINAL_EVICT):
-        final = step.do is Do.FINAL_EVICT
-        if final:  # recorded first: the next pass fails the remediation if pods are still there
-            out.append(_state(kname, sname, _then(step), prefix, step.why))
-        deadline = cur.since + settings.drain_timeout_seconds
-        for p in evict:
-            meta = p.get("metadata") or {}
-            ns, name = meta.get("namespace", ""), meta.get("name", "")
-            # one group per pod: a PodDisruptionBudget refusing one pod never holds back the others
-            out.append(Action(STEP, R.KUBE_EVICT, name, sname, ns, group=f"evict:{kname}:{ns}/{name}",
-                              why=f"evict from {kname}" + (" (last attempt)" if final else ""),
-                              deadline=deadline, force=final))
-        return out
+        return out + _evict(kname, sname, step, prefix, cur.since + settings.drain_timeout_seconds, evict)
     if step.do is Do.REQUEST_REPLACEMENT:
         return out + _request(ctx, kname, sname, _then(step), knode)
-    if cur.state == "replacing" and step.do is Do.WAIT:
+    if cur.state == RS.REPLACING and step.do is Do.WAIT:
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
-            if strip_reason_suffix(spare.reason).startswith(cfg.spare_reason_prefix.strip()):
-                out.append(Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
-                                  why=f"replacement {new_slurm} registered: resumed; {kname} is done once it "
-                                      f"responds", journal="resume"))
-            else:
-                ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
-                                    f"someone else ({snode_reason(snap, new_slurm)!r}); waiting")
+            out += _resume_replacement(ctx, kname, new_slurm, spare)
         return out
     if step.do is Do.RETIRE:
-        # Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
-        # slurmctld away), the record still says replacing and the next pass (any leader) retires again.
-        acts = []
-        if sname in snap.slurm:
-            acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
-                               why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
-        acts.append(_state(kname, sname, _then(step), prefix, f"replaced by {new} (Slurm {new_slurm})",
-                           event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
-                                  f"{new_slurm})", "Normal"), journal="remediation-done"))
-        return out + acts
+        return out + _retire(ctx, kname, sname, step, new, new_slurm)
     return out
+
+
+def _evict(kname: str, sname: str, step: R.Step, prefix: str, deadline: float,
+           evict: List[Dict[str, Any]]) -> List[Action]:
+    """Evict the pods left on the Node; the last attempt (forced) is recorded first: the next pass fails
+    the remediation if pods are still there."""
+    out: List[Action] = []
+    final = step.do is Do.FINAL_EVICT
+    if final:
+        out.append(_state(kname, sname, _then(step), prefix, step.why))
+    for p in evict:
+        meta = p.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        # one group per pod: a PodDisruptionBudget refusing one pod never holds back the others
+        out.append(Action(STEP, R.KUBE_EVICT, name, sname, ns, group=f"evict:{kname}:{ns}/{name}",
+                          why=f"evict from {kname}" + (" (last attempt)" if final else ""),
+                          deadline=deadline, force=final))
+    return out
+
+
+def _resume_replacement(ctx: Context, kname: str, new_slurm: str, spare: Node) -> List[Action]:
+    """The replacement registered and answers but is still drained: resume it from our spare drain, or
+    wait (a problem said) while someone else's drain holds it."""
+    if strip_reason_suffix(spare.reason).startswith(ctx.cfg.spare_reason_prefix.strip()):
+        return [Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
+                       why=f"replacement {new_slurm} registered: resumed; {kname} is done once it responds",
+                       journal="resume")]
+    ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
+                        f"someone else ({snode_reason(ctx.snap, new_slurm)!r}); waiting")
+    return []
+
+
+def _retire(ctx: Context, kname: str, sname: str, step: R.Step, new: str, new_slurm: str) -> List[Action]:
+    """Slurm first, then the record: "done" must mean the old node is retired. Killed in between (or
+    slurmctld away), the record still says replacing and the next pass (any leader) retires again."""
+    acts = []
+    if sname in ctx.snap.slurm:
+        acts.append(Action(STEP, R.SLURM_RETIRE, sname, sname, reason=R.retire_reason(new_slurm), group=kname,
+                           why=f"{sname} retired: replaced by {new_slurm}", journal="retire"))
+    acts.append(_state(kname, sname, _then(step), ctx.cfg.annotation_prefix, f"replaced by {new} (Slurm {new_slurm})",
+                       event=("AutohealReplaced", f"Node {kname} (Slurm {sname}) replaced by {new} (Slurm "
+                              f"{new_slurm})", "Normal"), journal="remediation-done"))
+    return acts
 
 
 def _request(ctx: Context, kname: str, sname: str, then: R.NodeRemediation, knode: Dict[str, Any]) -> List[Action]:
@@ -605,7 +622,7 @@ def candidates(snap: Snapshot, cfg: SyncSection, bindings: Dict[str, Binding]) -
             continue
         snode = snap.slurm.get(slurm_of.get(kname, "") or cur.slurm_node)
         if snode is not None and (snode.drain or snode.down) and R.wants_replace(snode.reason, cfg) \
-                and cur.state != "done":
+                and cur.state != RS.DONE:
             out.append(kname)
     return sorted(out)
 

@@ -28,11 +28,27 @@ from autoheal.k8s_sync.plan import ActionKind
 from autoheal.reasons import Origin, Reason, strip_reason_suffix
 from autoheal.strenum import StrEnum
 
-#: ``waiting``: wanted but not started, held back by a limit of the circuit breaker (its share of starts
-#: per window, the concurrency limit, or a trip); it starts by itself when the limit allows, oldest first.
-STATES = ("waiting", "quarantined", "draining", "drained", "replacing", "done", "failed")
-ACTIVE = ("quarantined", "draining", "drained", "replacing")
-TERMINAL = ("done", "failed")
+
+class RemediationState(StrEnum):
+    """Where a Node's replacement is (its ``remediation-state`` annotation): waiting for the breaker,
+    then quarantined (jobs leaving), draining (cordoned, pods evicted), drained, replacing (request
+    made), and done or failed."""
+
+    #: wanted but not started, held back by a limit of the circuit breaker (its share of starts per
+    #: window, the concurrency limit, or a trip); it starts by itself when the limit allows, oldest first.
+    WAITING = "waiting"
+    QUARANTINED = "quarantined"
+    DRAINING = "draining"
+    DRAINED = "drained"
+    REPLACING = "replacing"
+    DONE = "done"
+    FAILED = "failed"
+
+
+RS = RemediationState
+STATES = tuple(RemediationState)
+ACTIVE = (RS.QUARANTINED, RS.DRAINING, RS.DRAINED, RS.REPLACING)
+TERMINAL = (RS.DONE, RS.FAILED)
 
 # Action kinds of this step (the engine knows how to write each).
 KUBE_EVICT, KUBE_DELETE_NODE = ActionKind.KUBE_EVICT, ActionKind.KUBE_DELETE_NODE
@@ -108,9 +124,9 @@ class NodeRemediation:
                                              if on and self.final_eviction else None,
                                              k["retry-requested"]: None,
                                              k["waiting-until"]: str(int(self.until))
-                                             if self.state == "waiting" and self.until else None,
+                                             if self.state == RS.WAITING and self.until else None,
                                              k["waiting-limit"]: (self.limit or None)
-                                             if self.state == "waiting" else None},
+                                             if self.state == RS.WAITING else None},
                              "labels": {k["label"]: self.state or None}}}
 
 
@@ -184,7 +200,7 @@ def opt_out_reason(pods: List[Dict[str, Any]], cfg: RemediationSettings, node: O
 
 def retry_due(cur: NodeRemediation, cfg: RemediationSettings, now: float) -> Tuple[bool, str]:
     """(may a failed remediation start again now, what the operator should know)."""
-    if cur.state != "failed":
+    if cur.state != RS.FAILED:
         return False, ""
     if cfg.max_attempts and cur.attempts >= cfg.max_attempts:
         return False, (f"no automatic retry left ({cur.attempts} of {cfg.max_attempts} attempts): "
@@ -205,44 +221,44 @@ def next_step(cur: NodeRemediation, wants_replace: bool, slurm_jobs: int, pods_o
     st = cur.state
     if st in TERMINAL:
         return Step(Do.NONE, why=f"remediation {st}")
-    if not st or st == "waiting":  # a waiting one starts like a new one (the breaker let it through)
+    if not st or st == RS.WAITING:  # a waiting one starts like a new one (the breaker let it through)
         if not wants_replace:
             return Step(Do.NONE)
         who = opt_out_reason(pods_on_node, cfg, node)
         if who:
             return Step(Do.REPORT_OPT_OUT, why=who)
-        return Step(Do.WAIT, NodeRemediation("quarantined", now, cur.attempts + 1, "replace-class fault",
+        return Step(Do.WAIT, NodeRemediation(RS.QUARANTINED, now, cur.attempts + 1, "replace-class fault",
                                              slurm_node or cur.slurm_node),
                      "quarantined: waiting for its Slurm jobs to leave")
     age = now - cur.since
-    if st == "quarantined":
+    if st == RS.QUARANTINED:
         if slurm_jobs == 0:
             who = opt_out_reason(pods_on_node, cfg, node)
             if who:
                 return Step(Do.REPORT_OPT_OUT, NodeRemediation(attempts=cur.attempts), who)
-            return Step(Do.CORDON, cur_with(cur, "draining", now), "jobs gone: cordon and evict")
+            return Step(Do.CORDON, cur_with(cur, RS.DRAINING, now), "jobs gone: cordon and evict")
         if age > cfg.grace_seconds:
-            return Step(Do.FAIL, cur_with(cur, "failed", now, f"{slurm_jobs} Slurm jobs did not leave in "
+            return Step(Do.FAIL, cur_with(cur, RS.FAILED, now, f"{slurm_jobs} Slurm jobs did not leave in "
                                           f"{cfg.grace_seconds:.0f}s"))
         return Step(Do.WAIT, why=f"{slurm_jobs} Slurm jobs still on the node")
-    if st in ("draining", "drained"):
+    if st in (RS.DRAINING, RS.DRAINED):
         evictable = [p for p in pods_on_node if not is_daemonset_pod(p)]
         if not evictable:
-            return Step(Do.REQUEST_REPLACEMENT, cur_with(cur, "replacing", now), "drained: request a replacement")
+            return Step(Do.REQUEST_REPLACEMENT, cur_with(cur, RS.REPLACING, now), "drained: request a replacement")
         if age > cfg.drain_timeout_seconds:
             if not cur.final_eviction:  # one last attempt at the deadline, whatever the backoff said
                 return Step(Do.FINAL_EVICT, replace(cur, final_eviction=now),
                              f"drain timeout: last eviction attempt of {len(evictable)} pods")
             names = ", ".join(sorted((p.get("metadata") or {}).get("namespace", "") + "/" +
                                      (p.get("metadata") or {}).get("name", "") for p in evictable)[:5])
-            return Step(Do.FAIL, cur_with(cur, "failed", now, f"eviction of {len(evictable)} pods ({names}) blocked "
+            return Step(Do.FAIL, cur_with(cur, RS.FAILED, now, f"eviction of {len(evictable)} pods ({names}) blocked "
                                           f"for {cfg.drain_timeout_seconds:.0f}s (PodDisruptionBudget?)"))
         return Step(Do.EVICT, why=f"{len(evictable)} pods to evict")
-    if st == "replacing":
+    if st == RS.REPLACING:
         if replacement_ready:
-            return Step(Do.RETIRE, cur_with(cur, "done", now), "replacement in service")
+            return Step(Do.RETIRE, cur_with(cur, RS.DONE, now), "replacement in service")
         if age > cfg.replace_timeout_seconds:
-            return Step(Do.FAIL, cur_with(cur, "failed", now, f"replacement never arrived within "
+            return Step(Do.FAIL, cur_with(cur, RS.FAILED, now, f"replacement never arrived within "
                                           f"{cfg.replace_timeout_seconds:.0f}s"))
         return Step(Do.WAIT, why="waiting for the replacement Node")
     return Step(Do.NONE)
@@ -258,7 +274,7 @@ def retry_patch(node: Dict[str, Any], prefix: str, now: float, who: str = "") ->
     circuit breaker, like a new fault. Guarded by the Node's resourceVersion (a leader writing at the
     same moment makes it fail with 409, never half-apply). ValueError when the node is not failed."""
     cur = NodeRemediation.from_node(node, prefix)
-    if cur.state != "failed":
+    if cur.state != RS.FAILED:
         raise ValueError(f"remediation is {cur.state or 'not running'}, not failed: nothing to retry")
     k = keys(prefix)
     body = NodeRemediation("", 0, cur.attempts, "", cur.slurm_node).patch(prefix)

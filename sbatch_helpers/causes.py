@@ -24,14 +24,25 @@ from typing import Iterable, Optional, Sequence
 
 from autoheal.reasons import is_ours, strip_reason_suffix
 from autoheal.slurm.model import Node
+from autoheal.strenum import StrEnum
 
-TIME_LIMIT = "time-limit"
-PREEMPTION = "preemption"
-NODE_FAILURE = "node-failure"
-AUTOHEAL_DRAIN = "autoheal-drain"
-EXTERNAL_REQUEUE = "external-requeue"
-CANCELLED = "cancelled"
-SIGNAL = "signal"  # a grace signal with no other evidence (e.g. scancel --signal by hand)
+
+class CauseKind(StrEnum):
+    """Why a run ended (``AUTOHEAL_REQUEUE_REASON``, ``last=`` in the job comment)."""
+
+    TIME_LIMIT = "time-limit"
+    PREEMPTION = "preemption"
+    NODE_FAILURE = "node-failure"
+    AUTOHEAL_DRAIN = "autoheal-drain"
+    EXTERNAL_REQUEUE = "external-requeue"
+    CANCELLED = "cancelled"
+    SIGNAL = "signal"  # a grace signal with no other evidence (e.g. scancel --signal by hand)
+
+
+TIME_LIMIT, PREEMPTION, NODE_FAILURE = CauseKind.TIME_LIMIT, CauseKind.PREEMPTION, CauseKind.NODE_FAILURE
+AUTOHEAL_DRAIN, EXTERNAL_REQUEUE = CauseKind.AUTOHEAL_DRAIN, CauseKind.EXTERNAL_REQUEUE
+CANCELLED, SIGNAL = CauseKind.CANCELLED, CauseKind.SIGNAL
+_KINDS = frozenset(k.value for k in CauseKind)
 NODE_CAUSES = (NODE_FAILURE, AUTOHEAL_DRAIN)
 #: Slurm may deliver ``--signal`` up to this many seconds before the requested time.
 SIGNAL_EARLY_SLACK = 60
@@ -44,7 +55,7 @@ _SACCT_CAUSES = {"NODE_FAIL": NODE_FAILURE, "PREEMPTED": PREEMPTION, "TIMEOUT": 
 class Cause:
     """Why a run ended: one of the names above, the node concerned (if any) and the evidence used."""
 
-    kind: str
+    kind: CauseKind
     node: str = ""
     evidence: str = ""
 
@@ -150,8 +161,9 @@ def classify_start(*, restart_count: int, recorded: Optional[str], recorded_rest
     if restart_count <= 0:
         return None
     if recorded and recorded_restarts == restart_count:
-        kind, _, node = recorded.partition("@")
-        return Cause(kind, node, "recorded by the previous run")
+        word, _, node = recorded.partition("@")
+        if word in _KINDS:  # a word this release writes; anything else (a hand-edited comment): not recorded
+            return Cause(CauseKind(word), node, "recorded by the previous run")
     cause = from_sacct(sacct_states)
     if cause and cause.kind == NODE_FAILURE:
         problem = node_problem(previous_nodes)

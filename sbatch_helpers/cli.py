@@ -107,6 +107,11 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
                             "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
                             "spare_nodes": spare_nodes, "min_nodes": min_nodes}, late)
     plan = wrapper.build_plan(_request(cfg, sbatch_args, script, script_args, overrides))
+    _show_or_submit(plan, cfg, dry_run, as_json)
+
+
+def _show_or_submit(plan: wrapper.SubmitPlan, cfg: Any, dry_run: bool, as_json: bool) -> None:
+    """--dry-run: print the plan; else submit it and pass sbatch's output (or the job id) through."""
     if dry_run:
         if as_json:
             print_json({"ok": True, "dry_run": True, **plan.to_dict()})

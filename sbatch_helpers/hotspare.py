@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from autoheal.strenum import StrEnum
+
 if TYPE_CHECKING:
     from autoheal.slurm.model import Node
 
@@ -54,14 +56,25 @@ def initial_sets(nodes: Sequence[str], want_active: int, batch_host: str = "") -
     return NodeSets(tuple(ordered[:n]), tuple(ordered[n:]))
 
 
-SWAP, SHRINK, DROP_SPARES, REQUEUE, NOTHING = "swap", "shrink", "drop-spares", "requeue", "nothing"
+class DecisionKind(StrEnum):
+    """What the runner does about a fault among a hot-spare job's nodes."""
+
+    SWAP = "swap"  # lost active nodes replaced by idle spares, inside the allocation
+    SHRINK = "shrink"  # an elastic job (--min-nodes) goes on with fewer active nodes
+    DROP_SPARES = "drop-spares"  # only idle spares are bad: released, the step goes on
+    REQUEUE = "requeue"  # too few spares (or the batch host lost): checkpoint and requeue
+    NOTHING = "nothing"  # no node of the job is unhealthy or gone
+
+
+SWAP, SHRINK, DROP_SPARES = DecisionKind.SWAP, DecisionKind.SHRINK, DecisionKind.DROP_SPARES
+REQUEUE, NOTHING = DecisionKind.REQUEUE, DecisionKind.NOTHING
 
 
 @dataclass(frozen=True)
 class Decision:
     """What the runner does about a fault; ``after`` are the node sets once it is done."""
 
-    kind: str
+    kind: DecisionKind
     lost: Tuple[str, ...] = ()  # active nodes that are bad or already gone from the allocation
     drop: Tuple[str, ...] = ()  # nodes to remove from the allocation (still in it, bad)
     after: Optional[NodeSets] = None
@@ -181,10 +194,6 @@ def write_spares(shim_dir: Path, spares: Sequence[str]) -> None:
 def comment_spares(spares: Sequence[str]) -> str:
     """The comment's ``spares=`` value: the idle spares, or ``none`` (the key marks a hot-spare job)."""
     return ",".join(spares) or NONE
-
-
-def parse_comment_nodes(value: str) -> List[str]:
-    return [] if value in ("", NONE) else [n for n in value.split(",") if n]
 
 
 def preswap_targets(sets: NodeSets, nodes: Iterable[Node], batch_host: str = "") -> List[Tuple[str, str]]:

@@ -27,7 +27,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from autoheal.errors import SlurmError
 from autoheal.sbatch_helpers import causes
@@ -224,8 +224,33 @@ class HotSpareRun:
         redone = self.hot_verify(child, force=True)
         if redone is not None:
             return redone
-        # A step that died with its GPU (XID 79 kills the CUDA process) may end before xid-watch has
-        # drained the node: look once more after a moment before calling it the command's own failure.
+        found = self._fault_decision(trigger)
+        if found is None:
+            return None
+        job, allocation, decision = found
+        if any(n not in allocation for n in self._sets.all):
+            self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
+        if self.resized and decision.drop and decision.kind != hs.REQUEUE:
+            # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
+            # second NodeList update waits 5 s in slurmctld, then "the DB index is being set"), so a node
+            # that must leave the allocation cannot: requeue. A node Slurm removed itself needs no update.
+            decision = hs.Decision(hs.REQUEUE, decision.lost, decision.drop,
+                                   why=f"{decision.why}; but the job was resized already and Slurm refuses "
+                                       f"another resize of it, so requeue")
+        say(f"hot spares: {trigger}: {decision.kind}: {decision.why}")
+        if decision.kind == hs.DROP_SPARES:
+            return self._drop_bad_spares(job, decision)
+        if decision.kind == hs.REQUEUE:
+            if trigger == "signal":
+                return None  # interrupted(): checkpoint, then requeue away from the drained node
+            return self._hot_requeue(child, decision, job)
+        return self._hot_swap(child, decision, job, trigger)
+
+    def _fault_decision(self, trigger: str) -> Optional[Tuple[Job, List[str], hs.Decision]]:
+        """(the job, its allocation, what to do) for a node problem among the job's nodes, or None.
+
+        A step that died with its GPU (XID 79 kills the CUDA process) may end before xid-watch has
+        drained the node: look once more after a moment before calling it the command's own failure."""
         for attempt in range(1 if trigger == "signal" else 2):
             if attempt:
                 time.sleep(RECHECK_SECONDS)
@@ -238,42 +263,28 @@ class HotSpareRun:
             decision = hs.judge(self._sets, allocation, unhealthy, self.batch_host,
                                 int(getattr(self.opts, "min_nodes", 0) or 0))
             if decision.kind != hs.NOTHING:
-                break
-        else:
-            return None
-        if any(n not in allocation for n in self._sets.all):
-            self.resized = True  # Slurm removed a failed node itself (--no-kill): no comment updates now
-        if self.resized and decision.drop and decision.kind != hs.REQUEUE:
-            # Slurm 22.05 without accounting refuses any further update of a job it resized (measured: a
-            # second NodeList update waits 5 s in slurmctld, then "the DB index is being set"), so a node
-            # that must leave the allocation cannot: requeue. A node Slurm removed itself needs no update.
-            decision = hs.Decision(hs.REQUEUE, decision.lost, decision.drop,
-                                   why=f"{decision.why}; but the job was resized already and Slurm refuses "
-                                       f"another resize of it, so requeue")
-        say(f"hot spares: {trigger}: {decision.kind}: {decision.why}")
-        if decision.kind == hs.DROP_SPARES:
-            before = self.hot
-            self.hot = decision.after
-            self._hot_comment()
-            self.write_comment()  # before the resize (see _hot_swap)
-            if self._hot_shrink(job, decision.drop):
-                self.resized = True
-                self.received = None
-                self._write_spares()
-                self._released_now([n for n in decision.drop if n in job.nodes])
-                self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
-                            f"unhealthy, released from the allocation; the step goes on on "
-                            f"{','.join(self._sets.active)}", "action", node=decision.drop[0],
-                            dropped=",".join(decision.drop), spares=",".join(self._sets.spares))
-                return "continue"
-            self.hot = before
-            self._hot_comment()
-            return None
-        if decision.kind == hs.REQUEUE:
-            if trigger == "signal":
-                return None  # interrupted(): checkpoint, then requeue away from the drained node
-            return self._hot_requeue(child, decision, job)
-        return self._hot_swap(child, decision, job, trigger)
+                return job, allocation, decision
+        return None
+
+    def _drop_bad_spares(self, job: Job, decision: hs.Decision) -> Optional[str]:
+        """Release unhealthy idle spares from the allocation: "continue" when Slurm took the resize."""
+        before = self.hot
+        self.hot = decision.after
+        self._hot_comment()
+        self.write_comment()  # before the resize (see _hot_swap)
+        if self._hot_shrink(job, decision.drop):
+            self.resized = True
+            self.received = None
+            self._write_spares()
+            self._released_now([n for n in decision.drop if n in job.nodes])
+            self.record("job-spare-dropped", f"job {self.ident.job_id}: idle spare(s) {','.join(decision.drop)} "
+                        f"unhealthy, released from the allocation; the step goes on on "
+                        f"{','.join(self._sets.active)}", "action", node=decision.drop[0],
+                        dropped=",".join(decision.drop), spares=",".join(self._sets.spares))
+            return "continue"
+        self.hot = before
+        self._hot_comment()
+        return None
 
     # ---- a resize slurmctld lost (killed within seconds of it) ------------------------------------------
     def _released_now(self, nodes: Sequence[str]) -> None:

@@ -451,9 +451,21 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
         raise WrapperError(f"unexpected argument {rest[0]!r} before the script")
     all_opts = parsed.sbatch_options + cli_opts
     warnings: List[str] = []
+    _refuse_conflicts(all_opts)
+    script_layer = _script_layer(parsed, cli_opts, warnings)
+    autoheal_layer = parse_wrapper_args(parsed.autoheal_args, f"{where}: #AUTOHEAL")
+    opts = check_options(merge_options(req.defaults, script_layer, autoheal_layer, req.cli_overrides))
+    if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
+        opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
+    active_nodes = _active_nodes(all_opts, opts.spare_nodes, warnings, opts.min_nodes)
+    argv = _sbatch_argv(req, all_opts, cli_opts, opts, active_nodes)
+    return SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token, active_nodes), options=opts,
+                      warnings=warnings, parsable=bool(_has(cli_opts, "parsable")), token=token)
 
-    bad = _has(all_opts, "no-requeue")
-    if bad:
+
+def _refuse_conflicts(all_opts: Sequence[SbatchOption]) -> None:
+    """sbatch options that would break requeue-and-resume (the script's and the command line's)."""
+    if _has(all_opts, "no-requeue"):
         raise WrapperError("--no-requeue conflicts with autoheal sbatch, which requeues the job to resume it; "
                            "remove it (or submit with plain sbatch)")
     mode = _has(all_opts, "open-mode")
@@ -463,9 +475,10 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     rq = _has(all_opts, "requeue")
     if rq and rq.value and rq.value.lower() not in ("expedite",):
         raise WrapperError(f"--requeue={rq.value}: unknown value")
-    if _has(cli_opts, "wait") and _has(cli_opts, "parsable"):
-        pass  # both are fine; sbatch handles them
 
+
+def _script_layer(parsed: ParsedScript, cli_opts: Sequence[SbatchOption], warnings: List[str]) -> Dict[str, Any]:
+    """The wrapper settings the script's own ``#SBATCH --signal`` gives (a batch-shell signal is kept)."""
     script_layer: Dict[str, Any] = {}
     user_signal = _has(parsed.sbatch_options, "signal")
     if user_signal and user_signal.value:
@@ -477,19 +490,18 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
     if _has(cli_opts, "signal"):
         raise WrapperError("give the grace signal as a wrapper option before sbatch options: "
                            "autoheal sbatch --signal USR2 --grace 90 ... (or #AUTOHEAL --signal ...)")
-    autoheal_layer = parse_wrapper_args(parsed.autoheal_args, f"{where}: #AUTOHEAL")
-    opts = check_options(merge_options(req.defaults, script_layer, autoheal_layer, req.cli_overrides))
-    if not opts.checkpoint_dir:  # unique per job: a new job that gets an old job id gets another folder
-        opts = replace(opts, checkpoint_dir=DEFAULT_CHECKPOINT_DIR.format(token=token))
+    return script_layer
 
-    active_nodes = _active_nodes(all_opts, opts.spare_nodes, warnings, opts.min_nodes)
 
+def _sbatch_argv(req: SubmitRequest, all_opts: Sequence[SbatchOption], cli_opts: Sequence[SbatchOption],
+                 opts: WrapperOptions, active_nodes: int) -> List[str]:
+    """sbatch's argv: requeue, append, the grace signal, the runner comment, then the user's options."""
     comment_opt = _has(all_opts, "comment")
     comment = MARKER
     if comment_opt and comment_opt.value:
         # the runner rewrites the comment as one line: keep the user's part one line from the start
         comment = sanitize(f"{MARKER}{COMMENT_SEPARATOR}{comment_opt.value}", MAX_COMMENT_LEN)
-
+    rq = _has(all_opts, "requeue")
     argv = [req.sbatch]
     if not rq or not rq.value:
         argv.append("--requeue")
@@ -506,9 +518,7 @@ def build_plan(req: SubmitRequest) -> SubmitPlan:
         if o.name in ("comment", "wrap") or (opts.spare_nodes and o.name == "nodes"):
             continue
         argv.extend(o.tokens)
-    plan = SubmitPlan(argv=argv, script=generate_script(req, parsed, opts, token, active_nodes), options=opts,
-                      warnings=warnings, parsable=bool(_has(cli_opts, "parsable")), token=token)
-    return plan
+    return argv
 
 
 def _active_nodes(opts: Sequence[SbatchOption], spare_nodes: int, warnings: List[str], min_nodes: int = 0) -> int:

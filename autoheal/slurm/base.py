@@ -218,13 +218,6 @@ def not_found_if(message: str) -> bool:
     return any(s in text for s in _NOT_FOUND)
 
 
-def raise_typed(message: str, default: type = SlurmError) -> None:
-    """Raise the typed error for ``message``: unavailable, a job outcome, or ``default``."""
-    if unavailable_if(message):
-        raise SlurmUnavailable(message)
-    raise (job_outcome(message) or default)(message)
-
-
 def unavailable_if(message: str) -> bool:
     """True when a Slurm error message means "controller unreachable / not answering"."""
     text = message.lower()

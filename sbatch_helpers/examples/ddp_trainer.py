@@ -19,7 +19,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 try:
     from autoheal.sbatch_helpers import checkpoint as ck
@@ -171,40 +171,50 @@ def main(argv: Optional[list] = None) -> int:
     return code
 
 
+def _resume(mgr: Any, rank: int, model: Any, opt: Any) -> Tuple[Any, int]:
+    """Every rank loads the checkpoint rank 0 chose (the newest valid one): (it, its step), or (None, 0)."""
+    found = pick_resume(mgr) if rank == 0 else None
+    chosen = torch.tensor([found.step if found else -1], dtype=torch.long)
+    dist.broadcast(chosen, src=0)  # every rank resumes from rank 0's choice
+    if chosen.item() < 0:
+        return found, 0
+    if rank != 0 or found is None:  # rank 0 chose `found` (never None here)
+        found = resolve_step(int(chosen.item()), mgr)
+    state = _torch_load(found.file(MODEL_FILE))
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    return found, int(state["step"])
+
+
+def _save(mgr: Any, rank: int, world: int, model: Any, opt: Any, step: int) -> Optional[Path]:
+    """Rank 0 saves model and optimiser at ``step``; every rank waits for it (a barrier)."""
+    if rank == 0 and mgr is not None:
+        meta = {"trainer": "ddp", "world_size": world, "state": state_digest(model.module)}
+        with mgr.saving(step, meta) as tmp:
+            torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step},
+                       tmp / MODEL_FILE)
+        path: Optional[Path] = mgr.directory / ck.checkpoint_name(step)
+        say(f"checkpoint saved step={step} path={path}")
+    else:
+        path = None
+    dist.barrier()
+    return path
+
+
 def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: str) -> int:
     mgr = ck.CheckpointManager(args.checkpoint_dir, keep=args.keep, rank=rank) if args.checkpoint_dir else None
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    found = pick_resume(mgr) if rank == 0 else None
-    chosen = torch.tensor([found.step if found else -1], dtype=torch.long)
-    dist.broadcast(chosen, src=0)  # every rank resumes from rank 0's choice
-    step = 0
-    if chosen.item() >= 0:
-        if rank != 0 or found is None:  # rank 0 chose `found` (never None here)
-            found = resolve_step(int(chosen.item()), mgr)
-        state = _torch_load(found.file(MODEL_FILE))
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        step = int(state["step"])
+    found, step = _resume(mgr, rank, model, opt)
     say(
         f"start step={step} resumed_from={found.path if found else 'none'} restart={restart} host={host} rank={rank} "
         f"world={world} steps={args.steps}"
     )
 
     def save() -> Optional[Path]:
-        if rank == 0 and mgr is not None:
-            meta = {"trainer": "ddp", "world_size": world, "state": state_digest(model.module)}
-            with mgr.saving(step, meta) as tmp:
-                torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step},
-                           tmp / MODEL_FILE)
-            path = mgr.directory / ck.checkpoint_name(step)
-            say(f"checkpoint saved step={step} path={path}")
-        else:
-            path = None
-        dist.barrier()
-        return path
+        return _save(mgr, rank, world, model, opt, step)
 
     loss = float("nan")
     saved_step = step if found else None

@@ -98,6 +98,35 @@ def load_state(found: ck.Checkpoint) -> tuple:
     return found.step, doc["state"]
 
 
+def _save(mgr: Optional[ck.CheckpointManager], rank: int, step: int, state: int, steps: int) -> Optional[Path]:
+    """Rank 0 saves the state at ``step`` (the other ranks hold the same state: nothing to write)."""
+    if mgr is None or rank != 0:
+        return None
+    payload = json.dumps({"trainer": "tiny", "step": step, "state": state}).encode()
+    path = mgr.save(step, payload, {"trainer": "tiny", "state": state, "steps": steps})
+    say(f"checkpoint saved step={step} path={path}")
+    return path
+
+
+def _preempted(mgr: Optional[ck.CheckpointManager], rank: int, step: int, state: int, steps: int,
+               saved_step: Optional[int], signal_step: int) -> int:
+    """The grace signal came: save (rank 0, unless this step is saved already) and say how it ended."""
+    sig = preempt.received_signal()
+    say(f"signal received {preempt.signal_name(sig) if sig else 'unknown'} at step={signal_step}")
+    if rank != 0:
+        say(f"preempted step={step} checkpoint=rank0 exit={EXIT_PREEMPTED}")
+        return EXIT_PREEMPTED
+    try:
+        path = _save(mgr, rank, step, state, steps) if saved_step != step \
+            else mgr.directory / ck.checkpoint_name(step)  # type: ignore[union-attr]
+    except (OSError, ck.CheckpointError) as exc:
+        say(f"checkpoint failed step={step} error={_word(str(exc))}")
+        path = None
+    code = EXIT_PREEMPTED if path else EXIT_PREEMPTED_NOT_SAVED
+    say(f"preempted step={step} state={state} checkpoint={path or 'none'} exit={code}")
+    return code
+
+
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
     rank, world = ck.env_rank(), ck.env_world_size()
@@ -121,14 +150,6 @@ def main(argv: Optional[list] = None) -> int:
     )
     saved_step = step if found else None
 
-    def save() -> Optional[Path]:
-        if mgr is None or rank != 0:
-            return None
-        payload = json.dumps({"trainer": "tiny", "step": step, "state": state}).encode()
-        path = mgr.save(step, payload, {"trainer": "tiny", "state": state, "steps": args.steps})
-        say(f"checkpoint saved step={step} path={path}")
-        return path
-
     while step < args.steps:
         if args.step_seconds:
             time.sleep(args.step_seconds)
@@ -140,24 +161,12 @@ def main(argv: Optional[list] = None) -> int:
             say(f"crash requested at step={step}")
             return EXIT_CRASH
         if preempt.preempt_requested():
-            sig = preempt.received_signal()
-            say(f"signal received {preempt.signal_name(sig) if sig else 'unknown'} at step={progress['signal_step']}")
-            if rank != 0:
-                say(f"preempted step={step} checkpoint=rank0 exit={EXIT_PREEMPTED}")
-                return EXIT_PREEMPTED
-            try:
-                path = save() if saved_step != step else mgr.directory / ck.checkpoint_name(step)  # type: ignore[union-attr]
-            except (OSError, ck.CheckpointError) as exc:
-                say(f"checkpoint failed step={step} error={_word(str(exc))}")
-                path = None
-            code = EXIT_PREEMPTED if path else EXIT_PREEMPTED_NOT_SAVED
-            say(f"preempted step={step} state={state} checkpoint={path or 'none'} exit={code}")
-            return code
+            return _preempted(mgr, rank, step, state, args.steps, saved_step, progress["signal_step"])
         if step % args.checkpoint_every == 0 and step < args.steps:
-            save()
+            _save(mgr, rank, step, state, args.steps)
             saved_step = step
     if saved_step != step:
-        save()
+        _save(mgr, rank, step, state, args.steps)
     say(f"done step={step} final_state={state}")
     return EXIT_DONE
 

@@ -231,9 +231,14 @@ def test_prolog_with_an_unusable_state_dir_lets_the_job_run(lab, kind):
         assert "DRAIN" not in line and "Prolog error" not in line, line
         wait_for(lambda: [r for r in journal(lab)[before:] if r["source"] == "prolog"
                           and r.get("action") == "hook-trouble"], 15, "the prolog's journal record")
+        ran = len(journal(lab))
         cancel_job(lab.env, job)
         wait_for(lambda: job_fields(lab, job).get("JobState") in ("CANCELLED", ""), 30, "the job to end")
-        time.sleep(2)  # the epilog runs as the job ends
+        # the epilog runs as the job ends: its own record of the unusable state dir says it ran (and
+        # came this far), and once no job is COMPLETING Slurm has its exit code
+        wait_for(lambda: [r for r in journal(lab)[ran:] if r["source"] == "epilog"
+                          and r.get("action") == "hook-trouble"], 30, "the epilog's journal record")
+        wait_epilogs_done(lab.env, node)
         assert "DRAIN" not in node_line(lab, node), node_line(lab, node)
         assert [p for p in os.listdir(state_dir) if p.endswith(".tmp")] == []
     finally:
@@ -346,6 +351,27 @@ def test_polled_fault_drains_at_once_moves_the_job_and_the_healthcheck_climbs_on
         heal(lab, node)
 
 
+def _health_polls(handle, node):
+    """(health polls done, when the last one began) from xid-watch's textfile: (0, 0.0) before it has one."""
+    path = handle.layout.root / "metrics" / node / "autoheal_xid_watch.prom"
+    got = {}
+    try:
+        for line in path.read_text().splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                got[key.split("{", 1)[0]] = float(value)
+    except OSError:
+        pass
+    return (int(got.get("autoheal_xid_watch_health_polls_total", 0)),
+            got.get("autoheal_xid_watch_health_poll_started_timestamp_seconds", 0.0))
+
+
+def _polls_started_after(handle, node, t):
+    """The poll count once the textfile shows a poll that began after ``t`` (None before)."""
+    count, started = _health_polls(handle, node)
+    return count if started > t else None
+
+
 def test_thermal_blip_is_left_to_the_healthcheck(lab):
     """Over two polls of 92 C with HW thermal slowdown, cooled down before the next healthcheck: xid-watch
     neither drains nor journals (thermal is not a hard fault for its poll)."""
@@ -354,9 +380,13 @@ def test_thermal_blip_is_left_to_the_healthcheck(lab):
     try:
         with _healthcheck_held(lab, node):
             inject(lab.lab, node, gpu, "thermal")
-            time.sleep(2 * lab.config().hooks.xid_watch_health_poll + 1)
+            hot = time.time()
+            # two whole polls read the GPU hot (xid-watch's textfile counts them), then it cools down
+            first = wait_for(lambda: _polls_started_after(lab, node, hot), 60, "a health poll after the injection")
+            wait_for(lambda: _health_polls(lab, node)[0] >= first + 2, 60, "two health polls of the hot GPU")
             inject(lab.lab, node, gpu, "clear")
-            time.sleep(1)
+            cooled = time.time()
+            wait_for(lambda: _polls_started_after(lab, node, cooled), 60, "a health poll of the cooled GPU")
             assert "DRAIN" not in node_line(lab, node)
         assert not [r for r in journal(lab)[before:] if r["node"] == node and r["source"] == "xid-watch"]
     finally:

@@ -181,13 +181,25 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
         last = log.read_text().splitlines()[-1]
         with open(log, "a") as fh:
             fh.write(last + "\n")
-        time.sleep(1.5)  # give the restarted daemon time to (not) act
+        # the replay was read (and dropped: its kmsg sequence is at the cursor) once the kernel-log
+        # cursor the node state keeps has moved past it; only then does "nothing happened" mean something
+        end = log.stat().st_size
+        wait_for(lambda: kernel_log_offset(lab, "gpu1") >= end, 15, "the kernel-log cursor to pass the replay")
         after = journal(lab)[before:]
         acted = ("detection", "drain", "signal")
         assert not [r for r in after if r["source"] == "xid-watch" and r["event"] in acted], after
     finally:
         cancel_job(lab.env, job)
         heal_node(lab, "gpu1")
+
+
+def kernel_log_offset(handle, node: str) -> int:
+    """How far into the node's kernel-log file the cursor in its node state has read."""
+    path = handle.layout.root / "nodestate" / node / "state.json"
+    try:
+        return int((json.loads(path.read_text()).get("kmsg") or {}).get("offset", 0))
+    except (OSError, ValueError):
+        return 0  # not written yet, or read mid-rename
 
 
 def job_fields(handle, job):

@@ -18,6 +18,7 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import engine, jobhook
 from autoheal.hooks.context import Context
 from autoheal.hooks.gather import GpuSample, NodeSample
+from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
 
 XID79 = "xid 79 on GPU 3 of n1 (0000:5d:00.0): fallen off the bus"
@@ -151,7 +152,7 @@ def test_a_drain_record_left_by_a_technicians_resume_is_replaced_by_the_next_dra
         st["faults"] = []  # the technician's --clear-faults; the drain record stays
         st["last_result"] = None
     lab.slurm.node = Node("n1", "IDLE", frozenset(), "")  # the technician's resume
-    pcie = C.CheckResult("pcie", C.FAIL, "pcie: GPU 1 of n1 (0000:3b:00.0): link x8 below x16", C.DRAIN, 1)
+    pcie = C.CheckResult("pcie", C.FAIL, parse_body("pcie: GPU 1 of n1 (0000:3b:00.0): link x8 below x16"), C.DRAIN, 1)
     engine.drain_for(lab, pcie)
     assert lab.slurm.node.drain and lab.store.read()["drain"]["reason"] == lab.slurm.node.reason
     with lab.store.locked() as st:

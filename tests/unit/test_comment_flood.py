@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from autoheal.sbatch_helpers.comment import _FIELD, CommentState
+from autoheal.runner_comment import _FIELD, CommentState
 from autoheal_lab import flood
 
 BEFORE = re.compile(r"(\w+)=(\S*)")

@@ -14,6 +14,7 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import engine
 from autoheal.hooks import state as S
 from autoheal.journal import Record
+from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
 
 
@@ -42,10 +43,10 @@ def make_ctx(tmp_path, **hooks):
 
 def ecc_fault(gpu=2):
     """What one double-bit ECC error fails at once on one GPU."""
-    return [C.CheckResult("ecc", C.FAIL, "ecc", C.RESET, gpu),
-            C.CheckResult("remapped-rows", C.FAIL, "rr", C.RESET, gpu),
-            C.CheckResult("recovery-action", C.FAIL, "ra", C.RESET, gpu),
-            C.CheckResult("xid", C.FAIL, "xid 48", C.RESET, gpu)]
+    return [C.CheckResult("ecc", C.FAIL, parse_body("ecc"), C.RESET, gpu),
+            C.CheckResult("remapped-rows", C.FAIL, parse_body("rr"), C.RESET, gpu),
+            C.CheckResult("recovery-action", C.FAIL, parse_body("ra"), C.RESET, gpu),
+            C.CheckResult("xid", C.FAIL, parse_body("xid 48"), C.RESET, gpu)]
 
 
 def test_one_reset_per_gpu_per_pass(tmp_path):
@@ -61,7 +62,7 @@ def test_one_reset_per_gpu_per_pass(tmp_path):
 
 def test_heaviest_rung_first(tmp_path):
     ctx = make_ctx(tmp_path)
-    results = ecc_fault(1) + [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 3)]
+    results = ecc_fault(1) + [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 3)]
     done = engine.maybe_repair(ctx, results, now=1000.0)
     assert [a["action"] for a in done] == ["reboot-node"]  # covers GPU 1 too
 
@@ -130,7 +131,7 @@ def test_fault_on_a_node_drained_for_a_k8s_cordon_replaces_the_reason(tmp_path):
     ctx.slurm = RecordingSlurm("autoheal: k8s: node cordoned: lent to inference")
     with ctx.store.locked() as st:
         st.pop("drain", None)
-    fault = C.CheckResult("xid", C.FAIL, "xid 79 gpu 3 (0000:3b:00.0): fallen off the bus", C.REPLACE, 3)
+    fault = C.CheckResult("xid", C.FAIL, parse_body("xid 79 gpu 3 (0000:3b:00.0): fallen off the bus"), C.REPLACE, 3)
     act = engine.drain_for(ctx, fault)
     assert act["outcome"] == "reason-updated"
     assert ctx.slurm.calls == [("set_reason", "autoheal: xid 79 gpu 3 (0000:3b:00.0): fallen off the bus")]
@@ -140,7 +141,7 @@ def test_fault_on_a_node_drained_for_a_k8s_cordon_replaces_the_reason(tmp_path):
 def test_fault_on_our_own_health_drain_keeps_the_reason(tmp_path):
     ctx = make_ctx(tmp_path)
     ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
-    fault = C.CheckResult("xid", C.FAIL, "xid 79 gpu 3 (0000:3b:00.0): fallen off the bus", C.REPLACE, 3)
+    fault = C.CheckResult("xid", C.FAIL, parse_body("xid 79 gpu 3 (0000:3b:00.0): fallen off the bus"), C.REPLACE, 3)
     assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
     assert ctx.slurm.calls == []
 
@@ -149,8 +150,8 @@ def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
     # issue 15: docs/admin-hooks.md described a reset/reboot ladder for XID 79; its policy is `replace`
     # and a lost GPU (the driver's state after XID 79) only asks for a reboot, so the replacement wins
     xid = "xid 79 on GPU 3 of n1 (0000:3b:00.0): fallen off the bus"
-    results = [C.CheckResult("xid", C.FAIL, xid, C.REPLACE, 3),
-               C.CheckResult("gpu-lost", C.FAIL, "gpu-lost: GPU 3 of n1: GPU is lost", C.REBOOT, 3)]
+    results = [C.CheckResult("xid", C.FAIL, parse_body(xid), C.REPLACE, 3),
+               C.CheckResult("gpu-lost", C.FAIL, parse_body("gpu-lost: GPU 3 of n1: GPU is lost"), C.REBOOT, 3)]
     ctx = make_ctx(tmp_path)
     ctx.slurm = RecordingSlurm("autoheal: " + xid)
     ctx.slurm.node = Node("n1", "MIXED", frozenset({"DRAIN"}), "autoheal: " + xid)
@@ -177,9 +178,9 @@ def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_
     xid-watch saw it back in service (or on a node without xid-watch), only answered "waiting: reboot
     already requested": the node stayed drained for good. Slurm's own flags now tell when it is over."""
     ctx = make_ctx(tmp_path)
-    lost = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 3)]
+    lost = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 3)]
     assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1000.0)] == ["requested"]
-    lost = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 4)]  # (GPU 3 again would climb to replace)
+    lost = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 4)]  # (GPU 3 again would climb to replace)
     # Slurm shows the request: a pass for another GPU waits for it
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN", "REBOOT_REQUESTED"}), ctx.slurm.node.reason)
     assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1001.0)] == ["waiting: reboot already requested"]
@@ -187,7 +188,7 @@ def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), ctx.slurm.node.reason)
     assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1002.0)] == ["waiting: reboot already requested"]
     # the reboot is over (no flag), the boot id unchanged; a new fault on another GPU: a new reboot
-    other = [C.CheckResult("gpu-lost", C.FAIL, "lost", C.REBOOT, 5)]
+    other = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 5)]
     done = engine.maybe_repair(ctx, other, now=1100.0)
     assert [(a["action"], a["outcome"]) for a in done] == [("reboot-node", "requested")]
     assert len(ctx.slurm.reboots) == 2

@@ -24,6 +24,7 @@ from autoheal.hooks import engine, jobhook
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
 from autoheal.journal import Record
+from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
 
 # ---- the node state: read-only, full, locked -------------------------------------------------------
@@ -167,7 +168,7 @@ def test_prolog_still_fails_on_a_gpu_fault_with_a_broken_state_dir(tmp_path, mon
     ctx = _ctx(tmp_path, blocker / "state", journal)
     ctx.slurm = FakeCtld()
     monkeypatch.setattr(context.Context, "load", classmethod(lambda cls, source, *a, **k: ctx))
-    lost = C.CheckResult("gpu-lost", C.FAIL, "gpu-lost: GPU 1 of n1: GPU is lost", C.REBOOT, 1)
+    lost = C.CheckResult("gpu-lost", C.FAIL, parse_body("gpu-lost: GPU 1 of n1: GPU is lost"), C.REBOOT, 1)
     monkeypatch.setattr(engine, "observe", lambda *a, **k: engine.Pass(node="n1", results=[lost]))
     assert jobhook.run("prolog") == 1  # a GPU fault found: the one reason to fail a job
     assert ctx.slurm.get_node("n1").reason == "autoheal: gpu-lost: GPU 1 of n1: GPU is lost"
@@ -262,7 +263,7 @@ def test_a_fault_back_after_a_reset_is_new_and_the_storm_is_journalled(tmp_path)
     ev = XidEvent(xid=48, gpu=3, source="nvml")
     first = engine.xid_results(ctx, st, [ev], {}, 1000.0)
     assert [r.status for r in first] == [C.FAIL]
-    assert first[0].reason == "xid 48 on GPU 3 of gpu2: double-bit ECC error"
+    assert first[0].text == "xid 48 on GPU 3 of gpu2: double-bit ECC error"
     notes = []
     twin = XidEvent(xid=48, gpu=3, source="kmsg")
     assert engine.xid_results(ctx, st, [twin], {}, 1015.0, notes) == [] and notes == []  # the other source: silent
@@ -317,11 +318,11 @@ class _Slurm:
 def test_skipped_foreign_drain_is_journalled_once_per_fault(tmp_path):
     ctx = _xctx(tmp_path)
     ctx.node, ctx.slurm = "n1", _Slurm("admin: bios update")
-    fault = C.CheckResult("ecc", C.FAIL, "ecc: GPU 2 of n1: 1 uncorrectable ECC errors", C.RESET, 2)
+    fault = C.CheckResult("ecc", C.FAIL, parse_body("ecc: GPU 2 of n1: 1 uncorrectable ECC errors"), C.RESET, 2)
     for _ in range(5):  # five health checks while the admin's drain lasts
         engine.drain_for(ctx, fault)
     assert len([r for r in ctx.records if r[0] == "detection"]) == 1
-    other = C.CheckResult("ecc", C.FAIL, "ecc: GPU 5 of n1: 1 uncorrectable ECC errors", C.RESET, 5)
+    other = C.CheckResult("ecc", C.FAIL, parse_body("ecc: GPU 5 of n1: 1 uncorrectable ECC errors"), C.RESET, 5)
     engine.drain_for(ctx, other)
     assert len([r for r in ctx.records if r[0] == "detection"]) == 2
 

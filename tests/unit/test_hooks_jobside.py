@@ -23,9 +23,11 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
 from autoheal.hooks import state as S
 from autoheal.journal import Record
+from autoheal.reasons import parse_body
 from autoheal.slurm.model import Job, JobUpdate, Node
 
-XID79 = C.CheckResult("xid", C.FAIL, "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus", C.REPLACE, 1,
+XID79 = C.CheckResult("xid", C.FAIL, parse_body("xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"),
+                      C.REPLACE, 1,
                       {"xid": 79})
 
 
@@ -130,7 +132,7 @@ def test_node_drained_by_the_healthcheck_gets_its_jobs_requeued_once(tmp_path):
     # finding 2a: the healthcheck drained first and marked the XID seen; xid-watch never judged it
     ctx = make_ctx(tmp_path)
     ctx.slurm.add_job("7")
-    ctx.slurm.drain("n1", "autoheal: " + XID79.reason)
+    ctx.slurm.drain("n1", "autoheal: " + XID79.text)
     with ctx.store.locked() as st:
         st["drain"] = {"reason": ctx.slurm.node.reason, "time": 100.0, "source": "healthcheck"}
         S.remember_xid(st, 79, 1, "0000:3b:00", 100.0)
@@ -167,6 +169,20 @@ def test_runner_gets_its_signal_then_a_requeue_only_if_still_running(tmp_path):
     assert "update 8" not in ctx.slurm.calls  # the runner writes its own comment
     done = {a["job"]: a["outcome"] for a in ctx.store.read()["job_actions"].values()}
     assert done == {"8": "requeued", "9": "no longer runs here (PENDING)"}
+
+
+def test_the_fault_episode_and_the_job_comment_name_the_fault_in_text(tmp_path):
+    """The episode opened by a pending drain keeps the fault's line (the state file holds text, read by
+    the requeue comment and `autoheal status`), never the repr of the typed value (issue 24)."""
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.add_job("7")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    side(ctx).step(now=100.0, urgent=True)
+    st = ctx.store.read()
+    assert st["episode"]["reason"] == "xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"
+    note = st["job_actions"]["7@" + st["episode"]["id"]]["note"]
+    assert note == "autoheal: requeued after xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"
 
 
 def test_hot_spare_job_is_recognised_and_signalled_like_a_runner_job(tmp_path):
@@ -231,7 +247,7 @@ def test_a_restart_after_a_signal_never_sends_it_twice(tmp_path):
     ctx.slurm.add_job("5")
     with ctx.store.locked() as st:
         J.request_drain(st, XID79, 100.0)
-        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.reason}
+        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.text}
         J.add_action(st, "5", "drain-1", "note", 100.0, runner=False)
         st["job_actions"]["5@drain-1"].update(stage=J.SIGNALLING, signalled_at=100.0)  # crashed mid-call
     js = side(ctx)
@@ -336,7 +352,8 @@ def test_requeue_policy_xid_moves_only_the_jobs_of_that_gpu(tmp_path):
     ctx = make_ctx(tmp_path)
     ctx.slurm.add_job("21")
     ctx.slurm.add_job("22")
-    r = C.CheckResult("xid", C.WARN, "xid 94 on GPU 0 of n1 (0000:1b:00.0): contained ECC error", C.REQUEUE, 0,
+    r = C.CheckResult("xid", C.WARN, parse_body("xid 94 on GPU 0 of n1 (0000:1b:00.0): contained ECC error"),
+                      C.REQUEUE, 0,
                       {"xid": 94})
     with ctx.store.locked() as st:
         J.add_requeue_fault(st, r, 100.0, ["21"])
@@ -457,7 +474,7 @@ def test_a_fault_seen_under_an_admins_drain_is_drained_for_the_moment_theirs_end
     assert ctx.slurm.node.reason == "admin: soak maintenance 11"  # theirs is never overwritten
     ctx.slurm.resume("n1")  # the admin's maintenance is over
     js.step(now=150.0, force=True)
-    assert ctx.slurm.node.drain and ctx.slurm.node.reason == "autoheal: " + XID79.reason
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason == "autoheal: " + XID79.text
     assert ctx.store.read()["episode"]  # ours now, with its own episode
 
 

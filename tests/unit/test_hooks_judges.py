@@ -56,7 +56,7 @@ def test_xid_judgement_and_app_xids_never_escalate():
     r = C.judge_xid(ev, gpu=3, pci="0000:3b:00.0", node="gpu2")
     assert r.status == C.FAIL and r.action == C.REPLACE
     # issue 15: a GPU index never reads like a node name ("on gpu3" was taken for the node gpu3)
-    assert r.reason == "xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus"
+    assert r.text == "xid 79 on GPU 3 of gpu2 (0000:3b:00.0): fallen off the bus"
     app = parse_line("4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics SM Warp Exception")
     r = C.judge_xid(app, gpu=3)
     assert r.status == C.OK and r.action == C.NONE and r.evidence["policy"] == "job"
@@ -86,7 +86,7 @@ def test_each_check_healthy_failing_unknown(check, change, action):
         setattr(g, k, v)
     res = [r for r in C.judge_sample(NodeSample(node="gpu2", count=1, gpus=[g]), cfg, 1) if r.check == check]
     assert res and res[0].status == C.FAIL and res[0].action == action, res
-    assert res[0].reason.startswith(check + ": GPU 0 of gpu2 (0000:3b:00.0): ")
+    assert res[0].text.startswith(check + ": GPU 0 of gpu2 (0000:3b:00.0): ")
     hung = GpuSample(index=0, error="timeout")
     unknown = C.judge_sample(NodeSample(count=1, gpus=[hung]), cfg, 1)
     assert C.overall(unknown) == C.UNKNOWN

@@ -16,7 +16,7 @@ from autoheal.hooks import engine
 from autoheal.hooks import preswap as P
 from autoheal.hooks import state as S
 from autoheal.hooks.gather import GpuSample, NodeSample
-from autoheal.reasons import is_preswap
+from autoheal.reasons import is_preswap, parse_body
 from autoheal.sbatch_helpers import hotspare as hs
 from autoheal.slurm.model import Job, Node
 
@@ -49,7 +49,7 @@ def test_signs_from_check_results_name_the_gpu_and_node():
 def test_faults_are_not_signs():
     failure = C.check_remapped_rows(GpuSample(0, ok=True, remap_pending=True, remap_failure=True), node="n1")[0]
     too_hot = C.check_temperature(GpuSample(0, ok=True, temperature=95), node="n1")[0]
-    ecc = C.CheckResult("ecc", C.FAIL, "ecc: 1 uncorrectable", C.RESET, 0)
+    ecc = C.CheckResult("ecc", C.FAIL, parse_body("ecc: 1 uncorrectable"), C.RESET, 0)
     assert P.signs([failure, too_hot, ecc], {}, H, 1000.0, "n1") == []
     assert P.faults_beside([failure, too_hot, ecc, pending_remap()], list(PRESWAP_SIGNS)) == [failure, too_hot, ecc]
 
@@ -206,8 +206,8 @@ def test_a_real_fault_replaces_the_preemptive_reason(tmp_path, monkeypatch):
     ctx, observe = ctx_for(tmp_path, slurm, [pending_remap()])
     monkeypatch.setattr(engine, "observe", observe)
     engine.health_pass(ctx)
-    ctx.results = [pending_remap(), C.CheckResult("xid", C.FAIL, "xid 79 on GPU 0 of n1: fallen off the bus",
-                                                  C.REPLACE, 0)]
+    xid79 = parse_body("xid 79 on GPU 0 of n1: fallen off the bus")
+    ctx.results = [pending_remap(), C.CheckResult("xid", C.FAIL, xid79, C.REPLACE, 0)]
     engine.health_pass(ctx)
     assert slurm.calls[-1] == ("set_reason", "autoheal: xid 79 on GPU 0 of n1: fallen off the bus")
     assert ctx.store.read()["drain"]["reason"] == slurm.node.reason  # resumable as our fault drain

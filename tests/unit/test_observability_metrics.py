@@ -75,6 +75,43 @@ def read_prom(path):
     return out
 
 
+def test_xid_watch_textfile_counts_the_health_polls_and_when_the_last_began(tmp_path, monkeypatch):
+    """A healthy poll writes nothing to the node state; the textfile still shows that polls happen (a
+    stalled poll thread is visible, and lab tests wait for polls that read a changed GPU)."""
+    import threading
+    from types import SimpleNamespace
+
+    from test_hooks_jobside import FakeCtld
+
+    import autoheal.hooks.gather as G
+    from autoheal.config.hooks_section import HooksSection
+
+    out = tmp_path / "tf"
+    h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir=str(out), dcgm_mapping_dir="",
+                     xid_watch_health_poll=1.0)
+    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(),
+                          source="xid-watch", path=lambda t: t, close=lambda *a: None,
+                          record=lambda event, **kw: None)
+    monkeypatch.setattr(G, "gather", lambda node, budget=0.0, cheap=False: sample())
+    watch = X.XidWatch(ctx)
+    watch.write_metrics()
+    assert read_prom(out / X.METRICS_FILE)['autoheal_xid_watch_health_polls_total{node="n1"}'] == 0
+    t0 = time.time()
+    poller = threading.Thread(target=watch.health_loop, daemon=True)
+    poller.start()
+    deadline = time.monotonic() + 30
+    while watch.health_polls < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    watch.stop()
+    poller.join(10)
+    watch._metrics_dirty = True
+    watch.write_metrics()
+    got = read_prom(out / X.METRICS_FILE)
+    assert got['autoheal_xid_watch_health_polls_total{node="n1"}'] >= 2
+    assert t0 < got['autoheal_xid_watch_health_poll_started_timestamp_seconds{node="n1"}'] <= time.time()
+    assert S.NodeState(str(tmp_path)).read().get("counters", {}) == {}  # healthy polls wrote nothing
+
+
 def test_xid_watch_textfile_beats_while_idle_says_up_0_at_a_clean_stop_and_times_fault_to_drain(tmp_path):
     from types import SimpleNamespace
 

@@ -92,3 +92,16 @@ def test_interrupt_action_on_2411_job_state_lists(states, restarts, action):
 
     job = job_from_json({"job_id": 7, "job_state": states, "restart_cnt": restarts})
     assert c.interrupt_action(job.state, job.restart_count, 0) == action
+
+
+def test_a_recorded_cause_this_release_does_not_write_is_not_taken_from_the_comment():
+    """``last=`` is text in the job comment (a user can edit it): only a CauseKind word is believed; anything
+    else is judged as if nothing was recorded (issue 24: causes are a closed set)."""
+    from autoheal.sbatch_helpers.causes import EXTERNAL_REQUEUE, NODE_FAILURE, CauseKind, classify_start
+
+    took = classify_start(restart_count=1, recorded="node-failure@gpu2", recorded_restarts=1, sacct_states=None,
+                          previous_nodes=[])
+    assert took is not None and took.kind is NODE_FAILURE and took.node == "gpu2"
+    forged = classify_start(restart_count=1, recorded="$(reboot)@gpu2", recorded_restarts=1, sacct_states=None,
+                            previous_nodes=[])
+    assert forged is not None and forged.kind is EXTERNAL_REQUEUE and isinstance(forged.kind, CauseKind)
