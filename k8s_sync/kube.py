@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 
 from autoheal.errors import AutohealError
@@ -130,24 +131,34 @@ class KubeClient(Protocol):
 class KubeApi:
     """The real adapter, over the official client."""
 
-    def __init__(self, client_config: Any, timeout: float = 10.0) -> None:
+    def __init__(self, client_config: Any, timeout: float = 10.0, connections: int = 0) -> None:
+        """``connections``: requests this client may have open at once (the engine's write pool, two
+        watches, the Lease): the connection pool keeps that many, so no request pays a new TLS handshake
+        (urllib3 discards connections beyond its pool size, ``cpu_count() * 5`` by default)."""
         from kubernetes import client
 
         self._client_mod = client
+        if connections > (client_config.connection_pool_maxsize or 0):
+            client_config.connection_pool_maxsize = connections
         self.api_client = client.ApiClient(client_config)
         self.core = client.CoreV1Api(self.api_client)
         self.coord = client.CoordinationV1Api(self.api_client)
         self.timeout = timeout
         self.calls: Dict[str, int] = {}  # method -> count, for metrics and tests
+        self._calls_lock = threading.Lock()  # the write pool's threads count too
 
     @classmethod
     def from_settings(cls, kubeconfig: Optional[str] = None, in_cluster: bool = False,
-                      timeout: float = 10.0) -> KubeApi:
-        return cls(load_client_config(kubeconfig, in_cluster), timeout)
+                      timeout: float = 10.0, connections: int = 0) -> KubeApi:
+        return cls(load_client_config(kubeconfig, in_cluster), timeout, connections)
+
+    def _count(self, what: str) -> None:
+        with self._calls_lock:
+            self.calls[what] = self.calls.get(what, 0) + 1
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _raw(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
-        self.calls[what] = self.calls.get(what, 0) + 1
+        self._count(what)
         kwargs.setdefault("_request_timeout", self.timeout)
         try:
             resp = fn(*args, _preload_content=False, **kwargs)
@@ -181,7 +192,7 @@ class KubeApi:
     def _watch(self, what: str, fn: Callable[..., Any], *args: Any, resource_version: str, timeout: int,
                **kwargs: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """Events of one watch request from ``resource_version``; Gone on 410 (caller relists)."""
-        self.calls[what] = self.calls.get(what, 0) + 1
+        self._count(what)
         try:
             resp = fn(*args, watch=True, resource_version=resource_version, timeout_seconds=timeout,
                       allow_watch_bookmarks=True, _preload_content=False,

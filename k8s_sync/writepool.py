@@ -1,0 +1,91 @@
+"""Which of a step's writes may run at the same time, and a bounded pool that runs them.
+
+A pass's mirror writes are independent but for two orders the planner expresses by position: the writes
+to one object (a Node's health condition, then its taint list, then its fault-history annotation: each
+re-bases its resourceVersion guard on the one before) and the writes of one ``group`` (after one fails
+the rest are skipped). ``lanes`` cuts a run of such writes into lanes that keep both orders: writes that
+share an object or a group land in one lane, in plan order; different lanes share neither, so they may
+run in parallel. ``run_lanes`` runs the lanes on at most ``concurrency`` threads (``sync.
+api_write_concurrency``), so the API server's concurrency is used but never more than configured; the
+rate limiter, leadership and error handling stay per write (``engine.Reconciler``).
+
+Only plain object patches are pooled (``POOLED_KINDS``); every other write (Slurm, evictions, deletes,
+custom resources, the breaker) runs alone, in plan order, between pooled runs (``segments``).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Dict, Hashable, List, Sequence, Tuple
+
+from autoheal.k8s_sync.plan import NODE_PATCH, NODE_STATUS, POD_STATUS, Action
+
+#: Write kinds a pool may run side by side (one object each; nothing after them reads their answer but
+#: the next write to the same object, which is in the same lane).
+POOLED_KINDS = frozenset((POD_STATUS, NODE_STATUS, NODE_PATCH))
+
+Indexed = Tuple[int, Action]  # an action and its position in the step's plan
+
+
+def object_key(action: Action) -> Tuple[str, ...]:
+    """The Kubernetes object an action writes (a pod's status and a Node's status/spec/metadata)."""
+    if action.kind == POD_STATUS:
+        return ("pod", action.namespace, action.target)
+    return ("node", action.target)
+
+
+def segments(actions: Sequence[Action], pooled: bool = True) -> List[Tuple[bool, List[Indexed]]]:
+    """Consecutive runs of ``actions`` as (poolable, [(index, action)]), in plan order. A later run
+    starts only when the one before it has finished (a barrier), so every order between a pooled write
+    and a lone one (a Slurm drain, then the annotation that records it) is kept."""
+    out: List[Tuple[bool, List[Indexed]]] = []
+    for i, action in enumerate(actions):
+        can = pooled and action.kind in POOLED_KINDS
+        if out and out[-1][0] == can:
+            out[-1][1].append((i, action))
+        else:
+            out.append((can, [(i, action)]))
+    return out
+
+
+def lanes(run: Sequence[Indexed]) -> List[List[Indexed]]:
+    """Split a run of pooled writes into lanes: two writes share a lane when they write one object or
+    belong to one group (transitively). Each lane is in plan order; lanes are ordered by their first
+    write."""
+    parent: Dict[Hashable, Hashable] = {}
+
+    def find(x: Hashable) -> Hashable:
+        root = x
+        while parent.setdefault(root, root) != root:
+            root = parent[root]
+        while parent[x] != root:  # path compression
+            parent[x], x = root, parent[x]
+        return root
+
+    def keys(action: Action) -> List[Hashable]:
+        return [object_key(action)] + ([("group", action.group)] if action.group else [])
+
+    for _, action in run:
+        ks = keys(action)
+        for k in ks[1:]:
+            ra, rb = find(ks[0]), find(k)
+            if ra != rb:
+                parent[rb] = ra
+    by_root: Dict[Hashable, List[Indexed]] = {}
+    for item in run:
+        by_root.setdefault(find(object_key(item[1])), []).append(item)
+    return sorted(by_root.values(), key=lambda lane: lane[0][0])
+
+
+def run_lanes(work: Sequence[List[Indexed]], worker: Callable[[List[Indexed]], None], concurrency: int) -> None:
+    """``worker(lane)`` for every lane, on at most ``concurrency`` threads at once (inline when one
+    thread is all that is allowed or needed). Returns when every lane is done; an exception a worker
+    raised (a bug: writes catch their API errors) is raised here after the others finished."""
+    if concurrency <= 1 or len(work) <= 1:
+        for lane in work:
+            worker(lane)
+        return
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(work)), thread_name_prefix="sync-write") as pool:
+        futures = [pool.submit(worker, lane) for lane in work]
+    for f in futures:
+        f.result()
