@@ -109,6 +109,7 @@ class _Batch:
     failed_slurm_nodes: Set[str] = field(default_factory=set)
     failed_groups: Set[str] = field(default_factory=set)
     halted: bool = False  # leadership lost: nothing more is written in this step
+    records: Optional[List[Action]] = None  # pooled writes whose Events wait for the end of their run
 
     def fail(self, action: Action, slurm_node: bool = False) -> None:
         """``action`` did not happen: the rest of its group waits (and its Slurm node's annotations)."""
@@ -290,10 +291,17 @@ class Reconciler:
                 continue
             first = len(res.applied)
             order = {id(a): i for i, a in run}
+            batch.records = []
             writepool.run_lanes(writepool.lanes(run), lambda lane: self._run_lane(step, lane, snap, res, batch),
                                 self.cfg.api_write_concurrency)
             # the result lists its writes in plan order, however the lanes interleaved
             res.applied[first:] = sorted(res.applied[first:], key=lambda a: order.get(id(a), -1))
+            # the Events after the state they tell of: a drain of many nodes is visible one round of
+            # Events sooner (Events are for people; conditions and taints are what schedulers read)
+            events = sorted(batch.records, key=lambda a: order.get(id(a), -1))
+            batch.records = None
+            writepool.run_lanes([[(i, a)] for i, a in enumerate(events)],
+                                lambda one: self._record(one[0][1], snap), self.cfg.api_write_concurrency)
 
     def _run_lane(self, step: str, lane: List[Tuple[int, Action]], snap: Snapshot, res: PassResult,
                   batch: _Batch) -> None:
@@ -313,7 +321,7 @@ class Reconciler:
                 if self._held_back(action, batch, res):
                     continue
             if self._write_one(action, snap, batch, res):
-                self._written(step, action, snap, res)
+                self._written(step, action, snap, res, batch)
 
     def _held_back(self, action: Action, batch: _Batch, res: PassResult) -> bool:
         """True when ``action`` is not written this pass: its path (Slurm or Kubernetes) stopped, it is the
@@ -369,8 +377,10 @@ class Reconciler:
         if status == 429 or status >= 500 or status == 0:
             batch.kube_stopped = True  # back off: the next pass retries from fresh data
 
-    def _written(self, step: str, action: Action, snap: Snapshot, res: PassResult) -> None:
-        """Book a write that happened: results, caches, eviction backoff, counters, log and journal."""
+    def _written(self, step: str, action: Action, snap: Snapshot, res: PassResult,
+                 batch: Optional[_Batch] = None) -> None:
+        """Book a write that happened: results, caches, eviction backoff, counters, log and journal (the
+        Event of a pooled write waits in ``batch.records`` until its run's writes are done)."""
         with self._book:
             res.applied.append(action)
             if action.kind in SLURM_KINDS:
@@ -381,6 +391,10 @@ class Reconciler:
             self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
         log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
                                                 "slurm_node": action.slurm_node})
+        if batch is not None and batch.records is not None and action.event and not action.journal:
+            with self._book:
+                batch.records.append(action)  # its Event once the run's writes are done
+            return
         self._record(action, snap)
 
     def _guarded_body(self, action: Action, snap: Snapshot, key: Tuple[str, ...]) -> Dict[str, Any]:

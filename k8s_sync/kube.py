@@ -74,6 +74,16 @@ def _classify(exc: Exception, what: str) -> KubeError:
     return cls(text, status, retry_after)
 
 
+def _drop_managed_fields(obj: Any) -> None:
+    """Forget ``metadata.managedFields`` (server-side apply's bookkeeping, which the sync never reads): a
+    real API server puts one entry per writer on every object, a third of a slurmd pod's JSON, and the
+    watch caches hold 10,000 Nodes and 10,000 pods (controller-runtime strips it the same way,
+    ``cache.TransformStripManagedFields``)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+
+
 def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False) -> Any:
     """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
     try:
@@ -167,9 +177,12 @@ class KubeApi:
             raise _classify(exc, what) from None
         try:
             obj: Dict[str, Any] = json.loads(data) if data else {}  # the API answers with an object
-            return obj
         except ValueError:
             raise KubeError(f"{what}: answer is not JSON") from None
+        _drop_managed_fields(obj)
+        for item in obj.get("items") or ():
+            _drop_managed_fields(item)
+        return obj
 
     def _patch(self, what: str, fn: Callable[..., Any], *args: Any, body: Any, patch_type: str) -> Dict[str, Any]:
         return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
@@ -209,6 +222,7 @@ class KubeApi:
                         continue
                     event = json.loads(line)
                     etype, obj = event.get("type"), event.get("object") or {}
+                    _drop_managed_fields(obj)
                     if etype == "ERROR":
                         code = int(obj.get("code") or 0)
                         cls = Gone if code == 410 else KubeError

@@ -124,6 +124,10 @@ class Recording:
     def patch_node(self, name, body, patch_type="strategic"):
         return self._call("node", name, self.kube.patch_node, name, body, patch_type)
 
+    def create_event(self, namespace, node, reason, message, *args, **kwargs):
+        name = node["metadata"]["name"]
+        return self._call("event", name, self.kube.create_event, namespace, node, reason, message, *args, **kwargs)
+
 
 def world(n: int, concurrency: int, **cfg: Any):
     names = [f"n{i:03d}" for i in range(n)]
@@ -254,3 +258,19 @@ def test_a_group_that_fails_on_one_node_skips_its_writes_on_other_nodes():
     assert [a.target for a in res.applied] == [k8s_name("n001"), k8s_name("n003")]
     assert res.conflicts == 1 and res.deferred == 1
     assert ("node", k8s_name("n002")) not in kube.calls
+
+
+def test_the_events_of_a_pooled_run_are_posted_after_all_its_writes_one_per_taint():
+    names, slurm, kube, rec = world(12, 4)
+    rec.cfg.events = True
+    rec.run_pass()
+    drained = names[2:10]
+    health_drain(slurm, drained)
+    kube.calls.clear()
+    res = rec.run_pass()
+    assert res.ok and not res.errors
+    step = [m for m, t in kube.calls if m != "pod_status"]
+    events = [t for m, t in kube.calls if m == "event"]
+    assert sorted(events) == sorted(k8s_name(n) for n in drained)  # AutohealTainted, one per Node
+    last_write = max(i for i, m in enumerate(step) if m != "event")
+    assert all(m == "event" for m in step[last_write + 1:]) and len(step) - last_write - 1 == len(drained)
