@@ -5,9 +5,10 @@ client holding the chart ServiceAccount's token (so every call it makes passes r
 
 Seeding runs in a child process (``python kube_world.py --seed ...``), so the bench process, whose RSS is
 the sync's, never held the seeding's objects; it registers ``--workers`` nodes at a time (a real fleet's
-kubelets register in parallel too): per node create the Node, post its Ready status, drop the not-ready
-taint the API server's admission put on it (the node-lifecycle controller's part), create the slurmd pod
-bound by ``spec.nodeName`` and post its Running status. 5 requests per node.
+kubelets register in parallel too): per node create the Node with its Ready status (as a kubelet
+registers), drop the not-ready taint the API server's admission put on it (the node-lifecycle
+controller's part), create the slurmd pod bound by ``spec.nodeName`` and post its Running status (a
+create ignores a pod's status). 4 requests per node.
 """
 
 from __future__ import annotations
@@ -62,11 +63,9 @@ def _register(api: Any, i: int) -> None:
     from autoheal_lab.kubelet import ready_node_status, running_pod_status, without_not_ready_taint
 
     name = node_name(i)
-    node = node_obj(name)
-    node.pop("status", None)  # the kubelet posts it through nodes/status
-    api._raw("create_node", api.core.create_node, node)
-    st = api.patch_node_status(name, ready_node_status())
-    api.patch_node(name, without_not_ready_taint(st), "merge")
+    node = {**node_obj(name), **ready_node_status()}  # a kubelet registers its Node with its status
+    created = api._raw("create_node", api.core.create_node, node)
+    api.patch_node(name, without_not_ready_taint(created), "merge")
     pod = slurmd_pod(name)
     pod.pop("status", None)  # a create ignores status: the kubelet posts it
     api._raw("create_pod", api.core.create_namespaced_pod, NAMESPACE, pod)

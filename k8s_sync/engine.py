@@ -292,7 +292,8 @@ class Reconciler:
             first = len(res.applied)
             order = {id(a): i for i, a in run}
             batch.records = []
-            writepool.run_lanes(writepool.lanes(run), lambda lane: self._run_lane(step, lane, snap, res, batch),
+            writepool.run_lanes(writepool.lanes(run),
+                                lambda lane: self._run_lane(step, lane, snap, res, batch, pooled=True),
                                 self.cfg.api_write_concurrency)
             # the result lists its writes in plan order, however the lanes interleaved
             res.applied[first:] = sorted(res.applied[first:], key=lambda a: order.get(id(a), -1))
@@ -304,24 +305,31 @@ class Reconciler:
                                 lambda one: self._record(one[0][1], snap), self.cfg.api_write_concurrency)
 
     def _run_lane(self, step: str, lane: List[Tuple[int, Action]], snap: Snapshot, res: PassResult,
-                  batch: _Batch) -> None:
+                  batch: _Batch, pooled: bool = False) -> None:
         """The writes of one lane in order (alone, or beside other lanes on the write pool's threads): every
-        decision on shared state under ``self._book``, the API call itself outside it."""
-        for _, action in lane:
+        decision on shared state under ``self._book``, the API call itself outside it. In a pooled run,
+        consecutive patches of one Node go as one request (``writepool.coalesce``: the taint list and
+        the fault-history annotation of a drained node), each still booked, counted and evented."""
+        for request in (writepool.coalesce(lane) if pooled else [[item] for item in lane]):
+            go: List[Action] = []
             with self._book:
-                if batch.halted:
-                    return
-                if action.group and action.group in batch.failed_groups:
-                    res.deferred += 1
-                    continue
-                if not self.is_leader():
-                    batch.halted = True
-                    res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
-                    return
-                if self._held_back(action, batch, res):
-                    continue
-            if self._write_one(action, snap, batch, res):
-                self._written(step, action, snap, res, batch)
+                for _, action in request:
+                    if batch.halted:
+                        return
+                    if action.group and action.group in batch.failed_groups:
+                        res.deferred += 1
+                        continue
+                    if not self.is_leader():
+                        batch.halted = True
+                        res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
+                        return
+                    if not self._held_back(action, batch, res):
+                        go.append(action)
+            if not go:
+                continue
+            if self._write_one(writepool.as_one(go), snap, batch, res):
+                for action in go:
+                    self._written(step, action, snap, res, batch)
 
     def _held_back(self, action: Action, batch: _Batch, res: PassResult) -> bool:
         """True when ``action`` is not written this pass: its path (Slurm or Kubernetes) stopped, it is the

@@ -16,7 +16,8 @@ custom resources, the breaker) runs alone, in plan order, between pooled runs (`
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Dict, Hashable, List, Sequence, Tuple
+from dataclasses import replace
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 from autoheal.k8s_sync.plan import NODE_PATCH, NODE_STATUS, POD_STATUS, Action
 
@@ -89,3 +90,67 @@ def run_lanes(work: Sequence[List[Indexed]], worker: Callable[[List[Indexed]], N
         futures = [pool.submit(worker, lane) for lane in work]
     for f in futures:
         f.result()
+
+
+# ---- one request for consecutive patches of one object ---------------------------------------------------
+def _has_list(value: Any) -> bool:
+    if isinstance(value, list):
+        return True
+    return isinstance(value, dict) and any(_has_list(v) for v in value.values())
+
+
+def _merge_into(out: Dict[str, Any], body: Dict[str, Any]) -> bool:
+    """Deep-merge ``body`` into ``out``; False when both set one field (other than equal scalars)."""
+    for key, value in body.items():
+        if key not in out:
+            out[key] = value
+        elif isinstance(out[key], dict) and isinstance(value, dict):
+            inner = dict(out[key])
+            if not _merge_into(inner, value):
+                return False
+            out[key] = inner
+        elif out[key] != value:
+            return False
+    return True
+
+
+def combined_patch(first: Action, second: Action) -> Optional[Dict[str, Any]]:
+    """One strategic merge patch doing what ``first`` then ``second`` do to one Node, or None.
+
+    Only Node patches of the main resource (a taint list, then the fault-history annotation), and only
+    when the two touch different fields and any JSON merge patch among them holds no list: for maps and
+    scalars a strategic merge patch means what a JSON merge patch means (null deletes), lists are where
+    they differ. A resourceVersion guard of either guards both (one 409 fails both, retried next pass)."""
+    if first.kind != NODE_PATCH or second.kind != NODE_PATCH or first.target != second.target:
+        return None
+    for a in (first, second):
+        if a.patch_type not in ("strategic", "merge") or (a.patch_type == "merge" and _has_list(a.body)):
+            return None
+    out: Dict[str, Any] = {}
+    if not (_merge_into(out, first.body) and _merge_into(out, second.body)):
+        return None
+    return out
+
+
+def as_one(actions: Sequence[Action]) -> Action:
+    """The request doing ``actions`` (one, or several ``coalesce`` joined): the first with the combined body."""
+    request = actions[0]
+    for action in actions[1:]:
+        body = combined_patch(request, action)
+        if body is None:
+            raise ValueError(f"{action.describe()} cannot join {request.describe()} in one request")
+        request = replace(request, body=body, patch_type="strategic")
+    return request
+
+
+def coalesce(lane: Sequence[Indexed]) -> List[List[Indexed]]:
+    """A lane as requests: runs of consecutive writes one request can do together (``combined_patch``),
+    in order. Writes of a group never join (after one fails, the rest of its group must be skipped)."""
+    out: List[List[Indexed]] = []
+    for item in lane:
+        if out and not item[1].group and not any(a.group for _, a in out[-1]) \
+                and combined_patch(as_one([a for _, a in out[-1]]), item[1]) is not None:
+            out[-1].append(item)
+        else:
+            out.append([item])
+    return out
