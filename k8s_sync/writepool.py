@@ -64,7 +64,10 @@ def lanes(run: Sequence[Indexed]) -> List[List[Indexed]]:
         return root
 
     def keys(action: Action) -> List[Hashable]:
-        return [object_key(action)] + ([("group", action.group)] if action.group else [])
+        out: List[Hashable] = [object_key(action)]
+        if action.group:
+            out.append(("group", action.group))
+        return out
 
     for _, action in run:
         ks = keys(action)
