@@ -456,16 +456,16 @@ class Reconciler:
             key: Tuple[str, ...] = ("pod", action.namespace, action.target)
             obj = self.kube.patch_pod_status(action.namespace, action.target, self._guarded_body(action, snap, key),
                                              action.patch_type)
-            self._fresh[key] = obj
             if self.pods_cache is not None:
-                self.pods_cache.update(obj)
+                obj = self.pods_cache.update(obj)  # kept as the cache keeps it (``slim_pod``)
+            self._fresh[key] = obj
         elif kind in (NODE_STATUS, NODE_PATCH):
             key = ("node", action.target)
             fn = self.kube.patch_node_status if kind == NODE_STATUS else self.kube.patch_node
             obj = fn(action.target, self._guarded_body(action, snap, key), action.patch_type)
-            self._fresh[key] = obj
             if self.nodes_cache is not None:
-                self.nodes_cache.update(obj)
+                obj = self.nodes_cache.update(obj)
+            self._fresh[key] = obj
         elif kind in SLURM_KINDS:
             cur = self.slurm.get_node(action.target)  # re-read: an admin may have acted since the snapshot
             reason = strip_reason_suffix(cur.reason)

@@ -18,6 +18,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set,
 
 from autoheal.errors import AutohealError
 
+#: Objects per page of a list (client-go's reflector pages by 500 too).
+LIST_PAGE = 500
+Transform = Callable[[Dict[str, Any]], Dict[str, Any]]
 #: (apiGroup, resource, verb) -> True for every call the adapter can make.
 REQUIRED_PERMISSIONS: Set[Tuple[str, str, str]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -112,8 +115,9 @@ class KubeClient(Protocol):
     real API server) and ``autoheal_lab.testing.kube.MemoryKube`` (tests, benches) both provide it.
     Objects are plain dicts as the API serves them; errors are ``KubeError`` and its subclasses."""
 
-    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
-    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def list_nodes(self, transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def list_pods(self, namespace: str, selector: str,
+                  transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
     def watch_nodes(self, resource_version: str, timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
     def watch_pods(self, namespace: str, selector: str, resource_version: str,
                    timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
@@ -192,15 +196,33 @@ class KubeApi:
         return {(i.get("metadata") or {}).get("name", ""): i for i in items}
 
     # ---- reads -----------------------------------------------------------------------------------
+    def _list(self, what: str, fn: Callable[..., Any], *args: Any, transform: Optional[Transform] = None,
+              **kwargs: Any) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        """Every object of a list, ``LIST_PAGE`` at a time (``limit``/``continue``: one consistent snapshot
+        at the first page's resourceVersion), each through ``transform`` as its page arrives: a cache
+        never holds 10,000 whole objects at once to keep a part of each. A continue token that expired
+        answers 410 (Gone): the caller lists again."""
+        out: Dict[str, Dict[str, Any]] = {}
+        token, rv = None, ""
+        while True:
+            data = self._raw(what, fn, *args, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs)
+            meta = data.get("metadata") or {}
+            rv = rv or meta.get("resourceVersion", "")
+            for item in data.get("items") or []:
+                out[(item.get("metadata") or {}).get("name", "")] = transform(item) if transform else item
+            token = meta.get("continue")
+            if not token:
+                return out, rv
+
     @needs(("", "nodes", "list"))
-    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]:
-        data = self._raw("list_nodes", self.core.list_node)
-        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+    def list_nodes(self, transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        return self._list("list_nodes", self.core.list_node, transform=transform)
 
     @needs(("", "pods", "list"))
-    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]:
-        data = self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=selector or None)
-        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+    def list_pods(self, namespace: str, selector: str,
+                  transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        return self._list("list_pods", self.core.list_namespaced_pod, namespace, transform=transform,
+                          label_selector=selector or None)
 
     def _watch(self, what: str, fn: Callable[..., Any], *args: Any, resource_version: str, timeout: int,
                **kwargs: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
