@@ -1,28 +1,31 @@
-"""`autoheal sync` at fleet scale, over HTTP and in memory, side by side.
+"""`autoheal sync` at fleet scale against the real Kubernetes API server, and in memory, side by side.
 
 Both transports run the same scenario against the same in-memory Slurm (``MemorySlurm``, N nodes in
 random IDLE/MIXED/ALLOCATED states) with the site's sync settings (leader election and Events on)
 except the write rate limits, lifted so that the figures show throughput, not the token bucket (at
-the default 20 writes/s the initial 10,000 pod condition writes take 500 s by design):
+the default 20 writes/s the initial 10,000 pod condition writes take 500 s by design); the write pool
+(``sync.api_write_concurrency``, ``--concurrency``) stays at its bound:
 
-- ``http``: the lab's fake API server (``python -m autoheal_lab.fakekube``) as a separate process on a
-  free loopback port, loaded with N Nodes and N slurmd pods by its own ``--seed`` loader (the objects
-  ``autoheal lab up --kube`` seeds: Node ``gpuNNNNN``, pod ``slurm/slurmd-gpuNNNNN`` with the slurmd
-  labels and ``spec.hostname``); the sync runs as a site runs it: ``SyncDaemon`` over ``KubeApi`` (the
-  real ``kubernetes`` client), list + watch informers, the Lease. What the sync writes is read back
-  through a second ``KubeApi`` (its own watches, then a final list).
+- ``real``: the lab's real control plane (etcd + kube-apiserver + kube-controller-manager built from Go
+  modules, ``kube_world.RealWorld``) on loopback, N Nodes and N slurmd pods registered as kubelets would
+  (Node ``gpuNNNNN`` Ready, pod ``slurm/slurmd-gpuNNNNN`` bound by ``spec.nodeName``, Running), the sync's
+  Helm chart installed with ``helm``; the sync runs as a site runs it, with the chart ServiceAccount's
+  token: ``SyncDaemon`` over ``KubeApi`` (the real ``kubernetes`` client), list + watch informers, the
+  Lease. What the sync writes is read back through a second, admin ``KubeApi`` (its own watches, then a
+  final list).
 - ``memory``: ``MemoryKube`` read through cache views (as ``bench_sync.py``); the watch event that
   wakes the loop after a cordon is simulated (the bench wakes it).
 
-Phases: initial list (HTTP only) and first pass (N pod condition writes); idle reconcile passes; a Slurm
+Phases: initial list (real only) and first pass (N pod condition writes); idle reconcile passes; a Slurm
 health drain of 1, 100 and 1000 nodes at once -> every drained node's pod condition SlurmNodeStateDrain,
 Node condition GPUHealthy=False and NoSchedule taint visible (the mirror never cordons: cordoning is the
 remediation step's, off by default and limited by its breaker to 2 nodes at a time); single cordons
 (the strategic merge patch ``kubectl cordon`` sends) -> Slurm drain ``autoheal: k8s: node cordoned``
-seen in the in-memory Slurm; requests issued; RSS. A final read-back checks every figure's subject.
+seen in the in-memory Slurm; requests issued; RSS of the sync (this process) and of kube-apiserver and
+etcd. A final read-back checks every figure's subject.
 
-Run: python bench/bench_sync_http.py [--nodes 10000] [--transport both|http|memory] [--drains 1,100,1000]
-                                     [--cordons 20] [--resync 1.0] [--json]
+Run: python bench/bench_sync_http.py [--nodes 10000] [--transport both|real|memory] [--drains 1,100,1000]
+                                     [--cordons 20] [--resync 1.0] [--concurrency 8] [--workers 16] [--json]
 ``both`` runs each transport in a child process (so each RSS is its own) and prints them side by side.
 """
 
@@ -33,7 +36,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +46,7 @@ from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional
 
 from bench_sync import CacheView  # the in-memory informer view, shared with the in-memory bench
+from kube_world import RealWorld, cpu_seconds, proc_status
 
 NAMESPACE = "slurm"
 SELECTOR = "app.kubernetes.io/component=slurmd"
@@ -51,29 +54,6 @@ TAINT_KEY = "autoheal.io/gpu-unhealthy"
 HEALTH = "GPUHealthy"
 DRAIN_COND = "SlurmNodeStateDrain"
 K8S_PREFIX = "autoheal: k8s: node cordoned"
-
-
-def proc_status(pid: Any = "self") -> Dict[str, float]:
-    """VmRSS and VmHWM (peak) of a process, in MB."""
-    out = {}
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith(("VmRSS:", "VmHWM:")):
-                    out[line.split(":")[0]] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return out
-
-
-def cpu_seconds(pid: Any = "self") -> float:
-    """User + system CPU seconds of a process (all its threads)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
 
 
 def reset_peak_rss() -> None:
@@ -114,11 +94,12 @@ def node_unhealthy(node: Optional[Dict[str, Any]]) -> bool:
     return cond and taint
 
 
-def make_cfg(resync: float) -> Any:
+def make_cfg(resync: float, concurrency: int = 8) -> Any:
     from autoheal.config.sync_section import SyncSection
 
     cfg = SyncSection(api_writes_per_second=10000.0, api_write_burst=100000, slurm_writes_per_second=10000.0,
-                      slurm_write_burst=100000, slurm_resync_seconds=resync, metrics_port=0)
+                      slurm_write_burst=100000, slurm_resync_seconds=resync, metrics_port=0,
+                      api_write_concurrency=concurrency)
     cfg.validate()
     return cfg
 
@@ -193,7 +174,7 @@ class MemoryWorld:
     def server_cpu(self) -> Optional[float]:
         return None
 
-    def server_patch_ms(self) -> Optional[float]:
+    def server_patch_ms(self, since: Any = None) -> Optional[float]:
         return None
 
     def server_list_ms(self) -> Dict[str, float]:
@@ -247,68 +228,12 @@ class MemoryWorld:
         return {}
 
 
-class HttpWorld:
-    transport = "http"
+class HttpWorld(RealWorld):
+    """The real control plane (``kube_world.RealWorld``) plus what the scenario reads through the bench's
+    own (admin) client: watches of the drained objects, cordons, the final list."""
 
-    def __init__(self, n: int, cfg: Any, tmp: str) -> None:
-        from autoheal.k8s_sync.daemon import SyncDaemon
-        from autoheal.k8s_sync.kube import KubeApi, load_client_config
-        from autoheal_lab.kube import node_obj, slurmd_pod
-
-        self.slurm = make_slurm(n)
-        seed = os.path.join(tmp, "seed.json")
-        with open(seed, "w") as fh:  # written object by object: the bench process never holds them all
-            fh.write('{"items": [' + json.dumps({"apiVersion": "v1", "kind": "Namespace",
-                                                  "metadata": {"name": NAMESPACE}}))
-            for i in range(n):
-                fh.write("," + json.dumps(node_obj(node_name(i))) + "," + json.dumps(slurmd_pod(node_name(i))))
-            fh.write("]}")
-        self.kubeconfig = os.path.join(tmp, "kubeconfig")
-        t0 = time.perf_counter()
-        self.log = open(os.path.join(tmp, "fakekube.log"), "w")
-        self.server = subprocess.Popen(
-            [sys.executable, "-m", "autoheal_lab.fakekube", "--port", "0", "--kubeconfig", self.kubeconfig,
-             "--seed", seed, "--bookmark-interval", "5"], stdout=subprocess.PIPE, stderr=self.log, text=True)
-        url = self.server.stdout.readline().strip() if self.server.stdout else ""
-        if not url.startswith("http"):
-            self.close()
-            raise RuntimeError(f"fake API server did not start; see {self.log.name}")
-        load_s = time.perf_counter() - t0
-        self.url = url
-        self.kube = KubeApi(load_client_config(self.kubeconfig), cfg.request_timeout_seconds)
-        self.reader = KubeApi(load_client_config(self.kubeconfig), cfg.request_timeout_seconds)
-        self.daemon = SyncDaemon(self.slurm, self.kube, cfg)
-        self.setup = {"kube_side": f"fake API server process ({url}), real kubernetes client, list+watch",
-                      "objects_loaded_by": "the fake server's --seed loader (as `autoheal lab up --kube`)",
-                      "server_start_and_load_seconds": round(load_s, 2)}
-
-    def requests(self) -> Dict[str, int]:
-        return dict(self.kube.calls)
-
-    def server_cpu(self) -> Optional[float]:
-        return cpu_seconds(self.server.pid)
-
-    def server_list_ms(self) -> Dict[str, float]:
-        """How long the server took to answer the informers' lists (from its request log)."""
-        return {r["path"]: r.get("duration_ms", 0) for r in self._request_log()
-                if r.get("method") == "GET" and "watch" not in r.get("query", {}) and r["path"] in (
-                    "/api/v1/nodes", f"/api/v1/namespaces/{NAMESPACE}/pods") and "limit" not in r.get("query", {})}
-
-    def _request_log(self) -> List[Dict[str, Any]]:
-        import urllib.request
-
-        with urllib.request.urlopen(self.url + "/_fake/requests", timeout=30) as resp:
-            return list(json.loads(resp.read())["requests"])
-
-    def server_patch_ms(self) -> Optional[float]:
-        """Median time the server spent handling a PATCH (body read to answer written), from its
-        request log (the last 2000 requests)."""
-        times = [r["duration_ms"] for r in self._request_log() if r.get("method") == "PATCH" and "duration_ms" in r]
-        return round(statistics.median(times), 2) if times else None
-
-    def synced(self) -> bool:
-        return bool(self.daemon.nodes_cache and self.daemon.nodes_cache.synced and self.daemon.pods_cache
-                    and self.daemon.pods_cache.synced)
+    def __init__(self, n: int, cfg: Any, tmp: str, workers: int) -> None:
+        super().__init__(n, cfg, tmp, make_slurm(n), workers)
 
     def _current_rv(self) -> str:
         resp = self.reader.core.list_node(limit=1, _preload_content=False, _request_timeout=10)
@@ -369,20 +294,6 @@ class HttpWorld:
         nodes, _ = self.reader.list_nodes()
         return {"pods": pods, "nodes": nodes}
 
-    def close(self) -> Dict[str, Any]:
-        out = {}
-        if getattr(self, "server", None) is not None and self.server.poll() is None:
-            st = proc_status(self.server.pid)
-            out = {"server_rss_mb": round(st.get("VmRSS", 0), 1), "server_max_rss_mb": round(st.get("VmHWM", 0), 1)}
-            self.server.send_signal(signal.SIGTERM)
-            try:
-                self.server.wait(15)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait(5)
-        self.log.close()
-        return out
-
 
 # ---- the scenario ---------------------------------------------------------------------------------
 def diff(after: Dict[str, int], before: Dict[str, int]) -> Dict[str, int]:
@@ -394,11 +305,15 @@ def total(d: Dict[str, int]) -> int:
 
 
 def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, idle_passes: int = 5,
-        timeout: float = 600.0) -> Dict[str, Any]:
-    cfg = make_cfg(resync)
+        timeout: float = 600.0, concurrency: int = 8, workers: int = 16) -> Dict[str, Any]:
+    cfg = make_cfg(resync, concurrency)
     rss0 = proc_status().get("VmRSS", 0)
     tmp = tempfile.mkdtemp(prefix="bench-sync-http-")
-    world: Any = MemoryWorld(n, cfg) if transport == "memory" else HttpWorld(n, cfg, tmp)
+    try:
+        world: Any = MemoryWorld(n, cfg) if transport == "memory" else HttpWorld(n, cfg, tmp, workers)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     out: Dict[str, Any] = {"transport": transport, "nodes": n, "pods": n, **world.setup}
     reset_peak_rss()  # the peak from here on: the sync daemon, its caches, the in-memory Slurm
     out["load_average_start"] = [round(x, 1) for x in os.getloadavg()]
@@ -414,7 +329,7 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
         # ---- initial list and first pass
         while not world.synced() and time.perf_counter() - t0 < timeout:
             time.sleep(0.01)
-        out["initial_list_seconds"] = round(time.perf_counter() - t0, 3) if transport == "http" else None
+        out["initial_list_seconds"] = round(time.perf_counter() - t0, 3) if transport == "real" else None
         out["initial_list_server_ms"] = world.server_list_ms()
         first = log.wait(lambda p: p["ok"] and p["leader"], 0, timeout)
         if first is None:
@@ -452,6 +367,7 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
             time.sleep(rnd.uniform(0, resync))  # the drain lands at a random point of the resync cycle
             reqd = world.requests()
             cpud, scpud = cpu_seconds(), world.server_cpu()
+            patch0 = world.server_patch_ms()
             start = time.perf_counter()
             with world.slurm.lock:  # all at once, as one Slurm read sees them
                 for name in names:
@@ -478,7 +394,7 @@ def run(transport: str, n: int, drains: List[int], cordons: int, resync: float, 
             out[f"drain_{count}_sync_cpu_seconds"] = round(cpu_seconds() - cpud, 2)
             if scpud is not None:
                 out[f"drain_{count}_server_cpu_seconds"] = round(world.server_cpu() - scpud, 2)
-                out[f"drain_{count}_server_patch_ms_median"] = world.server_patch_ms()
+                out[f"drain_{count}_server_patch_ms_mean"] = world.server_patch_ms(patch0)
         # ---- cordons -> Slurm drains
         lat = []
         reqc = world.requests()
@@ -561,7 +477,8 @@ def rows_for(drains: List[int]) -> List[Any]:
                  (f"  same, p50 over the {c} nodes", f"drain_{c}_p50_seconds", "s"),
                  ("  requests the sync issued for it (until a quiet pass)", f"drain_{c}_requests", ""),
                  ("  CPU: sync process / API server process", f"drain_{c}_cpu", ""),
-                 ("  API server's own time per PATCH (median)", f"drain_{c}_server_patch_ms_median", "ms")]
+                 ("  API server's own time per PATCH (mean, its /metrics)", f"drain_{c}_server_patch_ms_mean",
+                  "ms")]
     rows += [("cordon -> Slurm drain p50", "cordon_to_slurm_drain_p50_seconds", "s"),
              ("cordon -> Slurm drain p95", "cordon_to_slurm_drain_p95_seconds", "s"),
              ("cordons mirrored to Slurm", "cordons_mirrored", ""),
@@ -569,7 +486,8 @@ def rows_for(drains: List[int]) -> List[Any]:
              ("sync process peak RSS (daemon, caches, in-memory Slurm; world built before)",
               "sync_process_peak_rss_mb", "MB"),
              ("sync process RSS at the end (before the read-back)", "sync_process_rss_mb", "MB"),
-             ("API server max RSS", "server_max_rss_mb", "MB")]
+             ("kube-apiserver max RSS / at the end", "apiserver_rss", "MB"),
+             ("etcd max RSS / at the end", "etcd_rss", "MB")]
     return rows
 
 
@@ -580,6 +498,9 @@ def fmt(res: Optional[Dict[str, Any]], key: str, unit: str) -> str:
         sync = res.get(key.replace("_cpu", "_sync_cpu_seconds"))
         server = res.get(key.replace("_cpu", "_server_cpu_seconds"))
         return f"{sync} s" + (f" / {server} s" if server is not None else "")
+    if key in ("apiserver_rss", "etcd_rss"):
+        name = "kube_apiserver" if key == "apiserver_rss" else "etcd"
+        return f"{res.get(name + '_max_rss_mb')} / {res.get(name + '_rss_mb')} MB" if name + "_rss_mb" in res else "-"
     if key == "readback":
         return f"{res.get('readback_drained_ok')}/{res.get('readback_drained_total')}"
     v = res.get(key)
@@ -589,9 +510,9 @@ def fmt(res: Optional[Dict[str, Any]], key: str, unit: str) -> str:
 
 
 def table(results: Dict[str, Dict[str, Any]], drains: List[int]) -> str:
-    mem, http = results.get("memory"), results.get("http")
+    mem, http = results.get("memory"), results.get("real")
     n = (http or mem or {}).get("nodes", 0)
-    lines = [f"| figure at {n:,} nodes + {n:,} pods | in memory | over HTTP |", "|---|---|---|"]
+    lines = [f"| figure at {n:,} nodes + {n:,} pods | in memory | real API server |", "|---|---|---|"]
     for label, key, unit in rows_for(drains):
         lines.append(f"| {label} | {fmt(mem, key, unit)} | {fmt(http, key, unit)} |")
     return "\n".join(lines)
@@ -600,11 +521,13 @@ def table(results: Dict[str, Dict[str, Any]], drains: List[int]) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=10000)
-    ap.add_argument("--transport", choices=("both", "http", "memory"), default="both")
+    ap.add_argument("--transport", choices=("both", "real", "memory"), default="both")
     ap.add_argument("--drains", default="1,100,1000", help="comma-separated sizes of simultaneous Slurm drains")
     ap.add_argument("--cordons", type=int, default=20, help="single cordons to time")
     ap.add_argument("--resync", type=float, default=1.0, help="sync.slurm_resync_seconds")
     ap.add_argument("--timeout", type=float, default=600.0, help="bound of every wait (seconds)")
+    ap.add_argument("--concurrency", type=int, default=8, help="sync.api_write_concurrency (the write pool)")
+    ap.add_argument("--workers", type=int, default=16, help="nodes registered at a time when seeding")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     drains = [int(x) for x in args.drains.split(",") if x.strip()]
@@ -612,10 +535,11 @@ def main() -> int:
         ap.error("--nodes too small for the drains and cordons asked for")
     results: Dict[str, Dict[str, Any]] = {}
     if args.transport == "both":
-        for transport in ("memory", "http"):
+        for transport in ("memory", "real"):
             argv = [sys.executable, os.path.abspath(__file__), "--transport", transport, "--nodes", str(args.nodes),
                     "--drains", args.drains, "--cordons", str(args.cordons), "--resync", str(args.resync),
-                    "--timeout", str(args.timeout), "--json"]
+                    "--timeout", str(args.timeout), "--concurrency", str(args.concurrency), "--workers",
+                    str(args.workers), "--json"]
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout * 6)
             if proc.returncode not in (0, 1) or not proc.stdout.strip():
                 print(proc.stderr[-3000:], file=sys.stderr)
@@ -623,14 +547,15 @@ def main() -> int:
             results[transport] = json.loads(proc.stdout)[transport]
     else:
         results[args.transport] = run(args.transport, args.nodes, drains, args.cordons, args.resync,
-                                      timeout=args.timeout)
+                                      timeout=args.timeout, concurrency=args.concurrency, workers=args.workers)
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         print(table(results, drains))
         for t, res in results.items():
             print(f"\n{t}: {res.get('kube_side')}")
-            for k in ("objects_loaded_by", "server_start_and_load_seconds"):
+            for k in ("objects_loaded_by", "control_plane_start_seconds", "setup_seconds",
+                      "kube_controller_manager_max_rss_mb"):
                 if k in res:
                     print(f"  {k}: {res[k]}")
             if res.get("initial_list_server_ms"):

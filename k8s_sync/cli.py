@@ -22,7 +22,12 @@ def _kube(cfg: Config, kubeconfig: Optional[str], in_cluster: Optional[bool]) ->
     from autoheal.k8s_sync.kube import KubeApi
 
     return KubeApi.from_settings(kubeconfig or cfg.sync.kubeconfig, in_cluster or cfg.sync.in_cluster,
-                                 cfg.sync.request_timeout_seconds)
+                                 cfg.sync.request_timeout_seconds, connections=kube_connections(cfg.sync))
+
+
+def kube_connections(sync: Any) -> int:
+    """Connections the sync's client keeps: the write pool's, two watches, the Lease and one to spare."""
+    return int(sync.api_write_concurrency) + 4
 
 
 def _slurm(cfg: Config) -> SlurmAdapter:

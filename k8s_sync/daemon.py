@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from autoheal.k8s_sync.engine import Reconciler
-from autoheal.k8s_sync.informer import Informer
+from autoheal.k8s_sync.informer import Informer, slim_node, slim_pod
 from autoheal.k8s_sync.leader import LeaderElector
 
 if TYPE_CHECKING:
@@ -43,13 +43,14 @@ class SyncDaemon:
         self._stop = threading.Event()
         self.nodes_cache = self.pods_cache = None
         if use_watch:
-            self.nodes_cache = Informer("nodes", kube.list_nodes, kube.watch_nodes, cfg.watch_timeout_seconds,
-                                        on_change=self._wake.set)
+            # the caches keep what the steps read of each object (``slim_node``, ``slim_pod``), page by page
+            self.nodes_cache = Informer("nodes", lambda: kube.list_nodes(transform=slim_node), kube.watch_nodes,
+                                        cfg.watch_timeout_seconds, on_change=self._wake.set, transform=slim_node)
             if cfg.mapping == "pod":
                 self.pods_cache = Informer(
-                    "pods", lambda: kube.list_pods(cfg.namespace, cfg.pod_selector),
+                    "pods", lambda: kube.list_pods(cfg.namespace, cfg.pod_selector, transform=slim_pod),
                     lambda rv, t: kube.watch_pods(cfg.namespace, cfg.pod_selector, rv, t),
-                    cfg.watch_timeout_seconds, on_change=self._wake.set)
+                    cfg.watch_timeout_seconds, on_change=self._wake.set, transform=slim_pod)
         self.elector = None
         # A dry run never takes the Lease: it must not keep the real replicas from writing.
         if cfg.leader_election and not dry_run:

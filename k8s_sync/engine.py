@@ -7,20 +7,27 @@ Writes: step by step, in the planner's order; each write takes a token from its 
 deferred to a later pass), checks leadership first, and re-reads the Slurm node right before a Slurm
 write (an admin may have drained it since the snapshot; their drain always wins). A 409 is normal
 (someone wrote in between): the next pass retries on fresh data. A 429/5xx/timeout stops the Kubernetes
-writes of the pass; an unreachable slurmctld stops its Slurm writes. An exception in a step stops the
+writes of the step; an unreachable slurmctld stops its Slurm writes. An exception in a step stops the
 pass (later steps would act on a half-applied plan); errors are collected in the result.
+
+The mirror steps' object patches run on a bounded pool (``writepool``, ``sync.api_write_concurrency``
+threads): a 1,000-node drain is some 4,000 independent patches, which one at a time wait on the API
+server's round trips. Writes to one object, and the writes of one group, keep their plan order; the rate
+limiter, leadership and the 409/429/5xx rules above apply to each write as before (a 429 on one lane
+stops the others' next writes; those already sent finish).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
-from autoheal.k8s_sync import names, remediate_step
+from autoheal.k8s_sync import names, remediate_step, writepool
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync.kube import Conflict, KubeError
 from autoheal.k8s_sync.mapping import Binding
@@ -57,6 +64,9 @@ log = logging.getLogger("autoheal.sync")
 
 #: Steps that only mirror Slurm into Kubernetes: re-run after the pass's own Slurm writes.
 MIRROR_STEPS = ("slurm-to-pods", "health-to-nodes")
+#: Steps whose runs of object patches may go through the write pool (``writepool``). Remediation's writes
+#: stay one at a time: few per pass, and its flows order writes across objects (cordon, evict, replace).
+POOLED_STEPS = MIRROR_STEPS + ("nodes-to-slurm",)
 
 
 def utc_now() -> str:
@@ -99,6 +109,8 @@ class _Batch:
     slurm_stopped: bool = False
     failed_slurm_nodes: Set[str] = field(default_factory=set)
     failed_groups: Set[str] = field(default_factory=set)
+    halted: bool = False  # leadership lost: nothing more is written in this step
+    records: Optional[List[Action]] = None  # pooled writes whose Events wait for the end of their run
 
     def fail(self, action: Action, slurm_node: bool = False) -> None:
         """``action`` did not happen: the rest of its group waits (and its Slurm node's annotations)."""
@@ -125,6 +137,8 @@ class Reconciler:
         self.kube_bucket = TokenBucket(cfg.api_writes_per_second, cfg.api_write_burst)
         self.slurm_bucket = TokenBucket(cfg.slurm_writes_per_second, cfg.slurm_write_burst)
         self.writes: Dict[str, int] = {}
+        #: guards what the write pool's threads share: the pass result, the batch, the counters
+        self._book = threading.Lock()
         #: Reuse a Slurm read younger than this (seconds) in passes woken early by watch events, so a
         #: storm of Kubernetes updates never turns into a storm of Slurm reads. 0: read every pass.
         self.slurm_max_age = 0.0
@@ -258,23 +272,65 @@ class Reconciler:
         return self.leader is None or self.leader.is_leader()
 
     def _apply(self, step: str, actions: List[Action], snap: Snapshot, res: PassResult) -> None:
-        """Perform one step's actions in order, as the leader, within the rate limits; a failed action
-        holds back the rest of its group, and Slurm writes that did not happen are not annotated."""
-        batch = _Batch()
-        for action in actions:
-            if self.dry_run:
+        """Perform one step's actions in plan order, as the leader, within the rate limits; a failed action
+        holds back the rest of its group, and Slurm writes that did not happen are not annotated.
+
+        In the mirror steps, runs of plain object patches go through the write pool (``writepool``):
+        writes to one object or of one group stay in plan order in one lane, other lanes run beside it on
+        at most ``sync.api_write_concurrency`` threads. Everything else runs alone, in order, and a run
+        starts only after the one before it finished."""
+        if self.dry_run:
+            for action in actions:
                 log.info("dry-run: would %s", action.describe())
-                continue
-            if action.group and action.group in batch.failed_groups:
-                res.deferred += 1
-                continue
-            if not self.is_leader():
-                res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
+            return
+        batch = _Batch()
+        for pooled, run in writepool.segments(actions, pooled=step in POOLED_STEPS):
+            if batch.halted:
                 return
-            if self._held_back(action, batch, res):
+            if not pooled:
+                self._run_lane(step, run, snap, res, batch)
                 continue
-            if self._write_one(action, snap, batch, res):
-                self._written(step, action, snap, res)
+            first = len(res.applied)
+            order = {id(a): i for i, a in run}
+            batch.records = []
+            writepool.run_lanes(writepool.lanes(run),
+                                lambda lane: self._run_lane(step, lane, snap, res, batch, pooled=True),
+                                self.cfg.api_write_concurrency)
+            # the result lists its writes in plan order, however the lanes interleaved
+            res.applied[first:] = sorted(res.applied[first:], key=lambda a: order.get(id(a), -1))
+            # the Events after the state they tell of: a drain of many nodes is visible one round of
+            # Events sooner (Events are for people; conditions and taints are what schedulers read)
+            events = sorted(batch.records, key=lambda a: order.get(id(a), -1))
+            batch.records = None
+            writepool.run_lanes([[(i, a)] for i, a in enumerate(events)],
+                                lambda one: self._record(one[0][1], snap), self.cfg.api_write_concurrency)
+
+    def _run_lane(self, step: str, lane: List[Tuple[int, Action]], snap: Snapshot, res: PassResult,
+                  batch: _Batch, pooled: bool = False) -> None:
+        """The writes of one lane in order (alone, or beside other lanes on the write pool's threads): every
+        decision on shared state under ``self._book``, the API call itself outside it. In a pooled run,
+        consecutive patches of one Node go as one request (``writepool.coalesce``: the taint list and
+        the fault-history annotation of a drained node), each still booked, counted and evented."""
+        for request in (writepool.coalesce(lane) if pooled else [[item] for item in lane]):
+            go: List[Action] = []
+            with self._book:
+                for _, action in request:
+                    if batch.halted:
+                        return
+                    if action.group and action.group in batch.failed_groups:
+                        res.deferred += 1
+                        continue
+                    if not self.is_leader():
+                        batch.halted = True
+                        res.errors.append(f"step {step}: lost leadership; remaining writes left to the new leader")
+                        return
+                    if not self._held_back(action, batch, res):
+                        go.append(action)
+            if not go:
+                continue
+            if self._write_one(writepool.as_one(go), snap, batch, res):
+                for action in go:
+                    self._written(step, action, snap, res, batch)
 
     def _held_back(self, action: Action, batch: _Batch, res: PassResult) -> bool:
         """True when ``action`` is not written this pass: its path (Slurm or Kubernetes) stopped, it is the
@@ -300,44 +356,54 @@ class Reconciler:
         """Write ``action``; False (and the failure noted in ``batch`` and ``res``) when it did not happen."""
         try:
             done = self._write(action, snap)
-        except Conflict:
-            res.conflicts += 1
-            batch.fail(action)
-            return False
-        except SlurmUnavailable as exc:
-            batch.fail(action, slurm_node=True)
-            batch.slurm_stopped = True
-            res.errors.append(f"{action.describe()}: {exc}")
-            return False
-        except SlurmError as exc:
-            batch.fail(action, slurm_node=True)
-            res.errors.append(f"{action.describe()}: {exc}")
-            return False
-        except (KubeError, OSError) as exc:
-            batch.fail(action)
-            status = getattr(exc, "status", 0)
-            if action.kind == R.KUBE_EVICT and status == 429:
-                self._evict_refused(action, res, str(exc))
-                return False
-            res.errors.append(f"{action.describe()}: {exc}")
-            if status == 429 or status >= 500 or status == 0:
-                batch.kube_stopped = True  # back off: the next pass retries from fresh data
+        except (SlurmError, KubeError, OSError) as exc:
+            with self._book:
+                self._failed(action, exc, batch, res)
             return False
         if not done:
-            batch.fail(action, slurm_node=True)
+            with self._book:
+                batch.fail(action, slurm_node=True)
         return done
 
-    def _written(self, step: str, action: Action, snap: Snapshot, res: PassResult) -> None:
-        """Book a write that happened: results, caches, eviction backoff, counters, log and journal."""
-        res.applied.append(action)
-        if action.kind in SLURM_KINDS:
-            self._slurm_cache = None
-        if action.kind == R.KUBE_EVICT:  # progress on this node: its other pods try again at once
-            self.evict_backoff = {key: v for key, v in self.evict_backoff.items()
-                                  if v[2] != action.slurm_node}
-        self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
+    def _failed(self, action: Action, exc: Exception, batch: _Batch, res: PassResult) -> None:
+        """Book a write that raised: a 409 is normal (the next pass retries on fresh data); an unreachable
+        slurmctld stops the Slurm writes, a 429/5xx/timeout the Kubernetes writes of this step."""
+        if isinstance(exc, Conflict):
+            res.conflicts += 1
+            batch.fail(action)
+            return
+        if isinstance(exc, SlurmError):
+            batch.fail(action, slurm_node=True)
+            batch.slurm_stopped = batch.slurm_stopped or isinstance(exc, SlurmUnavailable)
+            res.errors.append(f"{action.describe()}: {exc}")
+            return
+        batch.fail(action)
+        status = getattr(exc, "status", 0)
+        if action.kind == R.KUBE_EVICT and status == 429:
+            self._evict_refused(action, res, str(exc))
+            return
+        res.errors.append(f"{action.describe()}: {exc}")
+        if status == 429 or status >= 500 or status == 0:
+            batch.kube_stopped = True  # back off: the next pass retries from fresh data
+
+    def _written(self, step: str, action: Action, snap: Snapshot, res: PassResult,
+                 batch: Optional[_Batch] = None) -> None:
+        """Book a write that happened: results, caches, eviction backoff, counters, log and journal (the
+        Event of a pooled write waits in ``batch.records`` until its run's writes are done)."""
+        with self._book:
+            res.applied.append(action)
+            if action.kind in SLURM_KINDS:
+                self._slurm_cache = None
+            if action.kind == R.KUBE_EVICT:  # progress on this node: its other pods try again at once
+                self.evict_backoff = {key: v for key, v in self.evict_backoff.items()
+                                      if v[2] != action.slurm_node}
+            self.writes[action.kind] = self.writes.get(action.kind, 0) + 1
         log.info("%s", action.describe(), extra={"step": step, "kind": action.kind, "target": action.target,
                                                 "slurm_node": action.slurm_node})
+        if batch is not None and batch.records is not None and action.event and not action.journal:
+            with self._book:
+                batch.records.append(action)  # its Event once the run's writes are done
+            return
         self._record(action, snap)
 
     def _guarded_body(self, action: Action, snap: Snapshot, key: Tuple[str, ...]) -> Dict[str, Any]:
@@ -391,16 +457,16 @@ class Reconciler:
             key: Tuple[str, ...] = ("pod", action.namespace, action.target)
             obj = self.kube.patch_pod_status(action.namespace, action.target, self._guarded_body(action, snap, key),
                                              action.patch_type)
-            self._fresh[key] = obj
             if self.pods_cache is not None:
-                self.pods_cache.update(obj)
+                obj = self.pods_cache.update(obj)  # kept as the cache keeps it (``slim_pod``)
+            self._fresh[key] = obj
         elif kind in (NODE_STATUS, NODE_PATCH):
             key = ("node", action.target)
             fn = self.kube.patch_node_status if kind == NODE_STATUS else self.kube.patch_node
             obj = fn(action.target, self._guarded_body(action, snap, key), action.patch_type)
-            self._fresh[key] = obj
             if self.nodes_cache is not None:
-                self.nodes_cache.update(obj)
+                obj = self.nodes_cache.update(obj)
+            self._fresh[key] = obj
         elif kind in SLURM_KINDS:
             cur = self.slurm.get_node(action.target)  # re-read: an admin may have acted since the snapshot
             reason = strip_reason_suffix(cur.reason)

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 from urllib.parse import quote
 
 from autoheal.errors import AutohealError
 
+#: Objects per page of a list (client-go's reflector pages by 500 too).
+LIST_PAGE = 500
+Transform = Callable[[Dict[str, Any]], Dict[str, Any]]
 #: (apiGroup, resource, verb) -> True for every call the adapter can make.
 REQUIRED_PERMISSIONS: Set[Tuple[str, str, str]] = set()
 F = TypeVar("F", bound=Callable[..., Any])
@@ -74,6 +78,16 @@ def _classify(exc: Exception, what: str) -> KubeError:
     return cls(text, status, retry_after)
 
 
+def _drop_managed_fields(obj: Any) -> None:
+    """Forget ``metadata.managedFields`` (server-side apply's bookkeeping, which the sync never reads): a
+    real API server puts one entry per writer on every object, a third of a slurmd pod's JSON, and the
+    watch caches hold 10,000 Nodes and 10,000 pods (controller-runtime strips it the same way,
+    ``cache.TransformStripManagedFields``)."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+
+
 def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = False) -> Any:
     """A kubernetes.client.Configuration from the pod's ServiceAccount or a kubeconfig file."""
     try:
@@ -102,8 +116,9 @@ class KubeClient(Protocol):
     real API server) and ``autoheal_lab.testing.kube.MemoryKube`` (tests, benches) both provide it.
     Objects are plain dicts as the API serves them; errors are ``KubeError`` and its subclasses."""
 
-    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
-    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def list_nodes(self, transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
+    def list_pods(self, namespace: str, selector: str,
+                  transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]: ...
     def watch_nodes(self, resource_version: str, timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
     def watch_pods(self, namespace: str, selector: str, resource_version: str,
                    timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]: ...
@@ -131,24 +146,34 @@ class KubeClient(Protocol):
 class KubeApi:
     """The real adapter, over the official client."""
 
-    def __init__(self, client_config: Any, timeout: float = 10.0) -> None:
+    def __init__(self, client_config: Any, timeout: float = 10.0, connections: int = 0) -> None:
+        """``connections``: requests this client may have open at once (the engine's write pool, two
+        watches, the Lease): the connection pool keeps that many, so no request pays a new TLS handshake
+        (urllib3 discards connections beyond its pool size, ``cpu_count() * 5`` by default)."""
         from kubernetes import client
 
         self._client_mod = client
+        if connections > (client_config.connection_pool_maxsize or 0):
+            client_config.connection_pool_maxsize = connections
         self.api_client = client.ApiClient(client_config)
         self.core = client.CoreV1Api(self.api_client)
         self.coord = client.CoordinationV1Api(self.api_client)
         self.timeout = timeout
         self.calls: Dict[str, int] = {}  # method -> count, for metrics and tests
+        self._calls_lock = threading.Lock()  # the write pool's threads count too
 
     @classmethod
     def from_settings(cls, kubeconfig: Optional[str] = None, in_cluster: bool = False,
-                      timeout: float = 10.0) -> KubeApi:
-        return cls(load_client_config(kubeconfig, in_cluster), timeout)
+                      timeout: float = 10.0, connections: int = 0) -> KubeApi:
+        return cls(load_client_config(kubeconfig, in_cluster), timeout, connections)
+
+    def _count(self, what: str) -> None:
+        with self._calls_lock:
+            self.calls[what] = self.calls.get(what, 0) + 1
 
     # ---- plumbing --------------------------------------------------------------------------------
     def _raw(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Dict[str, Any]:
-        self.calls[what] = self.calls.get(what, 0) + 1
+        self._count(what)
         kwargs.setdefault("_request_timeout", self.timeout)
         try:
             resp = fn(*args, _preload_content=False, **kwargs)
@@ -157,9 +182,12 @@ class KubeApi:
             raise _classify(exc, what) from None
         try:
             obj: Dict[str, Any] = json.loads(data) if data else {}  # the API answers with an object
-            return obj
         except ValueError:
             raise KubeError(f"{what}: answer is not JSON") from None
+        _drop_managed_fields(obj)
+        for item in obj.get("items") or ():
+            _drop_managed_fields(item)
+        return obj
 
     def _send_json(self, method: str, path: str, body: Dict[str, Any], _preload_content: bool = False,
                    _request_timeout: Any = None) -> Any:
@@ -187,20 +215,38 @@ class KubeApi:
         return {(i.get("metadata") or {}).get("name", ""): i for i in items}
 
     # ---- reads -----------------------------------------------------------------------------------
+    def _list(self, what: str, fn: Callable[..., Any], *args: Any, transform: Optional[Transform] = None,
+              **kwargs: Any) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        """Every object of a list, ``LIST_PAGE`` at a time (``limit``/``continue``: one consistent snapshot
+        at the first page's resourceVersion), each through ``transform`` as its page arrives: a cache
+        never holds 10,000 whole objects at once to keep a part of each. A continue token that expired
+        answers 410 (Gone): the caller lists again."""
+        out: Dict[str, Dict[str, Any]] = {}
+        token, rv = None, ""
+        while True:
+            data = self._raw(what, fn, *args, limit=LIST_PAGE, **({"_continue": token} if token else {}), **kwargs)
+            meta = data.get("metadata") or {}
+            rv = rv or meta.get("resourceVersion", "")
+            for item in data.get("items") or []:
+                out[(item.get("metadata") or {}).get("name", "")] = transform(item) if transform else item
+            token = meta.get("continue")
+            if not token:
+                return out, rv
+
     @needs(("", "nodes", "list"))
-    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]:
-        data = self._raw("list_nodes", self.core.list_node)
-        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+    def list_nodes(self, transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        return self._list("list_nodes", self.core.list_node, transform=transform)
 
     @needs(("", "pods", "list"))
-    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]:
-        data = self._raw("list_pods", self.core.list_namespaced_pod, namespace, label_selector=selector or None)
-        return self._by_name(data.get("items") or []), (data.get("metadata") or {}).get("resourceVersion", "")
+    def list_pods(self, namespace: str, selector: str,
+                  transform: Optional[Transform] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
+        return self._list("list_pods", self.core.list_namespaced_pod, namespace, transform=transform,
+                          label_selector=selector or None)
 
     def _watch(self, what: str, fn: Callable[..., Any], *args: Any, resource_version: str, timeout: int,
                **kwargs: Any) -> Iterator[Tuple[str, Dict[str, Any]]]:
         """Events of one watch request from ``resource_version``; Gone on 410 (caller relists)."""
-        self.calls[what] = self.calls.get(what, 0) + 1
+        self._count(what)
         try:
             resp = fn(*args, watch=True, resource_version=resource_version, timeout_seconds=timeout,
                       allow_watch_bookmarks=True, _preload_content=False,
@@ -217,6 +263,7 @@ class KubeApi:
                         continue
                     event = json.loads(line)
                     etype, obj = event.get("type"), event.get("object") or {}
+                    _drop_managed_fields(obj)
                     if etype == "ERROR":
                         code = int(obj.get("code") or 0)
                         cls = Gone if code == 410 else KubeError

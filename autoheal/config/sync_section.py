@@ -158,6 +158,10 @@ class SyncSection:
     api_writes_per_second: float = setting(20.0, doc="Rate limit of Kubernetes writes (token bucket).",
                                            min=0.1, max=10000)
     api_write_burst: int = setting(50, doc="Burst size of Kubernetes writes.", min=1, max=100000)
+    api_write_concurrency: int = setting(8, doc="Kubernetes writes in flight at once: independent object "
+                                         "patches of one pass (different Nodes and pods) run on this many "
+                                         "threads; writes to one object keep their order. 1: one at a time.",
+                                         min=1, max=64)
     slurm_writes_per_second: float = setting(5.0, doc="Rate limit of Slurm drains/resumes.", min=0.1,
                                              max=10000)
     slurm_write_burst: int = setting(20, doc="Burst size of Slurm writes.", min=1, max=100000)

@@ -150,20 +150,22 @@ class MemoryKube:
         return self._apply(self.configmaps, (namespace, name), body, "merge", "all")
 
     # ---- KubeApi surface -------------------------------------------------------------------------
-    def list_nodes(self) -> Tuple[Dict[str, Dict[str, Any]], str]:
+    def list_nodes(self, transform: Optional[Any] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
         with self.lock:
             if self.fail_reads:
                 raise KubeError("list_nodes: HTTP 500", 500)
-            return copy.deepcopy(self.nodes), str(self.rv)
+            out = copy.deepcopy(self.nodes)
+            return ({k: transform(v) for k, v in out.items()} if transform else out), str(self.rv)
 
-    def list_pods(self, namespace: str, selector: str) -> Tuple[Dict[str, Dict[str, Any]], str]:
+    def list_pods(self, namespace: str, selector: str,
+                  transform: Optional[Any] = None) -> Tuple[Dict[str, Dict[str, Any]], str]:
         key, _, value = (selector or "").partition("=")
         with self.lock:
             if self.fail_reads:
                 raise KubeError("list_pods: HTTP 500", 500)
             out = {n: copy.deepcopy(p) for (ns, n), p in self.pods.items() if ns == namespace and
                    (not key or (p["metadata"].get("labels") or {}).get(key) == value)}
-            return out, str(self.rv)
+            return ({k: transform(v) for k, v in out.items()} if transform else out), str(self.rv)
 
     def watch_nodes(self, resource_version: str,
                     timeout: int) -> Iterator[Tuple[str, Dict[str, Any]]]:  # pragma: no cover - unused
