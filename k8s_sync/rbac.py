@@ -19,8 +19,8 @@ Two choices that keep the grants small:
   breaker ConfigMap) exist only when the chart turns remediation on, and Node deletion only for
   ``replacement_action = "delete-node"``.
 
-The fake API server of the lab enforces no RBAC; a real API server answering 403 outside these grants
-is the real-control-plane issue's test (issue 21).
+The lab's real kube-apiserver enforces these grants: tests/integration/test_realkube_lab.py runs the sync
+as the chart's ServiceAccount and shows what it must not do answering 403.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The lab's version is the product's (autoheal/__init__.py), and it needs exactly that product, with
-the Kubernetes extra (the lab runs `autoheal sync` against its fake API server), and NVIDIA's nvml.h
+the Kubernetes extra (the lab runs `autoheal sync` against its real control plane), and NVIDIA's nvml.h
 (nvidia-nvml-dev) to compile its fake NVML."""
 
 import ast

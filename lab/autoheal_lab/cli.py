@@ -71,16 +71,13 @@ def lab() -> None:
               "KUBECONFIG in `autoheal lab env`), the sync's Helm chart, `autoheal sync` with node remediation "
               "running as the chart's ServiceAccount, and the spare pool that fulfils replacement requests with "
               "the --spares nodes.")
-@click.option("--kube-api", type=click.Choice(["real", "fake"]), envvar="AUTOHEAL_LAB_KUBE_API", default="real",
-              show_default=True, help="With --kube: the real control plane, or the project's fake API server "
-              "(autoheal_lab.fakekube) [env AUTOHEAL_LAB_KUBE_API].")
 @click.option("--spare-delay", default=1.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds the spare pool takes to 'provision' a replacement (with --kube).")
 @click.option("--keep-state", is_flag=True, help="Keep the cluster state an earlier lab left in --dir (Slurm's "
               "jobs and node states, journal, node and GPU state, kernel logs, Kubernetes objects, spares used).")
 @json_option
 @handle_errors
-def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube, kube_api,
+def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_install, kube,
        spare_delay, keep_state, as_json) -> None:
     """Start the lab (a lab already up is left as it is).
 
@@ -98,7 +95,7 @@ def up(lab_dir, nodes, gpus, spares, slurm_defaults, no_hooks, no_xid_watch, no_
     """
     status = _lab(lab_dir).up(nodes=nodes, gpus=gpus, spares=spares, slurm_defaults=slurm_defaults,
                               hooks=not no_hooks, xid_watch=not no_xid_watch, install=not no_install,
-                              kube=kube, spare_delay=spare_delay, keep_state=keep_state, kube_api=kube_api)
+                              kube=kube, spare_delay=spare_delay, keep_state=keep_state)
     _print_status(status, as_json)
 
 
@@ -225,8 +222,6 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
 @click.option("--slurm-defaults", is_flag=True,
               help="Run the lab without the recommended slurm.conf fragment, to see what it buys.")
 @click.option("--no-kube", is_flag=True, help="Leave Kubernetes out (no API server, sync or spare pool).")
-@click.option("--kube-api", type=click.Choice(["real", "fake"]), envvar="AUTOHEAL_LAB_KUBE_API", default="real",
-              show_default=True, help="The real control plane or the fake API server [env AUTOHEAL_LAB_KUBE_API].")
 @click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
               "drained and requeued, but restarts from scratch.")
 @click.option("--submitit", is_flag=True, help="Run a real submitit Checkpointable job (the recipe in "
@@ -240,7 +235,7 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare, keep, plot_file, timeout,
+def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, plot_file, timeout,
           as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
@@ -280,11 +275,11 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
     kwargs = dict(nodes=3, gpus=8, spares=1, slurm_defaults=slurm_defaults)
     not_run = ""
     if not no_kube and _lab_supports_kube():
-        not_run = _kube_missing(kube_api)
+        not_run = _kube_missing()
         if not_run:
             click.echo(f"autoheal lab drill: Kubernetes phases not run: {not_run}", err=True)
         else:
-            kwargs.update(kube=True, kube_api=kube_api)
+            kwargs.update(kube=True)
     try:
         the_lab.up(**kwargs)
         if submitit:
@@ -315,11 +310,11 @@ def drill(lab_dir, slurm_defaults, no_kube, kube_api, plain, submitit, hot_spare
     sys.exit(report.exit_code)
 
 
-def _kube_missing(kube_api: str) -> str:
+def _kube_missing() -> str:
     """One line naming what to install when the real control plane cannot be built here, else ""."""
     from autoheal_lab import kube as labkube
 
-    return labkube.cannot_start(kube_api) or ""
+    return labkube.cannot_start() or ""
 
 
 def _lab_supports_kube() -> bool:

@@ -172,14 +172,14 @@ class Lab:
     def up(self, nodes: int = 3, gpus: int = 8, spares: int = 1, slurm_defaults: bool = False,
            hooks: bool = True, xid_watch: bool = True, extra_conf: Optional[List[str]] = None,
            install: bool = True, wait: float = 60.0, kube: bool = False, spare_delay: float = 1.0,
-           keep_state: bool = False, kube_api: Optional[str] = None) -> dict:
+           keep_state: bool = False) -> dict:
         """Bring the lab up (idempotent: a lab already up with every process alive is left alone).
 
         ``slurm_defaults`` leaves out the recommended slurm.conf fragment (to compare with Slurm's
         defaults); ``hooks`` wires HealthCheckProgram/Prolog/Epilog to autoheal's hooks and
         ``xid_watch`` runs one ``autoheal xid-watch`` per node, each when that part is installed.
-        ``kube`` adds Kubernetes (``autoheal_lab.kube``): the real control plane (``kube_api="real"``, the
-        default) or the fake API server (``"fake"``) with Nodes and slurmd pods, ``autoheal sync`` with
+        ``kube`` adds Kubernetes (``autoheal_lab.kube``): the real control plane with Nodes and
+        slurmd pods, ``autoheal sync`` with
         remediation and the spare pool, which fulfils replacements after ``spare_delay`` s.
 
         A lab that is started (not already up) starts from a clean cluster state: Slurm's saved jobs and
@@ -201,7 +201,7 @@ class Lab:
         if kube:
             from autoheal_lab import kube as labkube
 
-            why = labkube.cannot_start(kube_api)
+            why = labkube.cannot_start()
             if why:  # before anything starts: one line naming what to install, nothing left running
                 raise LabError(why)
         if not keep_state:
@@ -248,7 +248,7 @@ class Lab:
         if kube:
             from autoheal_lab import kube as labkube
 
-            labkube.start(self, spare_delay=spare_delay, keep_state=keep_state, api=kube_api)
+            labkube.start(self, spare_delay=spare_delay, keep_state=keep_state)
         return self.status()
 
     def _check_lab_dir(self) -> None:
@@ -507,8 +507,8 @@ class Lab:
         slurmd shutdown; with KillWait=120 a cancel alone takes two minutes to reach SIGKILL)."""
         self._kill_job_processes()
         recs = self.records()
-        # clients first (slurmd, node and controller daemons, sync, spare pool), then the fake API server or
-        # the fault proxy in front of the real one and the control plane, slurmctld and munged last: each
+        # clients first (slurmd, node and controller daemons, sync, spare pool), then the fault proxy in
+        # front of the API server, then the control plane, slurmctld and munged last: each
         # still reaches what it talks to while it shuts down
         order = stop_order(recs)
         stopped = []

@@ -5,7 +5,8 @@
 server is the real one (``api="real"``, the default): etcd, kube-apiserver and kube-controller-manager
 from ``autoheal_lab.controlplane``, the sync's Helm chart installed with the real ``helm``, the lab's
 kubelets (``autoheal_lab.kubelet``) and ``autoheal sync`` running as the chart's ServiceAccount.
-``api="fake"`` (env ``AUTOHEAL_LAB_KUBE_API=fake``) starts ``autoheal_lab.fakekube`` instead.
+(The project's own fake API server, ``autoheal_lab.fakekube``, was retired on 2026-12-02: the fault
+proxy ``autoheal_lab.apifaults`` gives its fault windows in front of the real server.)
 
 The lab's own kubeconfig (cluster admin) lives at ``<lab>/kube/kubeconfig`` and is recorded in lab.json
 (``autoheal lab env`` exports it as KUBECONFIG); the sync's (the chart's ServiceAccount token) at
@@ -15,8 +16,6 @@ The lab's own kubeconfig (cluster admin) lives at ``<lab>/kube/kubeconfig`` and 
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,6 @@ from autoheal_lab import procs
 
 NAMESPACE = "slurm"
 SLURMD_LABELS = {"app.kubernetes.io/component": "slurmd", "app.kubernetes.io/name": "slurmd"}
-#: Where the fake API server saves its objects when it stops (loaded again by a --keep-state start).
-OBJECTS_FILE = "objects.json"
 API_PROC, SYNC_PROC, POOL_PROC, KUBELET_PROC = "kube-api", "sync", "spare-pool", "kubelet"
 SYNC_KUBECONFIG = "sync.kubeconfig"
 
@@ -55,20 +52,10 @@ def kubeconfig_path(lab) -> Path:
     return lab.root / "kube" / "kubeconfig"
 
 
-def api_kind(api: Optional[str] = None) -> str:
-    """Which API server the lab starts: ``api`` if given, else $AUTOHEAL_LAB_KUBE_API, else "real"."""
-    kind = api or os.environ.get("AUTOHEAL_LAB_KUBE_API") or "real"
-    if kind not in ("real", "fake"):
-        raise ValueError(f"AUTOHEAL_LAB_KUBE_API={kind!r}: must be 'real' or 'fake'")
-    return kind
-
-
-def cannot_start(api: Optional[str] = None) -> Optional[str]:
+def cannot_start() -> Optional[str]:
     """One line naming what to install when ``start`` cannot bring this Kubernetes side up here, else None.
     The real control plane is built once per machine (minutes, with progress on stderr); here it is
     built or found, so a missing Go or an unreachable module proxy is told before the lab starts."""
-    if api_kind(api) == "fake":
-        return None
     from autoheal_lab import controlplane
 
     why = controlplane.missing_toolchain()
@@ -82,56 +69,17 @@ def cannot_start(api: Optional[str] = None) -> Optional[str]:
 
 
 def start(lab, spare_delay: float = 1.0, sync: bool = True, pool: bool = True, wait: float = 20.0,
-          keep_state: bool = False, api: Optional[str] = None) -> str:
+          keep_state: bool = False) -> str:
     """Start the API server with the lab's Nodes and slurmd pods, ``autoheal sync`` and the spare pool.
     Returns the (admin) kubeconfig path."""
-    if api_kind(api) == "real":
-        from autoheal_lab import realkube
+    from autoheal_lab import realkube
 
-        kc = realkube.start(lab, keep_state=keep_state)
-    else:
-        kc = start_fake(lab, wait=wait, keep_state=keep_state)
+    kc = realkube.start(lab, keep_state=keep_state)
     if sync:
         start_sync(lab)
     if pool:
         start_pool(lab, spare_delay)
     return kc
-
-
-def start_fake(lab, wait: float = 20.0, keep_state: bool = False) -> str:
-    """Start the fake API server (seeded with the lab's nodes). Returns the kubeconfig path.
-
-    The API server saves its objects to ``<lab>/kube/objects.json`` when it stops; a lab started with
-    ``keep_state`` loads them again instead of seeding fresh Nodes and pods (a clean start has emptied
-    ``kube/``, so it always seeds)."""
-    lay = lab.layout()
-    kdir = lab.root / "kube"
-    kdir.mkdir(parents=True, exist_ok=True)
-    objects = kdir / OBJECTS_FILE
-    argv = [sys.executable, "-m", "autoheal_lab.fakekube", "--port", "0", "--kubeconfig", str(kubeconfig_path(lab)),
-            "--state-file", str(objects), "--bookmark-interval", "5"]
-    if not (keep_state and objects.exists()):
-        objects.unlink(missing_ok=True)
-        seed = kdir / "seed.json"
-        items: List[Dict[str, Any]] = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}]
-        for n in lay.nodes:
-            items += [node_obj(n), slurmd_pod(n)]
-        seed.write_text(json.dumps({"items": items}))
-        argv += ["--seed", str(seed)]
-    kc = kubeconfig_path(lab)
-    if kc.exists():
-        kc.unlink()
-    rec = procs.spawn(API_PROC, argv, lay.path("log", f"{API_PROC}.log"), env=dict(os.environ))
-    lab._record(rec)
-    deadline = time.monotonic() + wait
-    while not kc.exists():
-        if not procs.is_alive(rec) or time.monotonic() > deadline:
-            raise RuntimeError(f"fake API server did not start; see {rec.log}")
-        time.sleep(0.05)
-    with lab.edit_state() as st:
-        st["kubeconfig"] = str(kc)
-        st["kube_api"] = "fake"
-    return str(kc)
 
 
 def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = (), wait: float = 30.0) -> procs.ProcRecord:
@@ -142,7 +90,7 @@ def start_sync(lab, name: str = SYNC_PROC, extra: List[str] = (), wait: float = 
     lay = lab.layout()
     env = lab.slurm_env()
     sync_kc = lab.root / "kube" / SYNC_KUBECONFIG
-    if (lab.load_state() or {}).get("kube_api") == "real" and sync_kc.exists():
+    if sync_kc.exists():
         env["KUBECONFIG"] = str(sync_kc)  # the chart's ServiceAccount, as a tenant deploys it: never the admin
     old = lab.records().get(name)
     if old and procs.is_alive(old):

@@ -135,8 +135,7 @@ class Soak:
             self.lab.down()
         # the real control plane; the sync reaches it through the lab's fault proxy (autoheal_lab.apifaults),
         # which makes the soak's API fault windows
-        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube,
-                    kube_api="real")
+        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube)
         self.lay = self.lab.layout()
         self.env = self.lab.slurm_env()
         from autoheal.config import load_config

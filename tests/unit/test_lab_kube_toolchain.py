@@ -34,10 +34,9 @@ def test_lab_up_kube_without_go_is_one_line_naming_go_and_starts_nothing(monkeyp
     assert not state.get("procs")
 
 
-def test_cannot_start_names_go_for_the_real_api_and_nothing_for_the_fake(monkeypatch, tmp_path):
+def test_cannot_start_names_go_when_go_is_missing(monkeypatch, tmp_path):
     _no_go(monkeypatch, tmp_path)
-    assert "install Go" in labkube.cannot_start("real")
-    assert labkube.cannot_start("fake") is None
+    assert "install Go" in labkube.cannot_start()
 
 
 def test_kubernetes_phases_not_run_are_shown_as_such_and_do_not_fail_the_drill():

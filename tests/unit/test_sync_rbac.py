@@ -6,8 +6,8 @@ an in-memory API server that refuses (403) every call outside those grants, is n
 every one of them: nothing missing, nothing spare. Before this, the chart granted `delete` on Nodes,
 cluster-wide evictions and unnamed ConfigMap and Lease rights whatever the setting.
 
-The lab's fake API server enforces no RBAC; the 403 of a real one belongs to the real-control-plane
-issue (issue 21), where the sync runs under the chart's ServiceAccount.
+The 403 of the real kube-apiserver for what is not granted is tested in
+tests/integration/test_realkube_lab.py, where the sync runs under the chart's ServiceAccount.
 """
 
 from __future__ import annotations
