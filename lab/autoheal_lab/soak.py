@@ -69,6 +69,8 @@ class SoakOptions:
     snapshot_every: float = 1.0
     trainer_seconds: Optional[float] = None  # uninterrupted run time of a trainer [default: 0.6 x the span]
     short_every: float = 8.0
+    # hooks.lemon_faults of the soak's lab: the product's default, so bad repairs are judged (0: lemons off)
+    lemon_faults: int = 3
 
 
 @dataclass
@@ -128,6 +130,7 @@ class Soak:
         self._paged = 0
         self._client: Optional[subprocess.Popen] = None  # the submitit job's client
         self._client_out = ""
+        self._bad_repairs: list = []  # soak_storm.BadRepair, watched on every snapshot
 
     # ---- lab -----------------------------------------------------------------------------------------
     def start_lab(self) -> None:
@@ -137,7 +140,7 @@ class Soak:
         # the fake API server: its /_fake/faults make the soak's API fault windows (issue 21: a fault proxy in
         # front of the real API server comes later)
         self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube,
-                    kube_api="fake")
+                    kube_api="fake", hooks_conf={"lemon_faults": self.opts.lemon_faults})
         self.lay = self.lab.layout()
         self.env = self.lab.slurm_env()
         from autoheal.config import load_config
@@ -505,8 +508,9 @@ class Soak:
             if f.kind == "job-storm":
                 soak_storm.job_storm(self, inj, f.xid, snap)
             else:
-                soak_storm.bad_repair(self, inj, node, f.gpu, time.time() + 600.0,
-                                      self.cfg.hooks.lemon_faults or soak_storm.BAD_REPAIR_FAULTS)
+                watch = soak_storm.BadRepair(inj, node, f.gpu)
+                watch.start(self)
+                self._bad_repairs.append(watch)
             return
         if spec.group == "gpu":
             if f.kind == "flapping":
@@ -810,6 +814,7 @@ class Soak:
                     self._last = snap
                     for v in self.monitor.observe(snap):
                         self.log(f"VIOLATION {v.invariant}: {v.message}")
+                    self._watch_bad_repairs(snap)
                     trip = self.monitor.oncall.current
                     if trip is not None and len(self.monitor.oncall.trips) > self._paged:
                         self._paged = len(self.monitor.oncall.trips)
@@ -831,6 +836,21 @@ class Soak:
                 return
             wait = min([next_snap - time.time()] + ([self.events[0][0] - time.time()] if self.events else []))
             time.sleep(max(0.05, min(wait, 0.5)))
+
+    def _watch_bad_repairs(self, snap: Snapshot) -> None:
+        from autoheal_lab.soak_storm import BAD_REPAIR_XID
+
+        for w in self._bad_repairs:
+            fixed = [float(r["done"]) for r in self.monitor.oncall.repairs
+                     if r["node"] == w.node and r["outcome"] == "resumed"]
+            before = w.inj.count
+            try:
+                w.observe(self, snap, fixed)
+            except Exception as exc:  # an injection failed: say so, the soak goes on
+                self.notes.append(f"bad repair of {w.node} at t+{snap.time - self.t0:.1f}: {type(exc).__name__}: {exc}")
+            if w.inj.count > before:
+                self.log(f"t+{snap.time - self.t0:6.1f} bad repair: {w.node} back in service, its xid "
+                         f"{BAD_REPAIR_XID} comes back ({w.inj.count})")
 
     def _jobs_done(self) -> bool:
         s = self._last
@@ -906,7 +926,7 @@ class Soak:
         from autoheal_lab import soak_storm
 
         self.monitor.violations += soak_storm.check(list(self.injected.values()), records, final,
-                                                    self.cfg.hooks.lemon_faults)
+                                                    self.cfg.hooks.lemon_faults, self._bad_repairs)
         if self.monitor.recovering:
             self.notes.append("still recovering at the end, within the loop's bound: "
                               f"{', '.join(self.monitor.recovering)}")
