@@ -171,7 +171,8 @@ TECHNICIAN_JUST_RETURNED = 30.0
 def _lemon_violations(inj: Injected, watch: Optional[BadRepair], journal: Sequence[dict], final: Snapshot,
                       lemon_faults: int) -> List[Violation]:
     """``lemon-cycling``: a node whose defect came back ``lemon_faults`` times is drained a lemon (a
-    ``lemon`` record), autoheal never put it back into service after that, and at the end it is out of
+    ``lemon`` record); once it is one (that, or sooner with its earlier faults), autoheal never put it back
+    into service, and at the end it is out of
     service as a lemon with a replacement asked (the sync's remediation or NodeReplacement for it; without
     Kubernetes the ``lemon`` record told a person), retired, or gone."""
     from autoheal.hooks import lemon
@@ -183,11 +184,14 @@ def _lemon_violations(inj: Injected, watch: Optional[BadRepair], journal: Sequen
             out.append(Violation("lemon-cycling", f"{node}: drained a lemon, then back in service at {t:.1f} "
                                  f"without a technician's repair", t,
                                  {"fault": inj.id, "returns": watch.lemon_returns}))
-    if inj.count < lemon_faults:
+    records = [r for r in journal if r.get("event") == "lemon" and r.get("node") == node
+               and float(r.get("time") or 0) >= inj.start - 1.0]
+    # judged once the defect alone came back lemon_faults times, or once the node was judged a lemon
+    # sooner (its history holds the node's earlier faults too): a lemon stays one
+    if inj.count < lemon_faults and not records:
         return out
     n = final.nodes.get(node) or {}
     reason = n.get("reason") or ""
-    records = [r for r in journal if r.get("event") == "lemon" and r.get("node") == node]
     if not records:
         out.append(Violation("lemon-cycling", f"{node}: its defect came back {inj.count} times and it was never "
                              f"drained a lemon (no 'lemon' journal record)", final.time, {"fault": inj.id, "node": n}))

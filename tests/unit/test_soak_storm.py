@@ -38,9 +38,14 @@ def test_a_bad_repair_must_end_a_lemon():
     assert check([inj], [lemon_record()], retired) == []
     assert [x.invariant for x in check([inj], [], retired)] == ["lemon-cycling"]  # drained so, but no record
     assert ours_kind(LEMON) == "lemon"
-    # not judged before the defect came back lemon_faults times
+    # not judged before the defect came back lemon_faults times...
     young = Injected(2, "bad-repair", "gpu", 0.0, node="n1", gpu=1, count=2)
     assert check([young], [], cycling) == []
+    # ...unless the node's earlier faults made it a lemon sooner (soak seed 8201: xid 48, 95, 95): then
+    # it must end one all the same
+    assert [x.invariant for x in check([young], [lemon_record()], cycling)] == ["lemon-cycling"]
+    assert check([young], [lemon_record()], retired) == []
+    assert check([young], [lemon_record(t=-50.0)], cycling) == []  # a lemon before this fault: not its doing
 
 
 def test_a_lemon_at_the_end_must_have_its_replacement_asked():
