@@ -402,6 +402,11 @@ class Soak:
             if not now_reason.startswith(PERSON_REPLACES):
                 oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
                 return
+            if f"slurmd-{node}" not in self.lab.records():
+                # the spare pool took the machine away (a replacement arrived; soak seed 46688: the sync then
+                # failed the remediation and the name kept its replace reason): nothing left to repair here
+                oncall.repaired(node, time.time(), "not possible: the machine left the cluster")
+                return
             labgpus.clear_all(self.lab, node)
             res = self._autoheal("check", "--node", node, "--clear-faults", "--json")
             if res.returncode != 0:
