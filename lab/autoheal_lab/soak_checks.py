@@ -327,16 +327,17 @@ class OnCall:
 
 
 def awaiting_replacement(s: Snapshot, spare_prefix: str = "autoheal: spare") -> List[str]:
-    """Nodes of ``s`` drained ``autoheal: replace: ...`` whose replacement was requested while no spare
-    is left in the pool (no node held with the spare reason): a technician's job. [] without the
-    Kubernetes view."""
+    """Nodes of ``s`` drained ``autoheal: replace: ...`` or ``autoheal: lemon: ...`` whose replacement was
+    requested while no spare is left in the pool (no node held with the spare reason): a technician's
+    job (a lemon too: with lemons on, soak seed 46688 kept two lemons out for good once both spares were
+    used, and the jobs waited for nodes nobody would bring back). [] without the Kubernetes view."""
     if s.kube is None:
         return []
     if any(n.get("drain") and ours_kind(n.get("reason", ""), spare_prefix) == "spare" for n in s.nodes.values()):
         return []
     requested = {r.get("node") for r in s.replacements}
     return sorted(name for name, n in s.nodes.items() if n.get("drain") and name in requested
-                  and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
+                  and strip_reason_suffix(n.get("reason", "")).startswith(PERSON_REPLACES))
 
 
 #: Reasons of Slurm's own drains the on-call resumes by hand (runbook), after their delay.
