@@ -854,6 +854,9 @@ class Soak:
             except Exception as exc:  # an injection failed: say so, the soak goes on
                 self.notes.append(f"bad repair of {w.node} at t+{snap.time - self.t0:.1f}: {type(exc).__name__}: {exc}")
             if w.inj.count > before:
+                # the same defect again: its fault is open again (seed 43585: gpu4's lemon drain 3 minutes
+                # after its first return read as a drain with no fault on the node)
+                self.monitor.reopen(w.inj.id)
                 self.log(f"t+{snap.time - self.t0:6.1f} bad repair: {w.node} back in service, its xid "
                          f"{BAD_REPAIR_XID} comes back ({w.inj.count})")
 

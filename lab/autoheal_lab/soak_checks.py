@@ -439,6 +439,11 @@ class Monitor:
         self.ours_to_drain: Set[int] = set()
 
     # ---- inputs -----------------------------------------------------------------------------------
+    def reopen(self, fault_id: int) -> None:
+        """Fault ``fault_id`` is back on its node (a bad repair's defect raised again): not resolved, so
+        the drain it causes is no false drain however long after its first recovery it comes."""
+        self.resolved.pop(fault_id, None)
+
     def add_fault(self, f: Injected) -> None:
         self.faults.append(f)
         if self.last is not None and f.node in self.last.nodes:
