@@ -8,7 +8,7 @@ reset-gpu, reboot-node or replace-node. Checks can be disabled and re-thresholde
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
@@ -46,8 +46,26 @@ _SEVERITY = {OK: 0, WARN: 1, UNKNOWN: 2, FAIL: 3}
 POLICY_ACTION = {"ignore": NONE, "warn": NONE, "job": NONE, "requeue": REQUEUE, "recovery": NONE,
                  "human": DRAIN, "drain": RESET, "reset": RESET, "reboot": REBOOT, "replace": REPLACE}
 CLOCKS_HW_SLOWDOWN, CLOCKS_SW_THERMAL, CLOCKS_HW_THERMAL, CLOCKS_HW_POWER_BRAKE = 0x8, 0x20, 0x40, 0x80
+#: NVML's GPU recovery action (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, ``nvmlDeviceGpuRecoveryAction_t`` in
+#: nvml.h; XID 154 says it changed) -> (what it asks, the rung). NVIDIA's A100 memory-error guide: NONE the
+#: GPU is usable by a new process; GPU_RESET terminate the processes and reset the GPU; NODE_REBOOT the OS
+#: may be inconsistent, reboot; DRAIN_P2P terminate the processes doing peer-to-peer traffic, then read the
+#: action again (it becomes one of the others): a drain with no repair, the next check's reading decides;
+#: DRAIN_AND_RESET drain P2P, then reset (a reset runs only on our idle drained node: the drain quiesces
+#: it). Newer headers: RECOVER_IMEX_DOMAIN (the multi-node NVLink domain: a person), BUS_RESET (the hooks
+#: have no PCIe bus reset; a reboot resets the bus), SYSTEM_REBOOT. NONE (0) asks nothing.
 RECOVERY_ACTIONS = {1: ("GPU reset required", RESET), 2: ("node reboot required", REBOOT),
-                    3: ("drain P2P required", DRAIN), 4: ("drain and reset required", RESET)}
+                    3: ("drain P2P required", DRAIN), 4: ("drain and reset required", RESET),
+                    5: ("IMEX domain recovery required", DRAIN), 6: ("PCIe bus reset required", REBOOT),
+                    7: ("system reboot required", REBOOT)}
+
+
+def recovery_verdict(action: Optional[int]) -> Optional[Tuple[str, CheckAction]]:
+    """What NVML's recovery action ``action`` asks of autoheal: (text, rung), or None for NONE (and no
+    reading). A value this release does not know (a newer driver) drains for a person, never passes."""
+    if action is None or action == 0:
+        return None
+    return RECOVERY_ACTIONS.get(action, (f"unknown recovery action {action} (a newer driver?)", DRAIN))
 
 
 @dataclass
@@ -229,14 +247,16 @@ def check_temperature(g: GpuSample, fail_at: int = 90, warn_at: int = 85, node: 
 
 
 def check_recovery_action(g: GpuSample, node: str = "") -> List[CheckResult]:
+    """NVML's recovery action, read in every pass (the healthcheck, xid-watch's health poll, woken at
+    once by an XID 154): any action but NONE fails the GPU with its rung (``recovery_verdict``)."""
     if g.recovery_action is None:
         return []
-    if g.recovery_action in RECOVERY_ACTIONS:
-        text, action = RECOVERY_ACTIONS[g.recovery_action]
-        status = WARN if action == DRAIN else FAIL
-        return [CheckResult("recovery-action", status, on_gpu("recovery-action", g, text, node), action, g.index,
-                            {"recovery_action": g.recovery_action})]
-    return [_ok("recovery-action", g.index)]
+    verdict = recovery_verdict(g.recovery_action)
+    if verdict is None:
+        return [_ok("recovery-action", g.index)]
+    text, action = verdict
+    return [CheckResult("recovery-action", FAIL, on_gpu("recovery-action", g, text, node), action, g.index,
+                        {"recovery_action": g.recovery_action})]
 
 
 def check_persistence(g: GpuSample, required: bool = True, node: str = "") -> List[CheckResult]:

@@ -232,9 +232,21 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
-    from autoheal.reasons import is_health_drain, is_k8s_origin, is_ours, is_preswap, strip_reason_suffix
+    from autoheal.reasons import (
+        Origin,
+        Reason,
+        is_health_drain,
+        is_k8s_origin,
+        is_ours,
+        is_preswap,
+        strip_reason_suffix,
+    )
 
-    reason = failure.reason.render()
+    # the rung the ladder decides for this fault now is in the first drain's reason (``autoheal: replace:``
+    # for XID 79), so the sync acts at once instead of after the next healthcheck's repair pass
+    rung = first_rung(ctx, ctx.store.read(), failure, time.time())
+    asks_replace = rung == C.REPLACE
+    reason = (failure.reason.with_origin(Origin.REPLACE) if asks_replace else failure.reason).render()
     node = ctx.slurm.get_node(ctx.node)
     current = strip_reason_suffix(node.reason)
     lemon_body = None
@@ -251,7 +263,11 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     # pre-emptive swap's (hooks/preswap.py): a real fault (not one of the warning signs) replaces it, so
     # xid-watch signals the jobs.
     replace = is_k8s_origin(current) or (is_preswap(current) and not preswap.is_sign(failure, ctx.hooks))
-    if (node.drain or node.down) and current and is_ours(current) and not replace:
+    # a fault whose rung is replace, on a node of ours drained for a lower rung: the reason says so now
+    parsed = Reason.parse(current)
+    upgrade = (asks_replace and lemon_body is None and is_health_drain(current) and parsed is not None
+               and parsed.origin not in (Origin.REPLACE, Origin.LEMON))
+    if (node.drain or node.down) and current and is_ours(current) and not (replace or upgrade):
         out = nodeops.Outcome(ctx.node, nodeops.SKIPPED_SAME, current, current, dry_run)
     else:
         out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
@@ -263,6 +279,8 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
     if out.changed:
         ctx.record(Event.DRAIN, check=failure.check, action="drain", outcome=out.action, message=out.reason,
                    severity="action", evidence=failure.evidence)
+        if asks_replace and lemon_body is None and is_ours(out.reason):
+            _replacement_asked(ctx, failure, out.reason, time.time(), out.action, announce=True)
         if lemon_body is not None:
             ctx.record(Event.LEMON, check=failure.check, action="retire", outcome="drained", severity="action",
                        message=f"{ctx.node} is a lemon: {lemon_body}; no automatic return (last fault: "
@@ -411,7 +429,6 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
     if lemon.is_lemon(node.reason):  # retired: a replacement or a human, never another repair cycle
         return []
     done: List[Dict[str, Any]] = []
-    window = ctx.hooks.ladder_window
     # one repair per GPU per pass: an ECC fault fails ecc, remapped-rows, recovery-action and xid at once,
     # and one reset covers them all (four resets would also read as four recurrences)
     per_gpu: Dict[Optional[int], C.CheckResult] = {}
@@ -421,16 +438,24 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
             if cur is None or RUNG_WEIGHT[r.action] > RUNG_WEIGHT[cur.action]:
                 per_gpu[r.gpu] = r
     for r in sorted(per_gpu.values(), key=lambda x: -RUNG_WEIGHT[x.action]):
-        resets = S.ladder_count(st, r.gpu, Rung.RESET, now, window)
-        reboots = S.ladder_count(st, r.gpu, Rung.REBOOT, now, window)
-        rung = next_rung(r.action, resets, reboots, can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
-                         can_reboot=ctx.hooks.reboot_enabled)
+        rung = first_rung(ctx, st, r, now)
         if not rung:
             continue
         done.append(_run_rung(ctx, rung, r, now, dry_run))
         if rung != C.RESET:
             break  # a reboot or replacement covers the whole node
     return done
+
+
+def first_rung(ctx: Context, st: Dict[str, Any], r: C.CheckResult, now: float) -> Optional[C.CheckAction]:
+    """The ladder's rung for failure ``r`` now (its check's first rung, climbed by the repairs already made
+    for its GPU within ``hooks.ladder_window``): the one decision ``drain_for`` names in the reason and
+    ``maybe_repair`` carries out."""
+    window = ctx.hooks.ladder_window
+    return next_rung(r.action, S.ladder_count(st, r.gpu, Rung.RESET, now, window),
+                     S.ladder_count(st, r.gpu, Rung.REBOOT, now, window),
+                     can_reset=bool(ctx.hooks.reset_command) and r.gpu is not None,
+                     can_reboot=ctx.hooks.reboot_enabled)
 
 
 def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
@@ -499,21 +524,30 @@ def _ask_replacement(ctx: Context, r: C.CheckResult, now: float) -> str:
     reason = r.reason.with_origin(Origin.REPLACE).render()
     current = Reason.parse(ctx.slurm.get_node(ctx.node).reason)
     if current is not None and current.rung is Origin.REPLACE:
-        return "already asked"
+        return "already asked"  # by the first drain (drain_for) or an earlier pass
     out = nodeops.drain(ctx.slurm, ctx.node, reason)
+    _replacement_asked(ctx, r, reason, now, out.action, announce=out.changed)
+    return out.action
+
+
+def _replacement_asked(ctx: Context, r: C.CheckResult, reason: str, now: float, outcome: str,
+                       announce: bool) -> None:
+    """The node carries ``autoheal: replace: ...`` (``reason``), written by the first drain (``drain_for``)
+    or by the ladder's last rung: the rung recorded, the drain record's reason, and, when the reason was
+    just written (``announce``), the wait said once (issue 27: who acts next)."""
+    from autoheal import awaiting
+
     with ctx.store.locked() as st:
         S.record_rung(st, r.gpu, Rung.REPLACE, now)
         if st.get("drain"):
             st["drain"]["reason"] = reason
-    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="replace-node", outcome=out.action, message=reason,
+    ctx.record(Event.REMEDIATION_STEP, check=r.check, action="replace-node", outcome=outcome, message=reason,
                severity="action")
-    if out.changed:  # the wait starts: who acts next, said once (issue 27)
-        from autoheal import awaiting
-
-        ctx.record(awaiting.EVENT, check=r.check, action="wait-for-replacement", outcome="waiting",
-                   message=awaiting.message(ctx.node, reason, getattr(ctx, "cfg", None)), severity="action",
-                   evidence={"automatic": awaiting.automatic(getattr(ctx, "cfg", None))})
-    return out.action
+    if not announce:
+        return
+    ctx.record(awaiting.EVENT, check=r.check, action="wait-for-replacement", outcome="waiting",
+               message=awaiting.message(ctx.node, reason, getattr(ctx, "cfg", None)), severity="action",
+               evidence={"automatic": awaiting.automatic(getattr(ctx, "cfg", None))})
 
 
 #: Seconds a reboot request may take to show in Slurm's node flags (REBOOT_REQUESTED) after we made it.

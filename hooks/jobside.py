@@ -93,11 +93,14 @@ def backoff(tries: int, cap: float = MAX_BACKOFF) -> float:
 
 def requeue_note(reason: str) -> str:
     """The job comment of a requeue: ``autoheal: requeued after xid 79 on GPU 1 of gpu1 (...): ...``."""
-    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, Origin, parse_body
+    from autoheal.reasons import MAX_COMMENT_LEN, PREFIX, RUNGS, Origin, Reason, parse_body
 
     body = reason.strip()
     if body.startswith(PREFIX.strip()):
-        body = body[len(PREFIX.strip()):].strip()
+        parsed = Reason.parse(body)
+        # the rung a drain names (``autoheal: replace: xid 79 ...``, the first drain's since issue 22) is
+        # the node's business: the job is told the fault
+        body = parsed.body() if parsed is not None and parsed.origin in RUNGS else body[len(PREFIX.strip()):].strip()
     return parse_body(body or "a GPU fault", Origin.REQUEUED).render(max_len=MAX_COMMENT_LEN)
 
 

@@ -167,8 +167,9 @@ POLICY_TEXT: Dict[str, str] = {
            "notification to its user); the node stays in service, however often it comes",
     "requeue": "the job on that GPU is requeued (its process named by the driver, else the GPU's job); "
                "the node stays in service",
-    "recovery": "a warning in the journal; NVML's GPU recovery action decides (the "
-                "recovery-action check drains for a reset or reboot when it asks for one)",
+    "recovery": "a warning in the journal; NVML's GPU recovery action, read at once, decides (NONE: "
+                "nothing; reset, reboot: drained with that rung; drain P2P: drained until it changes; "
+                "docs/xid-policy.md)",
     "human": "the node is drained for a human: no automatic repair and no automatic resume "
              "(`autoheal node resume` once fixed)",
     "drain": "the node is drained; the ladder starts at a GPU reset",

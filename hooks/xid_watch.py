@@ -108,6 +108,12 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
     return new, drain
 
 
+def recovery_changed(results: List[C.CheckResult]) -> bool:
+    """An XID among ``results`` leaves the decision to NVML's GPU recovery action (XID 154, and the
+    fallback for XIDs the catalog does not know): the action is to be read now."""
+    return any(r.check == "xid" and r.evidence.get("decided_by") == "recovery-action" for r in results)
+
+
 def _event_of(events: List[XidEvent], r: C.CheckResult) -> XidEvent:
     """The event a result was judged from (same XID, same GPU when known)."""
     xid = r.evidence.get("xid")
@@ -138,9 +144,13 @@ class XidWatch:
         self._retries: Dict[XidEvent, int] = {}
         # health-poll results, handed from the poll thread to the main loop (which alone runs the job side)
         self.polls: queue.Queue[Tuple[List[C.CheckResult], List[int], float]] = queue.Queue()
+        # set by an XID whose policy leaves the decision to NVML's recovery action (XID 154 "GPU recovery
+        # action changed"): the health poll reads it now, not at its next interval
+        self.poll_now = threading.Event()
 
     def stop(self, *_args: object) -> None:
         self._stop.set()
+        self.poll_now.set()  # a health poll waiting for its interval ends at once
 
     # ---- sources -----------------------------------------------------------------------------------
     def nvml_loop(self) -> None:
@@ -255,7 +265,7 @@ class XidWatch:
         from autoheal.hooks.gather import gather
 
         interval = max(1.0, float(self.h.xid_watch_health_poll))
-        while not self._stop.wait(interval):
+        while not self._next_poll(interval):
             if any(t.name.startswith("nvml-") and t.is_alive() for t in threading.enumerate()):
                 self._count("health_polls_skipped_total")  # a read of an earlier poll hangs in the driver
                 continue
@@ -280,6 +290,13 @@ class XidWatch:
                 break
             if new or snap.get(POLLED) != before:
                 self.polls.put((results, read_ok, seen))
+
+    def _next_poll(self, interval: float) -> bool:
+        """Wait for the next health poll: ``interval`` seconds, or less when an XID asks for one
+        (``poll_now``). True once the daemon stops."""
+        self.poll_now.wait(interval)
+        self.poll_now.clear()
+        return self._stop.is_set()
 
     # ---- handling ----------------------------------------------------------------------------------
     def handle_poll(self, results: List[C.CheckResult], read_ok: List[int],
@@ -345,6 +362,8 @@ class XidWatch:
                     owner = xid_jobs.job_of_cgroup(pid, self.proc) if pid is not None else None
                     jobside.add_requeue_fault(st, r, now, [owner] if owner else jobs)
         self._metrics_dirty = bool(results) or self._metrics_dirty
+        if recovery_changed(results):
+            self.poll_now.set()
         if fails or any(r.action == C.REQUEUE for r in results):
             self.jobs.step(now, urgent=True)
         # application XIDs: the job's record, never the node's (outside the state lock: it asks Slurm)

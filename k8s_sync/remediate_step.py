@@ -27,7 +27,7 @@ from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
 from autoheal.k8s_sync.remediation import RS, Do
-from autoheal.reasons import strip_reason_suffix
+from autoheal.reasons import is_health_drain, strip_reason_suffix
 from autoheal.slurm.model import Node
 
 if TYPE_CHECKING:
@@ -100,6 +100,17 @@ def responding(node: Optional[Node]) -> TypeGuard[Node]:
 def _in_service(node: Optional[Node]) -> bool:
     """Responding and not held: takes jobs (what ``done`` waits for)."""
     return responding(node) and not (node.drain or node.down)
+
+
+def _took_over(node: Optional[Node]) -> bool:
+    """The replacement arrived: in service, or responding and drained by the hooks for a fault of its own.
+    The hooks keep a spare's drain while it is held (a fault on it stays behind the spare reason), so
+    such a drain means it was resumed and in service; the old machine is gone either way, and the spare's
+    fault is its own (soak seed 46688: an XID 95 on the spare seconds after its resume failed the
+    replacement, and the retired machine kept its replace reason). An admin's drain proves nothing."""
+    if _in_service(node):
+        return True
+    return responding(node) and is_health_drain(strip_reason_suffix(node.reason))
 
 
 def remediate(ctx: Context) -> List[Action]:
@@ -472,8 +483,8 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
     spare = snap.slurm.get(new_slurm)
     node_ready = bool(new) and new in snap.nodes and _ready(snap.nodes[new])
     # done only once the replacement takes jobs: registered, resumed from its spare drain, and answering
-    # (a spare just resumed shows `idle*`, not responding, for a while)
-    ready = node_ready and _in_service(spare)
+    # (a spare just resumed shows `idle*`, not responding, for a while), or drained since for its own fault
+    ready = node_ready and _took_over(spare)
     step = R.next_step(cur, True, (snap.jobs or {}).get(sname, 0), evict if cur.state != RS.QUARANTINED else pods,
                        ready, settings, now, sname, knode)
     cordon = {"spec": {"unschedulable": True},

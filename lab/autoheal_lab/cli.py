@@ -184,15 +184,22 @@ def env(lab_dir) -> None:
 @click.option("--pcie-degraded", "kind", flag_value="pcie-degraded", help="PCIe link below max gen/width.")
 @click.option("--nvlink-down", "kind", flag_value="nvlink-down", help="An NVLink link down.")
 @click.option("--hang", "kind", flag_value="hang", help="NVML calls on this GPU hang.")
+@click.option("--recovery-action", "action", type=click.IntRange(0, 0xFFFFFFFF),
+              help="NVML's GPU recovery action becomes this value (nvml.h: 0 NONE, 1 GPU_RESET, 2 NODE_REBOOT, "
+                   "3 DRAIN_P2P, 4 DRAIN_AND_RESET; 5-7 in newer headers), with the XID 154 the driver raises.")
 @click.option("--clear", "kind", flag_value="clear", help="Heal the GPU (what a GPU reset does in the lab); "
               "without --gpu, every GPU of the node.")
 @json_option
 @handle_errors
-def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
+def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, action, as_json) -> None:
     """Break one fake GPU on one node (or --clear it: one GPU with --gpu, else all of the node's)."""
     from autoheal_lab.gpus import clear_all
     from autoheal_lab.gpus import inject as do_inject
 
+    if action is not None:
+        if kind or xid is not None:
+            raise click.UsageError("give --recovery-action alone, not with --xid or another fault flag")
+        kind = "recovery-action"
     if xid is not None and kind:
         raise click.UsageError("give either --xid or one fault flag, not both")
     if xid is None and not kind:
@@ -208,11 +215,11 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, as_json) -> None:
     if pid is not None and xid is None:
         raise click.UsageError("--pid goes with --xid")
     result = do_inject(_lab(lab_dir), node, gpu, "xid" if xid is not None else kind, xid=xid, pid=pid,
-                       name=proc_name)
+                       name=proc_name, action=action)
     if as_json:
         print_json(result)
     else:
-        what = f"xid {xid}" if xid is not None else kind
+        what = f"xid {xid}" if xid is not None else kind if action is None else f"recovery action {action}"
         click.echo(f"GPU {gpu} of {node}: {'cleared' if kind == 'clear' else 'injected ' + what}"
                    + (f"\n  kernel log: {result['kernel_log']}" if result["kernel_log"] else ""))
 

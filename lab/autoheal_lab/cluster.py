@@ -172,7 +172,7 @@ class Lab:
     def up(self, nodes: int = 3, gpus: int = 8, spares: int = 1, slurm_defaults: bool = False,
            hooks: bool = True, xid_watch: bool = True, extra_conf: Optional[List[str]] = None,
            install: bool = True, wait: float = 60.0, kube: bool = False, spare_delay: float = 1.0,
-           keep_state: bool = False) -> dict:
+           keep_state: bool = False, hooks_conf: Optional[Dict[str, object]] = None) -> dict:
         """Bring the lab up (idempotent: a lab already up with every process alive is left alone).
 
         ``slurm_defaults`` leaves out the recommended slurm.conf fragment (to compare with Slurm's
@@ -185,7 +185,8 @@ class Lab:
         A lab that is started (not already up) starts from a clean cluster state: Slurm's saved jobs and
         node states, the journal, node state, fake GPU faults, kernel logs, Kubernetes objects, the
         spare pool's bookkeeping and old drills are forgotten (``autoheal_lab.cleanup``), unless
-        ``keep_state``.
+        ``keep_state``. ``hooks_conf``: ``[hooks]`` settings written into the lab's autoheal.toml before
+        any daemon starts (xid-watch reads its config once), e.g. the soak's ``lemon_faults``.
         """
         from autoheal_lab import cleanup, wiring
         from autoheal_lab import gpus as labgpus
@@ -233,6 +234,8 @@ class Lab:
         fragment = [] if slurm_defaults else wiring.drop_keys(
             wiring.recommended_fragment(version, existing={"AuthInfo": f"socket={lay.munge_socket}"}), hook_lines)
         self._write_configs(lay, hook_lines, fragment)
+        if hooks_conf:
+            set_toml_values(lay.autoheal_conf, "hooks", hooks_conf)
         self._write_jwt_key(lay)
         self._start_munge(lay)
         self._start_slurmctld(lay)
@@ -592,6 +595,24 @@ def _tail(path: str, n: int = 3) -> str:
     return " | ".join(lines[-n:])
 
 
+def set_toml_values(path: Path, section: str, values: Dict[str, object]) -> None:
+    """Set ``values`` in ``[section]`` of the lab's generated TOML ``path`` (one ``key = json`` line each,
+    replacing the key's old line; the section is added when missing). The generated file has no nested
+    tables or multi-line values, so a line edit is enough; a hand-edited file keeps its other lines."""
+    lines = path.read_text().splitlines()
+    head = f"[{section}]"
+    if head not in lines:
+        lines += ["", head]
+    start = lines.index(head)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("[")), len(lines))
+    body = [ln for ln in lines[start + 1:end] if ln.split("=")[0].strip() not in values]
+    while body and not body[-1].strip():
+        body.pop()
+    body += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    tail = [""] + lines[end:] if end < len(lines) else []
+    path.write_text("\n".join(lines[:start + 1] + body + tail) + "\n")
+
+
 def render_autoheal_toml(lay: LabLayout) -> str:
     """The autoheal config every lab process uses (journal, node state and kernel logs under the lab
     dir). Only keys the installed config schema knows are written, so parts can add settings freely."""
@@ -611,9 +632,10 @@ def render_autoheal_toml(lay: LabLayout) -> str:
                   "grace_seconds": 10.0, "nvml_timeout": 3.0,
                   # a lab node drained by another process is noticed by its xid-watch within seconds
                   "xid_watch_self_check": 10.0,
-                  # the soak's faults are independent and each one is repaired for real: with the default
-                  # (3 in 7 d) a busy soak would retire every node as a lemon within minutes. The soak's
-                  # bad-repair kind is judged against lemons only where a lab turns them on.
+                  # lab tests inject faults on the same few nodes again and again, each repaired for real:
+                  # with the default (3 in 7 d) every test after the third would meet a lemon. Lemons are
+                  # on where a lab asks for them: the soak (up(hooks_conf=...), SoakOptions.lemon_faults)
+                  # and tests/integration/test_lemon_lab.py.
                   "lemon_faults": 0},
         # metrics: `lab up` gives each sync a free port (`lab status` shows it), on loopback only
         "sync": {"slurm_resync_seconds": 2.0, "lease_duration_seconds": 5.0, "metrics_port": 0,

@@ -10,7 +10,7 @@ from typing import Optional
 from autoheal_lab.cluster import Lab, LabError
 
 INJECT_KINDS = ("xid", "ecc-dbe", "remap-failure", "remap-pending", "thermal", "lost", "pcie-degraded",
-                "nvlink-down", "hang", "clear")
+                "nvlink-down", "hang", "recovery-action", "clear")
 
 
 def setup_gpus(lab: Lab) -> Optional[str]:
@@ -53,10 +53,11 @@ def xid_message(xid: int) -> Optional[str]:
 
 
 def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None, pid: Optional[int] = None,
-           name: Optional[str] = None) -> dict:
+           name: Optional[str] = None, action: Optional[int] = None) -> dict:
     """Break (or heal, ``clear``) one fake GPU: NVML state, an NVML XID event, a kernel-log line.
     ``pid``/``name``: the process the driver names in the line (an application XID's job is found from
-    it); default: the driver's ``<unknown>``."""
+    it); default: the driver's ``<unknown>``. ``action``: NVML's recovery action of ``recovery-action``
+    (XID 154, its line naming the old and new action)."""
     from autoheal_lab.fakenvml import state as gstate
 
     lay = lab.layout()
@@ -68,12 +69,17 @@ def inject(lab: Lab, node: str, gpu: int, kind: str, xid: Optional[int] = None, 
         raise LabError(f"unknown fault {kind!r}; use one of {', '.join(INJECT_KINDS)}")
     path = lay.gpu_state(node)
     before = gstate.read_state(path)
-    logged_xid = gstate.inject(path, gpu, kind, xid=xid)
+    try:
+        logged_xid = gstate.inject(path, gpu, kind, xid=xid, action=action)
+    except ValueError as exc:
+        raise LabError(str(exc)) from None
     result = {"node": node, "gpu": gpu, "kind": kind, "xid": logged_xid, "time": time.time(), "kernel_log": None}
     if logged_xid is not None:
         # The driver logs the XID on the node's kernel log too (what `dmesg` shows on a real node).
+        message = (gstate.recovery_message(before.gpus[gpu].recovery_action, int(action))
+                   if kind == "recovery-action" and action is not None else xid_message(logged_xid))
         line = gstate.kernel_log_line(before.gpus[gpu].pci_bus_id, logged_xid, pid=pid, name=name,
-                                      message=xid_message(logged_xid))
+                                      message=message)
         kpath = lay.kernel_log(node)
         record = gstate.kmsg_record(line, seq=_kmsg_seq(kpath) + 1)
         with open(kpath, "a", encoding="utf-8") as fh:

@@ -69,6 +69,8 @@ class SoakOptions:
     snapshot_every: float = 1.0
     trainer_seconds: Optional[float] = None  # uninterrupted run time of a trainer [default: 0.6 x the span]
     short_every: float = 8.0
+    # hooks.lemon_faults of the soak's lab: the product's default, so bad repairs are judged (0: lemons off)
+    lemon_faults: int = 3
 
 
 @dataclass
@@ -127,6 +129,7 @@ class Soak:
         self._paged = 0
         self._client: Optional[subprocess.Popen] = None  # the submitit job's client
         self._client_out = ""
+        self._bad_repairs: list = []  # soak_storm.BadRepair, watched on every snapshot
 
     # ---- lab -----------------------------------------------------------------------------------------
     def start_lab(self) -> None:
@@ -135,7 +138,8 @@ class Soak:
             self.lab.down()
         # the real control plane; the sync reaches it through the lab's fault proxy (autoheal_lab.apifaults),
         # which makes the soak's API fault windows
-        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube)
+        self.lab.up(nodes=self.opts.nodes, gpus=self.opts.gpus, spares=self.opts.spares, kube=self.opts.kube,
+                    hooks_conf={"lemon_faults": self.opts.lemon_faults})
         self.lay = self.lab.layout()
         self.env = self.lab.slurm_env()
         from autoheal.config import load_config
@@ -396,6 +400,11 @@ class Soak:
             if not now_reason.startswith(PERSON_REPLACES):
                 oncall.repaired(node, time.time(), f"not needed any more: {now_reason or 'in service'}")
                 return
+            if f"slurmd-{node}" not in self.lab.records():
+                # the spare pool took the machine away (a replacement arrived; soak seed 46688: the sync then
+                # failed the remediation and the name kept its replace reason): nothing left to repair here
+                oncall.repaired(node, time.time(), "not possible: the machine left the cluster")
+                return
             labgpus.clear_all(self.lab, node)
             res = self._autoheal("check", "--node", node, "--clear-faults", "--json")
             if res.returncode != 0:
@@ -502,8 +511,9 @@ class Soak:
             if f.kind == "job-storm":
                 soak_storm.job_storm(self, inj, f.xid, snap)
             else:
-                soak_storm.bad_repair(self, inj, node, f.gpu, time.time() + 600.0,
-                                      self.cfg.hooks.lemon_faults or soak_storm.BAD_REPAIR_FAULTS)
+                watch = soak_storm.BadRepair(inj, node, f.gpu)
+                watch.start(self)
+                self._bad_repairs.append(watch)
             return
         if spec.group == "gpu":
             if f.kind == "flapping":
@@ -802,6 +812,7 @@ class Soak:
                     self._last = snap
                     for v in self.monitor.observe(snap):
                         self.log(f"VIOLATION {v.invariant}: {v.message}")
+                    self._watch_bad_repairs(snap)
                     trip = self.monitor.oncall.current
                     if trip is not None and len(self.monitor.oncall.trips) > self._paged:
                         self._paged = len(self.monitor.oncall.trips)
@@ -823,6 +834,24 @@ class Soak:
                 return
             wait = min([next_snap - time.time()] + ([self.events[0][0] - time.time()] if self.events else []))
             time.sleep(max(0.05, min(wait, 0.5)))
+
+    def _watch_bad_repairs(self, snap: Snapshot) -> None:
+        from autoheal_lab.soak_storm import BAD_REPAIR_XID
+
+        for w in self._bad_repairs:
+            fixed = [float(r["done"]) for r in self.monitor.oncall.repairs
+                     if r["node"] == w.node and r["outcome"] == "resumed"]
+            before = w.inj.count
+            try:
+                w.observe(self, snap, fixed)
+            except Exception as exc:  # an injection failed: say so, the soak goes on
+                self.notes.append(f"bad repair of {w.node} at t+{snap.time - self.t0:.1f}: {type(exc).__name__}: {exc}")
+            if w.inj.count > before:
+                # the same defect again: its fault is open again (seed 43585: gpu4's lemon drain 3 minutes
+                # after its first return read as a drain with no fault on the node)
+                self.monitor.reopen(w.inj.id)
+                self.log(f"t+{snap.time - self.t0:6.1f} bad repair: {w.node} back in service, its xid "
+                         f"{BAD_REPAIR_XID} comes back ({w.inj.count})")
 
     def _jobs_done(self) -> bool:
         s = self._last
@@ -898,7 +927,7 @@ class Soak:
         from autoheal_lab import soak_storm
 
         self.monitor.violations += soak_storm.check(list(self.injected.values()), records, final,
-                                                    self.cfg.hooks.lemon_faults)
+                                                    self.cfg.hooks.lemon_faults, self._bad_repairs)
         if self.monitor.recovering:
             self.notes.append("still recovering at the end, within the loop's bound: "
                               f"{', '.join(self.monitor.recovering)}")

@@ -327,16 +327,17 @@ class OnCall:
 
 
 def awaiting_replacement(s: Snapshot, spare_prefix: str = "autoheal: spare") -> List[str]:
-    """Nodes of ``s`` drained ``autoheal: replace: ...`` whose replacement was requested while no spare
-    is left in the pool (no node held with the spare reason): a technician's job. [] without the
-    Kubernetes view."""
+    """Nodes of ``s`` drained ``autoheal: replace: ...`` or ``autoheal: lemon: ...`` whose replacement was
+    requested while no spare is left in the pool (no node held with the spare reason): a technician's
+    job (a lemon too: with lemons on, soak seed 46688 kept two lemons out for good once both spares were
+    used, and the jobs waited for nodes nobody would bring back). [] without the Kubernetes view."""
     if s.kube is None:
         return []
     if any(n.get("drain") and ours_kind(n.get("reason", ""), spare_prefix) == "spare" for n in s.nodes.values()):
         return []
     requested = {r.get("node") for r in s.replacements}
     return sorted(name for name, n in s.nodes.items() if n.get("drain") and name in requested
-                  and strip_reason_suffix(n.get("reason", "")).startswith("autoheal: replace"))
+                  and strip_reason_suffix(n.get("reason", "")).startswith(PERSON_REPLACES))
 
 
 #: Reasons of Slurm's own drains the on-call resumes by hand (runbook), after their delay.
@@ -438,6 +439,11 @@ class Monitor:
         self.ours_to_drain: Set[int] = set()
 
     # ---- inputs -----------------------------------------------------------------------------------
+    def reopen(self, fault_id: int) -> None:
+        """Fault ``fault_id`` is back on its node (a bad repair's defect raised again): not resolved, so
+        the drain it causes is no false drain however long after its first recovery it comes."""
+        self.resolved.pop(fault_id, None)
+
     def add_fault(self, f: Injected) -> None:
         self.faults.append(f)
         if self.last is not None and f.node in self.last.nodes:

@@ -41,13 +41,17 @@ def _duration(text: str) -> float:
 @click.option("--exclude", multiple=True, help="Leave out these fault kinds (repeatable); see --list-kinds.")
 @click.option("--settle", default=150.0, show_default=True, type=click.FloatRange(0, 3600),
               help="Seconds after the last fault for jobs to finish and nodes to come back.")
+@click.option("--lemon-faults", default=3, show_default=True, type=click.IntRange(0, 1000),
+              help="hooks.lemon_faults of the soak's lab (the product's default): a node with that many hardware "
+                   "faults, each after a return to service, is drained a lemon; the bad-repair kind is judged "
+                   "against it. 0: lemons off (bad repairs not judged).")
 @click.option("--list-kinds", is_flag=True, help="List the fault kinds and exit.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False),
               help="Also draw a PNG timeline of nodes, jobs and faults (needs matplotlib).")
 @json_option
 @handle_errors
-def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, include, exclude, settle, list_kinds,
-         plot_file, as_json) -> None:
+def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, include, exclude, settle, lemon_faults,
+         list_kinds, plot_file, as_json) -> None:
     """Seeded compound faults against the whole self-healing loop, invariants checked live.
 
     Starts a clean lab (4 GPU nodes x 4 fake GPUs + 2 spares; --kube: fake Kubernetes API, sync, spare
@@ -96,7 +100,8 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
     from autoheal_lab.soak import Soak, SoakOptions, plot, render
 
     opts = SoakOptions(seed=seed, faults=faults, jobs=jobs, kube=kube, nodes=nodes, spares=spares, gap=(lo, hi),
-                       include=list(include) or None, exclude=list(exclude), settle=settle)
+                       include=list(include) or None, exclude=list(exclude), settle=settle,
+                       lemon_faults=lemon_faults)
     try:
         runner = Soak(Lab(Path(lab_dir) if lab_dir else None), opts,
                       log=(lambda s: click.echo(s, err=True)))

@@ -6,9 +6,11 @@ the job's own process (``pid=``), as the driver does when a job's kernel faults 
 Invariant ``app-xid-drain``: no node is drained for it (nor for any other application XID).
 
 **Bad repair** (kind ``bad-repair``): a node's GPU keeps its defect: a reset-class XID comes back each
-time the node is returned to service, ``BAD_REPAIR_FAULTS`` times. Invariant ``lemon-cycling``: by the
-end the node is out of service as a lemon (drained ``autoheal: lemon: ...``, or retired and replaced
-after it), not back in service for another round.
+time the node is returned to service (autoheal's reset and resume, the technician's repair in place)
+for as long as the soak runs. Invariant ``lemon-cycling`` (with the soak's ``lemon_faults``, the
+product's default 3): once the defect came back that often the node was drained a lemon, autoheal never
+returned it to service after that, and at the end it is out of service as a lemon with a replacement
+asked, retired, or gone (replaced), not back in service for another round.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from autoheal_lab.soak_checks import Injected, Snapshot, Violation
 if TYPE_CHECKING:
     from autoheal_lab.soak import Soak
 
-#: Injections of a bad repair: the lemon threshold of the lab's hooks (hooks.lemon_faults, 3).
+#: The lemon threshold the soak's lab runs with (SoakOptions.lemon_faults: hooks.lemon_faults' default).
 BAD_REPAIR_FAULTS = 3
 #: The XID a bad repair raises (RESET_GPU in the catalog: drained, reset, returned, and again).
 BAD_REPAIR_XID = 95
@@ -82,31 +84,51 @@ def job_storm(soak: Soak, inj: Injected, xid: int, snap: Optional[Snapshot]) -> 
     inj.end = time.time()
 
 
-def bad_repair(soak: Soak, inj: Injected, node: str, gpu: int, deadline: float, times: int = BAD_REPAIR_FAULTS) -> None:
-    """Raise ``BAD_REPAIR_XID`` on ``node``, and again each time it is back in service, up to ``times``
-    times or ``deadline``."""
-    from autoheal_lab import gpus as labgpus
+class BadRepair:
+    """One bad repair (see the module doc), watched on every snapshot of the soak, not through the event
+    queue (it lasts as long as the soak): ``BAD_REPAIR_XID`` on ``node``'s ``gpu`` now, and again each time
+    a snapshot shows the node back in service after it was out, whoever returned it (autoheal's resume
+    after a reset, the technician's repair in place): the defect is never fixed.
 
-    state = {"count": 1, "was_out": False}
-    labgpus.inject(soak.lab, node, gpu, "xid", xid=BAD_REPAIR_XID)
-    inj.count = 1
+    ``returns`` lists each return to service (time, and who: ``technician`` when the soak's technician
+    resumed it just before, else ``autoheal``) seen after the node was drained as a lemon; a lemon that
+    autoheal put back into service is the cycling the lemon rule exists to stop."""
 
-    def look() -> None:
-        if state["count"] >= times or time.time() > deadline:
-            inj.end = time.time()
+    def __init__(self, inj: Injected, node: str, gpu: int) -> None:
+        self.inj, self.node, self.gpu = inj, node, gpu
+        self.was_out = False
+        self.lemon_since: Optional[float] = None
+        self.lemon_returns: List[Tuple[float, str]] = []
+
+    def start(self, soak: Soak) -> None:
+        from autoheal_lab import gpus as labgpus
+
+        labgpus.inject(soak.lab, self.node, self.gpu, "xid", xid=BAD_REPAIR_XID)
+        self.inj.count = 1
+
+    def observe(self, soak: Soak, snap: Snapshot, repaired_at: Sequence[float] = ()) -> None:
+        """``repaired_at``: when the technician resumed this node (their ``repaired`` times)."""
+        from autoheal.hooks import lemon
+        from autoheal_lab import gpus as labgpus
+        from autoheal_lab.soak_checks import node_in_service
+
+        n = snap.nodes.get(self.node)
+        if n is None:
+            return  # replaced and deleted from Slurm (or a failed snapshot of it): nothing comes back
+        if not node_in_service(n):
+            self.was_out = True
+            if n.get("drain") and lemon.is_lemon(n.get("reason")) and self.lemon_since is None:
+                self.lemon_since = snap.time
             return
-        n = soak.slurm.get_node(node)
-        in_service = not (n.drain or n.down)
-        if not in_service:
-            state["was_out"] = True
-        elif state["was_out"]:  # repaired and returned: the defect is still there
-            labgpus.inject(soak.lab, node, gpu, "xid", xid=BAD_REPAIR_XID)
-            state["count"] += 1
-            state["was_out"] = False
-            inj.count = state["count"]
-        soak._at(time.time() + 2.0, f"bad repair of {node}: look again", look)
-
-    soak._at(time.time() + 2.0, f"bad repair of {node}: look again", look)
+        if not self.was_out:
+            return
+        if self.lemon_since is not None:
+            by = "technician" if any(self.lemon_since <= t <= snap.time + 1.0 for t in repaired_at) else "autoheal"
+            self.lemon_returns.append((snap.time, by))
+            self.lemon_since = None
+        labgpus.inject(soak.lab, self.node, self.gpu, "xid", xid=BAD_REPAIR_XID)  # the defect is still there
+        self.was_out = False
+        self.inj.count += 1
 
 
 def _named_xid(text: str) -> Optional[int]:
@@ -117,10 +139,10 @@ def _named_xid(text: str) -> Optional[int]:
 
 
 def check(injected: Sequence[Injected], journal: Sequence[dict], final: Snapshot,
-          lemon_faults: int = BAD_REPAIR_FAULTS) -> List[Violation]:
+          lemon_faults: int = BAD_REPAIR_FAULTS, watches: Sequence[BadRepair] = ()) -> List[Violation]:
     """The invariants of job storms and bad repairs, at the end of the soak. ``lemon_faults``: the lab's
-    hooks.lemon_faults (0: lemons off, the bad repairs are not judged)."""
-    from autoheal.hooks import lemon
+    hooks.lemon_faults (0: lemons off, the bad repairs are not judged); ``watches``: the soak's
+    ``BadRepair`` of each bad-repair fault (its returns to service as a lemon)."""
     from autoheal.hooks.xid_catalog import DRAIN_POLICIES, default_policy
 
     out: List[Violation] = []
@@ -132,15 +154,63 @@ def check(injected: Sequence[Injected], journal: Sequence[dict], final: Snapshot
             out.append(Violation("app-xid-drain", f"{r.get('node')} drained for xid {xid}, an application "
                                  f"(or ignore) XID of NVIDIA's catalog: {r.get('message')}", float(r.get("time", 0)),
                                  {"record": r}))
+    if lemon_faults <= 0:
+        return out
+    watched = {w.inj.id: w for w in watches}
     for inj in injected:
-        if inj.kind != "bad-repair" or not inj.node or lemon_faults <= 0:
-            continue
-        n = final.nodes.get(inj.node) or {}
-        reason = n.get("reason") or ""
-        retired = bool(n.get("drain")) and (lemon.is_lemon(reason) or reason.startswith("autoheal: retired"))
-        gone = not n  # replaced and deleted from Slurm
-        if inj.count >= lemon_faults and not (retired or gone):
-            out.append(Violation("lemon-cycling", f"{inj.node}: its defect came back {inj.count} times and it is "
-                                 f"not retired as a lemon at the end ({n.get('state')}: {reason!r})", final.time,
-                                 {"fault": inj.id, "node": n}))
+        if inj.kind == "bad-repair" and inj.node:
+            out += _lemon_violations(inj, watched.get(inj.id), journal, final, lemon_faults)
     return out
+
+
+#: Seconds after the technician returned a lemon within which the end state may still show it in service
+#: (its defect raised again, the drain a moment away): their repair, not autoheal's cycling.
+TECHNICIAN_JUST_RETURNED = 30.0
+
+
+def _lemon_violations(inj: Injected, watch: Optional[BadRepair], journal: Sequence[dict], final: Snapshot,
+                      lemon_faults: int) -> List[Violation]:
+    """``lemon-cycling``: a node whose defect came back ``lemon_faults`` times is drained a lemon (a
+    ``lemon`` record); once it is one (that, or sooner with its earlier faults), autoheal never put it back
+    into service, and at the end it is out of
+    service as a lemon with a replacement asked (the sync's remediation or NodeReplacement for it; without
+    Kubernetes the ``lemon`` record told a person), retired, or gone."""
+    from autoheal.hooks import lemon
+
+    out: List[Violation] = []
+    node = inj.node
+    for t, by in (watch.lemon_returns if watch else []):
+        if by != "technician":
+            out.append(Violation("lemon-cycling", f"{node}: drained a lemon, then back in service at {t:.1f} "
+                                 f"without a technician's repair", t,
+                                 {"fault": inj.id, "returns": watch.lemon_returns}))
+    records = [r for r in journal if r.get("event") == "lemon" and r.get("node") == node
+               and float(r.get("time") or 0) >= inj.start - 1.0]
+    # judged once the defect alone came back lemon_faults times, or once the node was judged a lemon
+    # sooner (its history holds the node's earlier faults too): a lemon stays one
+    if inj.count < lemon_faults and not records:
+        return out
+    n = final.nodes.get(node) or {}
+    reason = n.get("reason") or ""
+    if not records:
+        out.append(Violation("lemon-cycling", f"{node}: its defect came back {inj.count} times and it was never "
+                             f"drained a lemon (no 'lemon' journal record)", final.time, {"fault": inj.id, "node": n}))
+    if not n or (n.get("drain") and reason.startswith("autoheal: retired")):
+        return out  # replaced: deleted from Slurm, or retired
+    last = watch.lemon_returns[-1] if watch and watch.lemon_returns else None
+    if not n.get("drain") and last and last[1] == "technician" and final.time - last[0] <= TECHNICIAN_JUST_RETURNED:
+        return out
+    if not (n.get("drain") and lemon.is_lemon(reason)):
+        out.append(Violation("lemon-cycling", f"{node}: its defect came back {inj.count} times and it is not "
+                             f"retired as a lemon at the end ({n.get('state')}: {reason!r})", final.time,
+                             {"fault": inj.id, "node": n}))
+    elif final.kube is not None and not _replacement_asked(final, node):
+        out.append(Violation("lemon-cycling", f"{node}: drained a lemon at the end with no replacement asked "
+                             f"(no remediation state, no NodeReplacement)", final.time,
+                             {"fault": inj.id, "kube": final.kube.get(node)}))
+    return out
+
+
+def _replacement_asked(final: Snapshot, node: str) -> bool:
+    k = (final.kube or {}).get(node) or {}
+    return bool(k.get("remediation")) or any(r.get("node") == node for r in final.replacements or [])

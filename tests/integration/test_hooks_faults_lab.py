@@ -100,7 +100,8 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
                          for r in journal(handle)), 15, "xid-watch to see the XID")
     time.sleep(8)  # slurmctld stays down a while: xid-watch keeps the drain pending, retries with backoff
     lab._start_slurmctld(lab.layout())
-    wait_for(lambda: "Reason=autoheal: xid 79 on GPU 1 of gpu1" in node_line(handle, "gpu1"), 60,
+    # XID 79 starts at the replace rung: the first drain says so (the sync acts on it at once)
+    wait_for(lambda: "Reason=autoheal: replace: xid 79 on GPU 1 of gpu1" in node_line(handle, "gpu1"), 60,
              "gpu1 drained once slurmctld is back")
     wait_for(lambda: restarts(handle, plain) >= 1, 60, "the plain job to be requeued")
     assert "Comment=autoheal: requeued after xid 79 on GPU 1 of gpu1" in sh(handle, "scontrol", "show", "job",
@@ -172,7 +173,7 @@ def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
         inject(lab.lab, node, 3, "xid", xid=79)
         res = run_hook(lab, node)
         assert res.returncode == 1, res.stderr
-        assert "Reason=autoheal: xid 79 on GPU 3 of gpu2" in node_line(lab, node)
+        assert "Reason=autoheal: replace: xid 79 on GPU 3 of gpu2" in node_line(lab, node)
         assert job_fields(lab, job).get("JobState") == "RUNNING"  # the healthcheck does not move jobs
         lab.lab.start_node_daemon(f"xid-watch-{node}", node, wiring.xid_watch_argv(node))
         wait_for(lambda: restarts(lab, job) >= 1, 60, "xid-watch to requeue the job")

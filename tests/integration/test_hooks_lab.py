@@ -169,7 +169,9 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
         inject(lab.lab, "gpu1", 1, "xid", xid=79)
         wait_for(lambda: "DRAIN" in node_line(lab, "gpu1"), 10, "gpu1 to drain")
         assert time.monotonic() - t0 < 5
-        assert "Reason=autoheal: xid 79 on GPU 1 of gpu1 (0000:3b:00.0): fallen off the bus" in node_line(lab, "gpu1")
+        # the first drain carries XID 79's rung (replace); the job is told the fault
+        assert "Reason=autoheal: replace: xid 79 on GPU 1 of gpu1 (0000:3b:00.0): fallen off the bus" \
+            in node_line(lab, "gpu1")
         wait_for(lambda: int(job_field("Restarts") or 0) >= 1, 30, "the job to be requeued")
         text = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True,
                               timeout=10).stdout
@@ -312,7 +314,7 @@ def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still
     job = ""
     try:
         inject(lab.lab, node, 3, "xid", xid=79)
-        _drained_for(lab, node, "Reason=autoheal: xid 79 on GPU 3 of gpu1")
+        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1")
         for gpu in range(lab.layout.gpus):
             gstate.inject(lab.layout.gpu_state(node), gpu, "clear")
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
@@ -327,7 +329,7 @@ def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still
 
         # the GPU is really bad this time: resumed all the same, the next job's prolog finds it lost
         inject(lab.lab, node, 3, "xid", xid=79)
-        _drained_for(lab, node, "Reason=autoheal: xid 79 on GPU 3 of gpu1")
+        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1")
         mark = len(journal(lab))
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
                        check=True)

@@ -133,7 +133,7 @@ def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
         assert job.running and job.restart_count == 0, job  # no requeue
         assert set(job.nodes) == {batch, spare}, job.nodes  # the bad node left the allocation
         node = hslab.slurm.get_node(victim)
-        assert node.drain and node.reason.startswith("autoheal: xid 79"), node
+        assert node.drain and node.reason.startswith("autoheal: replace: xid 79"), node  # its rung at once
         assert "ALLOCATED" not in node.state_text and "MIXED" not in node.state_text, node.state_text
         recs = hslab.swap_records(jid)
         assert recs and recs[0].node == victim and recs[0].evidence["spare"] == spare, recs

@@ -43,7 +43,8 @@ LEFT_OUT = {"xid64": "xid79 (replace)", "xid74": "xid48 (reset)", "xid95": "xid4
             "xid-reset": "xid48 (reset)", "xid-ignore": "xid63 (no drain)",
             "xid-app": "xid63 (no drain; the job's record, tests/unit/test_xid_jobs.py)",
             "job-storm": "xid63 (no drain on any node; a soak of the catalog kinds: docs/xid-policy.md)",
-            "bad-repair": "xid48 (reset; lemons are off in the lab, tests/integration/test_lemon_lab.py)"}
+            "bad-repair": "xid48 (reset, then the lemon rung: tests/integration/test_lemon_lab.py; "
+                          "judged by the soak's lemon-cycling invariant in longer runs)"}
 
 
 @pytest.fixture(scope="module")

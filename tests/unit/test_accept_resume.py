@@ -115,7 +115,8 @@ def test_without_a_drain_of_ours_an_open_fault_still_fails(lab):
         st["drain"] = None
     lab.slurm.node = Node("n1", "IDLE", frozenset(), "")
     assert jobhook.run("prolog") == 1
-    assert "get_node" in lab.slurm.calls and lab.slurm.node.reason == f"autoheal: {XID79}"
+    # XID 79's policy starts at the replace rung: the first drain says so (the sync acts on it at once)
+    assert "get_node" in lab.slurm.calls and lab.slurm.node.reason == f"autoheal: replace: {XID79}"
 
 
 def test_healthcheck_after_an_admin_resume_does_not_drain_the_node_again(lab):

@@ -370,3 +370,20 @@ def test_gpu_state_fields_are_all_serialised(tmp_path: Path):
     keys = {line.split("=", 1)[0] for line in path.read_text().splitlines() if line.startswith("gpu.0.")}
     assert keys == {f"gpu.0.{n}" for n in names}
     assert os.stat(path).st_mode & 0o777 == 0o644
+
+
+def test_inject_recovery_action_sets_the_field_and_raises_xid_154(node: Path):
+    """The lab's XID 154: NVML's recovery action (served by the fake library as field 230,
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION) changes, and the driver's XID 154 is queued."""
+    assert st.inject(node, 2, "recovery-action", action=st.RECOVERY_NODE_REBOOT) == 154
+    assert _gpu(node, 2).recovery_action == 2 and _gpu(node, 1).recovery_action == 0
+    assert [(e.gpu, e.xid, e.event_type) for e in st.read_events(node)] == [(2, 154, st.EVENT_XID)]
+    assert st.inject(node, 2, "recovery-action", action=st.RECOVERY_NONE) == 154  # back to NONE: told too
+    assert _gpu(node, 2).recovery_action == 0
+    st.inject(node, 2, "recovery-action", action=st.RECOVERY_DRAIN_P2P)
+    st.inject(node, 2, "clear")  # a reset in the lab
+    assert _gpu(node, 2).recovery_action == st.RECOVERY_NONE
+    with pytest.raises(ValueError, match="needs an action"):
+        st.inject(node, 2, "recovery-action")
+    assert st.recovery_message(0, 1) == "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)"
+    assert st.recovery_message(3, 0).endswith("from 0x3 (Drain P2P Required) to 0x0 (None)")

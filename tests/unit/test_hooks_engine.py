@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -134,16 +135,32 @@ def test_fault_on_a_node_drained_for_a_k8s_cordon_replaces_the_reason(tmp_path):
     fault = C.CheckResult("xid", C.FAIL, parse_body("xid 79 gpu 3 (0000:3b:00.0): fallen off the bus"), C.REPLACE, 3)
     act = engine.drain_for(ctx, fault)
     assert act["outcome"] == "reason-updated"
-    assert ctx.slurm.calls == [("set_reason", "autoheal: xid 79 gpu 3 (0000:3b:00.0): fallen off the bus")]
-    assert ctx.store.read()["drain"]["reason"].startswith("autoheal: xid 79")
+    # the fault's rung (XID 79: replace) is in the reason that replaces the cordon's
+    assert ctx.slurm.calls == [("set_reason", "autoheal: replace: xid 79 gpu 3 (0000:3b:00.0): fallen off the bus")]
+    assert ctx.store.read()["drain"]["reason"].startswith("autoheal: replace: xid 79")
 
 
 def test_fault_on_our_own_health_drain_keeps_the_reason(tmp_path):
     ctx = make_ctx(tmp_path)
     ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
-    fault = C.CheckResult("xid", C.FAIL, parse_body("xid 79 gpu 3 (0000:3b:00.0): fallen off the bus"), C.REPLACE, 3)
+    fault = C.CheckResult("xid", C.FAIL, parse_body("xid 48 on GPU 3 of n1 (0000:3b:00.0): double-bit ECC error"),
+                          C.RESET, 3)
     assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
     assert ctx.slurm.calls == []
+
+
+def test_a_replace_rung_fault_on_our_lower_rung_drain_says_replace_at_once_and_once(tmp_path):
+    """A node of ours drained for an ECC fault (reset rung) gets an XID 79: the ladder's answer for the
+    node is now replace (maybe_repair would write it once the node is idle), so the reason says it now,
+    and only once; the wait is announced once."""
+    ctx = make_ctx(tmp_path)
+    ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
+    xid = "xid 79 on GPU 3 of n1 (0000:3b:00.0): fallen off the bus"
+    fault = C.CheckResult("xid", C.FAIL, parse_body(xid), C.REPLACE, 3)
+    assert engine.drain_for(ctx, fault)["outcome"] == "reason-updated"
+    assert ctx.slurm.calls == [("set_reason", "autoheal: replace: " + xid)]
+    assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
+    assert len(ctx.slurm.calls) == 1 and [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
 
 
 def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
@@ -192,3 +209,60 @@ def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_
     done = engine.maybe_repair(ctx, other, now=1100.0)
     assert [(a["action"], a["outcome"]) for a in done] == [("reboot-node", "requested")]
     assert len(ctx.slurm.reboots) == 2
+
+
+def in_service_ctx(tmp_path, **hooks):
+    """A node in service with a job on it (MIXED), nothing of ours on it yet."""
+    ctx = make_ctx(tmp_path, **hooks)
+    ctx.slurm = RecordingSlurm("")
+    ctx.slurm.node = Node("n1", "MIXED", frozenset(), "")
+    with ctx.store.locked() as st:
+        st["drain"] = None
+    return ctx
+
+
+def test_the_first_drain_of_an_xid_79_carries_the_replace_rung(tmp_path):
+    """Drill regression (fault -> replacement in service 19 s -> 30 s): XID 79's policy starts at the
+    replace rung, but the first drain said only ``autoheal: xid 79 ...`` and the replace reason waited for
+    the next healthcheck on the idle node, so the sync (which acts on the rung only) waited too. The
+    first drain now names the rung the ladder decided, the wait is announced once, and the repair pass
+    once the node is idle asks nothing more."""
+    from autoheal.hooks.xids import XidEvent
+    from autoheal.reasons import Origin, Reason
+
+    ctx = in_service_ctx(tmp_path)
+    fault = C.judge_xid(XidEvent(79, gpu=3), gpu=3, pci="0000:3b:00.0", node="n1")
+    assert fault.status == C.FAIL and fault.action == C.REPLACE
+    act = engine.drain_for(ctx, fault)
+    assert act["outcome"] == "drained"
+    assert ctx.slurm.calls == [("drain", "autoheal: replace: " + fault.text)]
+    assert Reason.parse(ctx.slurm.node.reason).rung is Origin.REPLACE  # what the sync reads
+    assert ctx.store.read()["drain"]["reason"] == ctx.slurm.node.reason  # resumable as our drain
+    assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}
+    assert [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
+    ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), ctx.slurm.node.reason)  # the job left
+    assert [a["outcome"] for a in engine.maybe_repair(ctx, [fault], now=2000.0)] == ["already asked"]
+    assert len(ctx.slurm.calls) == 1 and [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
+
+
+def test_the_first_drain_names_the_rung_the_site_policy_and_the_ladder_decide(tmp_path):
+    """One owner: the rung in the first reason is the hooks' ladder's. A site that sets XID 79 to reset
+    gets a plain fault drain (no replacement); a reset-class fault back after a reset and a reboot
+    within the ladder window starts its new drain at replace."""
+    from autoheal.hooks.xids import XidEvent
+
+    ctx = in_service_ctx(tmp_path)
+    reset79 = C.judge_xid(XidEvent(79, gpu=3), {"79": "reset"}, gpu=3, node="n1")
+    assert reset79.action == C.RESET
+    engine.drain_for(ctx, reset79)
+    assert ctx.slurm.calls == [("drain", "autoheal: " + reset79.text)]
+    assert "awaiting-replacement" not in [ev for ev, _ in ctx.records]
+
+    ctx = in_service_ctx(tmp_path / "again")
+    with ctx.store.locked() as st:
+        S.record_rung(st, 1, "reset", time.time() - 600)
+        S.record_rung(st, 1, "reboot", time.time() - 300)
+    dbe = C.judge_xid(XidEvent(48, gpu=1), gpu=1, node="n1")
+    assert dbe.action == C.RESET
+    engine.drain_for(ctx, dbe)
+    assert ctx.slurm.calls == [("drain", "autoheal: replace: " + dbe.text)]

@@ -218,7 +218,8 @@ def test_slurmctld_down_at_the_fault_drain_and_jobs_wait_and_are_never_given_up(
     ctx.slurm.down = False
     now += 15.0
     js.step(now=now)
-    assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: xid 79")
+    # the drain made after the outage carries XID 79's rung (replace), as any first drain does
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: replace: xid 79")
     assert ctx.slurm.writes("signal") == ["signal 5 USR1 full"]
     assert [kw["outcome"] for kw in events(ctx, "retry")] == ["slurmctld answers again"]
     js.step(now=now + 10.5)
@@ -474,7 +475,7 @@ def test_a_fault_seen_under_an_admins_drain_is_drained_for_the_moment_theirs_end
     assert ctx.slurm.node.reason == "admin: soak maintenance 11"  # theirs is never overwritten
     ctx.slurm.resume("n1")  # the admin's maintenance is over
     js.step(now=150.0, force=True)
-    assert ctx.slurm.node.drain and ctx.slurm.node.reason == "autoheal: " + XID79.text
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason == "autoheal: replace: " + XID79.text
     assert ctx.store.read()["episode"]  # ours now, with its own episode
 
 
@@ -490,3 +491,18 @@ def test_an_admins_resume_of_our_drain_still_ends_the_fault(tmp_path):
     ctx.slurm.resume("n1")
     js.step(now=150.0, force=True)
     assert not ctx.slurm.node.drain and ctx.store.read()["episode"] is None
+
+
+def test_a_requeued_jobs_comment_names_the_fault_not_the_nodes_rung():
+    """Since the first drain of an XID 79 carries its rung (``autoheal: replace: xid 79 ...``), an episode
+    xid-watch opens from the node's reason (the healthcheck drained first) would have told the job
+    "requeued after replace: ...": the job is told the fault, as before."""
+    from autoheal.hooks.jobside import requeue_note
+
+    fault = "xid 79 on GPU 1 of gpu1 (0000:3b:00.0): fallen off the bus"
+    want = "autoheal: requeued after " + fault
+    assert requeue_note("autoheal: replace: " + fault) == want
+    assert requeue_note("autoheal: reboot: " + fault) == want
+    assert requeue_note("autoheal: " + fault) == want
+    assert requeue_note(fault) == want  # a pending drain's fault text
+    assert requeue_note("") == "autoheal: requeued after a GPU fault"

@@ -160,3 +160,30 @@ def test_config_rejects_bad_policy():
         parse_config('[hooks]\nxid_policy = {"79" = "explode"}\n')
     cfg = parse_config('[hooks]\nxid_policy = {"13" = "warn"}\ntemperature_max = 95\n')
     assert cfg.hooks.xid_policy == {"13": "warn"}
+
+
+@pytest.mark.parametrize("value,status,action", [
+    (0, C.OK, None),  # NONE: nothing
+    (1, C.FAIL, C.RESET),  # GPU_RESET
+    (2, C.FAIL, C.REBOOT),  # NODE_REBOOT
+    (3, C.FAIL, C.DRAIN),  # DRAIN_P2P: drained (the jobs leave), no repair; the next reading decides
+    (4, C.FAIL, C.RESET),  # DRAIN_AND_RESET: the reset runs on our idle drained node
+    (5, C.FAIL, C.DRAIN),  # RECOVER_IMEX_DOMAIN: a person
+    (6, C.FAIL, C.REBOOT),  # BUS_RESET: no bus reset in the hooks; a reboot resets the bus
+    (7, C.FAIL, C.REBOOT),  # SYSTEM_REBOOT
+    (99, C.FAIL, C.DRAIN),  # a newer driver's action: a person, never a silent pass
+])
+def test_nvmls_recovery_action_gets_its_rung(value, status, action):
+    """XID 154 (issue 22): what NVML's GPU recovery action asks (nvml.h nvmlDeviceGpuRecoveryAction_t)
+    is the rung. DRAIN_P2P was a warning before: the jobs kept their peer-to-peer traffic on a GPU NVIDIA
+    says must be quiesced."""
+    g = healthy()
+    g.recovery_action = value
+    res = [r for r in C.judge_sample(NodeSample(node="gpu2", count=1, gpus=[g]), HooksSection(), 1)
+           if r.check == "recovery-action"]
+    assert len(res) == 1 and res[0].status == status, res
+    if action is not None:
+        assert res[0].action == action and res[0].evidence["recovery_action"] == value
+        assert C.worst_failure(res) is res[0]  # it names the drain
+    assert (C.recovery_verdict(value) is None) == (value == 0)
+    assert C.recovery_verdict(None) is None  # no reading (an older driver): nothing, never a drain

@@ -209,7 +209,8 @@ def test_a_real_fault_replaces_the_preemptive_reason(tmp_path, monkeypatch):
     xid79 = parse_body("xid 79 on GPU 0 of n1: fallen off the bus")
     ctx.results = [pending_remap(), C.CheckResult("xid", C.FAIL, xid79, C.REPLACE, 0)]
     engine.health_pass(ctx)
-    assert slurm.calls[-1] == ("set_reason", "autoheal: xid 79 on GPU 0 of n1: fallen off the bus")
+    # XID 79 starts at the replace rung: the reason that replaces the pre-emptive one says so
+    assert slurm.calls[-1] == ("set_reason", "autoheal: replace: xid 79 on GPU 0 of n1: fallen off the bus")
     assert ctx.store.read()["drain"]["reason"] == slurm.node.reason  # resumable as our fault drain
 
 

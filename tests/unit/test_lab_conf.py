@@ -8,7 +8,7 @@ from autoheal.config import load_config
 from autoheal.config.sync_section import SyncSection
 from autoheal.reasons import MAX_REASON_LEN, is_ours
 from autoheal_lab import wiring
-from autoheal_lab.cluster import render_autoheal_toml
+from autoheal_lab.cluster import render_autoheal_toml, set_toml_values
 from autoheal_lab.slurmconf import LabLayout, render_slurm_conf, spare_reason
 
 
@@ -45,3 +45,17 @@ def test_every_node_in_service_gets_the_node_daemons_and_options_turn_them_off()
     assert wiring.xid_watch_argv("spare1")[-2:] == ["--node", "spare1"]
     extra = wiring.Daemon("guard", lambda _n: ["true"], lambda: True)
     assert extra.wanted({}) and extra.proc_name() == "guard"
+
+
+def test_a_labs_hooks_settings_are_written_before_its_daemons_read_them(tmp_path):
+    """The soak's lemons: Lab.up(hooks_conf=...) sets [hooks] keys in the generated config (xid-watch reads
+    it once at start), replacing the lab's own line, and the result is a config autoheal loads."""
+    lay = _layout(tmp_path)
+    lay.autoheal_conf.parent.mkdir(parents=True, exist_ok=True)
+    lay.autoheal_conf.write_text(render_autoheal_toml(lay))
+    assert load_config(lay.autoheal_conf).hooks.lemon_faults == 0  # the lab's default: lemons off
+    set_toml_values(lay.autoheal_conf, "hooks", {"lemon_faults": 3, "resume_cooldown": 1.0})
+    cfg = load_config(lay.autoheal_conf)
+    assert cfg.hooks.lemon_faults == 3 and cfg.hooks.resume_cooldown == 1.0
+    assert cfg.hooks.grace_seconds == 10.0 and cfg.sync.slurm_resync_seconds == 2.0  # the rest kept
+    assert lay.autoheal_conf.read_text().count("lemon_faults") == 1

@@ -764,3 +764,36 @@ def test_breaker_share_counts_only_the_pool_a_node_that_left_it_is_not_affected(
     assert res.breaker["tripped"]  # n2 n3 n4 of 4 = 75 %
     why = kube.configmaps[("slurm", "autoheal-sync-breaker")]["data"]["why"]
     assert why.startswith("3 of 4 nodes (75%)"), why
+
+
+def test_a_spare_drained_for_its_own_fault_just_after_its_resume_still_completes_the_replacement():
+    """Soak seed 46688 (issue 22): spare1 replaced n1 (registered, resumed by the sync), and a fault on
+    spare1 (XID 94/95 seconds later) drained it before the sync saw it in service. "Done" waited for a
+    spare in service, so the remediation failed ("replacement never arrived within 90s"), although the
+    old machine was gone: n1 kept `autoheal: replace: ...`, the soak's technician "repaired" the machine
+    that had left, and n1 ended DOWN. A spare drained by the hooks for its own fault was in service:
+    the replacement arrived; its fault is its own (a remediation of its own if it asks for one)."""
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    r.run_pass()  # registered: resumed, not done yet
+    assert not slurm.nodes["spare1"].drain
+    slurm.drain("spare1", "autoheal: xid 95 on GPU 1 of spare1 (0000:3b:00.0): uncontained ECC error")
+    r.run_pass()
+    assert state(kube, "n1") == "done" and slurm.nodes["n1"].reason == "autoheal: retired: replaced by spare1"
+    assert slurm.nodes["spare1"].reason.startswith("autoheal: xid 95")  # the spare's own drain is left alone
+
+
+def test_a_spare_held_by_an_admin_before_it_took_jobs_is_still_waited_for():
+    slurm, kube, cfg, clock = world()
+    slurm.drain("n1", XID79)
+    r = recon(slurm, kube, cfg, clock)
+    run_to(r, kube, "n1", "replacing")
+    provide_spare(slurm, kube)
+    r.run_pass()
+    slurm.drain("spare1", "bios update by bob")  # not a fault autoheal found: not proof it took jobs
+    for _ in range(3):
+        r.run_pass()
+    assert state(kube, "n1") == "replacing"

@@ -612,3 +612,34 @@ def test_an_admin_drain_slurmctld_lost_is_not_autoheal_touching_it_until_the_adm
     back = _nodes(gpu1=_node("IDLE+DRAIN", True, "admin: soak maintenance 25"))
     assert m.observe(Snapshot(161.0, back, {})) == []
     assert [v.invariant for v in m.observe(Snapshot(170.0, lost, {}))] == ["admin-touched"]
+
+
+def test_a_lemon_waiting_on_an_empty_pool_gets_the_technician_too():
+    """Soak seed 46688 (lemons on): gpu3 and gpu4 became lemons once both spares were used; only
+    `autoheal: replace:` nodes got a technician, so the lemons stayed out for good and the jobs waited."""
+    from autoheal_lab.soak_checks import awaiting_replacement
+
+    lemon = _node("IDLE+DRAIN", True, "autoheal: lemon: 3 faults in 7 d (xid 48, 109, 64)")
+    req = [{"node": "gpu3", "name": "r1"}, {"node": "gpu4", "name": "r2"}]
+    nodes = _nodes(gpu3=lemon, gpu4=_node("IDLE+DRAIN", True, "autoheal: xid 48 on GPU 1 of gpu4"),
+                   spare1=_node("ALLOCATED"))
+    assert awaiting_replacement(Snapshot(10.0, nodes, {}, kube={}, replacements=req)) == ["gpu3"]
+
+
+def test_a_bad_repairs_defect_raised_again_is_a_cause_however_late():
+    """Soak seed 43585: gpu4's bad repair was back in service (its fault resolved), the defect was raised
+    again minutes later and the lemon drain it caused read as a false drain. Raised again, the fault is
+    open again (Monitor.reopen, called by the soak on each re-injection)."""
+    lemon = _node("IDLE+DRAIN", True, "autoheal: lemon: 3 faults in 7 d (xid 48, 95, 95)")
+    for reopened in (False, True):
+        m = Monitor([])
+        m.observe(Snapshot(1.0, _nodes(), {}))
+        f = Injected(7, "bad-repair", "gpu", 2.0, node="gpu4", gpu=2)
+        m.add_fault(f)
+        m.observe(Snapshot(3.0, _nodes(gpu4=_node("IDLE+DRAIN", True, "autoheal: xid 95 on GPU 2 of gpu4")), {}))
+        m.observe(Snapshot(60.0, _nodes(), {}))  # back in service: resolved
+        if reopened:
+            m.reopen(f.id)
+        m.observe(Snapshot(300.0, _nodes(gpu4=lemon), {}))  # raised again, long after cause_linger
+        assert [v.invariant for v in m.violations if v.invariant == "false-drain"] == ([] if reopened else
+                                                                                        ["false-drain"])

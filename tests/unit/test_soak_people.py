@@ -117,3 +117,20 @@ def test_the_admin_drains_again_when_a_slurmctld_restart_lost_their_drain():
     assert calls == [["scontrol", "update", "nodename=gpu1", "state=drain", "reason=admin: soak maintenance 25"]]
     assert inj.lost_until is not None and inj.lost_until < float("inf")
     assert any("without their maintenance drain" in n for n in soak.notes)
+
+
+def test_the_technician_does_not_repair_a_machine_that_left_the_cluster():
+    """Soak seed 46688: gpu2's replacement arrived and the spare pool took the machine away (its slurmd
+    stopped), but the name kept `autoheal: replace: ...`; the technician "repaired" it in place and
+    `autoheal node resume` put a name with no slurmd back into service: DOWN at the end."""
+    from autoheal_lab.soak_checks import Monitor
+
+    ctld = Ctld(Node("gpu2", "IDLE", frozenset({"DRAIN"}), "autoheal: replace: xid 64 on GPU 3 of gpu2"))
+    soak = _soak(ctld)
+    soak.monitor = Monitor([], seed=1, repair_delays=[60.0])
+    soak.lab = type("GoneLab", (), {"records": staticmethod(lambda: {"slurmd-gpu1": object()})})()
+    called = []
+    soak._autoheal = lambda *args, **kw: called.append(args)
+    soak._technician("gpu2")
+    assert called == [] and ctld.resumes == 0
+    assert soak.monitor.oncall.repairs[-1]["outcome"] == "not possible: the machine left the cluster"

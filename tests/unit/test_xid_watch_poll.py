@@ -266,6 +266,7 @@ def test_a_hung_read_skips_the_next_polls_instead_of_piling_up_threads(tmp_path,
         return len(rounds) > 4
 
     monkeypatch.setattr(watch._stop, "wait", wait)
+    monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)  # the interval too
     watch.health_loop()
     assert calls == [ctx.hooks.nvml_timeout, ctx.hooks.nvml_timeout]  # polls 1, 2 skipped; 3 and 4 read
     assert ctx.store.read()["counters"]["health_polls_skipped_total"] == 2
@@ -279,6 +280,7 @@ def test_healthy_polls_take_no_lock_and_write_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: sample())
     rounds = []
     monkeypatch.setattr(watch._stop, "wait", lambda _t: rounds.append(1) or len(rounds) > 3)
+    monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)  # the interval too
     monkeypatch.setattr(ctx.store, "locked", lambda *a, **k: pytest.fail("a healthy poll took the lock"))
     watch.health_loop()
     assert watch.polls.empty() and not (tmp_path / "state.json").exists()
@@ -291,6 +293,7 @@ def test_a_fault_already_acted_on_takes_no_lock_on_later_polls(tmp_path, monkeyp
     monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: bad)
     rounds = []
     monkeypatch.setattr(watch._stop, "wait", lambda _t: rounds.append(1) or len(rounds) > 3)
+    monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)  # the interval too
     monkeypatch.setattr(ctx.store, "locked", lambda *a, **k: pytest.fail("a repeated fault took the lock"))
     watch.health_loop()
     assert watch.polls.empty()
@@ -319,6 +322,7 @@ def test_a_fault_the_xid_path_drains_meanwhile_gets_no_second_record(tmp_path, m
         return len(rounds) > 1
 
     monkeypatch.setattr(watch._stop, "wait", wait)
+    monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)  # the interval too
     watch.health_loop()
     results, ok, seen = watch.polls.get_nowait()
     assert watch.handle_poll(results, ok, seen) == []
@@ -346,3 +350,36 @@ def test_the_poll_runs_only_when_on_and_nvml_is_watched(tmp_path, monkeypatch, p
     watch.stop()
     watch.run(nvml=nvml, kernel_log=False)
     assert ran.wait(2.0 if runs else 0.2) is runs
+
+
+def test_an_xid_154_wakes_the_health_poll_which_acts_on_the_recovery_action(tmp_path, monkeypatch):
+    """XID 154 says NVML's recovery action changed: xid-watch journals it (a warning: the XID itself
+    names no rung) and has the health poll read the action now instead of at its next interval; the
+    action read names the drain and its rung. An XID 48 wakes nothing (its own policy acts)."""
+    from autoheal.hooks.xids import XidEvent
+
+    other, _ = make_watch(tmp_path / "other")
+    other.handle([XidEvent(xid=48, gpu=0, source="nvml")], now=50.0)
+    assert not other.poll_now.is_set()
+    watch, ctx = make_watch(tmp_path)
+    res = watch.handle([XidEvent(xid=154, gpu=1, source="nvml")], now=100.0)
+    assert [(r.status, r.evidence.get("decided_by")) for r in res] == [(C.WARN, "recovery-action")]
+    assert watch.poll_now.is_set() and X.recovery_changed(res)
+    assert not watch._next_poll(3600.0)  # returns at once (not stopping)
+    assert not watch.poll_now.is_set()
+    reset = sample((1, "recovery_action", 1))
+    new = watch.handle_poll(judge(reset), read_ok(reset), now=101.0)
+    assert [(r.check, r.action) for r in new] == [("recovery-action", C.RESET)]
+    assert ctx.slurm.node.drain and "recovery-action: GPU 1 of n1" in ctx.slurm.node.reason
+    watch.stop()
+    assert watch._next_poll(3600.0)  # a stop ends the wait too
+
+
+def test_a_recovery_action_of_none_after_xid_154_changes_nothing(tmp_path):
+    from autoheal.hooks.xids import XidEvent
+
+    watch, ctx = make_watch(tmp_path)
+    watch.handle([XidEvent(xid=154, gpu=1, source="nvml")], now=100.0)
+    fine = sample()  # recovery_action 0 (NONE) on both GPUs
+    assert watch.handle_poll(judge(fine), read_ok(fine), now=101.0) == []
+    assert not ctx.slurm.node.drain and not ctx.slurm.calls

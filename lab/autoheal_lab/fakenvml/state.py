@@ -81,6 +81,14 @@ CLOCKS_HW_THERMAL = 0x40
 # nvmlDeviceGpuRecoveryAction_t
 RECOVERY_NONE = 0
 RECOVERY_GPU_RESET = 1
+RECOVERY_NODE_REBOOT = 2
+RECOVERY_DRAIN_P2P = 3
+RECOVERY_DRAIN_AND_RESET = 4
+#: How the driver's XID 154 line names an action ("... from 0x0 (None) to 0x1 (Reset Required)"; the
+#: names of the others follow that pattern: the driver's exact words for them are not in our references).
+RECOVERY_NAMES = {0: "None", 1: "Reset Required", 2: "Reboot Required", 3: "Drain P2P Required",
+                  4: "Drain and Reset Required", 5: "Recover IMEX Domain Required", 6: "Bus Reset Required",
+                  7: "System Reboot Required"}
 
 PRE_AMPERE_ARCHES = frozenset({"kepler", "maxwell", "pascal", "volta", "turing"})
 
@@ -94,6 +102,7 @@ INJECT_KINDS = (
     "pcie-degraded",
     "nvlink-down",
     "hang",
+    "recovery-action",
     "clear",
 )
 DEFAULT_HANG_MS = 20_000
@@ -439,6 +448,7 @@ def inject(
     *,
     hang_ms: Optional[int] = None,
     link: int = 0,
+    action: Optional[int] = None,
 ) -> Optional[int]:
     """Apply one fault (or ``"clear"``) to GPU ``gpu`` (state index) of the node state at ``path``.
 
@@ -455,12 +465,16 @@ def inject(
     - ``pcie-degraded``: current PCIe width halved (16 -> 8).
     - ``nvlink-down``: NVLink ``link`` inactive; XID 74.
     - ``hang``: every NVML call on the GPU sleeps ``hang_ms`` (default 20 s).
+    - ``recovery-action``: NVML's GPU recovery action becomes ``action`` (``RECOVERY_*``); XID 154, as
+      the driver raises when it changes (also back to NONE, as after a drain of P2P traffic).
     - ``clear``: what a GPU reset does in the lab: healthy again (identity kept).
     """
     if kind not in INJECT_KINDS:
         raise ValueError(f"unknown inject kind {kind!r}; expected one of {', '.join(INJECT_KINDS)}")
     if kind == "xid" and xid is None:
         raise ValueError("inject kind 'xid' needs an xid")
+    if kind == "recovery-action" and (action is None or not 0 <= int(action) <= 0xFFFFFFFF):
+        raise ValueError("inject kind 'recovery-action' needs an action (0 NONE .. 7, nvml.h)")
     path = Path(path)
     with _locked(path):
         state = read_state(path)
@@ -521,6 +535,11 @@ def inject(
             events.append((74, EVENT_XID))
         elif kind == "hang":
             g.hang_ms = DEFAULT_HANG_MS if hang_ms is None else int(hang_ms)
+        elif kind == "recovery-action":
+            assert action is not None
+            g.recovery_action = int(action)
+            logged_xid = 154
+            events.append((154, EVENT_XID))
         elif kind == "clear":
             _restore_health(g)
 
@@ -568,8 +587,16 @@ XID_MESSAGES: Dict[int, str] = {
         "subpartition 1."
     ),
     143: "GPU Initialization Failure",
-    154: "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)",
+    154: "GPU recovery action changed from 0x0 (None) to 0x1 (Reset Required)",  # recovery_message()
 }
+
+def recovery_message(old: int, new: int) -> str:
+    """The text of the driver's XID 154 line for a change of the recovery action from ``old`` to ``new``."""
+    def name(v: int) -> str:
+        return f"0x{v:x} ({RECOVERY_NAMES.get(v, 'Unknown')})"
+
+    return f"GPU recovery action changed from {name(old)} to {name(new)}"
+
 
 # The regex from gpu-health-facts.md that log scanners use.
 XID_LINE_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?[0-9a-fA-F:.]+)\).*?: (\d+),")
