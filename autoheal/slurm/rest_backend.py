@@ -11,7 +11,7 @@ config unless ``slurm.rest_allow_http`` says the network is trusted.
 API versions: reads work on v0.0.38 (Slurm 22.05) and later. v0.0.38 has no node or job update endpoints,
 so writes there raise a ``SlurmError`` that says to use the CLI backend; v0.0.40+ (Slurm 23.11+) can drain,
 resume, update jobs and signal them. v0.0.45 (Slurm 26.05) adds a job requeue call
-(``GET /slurm/v0.0.45/job/{id}/requeue``, ``?Hold``), used from that version on; reboot and the running
+(``GET /slurm/v0.0.45/job/{id}/requeue``, ``?Hold=true``), used from that version on; reboot and the running
 config as ``scontrol show config`` prints it are not exposed by any version (26.05's ``/conf`` is a JSON
 dump of another shape), so those stay with the CLI fallback.
 """
@@ -359,7 +359,9 @@ class RestSlurm(SlurmAdapter):
         # backend): a requeue whose answer was lost may have happened.
         if not self._serves_requeue():
             return self._via_cli("requeue jobs").requeue(job_id, hold=hold)
-        params = {"Hold": ""} if hold else None  # a flag: present or absent
+        # "Hold=true": an empty value ("?Hold=", what a flag-style query gives) requeues WITHOUT the hold
+        # (observed on 26.05.5: Reason=BeginTime, priority kept), and the job could restart on the bad node
+        params = {"Hold": "true"} if hold else None
         self._request("GET", f"/slurm/{self.api}/job/{quote(str(job_id))}/requeue", params=params)
 
     def release(self, job_id: str) -> None:

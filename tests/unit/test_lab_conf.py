@@ -45,3 +45,28 @@ def test_every_node_in_service_gets_the_node_daemons_and_options_turn_them_off()
     assert wiring.xid_watch_argv("spare1")[-2:] == ["--node", "spare1"]
     extra = wiring.Daemon("guard", lambda _n: ["true"], lambda: True)
     assert extra.wanted({}) and extra.proc_name() == "guard"
+
+
+def test_reboot_program_finds_its_node_in_26_05s_power_action_environment(tmp_path):
+    """26.05's slurmd runs RebootProgram as a "power action" whose environment holds SLURM_NODE_NAME and
+    nothing else (no SLURMD_NODENAME, no PATH): the lab's program exited 1 there and no lab node ever
+    rebooted (the hooks' reboot rung timed out). Run as 26.05 runs it, it names its node."""
+    import subprocess
+    import time
+
+    lay = LabLayout(root=tmp_path, nodes=["gpu1"], spares=[], gpus=1, ctld_port=1, node_ports={"gpu1": 2},
+                    rest_port=3)
+    lay.path("hooks").mkdir(parents=True, exist_ok=True)
+    lay.path("log").mkdir(parents=True, exist_ok=True)
+    script = wiring.write_reboot_program(lay)
+    log = lay.path("log", "reboot.log")
+    bare = subprocess.run(["/usr/bin/env", "-i", script], capture_output=True, timeout=20)
+    assert bare.returncode == 1  # no node named at all: nothing restarted
+    res = subprocess.run(["/usr/bin/env", "-i", "SLURM_NODE_NAME=gpu1", script], capture_output=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    assert "RebootProgram for node=gpu1 (SLURM_NODE_NAME=gpu1 SLURMD_NODENAME=unset" in log.read_text()
+    # the detached restart (no lab here: it fails after naming the node) is waited for, not left behind
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "lab reboot of gpu1" not in log.read_text():
+        time.sleep(0.2)
+    assert "lab reboot of gpu1" in log.read_text()
