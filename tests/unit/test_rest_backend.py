@@ -51,7 +51,8 @@ class Stub:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 parts = urlsplit(self.path)
-                stub.requests.append({"method": self.command, "path": parts.path, "query": parse_qs(parts.query, keep_blank_values=True),
+                query = parse_qs(parts.query, keep_blank_values=True)
+                stub.requests.append({"method": self.command, "path": parts.path, "query": query,
                                       "headers": dict(self.headers), "body": json.loads(raw) if raw else None})
                 if stub.fail_next:
                     status, body = stub.fail_next.pop(0)
