@@ -62,6 +62,18 @@ def write_hook_wrappers(lay: LabLayout, lib_dir: str) -> Dict[str, str]:
 _REBOOT_SNIPPET = """
 import os, shutil, sys, time
 root, node = sys.argv[1], sys.argv[2]
+# RebootProgram returns only once the restart below has left slurmd's process group: 26.05's slurmd kills
+# that group when the program exits (a `setsid ... &` launched from the script lost that race: killed
+# before its setsid(), no node ever rebooted)
+ready_r, ready_w = os.pipe()
+if os.fork():
+    os.close(ready_w)
+    os.read(ready_r, 1)
+    os._exit(0)
+os.close(ready_r)
+os.setsid()
+os.write(ready_w, b"x")
+os.close(ready_w)
 time.sleep(1.5)  # let the old slurmd answer the reboot RPC first (and pass the request's second)
 up = float(open("/proc/uptime").read().split()[0])
 try:  # /proc/uptime is already shifted when this slurmd was itself "rebooted": undo that shift
@@ -108,8 +120,8 @@ def write_reboot_program(lay: LabLayout) -> str:
         f'SLURMD_NODENAME=${{SLURMD_NODENAME:-unset}} AUTOHEAL_NODE=${{AUTOHEAL_NODE:-unset}})" '
         f'>> {shlex.quote(str(log))}',
         '[ -n "$node" ] || exit 1',
-        f"setsid {shlex.quote(sys.executable)} -c {shlex.quote(_REBOOT_SNIPPET)} {shlex.quote(str(lay.root))} "
-        f'"$node" </dev/null >> {shlex.quote(str(log))} 2>&1 &',
+        f"{shlex.quote(sys.executable)} -c {shlex.quote(_REBOOT_SNIPPET)} {shlex.quote(str(lay.root))} "
+        f'"$node" </dev/null >> {shlex.quote(str(log))} 2>&1',
         "exit 0",
     ]
     script.write_text("\n".join(lines) + "\n")

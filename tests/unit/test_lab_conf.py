@@ -49,8 +49,9 @@ def test_every_node_in_service_gets_the_node_daemons_and_options_turn_them_off()
 
 def test_reboot_program_finds_its_node_in_26_05s_power_action_environment(tmp_path):
     """26.05's slurmd runs RebootProgram as a "power action" whose environment holds SLURM_NODE_NAME and
-    nothing else (no SLURMD_NODENAME, no PATH): the lab's program exited 1 there and no lab node ever
-    rebooted (the hooks' reboot rung timed out). Run as 26.05 runs it, it names its node."""
+    nothing else (no SLURMD_NODENAME, no PATH), and kills the program's process group once it exits: the
+    lab's program exited 1 there, then (named) lost its restart to that kill, and no lab node rebooted
+    (the hooks' reboot rung timed out). Run as 26.05 runs it, it names its node and the restart survives."""
     import subprocess
     import time
 
@@ -62,8 +63,19 @@ def test_reboot_program_finds_its_node_in_26_05s_power_action_environment(tmp_pa
     log = lay.path("log", "reboot.log")
     bare = subprocess.run(["/usr/bin/env", "-i", script], capture_output=True, timeout=20)
     assert bare.returncode == 1  # no node named at all: nothing restarted
-    res = subprocess.run(["/usr/bin/env", "-i", "SLURM_NODE_NAME=gpu1", script], capture_output=True, timeout=20)
-    assert res.returncode == 0, res.stderr
+    # as 26.05's run_command does: the program in a process group of its own, killed (the group) as soon
+    # as the program exits; the restart must already be out of it by then
+    import os
+    import signal
+
+    proc = subprocess.Popen(["/usr/bin/env", "-i", "SLURM_NODE_NAME=gpu1", script], process_group=0,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _out, err = proc.communicate(timeout=20)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    assert proc.returncode == 0, err
     assert "RebootProgram for node=gpu1 (SLURM_NODE_NAME=gpu1 SLURMD_NODENAME=unset" in log.read_text()
     # the detached restart (no lab here: it fails after naming the node) is waited for, not left behind
     deadline = time.monotonic() + 20
