@@ -49,6 +49,8 @@ def preemption_enabled(conf: Dict[str, str]) -> bool:
 def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:
     """(passes, current value as shown). ``value`` None means the key is absent: Slurm's default."""
     shown = value if value is not None else rec.default
+    if rec.zero_is_default and values.number(shown) == 0:
+        shown = rec.default
     if rec.check == "set":
         return not values.is_null(shown), shown
     if rec.check in ("min", "range"):

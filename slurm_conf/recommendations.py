@@ -17,7 +17,7 @@ else:  # pragma: no cover - 3.9/3.10
 DATA_FILE = Path(__file__).with_name("data") / "recommendations.toml"
 
 # Versions `autoheal slurm-conf --version` accepts (Slurm releases every six months).
-KNOWN_VERSIONS = ("22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11")
+KNOWN_VERSIONS = ("22.05", "23.02", "23.11", "24.05", "24.11", "25.05", "25.11", "26.05")
 CHECKS = ("set", "min", "range", "one_of", "has_item", "item_max")
 
 
@@ -53,6 +53,7 @@ class Recommendation:
     until: str = ""
     lab_owned: bool = False
     only_with_gpus: bool = False
+    zero_is_default: bool = False  # `scontrol show config` prints 0 for "not set": Slurm uses `default`
 
     def applies_to(self, version: Tuple[int, int]) -> bool:
         """True when this entry is meant for Slurm ``version`` (since inclusive, until exclusive)."""

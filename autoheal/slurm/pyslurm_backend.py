@@ -1,8 +1,9 @@
 """Slurm through pyslurm (optional).
 
 pyslurm on PyPI tracks the newest Slurm (25.11 at the time of writing) and must match the installed
-libslurm exactly; no registry reachable from our CI has a build for 22.05 or 24.11, so this backend is
-NOT exercised against a real Slurm in our tests. What is tested: the mapping from pyslurm's objects to
+libslurm exactly; no registry reachable from our CI has a build for 22.05, 24.11 or 26.05 (PyPI's
+25.11.2 refuses to build against 26.05: docs/slurm-versions.md), so this backend is NOT exercised
+against a real Slurm in our tests. What is tested: the mapping from pyslurm's objects to
 our models and the calls we make, against a stand-in module (tests/unit/test_slurm_pyslurm.py). Use the
 CLI backend unless you have a pyslurm build that matches your Slurm.
 """

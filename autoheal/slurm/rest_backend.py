@@ -10,8 +10,10 @@ config unless ``slurm.rest_allow_http`` says the network is trusted.
 
 API versions: reads work on v0.0.38 (Slurm 22.05) and later. v0.0.38 has no node or job update endpoints,
 so writes there raise a ``SlurmError`` that says to use the CLI backend; v0.0.40+ (Slurm 23.11+) can drain,
-resume, update jobs and signal them. Requeue, reboot and the full running config are not exposed by
-slurmrestd at all.
+resume, update jobs and signal them. v0.0.45 (Slurm 26.05) adds a job requeue call
+(``GET /slurm/v0.0.45/job/{id}/requeue``, ``?Hold=true``), used from that version on; reboot and the running
+config as ``scontrol show config`` prints it are not exposed by any version (26.05's ``/conf`` is a JSON
+dump of another shape), so those stay with the CLI fallback.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 if TYPE_CHECKING:
     from autoheal.config.core_sections import SlurmSection
 
-KNOWN_VERSIONS = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+# Newest first: the first one the server answers is used. 26.05 serves v0.0.42 to v0.0.45, 24.11 v0.0.40
+# to v0.0.42, 22.05 v0.0.38 (see docs/slurm-versions.md).
+KNOWN_VERSIONS = ("v0.0.45", "v0.0.44", "v0.0.43", "v0.0.42", "v0.0.41", "v0.0.40", "v0.0.39", "v0.0.38")
+#: The first version with a job requeue call (Slurm 26.05)
+REQUEUE_SINCE = "v0.0.45"
 UNIX_BASE = "http://slurmrestd.local"
 
 
@@ -94,7 +100,7 @@ class RestSlurm(SlurmAdapter):
     name = "rest"
 
     #: Calls no slurmrestd version serves: they go through ``fallback`` (the CLI backend) when it is there.
-    CLI_ONLY = ("requeue", "reboot", "show-config", "resize-job", "batch-script", "job-gpus", "job-history")
+    CLI_ONLY = ("reboot", "show-config", "resize-job", "batch-script", "job-gpus", "job-history")
 
     def __init__(self, url: str, api_version: str = "auto", user: str = "", token: str = "",
                  timeout: float = 10.0, retries: int = 2, fallback: Optional[SlurmAdapter] = None,
@@ -248,7 +254,16 @@ class RestSlurm(SlurmAdapter):
         caps["read"] = "rest"
         for op in self.CLI_ONLY:
             caps[op] = "cli" if self.fallback else ""
+        if not self._serves_requeue():
+            caps["requeue"] = "cli" if self.fallback else ""
         return caps
+
+    def _serves_requeue(self) -> bool:
+        """Whether this slurmrestd has the requeue call (v0.0.45+); unknown (unreachable): not assumed."""
+        try:
+            return self.api >= REQUEUE_SINCE
+        except SlurmError:
+            return False
 
     # ---- reads ------------------------------------------------------------------------------------
     def version(self) -> SlurmVersion:
@@ -340,8 +355,14 @@ class RestSlurm(SlurmAdapter):
         self._via_cli("reboot nodes").reboot(node, reason, asap=asap, nextstate=nextstate)
 
     def requeue(self, job_id: str, hold: bool = False) -> None:
-        # No slurmrestd version (v0.0.38 to v0.0.42) has a requeue call: `scontrol requeue[hold]`.
-        self._via_cli("requeue jobs").requeue(job_id, hold=hold)
+        # v0.0.38 to v0.0.44 have no requeue call: `scontrol requeue[hold]`. Not retried (as in the CLI
+        # backend): a requeue whose answer was lost may have happened.
+        if not self._serves_requeue():
+            return self._via_cli("requeue jobs").requeue(job_id, hold=hold)
+        # "Hold=true": an empty value ("?Hold=", what a flag-style query gives) requeues WITHOUT the hold
+        # (observed on 26.05.5: Reason=BeginTime, priority kept), and the job could restart on the bad node
+        params = {"Hold": "true"} if hold else None
+        self._request("GET", f"/slurm/{self.api}/job/{quote(str(job_id))}/requeue", params=params)
 
     def release(self, job_id: str) -> None:
         if self._writes_via_cli():

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
@@ -32,6 +33,9 @@ _STOP_ORDER = {"kube-api": 1, "kube-api-faults": 1, "kube-controller-manager": 1
 LAB_DIRS = ("etc", "state", "spool", "run", "log", "munge", "dev", "gpus", "kmsg", "hooks", "journal")
 STATE_ONLY_DIRS = ("nodestate", "metrics", "dcgm", "kube", "drill", "lib")
 APT_PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd"]
+# From 25.11 on slurmrestd refuses root and SlurmUser (see Lab._unprivileged_restd): it runs as this account
+RESTD_UNPRIVILEGED_SINCE = (25, 11)
+RESTD_ACCOUNT = "slurm"
 
 
 def stop_order(names) -> List[str]:
@@ -379,19 +383,21 @@ class Lab:
         plugin = "openapi/slurmctld" if version >= (23, 11) else "openapi/v0.0.%d" % {
             (22, 5): 38, (23, 2): 39}.get(version[:2], 38)
         env = self._daemon_env(lay)
-        env["SLURMRESTD_SECURITY"] = "disable_user_check"
         name = f"slurmrestd-{auth}"
+        if version >= RESTD_UNPRIVILEGED_SINCE:
+            argv_head = self._unprivileged_restd(lay, auth)
+        else:
+            env["SLURMRESTD_SECURITY"] = "disable_user_check"
+            argv_head = [_which("slurmrestd") or "slurmrestd", "-f", str(lay.slurm_conf)]
         if auth == "jwt":
             env["SLURM_JWT"] = "daemon"
             listen = f"127.0.0.1:{lay.rest_port}"
             url = f"http://{listen}"
-            argv = [_which("slurmrestd") or "slurmrestd", "-f", str(lay.slurm_conf), "-s", plugin,
-                    "-a", "rest_auth/jwt", listen]
+            argv = [*argv_head, "-s", plugin, "-a", "rest_auth/jwt", listen]
         else:
             sock = lay.path("run", "slurmrestd.sock")
             url = f"unix:{sock}"
-            argv = [_which("slurmrestd") or "slurmrestd", "-f", str(lay.slurm_conf), "-s", plugin,
-                    "-a", "rest_auth/local", f"unix:{sock}"]
+            argv = [*argv_head, "-s", plugin, "-a", "rest_auth/local", f"unix:{sock}"]
         old = self.records().get(name)
         if old and procs.is_alive(old):
             procs.stop(old)
@@ -411,6 +417,34 @@ class Lab:
         else:
             _wait_for(lambda: lay.path("run", "slurmrestd.sock").exists(), 15, "slurmrestd socket", rec)
         return info
+
+    def _unprivileged_restd(self, lay: LabLayout, auth: str) -> List[str]:
+        """slurmrestd's argv head on 25.11+: as Debian's ``slurm`` account, with its own slurm.conf copy.
+
+        25.11+ release builds abort on ``SLURMRESTD_SECURITY=disable_user_check`` ("should only be used
+        for development") and refuse root, SlurmUser (root in the lab) and nobody; ``become_user`` mode
+        still refuses SlurmUser. So slurmrestd runs as an unprivileged account, which must read slurm.conf
+        after it drops root (the lab directory may be a 0700 one): a copy in a directory it owns. The
+        local auth then accepts only that account's own connections, no Slurm admin: only JWT (a root
+        token passed through, ``SLURM_JWT=daemon``) can drain or requeue, so local auth is refused here."""
+        if auth != "jwt":
+            raise LabError("Slurm 25.11+ runs slurmrestd only as an account that is neither root nor SlurmUser, "
+                           "and its local auth accepts only that account's connections (no Slurm admin): "
+                           "use --auth jwt")
+        try:
+            account = pwd.getpwnam(RESTD_ACCOUNT)
+        except KeyError:
+            raise LabError(f"no '{RESTD_ACCOUNT}' account to run slurmrestd as (Debian's slurm packages "
+                           f"create it)") from None
+        private = _restd_private_dir(self.root)
+        shutil.rmtree(private, ignore_errors=True)
+        private.mkdir(parents=True, mode=0o700)
+        conf = private / "slurm.conf"
+        shutil.copyfile(lay.slurm_conf, conf)
+        for path in (private, conf):
+            os.chown(path, account.pw_uid, account.pw_gid)
+        return [_which("slurmrestd") or "slurmrestd", "-u", str(account.pw_uid), "-g", str(account.pw_gid),
+                "-f", str(conf)]
 
     def _start_munge(self, lay: LabLayout) -> None:
         key = lay.path("munge", "munge.key")
@@ -519,6 +553,7 @@ class Lab:
             if procs.stop(recs[name]):
                 stopped.append(name)
             self._forget(name)
+        shutil.rmtree(_restd_private_dir(self.root), ignore_errors=True)
         return stopped
 
     def _kill_job_processes(self) -> None:
@@ -558,6 +593,13 @@ class Lab:
         return {"dir": str(self.root), "up": up, "slurm_conf": str(lay.slurm_conf),
                 "autoheal_conf": str(lay.autoheal_conf), "processes": plist, "nodes": nodes,
                 "metrics": {p["name"]: p["url"] for p in plist if p.get("url") and p["alive"]}}
+
+
+def _restd_private_dir(root: Path) -> Path:
+    """Where an unprivileged slurmrestd (25.11+) of the lab in ``root`` finds its slurm.conf copy."""
+    import hashlib
+
+    return Path("/run/autoheal-lab-slurmrestd") / hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
 
 
 def _slurm_version() -> tuple:

@@ -53,9 +53,19 @@ def build_script() -> Path:
     return Path(env) / "build.sh" if env else REPO_TOOLS / "build.sh"
 
 
+def _cached() -> bool:
+    """Whether every binary of the pinned versions is already in the cache (then Go is not needed: e.g. a
+    chroot of .ci/slurm-chroot, which mounts the host's cache)."""
+    try:
+        return all(os.access(cached_bindir() / name, os.X_OK) for name in BINARIES)
+    except (OSError, KeyError):
+        return False
+
+
 def missing_toolchain() -> Optional[str]:
-    """One line naming what to install when the control plane cannot be built here, else None."""
-    if shutil.which("go") is None:
+    """One line naming what to install when the control plane cannot be built (or found built) here, else
+    None."""
+    if shutil.which("go") is None and not _cached():
         return "Go is not installed: install Go 1.26 or newer (and reach the Go module proxy) for the control plane"
     if shutil.which("openssl") is None:
         return "openssl is not installed: apt-get install openssl"
@@ -84,6 +94,8 @@ def ensure_binaries(progress=None) -> Path:
     why = missing_toolchain()
     if why:
         raise ControlPlaneError(why)
+    if _cached():
+        return cached_bindir()
     proc = subprocess.Popen(["bash", str(build_script())], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     assert proc.stderr is not None and proc.stdout is not None
@@ -121,8 +133,11 @@ def make_pki(pki: Path) -> None:
     os.chmod(pki, 0o700)
     if (pki / "sa.pub").exists():
         return
+    # keyUsage on the CA: Python 3.13+ verifies with VERIFY_X509_STRICT by default, which refuses a CA
+    # without it ("CA cert does not include key usage extension"; the readiness probe never passed there)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "30", "-subj", "/CN=autoheal-lab-ca", cwd=pki)
+             "-days", "30", "-subj", "/CN=autoheal-lab-ca", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+             cwd=pki)
     (pki / "server.ext").write_text(
         "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
         "DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth\n")

@@ -199,11 +199,23 @@ def test_show_config_reads_running_values(plain_lab):
     assert conf["SlurmctldPort"] == str(plain_lab.layout.ctld_port)
 
 
+def _start_rest(plain_lab, auth):
+    """slurmrestd's answer for the REST backend; on 25.11+ local auth is refused by the lab with the reason
+    (slurmrestd runs unprivileged there, and its local auth accepts only its own account, no admin)."""
+    from autoheal_lab.cluster import RESTD_UNPRIVILEGED_SINCE, LabError
+
+    if auth == "local" and plain_lab.adapter().version().at_least(*RESTD_UNPRIVILEGED_SINCE):
+        with pytest.raises(LabError, match="use --auth jwt"):
+            plain_lab.lab.start_slurmrestd(auth)
+        pytest.skip("Slurm 25.11+: slurmrestd's local auth cannot reach Slurm as an admin (lab refuses it)")
+    return plain_lab.lab.start_slurmrestd(auth)
+
+
 @pytest.mark.parametrize("auth", ["local", "jwt"])
 def test_rest_backend_reads_match_cli(plain_lab, auth):
     from autoheal.slurm.rest_backend import RestSlurm
 
-    info = plain_lab.lab.start_slurmrestd(auth)
+    info = _start_rest(plain_lab, auth)
     rest = RestSlurm(info["url"], user=info["user"], token=info["token"], timeout=5)
     assert info["token"] not in repr(rest) or not info["token"]
     cli_nodes = {n.name: (n.state, n.flags, n.reason) for n in plain_lab.adapter().list_nodes()}
@@ -226,7 +238,7 @@ def test_rest_backend_reads_match_cli(plain_lab, auth):
 def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
     from autoheal.slurm.rest_backend import RestSlurm
 
-    info = plain_lab.lab.start_slurmrestd(auth)
+    info = _start_rest(plain_lab, auth)
     rest = RestSlurm(info["url"], user=info["user"], token=info["token"], timeout=5)
     if not rest.can_write:
         pytest.skip(f"slurmrestd {rest.api} has no job update endpoints (Slurm < 23.11): covered by the read test")
@@ -247,3 +259,31 @@ def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
         wait_for(lambda: marker.exists(), timeout=15, what="USR2 delivered to the batch shell")
     finally:
         _scancel(plain_lab, job)
+
+
+def test_rest_backend_requeue_where_slurmrestd_has_it(plain_lab):
+    """Slurm 26.05 (v0.0.45) requeues through slurmrestd: held, then released; a --no-requeue job's refusal
+    is typed as with scontrol. Older versions hand requeue to scontrol (unit tests)."""
+    from autoheal.errors import SlurmRequeueDisabled
+    from autoheal.slurm.rest_backend import RestSlurm
+
+    info = plain_lab.lab.start_slurmrestd("jwt")
+    rest = RestSlurm(info["url"], user=info["user"], token=info["token"], timeout=5, retries=0)
+    if rest.capabilities()["requeue"] != "rest":
+        pytest.skip(f"slurmrestd {rest.api} has no requeue call (Slurm < 26.05): scontrol requeues")
+    cli = plain_lab.adapter()
+    job = _sbatch(plain_lab, "-N", "1", "--requeue", "--exclude", "spare1")
+    fixed = _sbatch(plain_lab, "-N", "1", "--no-requeue", "--exclude", "spare1")
+    try:
+        wait_for(lambda: cli.get_job(job).running and cli.get_job(fixed).running, 60, "jobs running")
+        with pytest.raises(SlurmRequeueDisabled):
+            rest.requeue(fixed)
+        rest.requeue(job, hold=True)
+        held = wait_for(lambda: (lambda j: j if j.state == "PENDING" else None)(cli.get_job(job)), 150,
+                        "job pending after the REST requeue (past KillWait)")
+        assert held.held and held.requeue_held and held.restart_count == 1
+        rest.release(job)
+        assert not cli.get_job(job).held
+    finally:
+        _scancel(plain_lab, job)
+        _scancel(plain_lab, fixed)

@@ -34,7 +34,7 @@ def test_doctor_on_slurm_defaults_reports_the_failures(lab_factory):
     journal_before = journal.stat().st_size if journal.exists() else None
     code, data, f = run_doctor(handle, extra_env=handle.lab.node_env(handle.layout.nodes[0]))
     assert code == 1, data
-    assert data["slurm_version"].startswith(tuple(f"{v}" for v in ("22.", "23.", "24.", "25.")))
+    assert data["slurm_version"].startswith(tuple(f"{v}" for v in ("22.", "23.", "24.", "25.", "26.")))
     for rid in ("kill_wait", "requeue_delay", "prolog_flags_alloc", "nohold_on_prolog_fail",
                 "healthcheck_program", "prolog"):
         assert f[rid]["status"] == "fail", f[rid]

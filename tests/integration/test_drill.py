@@ -103,6 +103,7 @@ def test_without_go_the_drill_runs_its_slurm_phases_and_marks_the_kubernetes_one
 
     path = [d for d in os.environ.get("PATH", "").split(":") if d and not os.path.exists(os.path.join(d, "go"))]
     monkeypatch.setenv("PATH", ":".join(path))
+    monkeypatch.setenv("AUTOHEAL_KUBE_TOOLS_CACHE", str(tmp_path / "empty-cache"))  # and nothing built
     assert shutil.which("go") is None
     result = CliRunner().invoke(lab_cli, ["drill", "--dir", str(tmp_path / "lab"), "--json", "--timeout", "120"])
     assert "Traceback" not in result.output

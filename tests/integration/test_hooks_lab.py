@@ -79,8 +79,17 @@ def test_healthcheck_drains_then_resumes_its_own_drain(lab):
     assert codes[-1] == 1 and 2 not in codes, codes
     steps = [r for r in journal(lab)[before:] if r["event"] == "remediation-step"]
     assert [r["action"] for r in steps] == ["reset-gpu"], steps
+    events = journal(lab)[before:]
+    drains = [r for r in events if r["event"] == "drain" and r["node"] == node]
+    assert drains and drains[0]["message"].startswith("autoheal: "), drains
     line = node_line(lab, node)
-    assert "DRAIN" in line and "Reason=autoheal: " in line, line
+    if "DRAIN" not in line:
+        # the third pass found the GPU healthy twice after the cooldown (slow passes: seen on 26.05 in the
+        # chroot at load 20, 13 s for the three) and resumed its own drain: allowed, and journaled
+        assert any(r["event"] == "resume" and r["node"] == node and r["source"] == "healthcheck"
+                   for r in events), (line, events)
+    else:
+        assert "Reason=autoheal: " in line, line
     # the node is drained and idle: the healthcheck runs the reset rung (the lab's gpu-reset)
     assert gstate.read_state(lab.layout.gpu_state(node)).gpus[2].ecc_volatile_uncorrected == 0
 

@@ -73,3 +73,34 @@ def test_dev_installs_the_plugin_for_every_auth_type_the_lab_uses(tmp_path):
     assert used, text
     for auth in used:
         assert plugin_package[auth] in _dev_apt_packages(), auth
+
+
+def test_forky_is_a_known_release(tmp_path):
+    res = _run([str(SCRIPT), "forky", "run"], AUTOHEAL_CHROOT=str(tmp_path / "c"))
+    assert res.returncode == 2
+    assert "unknown release" not in res.stderr
+    assert not (tmp_path / "c").exists()
+
+
+def test_forky_is_bootstrapped_with_the_sid_script_where_debootstrap_has_none(tmp_path):
+    """Debian 12's debootstrap (1.0.128) has no forky script: the build names sid's as the fourth argument
+    (a fake debootstrap records its arguments and fails, so nothing is installed)."""
+    if os.geteuid() != 0:
+        res = _run([str(SCRIPT), "forky", "build"], AUTOHEAL_CHROOT=str(tmp_path / "c"))
+        assert res.returncode == 2 and "not root" in res.stderr
+        return
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    record = tmp_path / "argv"
+    (fake / "debootstrap").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" >{record}\nexit 1\n')
+    (fake / "debootstrap").chmod(0o755)
+    res = _run([str(SCRIPT), "forky", "build"], AUTOHEAL_CHROOT=str(tmp_path / "c"),
+               PATH=f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    assert res.returncode == 2 and "debootstrap failed" in res.stderr, res.stderr
+    argv = record.read_text().split("\n")
+    assert argv[:3] == ["--variant=minbase", "forky", str(tmp_path / "c")]
+    if Path("/usr/share/debootstrap/scripts/forky").exists():
+        assert argv[4:] == [""]  # a debootstrap that knows forky gets no script argument
+    else:
+        assert argv[4] == "/usr/share/debootstrap/scripts/sid"
+    assert (tmp_path / "c" / ".autoheal-chroot-building").exists()  # half-built: started over next time

@@ -59,3 +59,40 @@ def test_a_labs_hooks_settings_are_written_before_its_daemons_read_them(tmp_path
     assert cfg.hooks.lemon_faults == 3 and cfg.hooks.resume_cooldown == 1.0
     assert cfg.hooks.grace_seconds == 10.0 and cfg.sync.slurm_resync_seconds == 2.0  # the rest kept
     assert lay.autoheal_conf.read_text().count("lemon_faults") == 1
+
+
+def test_reboot_program_finds_its_node_in_26_05s_power_action_environment(tmp_path):
+    """26.05's slurmd runs RebootProgram as a "power action" whose environment holds SLURM_NODE_NAME and
+    nothing else (no SLURMD_NODENAME, no PATH), and kills the program's process group once it exits: the
+    lab's program exited 1 there, then (named) lost its restart to that kill, and no lab node rebooted
+    (the hooks' reboot rung timed out). Run as 26.05 runs it, it names its node and the restart survives."""
+    import subprocess
+    import time
+
+    lay = LabLayout(root=tmp_path, nodes=["gpu1"], spares=[], gpus=1, ctld_port=1, node_ports={"gpu1": 2},
+                    rest_port=3)
+    lay.path("hooks").mkdir(parents=True, exist_ok=True)
+    lay.path("log").mkdir(parents=True, exist_ok=True)
+    script = wiring.write_reboot_program(lay)
+    log = lay.path("log", "reboot.log")
+    bare = subprocess.run(["/usr/bin/env", "-i", script], capture_output=True, timeout=20)
+    assert bare.returncode == 1  # no node named at all: nothing restarted
+    # as 26.05's run_command does: the program in a process group of its own, killed (the group) as soon
+    # as the program exits; the restart must already be out of it by then
+    import os
+    import signal
+
+    proc = subprocess.Popen(["/usr/bin/env", "-i", "SLURM_NODE_NAME=gpu1", script], process_group=0,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _out, err = proc.communicate(timeout=20)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    assert proc.returncode == 0, err
+    assert "RebootProgram for node=gpu1 (SLURM_NODE_NAME=gpu1 SLURMD_NODENAME=unset" in log.read_text()
+    # the detached restart (no lab here: it fails after naming the node) is waited for, not left behind
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and "lab reboot of gpu1" not in log.read_text():
+        time.sleep(0.2)
+    assert "lab reboot of gpu1" in log.read_text()

@@ -17,6 +17,7 @@ def _no_go(monkeypatch, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
+    monkeypatch.setenv("AUTOHEAL_KUBE_TOOLS_CACHE", str(tmp_path / "empty-cache"))  # nothing built either
     import shutil
 
     assert shutil.which("go") is None
@@ -48,3 +49,26 @@ def test_kubernetes_phases_not_run_are_shown_as_such_and_do_not_fail_the_drill()
     row = next(ln for ln in text.splitlines() if "replacement requested" in ln)
     assert row.lstrip().startswith("not run") and "install Go 1.26" in row
     assert rep.to_dict()["ok"] is True
+
+
+def test_binaries_already_in_the_cache_need_no_go(monkeypatch, tmp_path):
+    """A chroot of .ci/slurm-chroot has no Go but mounts the host's cache: the built binaries are used as
+    they are (build.sh, which needs Go, is not run)."""
+    from autoheal_lab import controlplane
+
+    _no_go(monkeypatch, tmp_path)
+    monkeypatch.setenv("AUTOHEAL_KUBE_TOOLS_CACHE", str(tmp_path / "cache"))
+    bindir = controlplane.cached_bindir()
+    bindir.mkdir(parents=True)
+    for name in controlplane.BINARIES[:-1]:
+        (bindir / name).write_text("#!/bin/sh\n")
+        (bindir / name).chmod(0o755)
+    assert "install Go" in controlplane.missing_toolchain()  # helm missing: not all built
+    (bindir / "helm").write_text("#!/bin/sh\n")
+    (bindir / "helm").chmod(0o755)
+    assert controlplane.missing_toolchain() is None
+    def no_build(*args, **kwargs):
+        raise AssertionError(f"build.sh run although everything is built: {args}")
+
+    monkeypatch.setattr(controlplane.subprocess, "Popen", no_build)
+    assert controlplane.ensure_binaries() == bindir

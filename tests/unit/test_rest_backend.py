@@ -51,7 +51,8 @@ class Stub:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
                 parts = urlsplit(self.path)
-                stub.requests.append({"method": self.command, "path": parts.path, "query": parse_qs(parts.query),
+                query = parse_qs(parts.query, keep_blank_values=True)
+                stub.requests.append({"method": self.command, "path": parts.path, "query": query,
                                       "headers": dict(self.headers), "body": json.loads(raw) if raw else None})
                 if stub.fail_next:
                     status, body = stub.fail_next.pop(0)
@@ -121,7 +122,8 @@ def test_v0038_reads_nodes_jobs_version(tcp_stub, no_sleep):
     assert slurm.api == "v0.0.38"
     # auto-detection asked the newer versions first and got 404s
     probed = [r["path"] for r in stub.requests if r["path"].endswith("/ping")]
-    assert probed == ["/slurm/v0.0.42/ping", "/slurm/v0.0.41/ping", "/slurm/v0.0.40/ping",
+    assert probed == ["/slurm/v0.0.45/ping", "/slurm/v0.0.44/ping", "/slurm/v0.0.43/ping",
+                      "/slurm/v0.0.42/ping", "/slurm/v0.0.41/ping", "/slurm/v0.0.40/ping",
                       "/slurm/v0.0.39/ping", "/slurm/v0.0.38/ping"]
     assert [j.job_id for j in slurm.list_jobs()] == ["1"]
     assert [j.job_id for j in slurm.list_jobs(node="gpu3")] == ["1"]
@@ -257,6 +259,35 @@ def test_requeue_and_reboot_go_through_the_cli_fallback():
     assert caps["update-job"] == "rest" and caps["resize-job"] == "cli"  # update_job's resize goes to scontrol
 
 
+def test_v0045_requeues_through_slurmrestd(tcp_stub):
+    """Slurm 26.05's v0.0.45 has GET /job/{id}/requeue with a Hold flag (the OpenAPI spec its slurmrestd
+    generates); older versions keep the CLI fallback (test above)."""
+    stub = Stub(versions=("v0.0.45",))
+    stub.routes[("GET", "/slurm/v0.0.45/job/7/requeue")] = (200, {"errors": [], "warnings": []})
+    cli = RecordingCli()
+    slurm = RestSlurm(tcp_stub(stub), token=TOKEN, retries=0, fallback=cli)
+    assert slurm.api == "v0.0.45" and slurm.capabilities()["requeue"] == "rest"
+    slurm.requeue("7", hold=True)
+    slurm.requeue("7")
+    calls = [r for r in stub.requests if r["path"].endswith("/requeue")]
+    # "Hold=true", never "Hold=": 26.05.5 takes an empty value for no hold (observed in the lab)
+    assert [c["query"] for c in calls] == [{"Hold": ["true"]}, {}]
+    assert cli.calls == []  # nothing went to scontrol
+    assert slurm.capabilities()["reboot"] == "cli"  # still no reboot call in v0.0.45
+
+
+def test_v0045_requeue_refusals_are_typed(tcp_stub):
+    from autoheal.errors import SlurmRequeueDisabled
+
+    stub = Stub(versions=("v0.0.45",))
+    stub.routes[("GET", "/slurm/v0.0.45/job/8/requeue")] = (
+        500, {"errors": [{"description": "Requeue of this job is disabled", "error_number": 2031,
+                          "error": "Requeue of this job is disabled", "source": "slurm_requeue2()"}]})
+    slurm = RestSlurm(tcp_stub(stub), retries=0)
+    with pytest.raises(SlurmRequeueDisabled):
+        slurm.requeue("8")
+
+
 def test_v0038_writes_go_through_the_cli_fallback(tcp_stub):
     stub = Stub(versions=("v0.0.38",))
     cli = RecordingCli()
@@ -318,7 +349,7 @@ def test_401_during_version_detection_is_auth_error(tcp_stub):
 
 def test_no_known_version(tcp_stub):
     slurm = RestSlurm(tcp_stub(Stub(versions=())), retries=0)
-    with pytest.raises(SlurmError, match="serves none of v0.0.42"):
+    with pytest.raises(SlurmError, match="serves none of v0.0.45"):
         slurm.api  # noqa: B018
 
 
@@ -527,7 +558,7 @@ def test_unserved_endpoint_is_typed_not_supported_and_version_probe_stops_on_oth
     with pytest.raises(SlurmError, match="authentication refused") as caught:
         _ = fresh.api
     assert not isinstance(caught.value, SlurmNotSupported)
-    assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.42/ping"
+    assert [r["path"] for r in stub.requests][-1] == "/slurm/v0.0.45/ping"
 
 
 def test_job_gpus_and_history_go_through_the_cli_fallback():

@@ -14,6 +14,7 @@ WRONG = {
     "healthcheck_program": "(null)",
     "healthcheck_interval": "0 sec",
     "healthcheck_node_state": "IDLE",
+    "healthcheck_timeout": "20 sec",
     "prolog": "(null)",
     "epilog": "(null)",
     "prolog_flags_alloc": "Serial",
@@ -148,3 +149,18 @@ def test_missing_or_bad_version_is_a_parse_error():
         diagnose({"KillWait": "30 sec"})
     with pytest.raises(SlurmParseError, match="unreadable"):
         diagnose({"SLURM_VERSION": "banana"})
+
+
+def test_healthcheck_timeout_is_judged_from_26_05_only():
+    """26.05 made HealthCheckTimeout configurable: a short one kills the healthcheck mid-pass. Older
+    versions have no such key (a fixed 60 s): nothing to judge there."""
+    conf = right_conf("26.05")
+    conf["HealthCheckTimeout"] = "20 sec"
+    f = {f.id: f for f in diagnose(conf).findings}["healthcheck_timeout"]
+    assert f.status == "warn" and "killed after 20 s" in f.effect
+    del conf["HealthCheckTimeout"]  # Slurm's default, 60: passes
+    assert {f.id: f for f in diagnose(conf).findings}["healthcheck_timeout"].status == "ok"
+    conf["HealthCheckTimeout"] = "0 sec"  # what 26.05.5 prints when it is not set (recorded): the default
+    assert {f.id: f for f in diagnose(conf).findings}["healthcheck_timeout"].status == "ok"
+    old = right_conf("25.11")
+    assert "healthcheck_timeout" not in {f.id for f in diagnose(old).findings}

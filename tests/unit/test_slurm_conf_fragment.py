@@ -21,6 +21,7 @@ SAMPLES = {
     "22.05-fragment": FIX / "slurm-conf" / "show_config-22.05.8-fragment.txt",
     "24.11-lab": FIX / "slurm-conf" / "show_config-24.11.5.txt",
     "25.11-defaults": FIX / "slurm-conf" / "show_config-25.11.4.txt",
+    "26.05-lab": FIX / "slurm-conf" / "show_config-26.05.5.txt",
 }
 
 
@@ -76,7 +77,7 @@ def test_merge_items_replaces_same_name():
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_recorded_samples_parse(name):
     conf = parse_show_config(SAMPLES[name].read_text())
-    assert conf["SLURM_VERSION"][:5] in ("22.05", "24.11", "25.11")
+    assert conf["SLURM_VERSION"][:5] in ("22.05", "24.11", "25.11", "26.05")
     assert "KillWait" in conf
 
 
@@ -93,6 +94,8 @@ def test_samples_judged_as_expected():
         assert f22[rid] == "ok", rid
     r24 = status("24.11-lab")
     assert set(r24.values()) == {"ok"}, r24
+    r26 = status("26.05-lab")  # recorded with the lab's fragment and hooks: HealthCheckTimeout unset (0)
+    assert set(r26.values()) == {"ok"} and "healthcheck_timeout" in r26, r26
     d25 = status("25.11-defaults")
     assert d25["prolog"] == "fail" and d25["expedited_requeue"] == "warn" and d25["return_to_service"] == "ok"
 

@@ -1,4 +1,4 @@
-"""Parsing Slurm output: 22.05 and 24.11 JSON, one-liners, show config, node states."""
+"""Parsing Slurm output: 22.05, 24.11 and 26.05 JSON, one-liners, show config, node states."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from autoheal.slurm.model import Node, SlurmVersion, parse_state
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 F2205 = FIX / "slurm-22.05"
 F2411 = FIX / "slurm-24.11"
+F2605 = FIX / "slurm-26.05"
 
 
 def _read(path: Path) -> str:
@@ -483,3 +484,60 @@ def test_held_job_fields_from_both_layouts():
     a, b = parse.jobs_from_json(old)[0], parse.jobs_from_json(new)[0]
     assert a.held and a.requeue_held
     assert b.held and not b.requeue_held  # an admin held it again: not ours any more
+
+
+# ---- 26.05.5 recorded on the lab (Debian forky, data_parser v0.0.45) ------------------------------------------
+
+def test_2605_lab_scontrol_json_show_node():
+    text = _read(F2605 / "lab_scontrol_show_node.json")
+    assert "data_parser/v0.0.45" in text.replace("\\/", "/")
+    by = {n.name: n for n in parse.nodes_from_json(text, "scontrol --json show node")}
+    assert list(by) == ["gpu1", "gpu2", "gpu3", "spare1"]
+    assert by["gpu1"].state == "MIXED" and by["gpu1"].flags == frozenset() and by["gpu1"].reason == ""
+    gpu3 = by["gpu3"]
+    assert gpu3.state == "IDLE" and gpu3.flags == frozenset({"DRAIN"}) and gpu3.drained
+    assert gpu3.reason == "autoheal: xid 79 on GPU 3 of gpu3 (0000:5d:00.0): fallen off the bus"
+    assert gpu3.reason_user == "root" and gpu3.reason_time and gpu3.reason_time > 1_700_000_000
+    spare = by["spare1"]
+    assert spare.state == "UNKNOWN" and spare.drain and spare.reason.startswith("autoheal: spare")
+    assert all(n.gpu_count == 8 and n.gres == "gpu:8" and n.cpus == 2 for n in by.values())
+
+
+def test_2605_lab_squeue_json_running_and_held_job():
+    jobs = parse.jobs_from_json(_read(F2605 / "lab_squeue.json"), "squeue --json")
+    by = {j.job_id: j for j in jobs}
+    assert sorted(by) == ["1", "2"]
+    run = by["1"]
+    assert run.state == "RUNNING" and run.nodes == ("gpu1",) and run.batch_host == "gpu1"
+    assert run.requeue is True and run.restart_count == 0 and run.user == "root"
+    assert run.array_job_id is None and run.array_task_id is None
+    held = by["2"]
+    assert held.state == "PENDING" and held.state_reason == "JobHeldUser" and held.held
+    assert held.priority == 0 and not held.requeue_held  # a user hold, not requeuehold's
+    assert held.comment == "autoheal: held for the fixture"
+
+
+def test_2605_lab_show_node_oneliners_match_json():
+    lines = parse.nodes_from_oneliners(_read(F2605 / "lab_show_node_oneliner.txt"))
+    json_nodes = parse.nodes_from_json(_read(F2605 / "lab_scontrol_show_node.json"), "scontrol --json show node")
+    assert [(n.name, n.state, n.flags, n.reason, n.gres, n.partitions, n.cpus) for n in lines] == \
+        [(n.name, n.state, n.flags, n.reason, n.gres, n.partitions, n.cpus) for n in json_nodes]
+
+
+def test_2605_lab_sinfo_json_is_not_a_node_list_and_gpus_of_a_job():
+    with pytest.raises(SlurmParseError, match="no 'nodes' list.*sinfo"):
+        parse.nodes_from_json(_read(F2605 / "lab_sinfo.json"), "sinfo --json")
+    detail = _read(F2605 / "lab_show_job_detail.txt")
+    assert parse.job_gpus_from_show_job(detail, "gpu1") == [0, 1]
+    assert parse.job_gpus_from_show_job(detail, "gpu2") == []
+
+
+def test_2605_lab_version_and_show_config():
+    v = SlurmVersion.parse(_read(F2605 / "lab_version.txt"))
+    assert (v.major, v.minor, v.patch) == (26, 5, 5) and v.at_least(25, 11)
+    conf = parse.parse_show_config(_read(FIX / "slurm-conf" / "show_config-26.05.5.txt"))
+    assert conf["SLURM_VERSION"] == "26.05.5"
+    assert conf["Prolog[0]"] == conf["Prolog"] == "/var/lib/autoheal-lab/hooks/prolog.sh"
+    assert conf["Epilog"] == "/var/lib/autoheal-lab/hooks/epilog.sh"
+    assert conf["HealthCheckTimeout"] == "0 sec"  # unset: printed as 0, Slurm uses 60
+    assert conf["SlurmctldParameters"] == "enable_expedited_requeue"
