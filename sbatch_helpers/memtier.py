@@ -100,6 +100,7 @@ class MemoryTier:
         self.step_nodes = list(step_nodes) or sorted(self.agents)
         self.timeout, self.max_payload = timeout, max_payload
         self.peer = peer_of(node, self.step_nodes)
+        self._down: set = set()
 
     @classmethod
     def from_env(cls, environ: Optional[Mapping[str, str]] = None, rank: Optional[int] = None,
@@ -138,14 +139,28 @@ class MemoryTier:
                 stored.append(node)
             except (OSError, wire.FrameError) as exc:
                 failed.append(f"{node}: {exc}")
-        if failed:
-            log.warning("memory tier: step %d of rank %d not kept on %s", step, self.rank, "; ".join(failed))
+        down = {f.split(":")[0] for f in failed}
+        if down != self._down:  # say it when it starts and when it ends, not at every step
+            if failed:
+                log.warning("memory tier: step %d of rank %d not kept on %s", step, self.rank, "; ".join(failed))
+            else:
+                log.warning("memory tier: step %d of rank %d kept on %s again", step, self.rank, ",".join(stored))
+            self._down = down
         return SaveResult(step, tuple(stored), tuple(failed))
 
-    def newest(self, min_step: int = -1) -> Optional[MemoryCopy]:
-        """The newest valid copy of this rank any agent still has (own node first), newer than ``min_step``."""
+    def newest(self, min_step: int = -1, consistent: bool = False) -> Optional[MemoryCopy]:
+        """The newest valid copy of this rank any agent still has (own node first), newer than ``min_step``.
+
+        ``consistent``: the newest step that *every* rank of the world has a copy of (data-parallel ranks
+        must start from one step); each rank works it out from the same agents' answers.
+        """
+        if consistent and self.world > 1:
+            return self._newest_common(min_step)
+        return self._fetch(None, min_step)
+
+    def _fetch(self, step: Optional[int], min_step: int) -> Optional[MemoryCopy]:
         best: Optional[MemoryCopy] = None
-        get = wire.encode(wire.Kind.GET, {"rank": self.rank}, b"", self.key)
+        get = wire.encode(wire.Kind.GET, {"rank": self.rank, "step": step}, b"", self.key)
         for source, node in ask_order(self.node, self.step_nodes, self.agents):
             if best is not None and source == "other-memory":
                 break  # own node or peer had one; the others are asked only when both are gone
@@ -157,10 +172,33 @@ class MemoryTier:
             except (OSError, wire.FrameError) as exc:
                 log.info("memory tier: no copy from %s (%s): %s", node, source, exc)
                 continue
-            if info.step > min_step and (best is None or info.step > best.step):
+            if info.step > min_step and (step is None or info.step == step) and (best is None or info.step > best.step):
                 md = answer.header.get("metadata")
                 best = MemoryCopy(source, node, info, answer.payload, md if isinstance(md, dict) else {})
         return best
+
+    def held(self) -> List[Dict[int, List[int]]]:
+        """Every reachable agent's steps per rank."""
+        ask = wire.encode(wire.Kind.LIST, {}, b"", self.key)
+        answers = []
+        for _, node in ask_order(self.node, self.step_nodes, self.agents):
+            try:
+                doc = request(self.agents[node], ask, self.key, self.timeout, 0).header.get("held")
+            except (OSError, wire.FrameError):
+                continue
+            if isinstance(doc, dict):
+                answers.append({int(r): [s for s in v if isinstance(s, int)] for r, v in doc.items()
+                                if str(r).isdigit() and isinstance(v, list)})
+        return answers
+
+    def _newest_common(self, min_step: int) -> Optional[MemoryCopy]:
+        for step in wire.common_steps(self.held(), self.world):
+            if step <= min_step:
+                return None
+            found = self._fetch(step, min_step)
+            if found is not None:
+                return found
+        return None
 
 
 def resume_source(memory: Optional[MemoryCopy], durable_step: Optional[int]) -> Optional[Tuple[str, int]]:

@@ -71,12 +71,17 @@ class Agent:
                 with self.lock:
                     self.store.put(info.rank, info.step, data)
                 return wire.encode(wire.Kind.ACK, {"ok": True, "step": info.step}, b"", self.key)
+            if frame.kind == wire.Kind.LIST:
+                with self.lock:
+                    held = {str(r): s for r, s in self.store.steps().items()}
+                return wire.encode(wire.Kind.ACK, {"ok": True, "held": held}, b"", self.key)
             if frame.kind == wire.Kind.GET:
-                rank = frame.header.get("rank")
+                rank, step = frame.header.get("rank"), frame.header.get("step")
                 if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
                     raise wire.FrameError(f"GET of rank {rank!r}")
                 with self.lock:
-                    found = self.store.newest(rank, self.key, self.job_id, self.max_payload)
+                    found = self.store.newest(rank, self.key, self.job_id, self.max_payload,
+                                              only=step if isinstance(step, int) else None)
                 if found is None:
                     return wire.encode(wire.Kind.NONE, {"why": f"no copy of rank {rank} here"}, b"", self.key)
                 return wire.with_kind(found[1], wire.Kind.COPY)

@@ -72,7 +72,9 @@ class AgentStep:
             if "unavailable" in line:
                 say(f"warning: {line.strip()}")
         if not agents:
-            say(f"warning: memory tier off: no agent came up within {timeout:g}s")
+            ended = proc.poll()
+            say("warning: memory tier off: " + (f"the agents' srun exited with {ended}" if ended is not None
+                                                else f"no agent came up within {timeout:g}s"))
             cls(proc, {}).stop()
             return None
         missing = sorted(set(nodes) - set(agents))
@@ -125,7 +127,8 @@ def start_for_runner(runner: Any, env: Dict[str, str]) -> Dict[str, str]:
 
     if not wanted(env):
         return env
-    step = AgentStep.start(list(runner.job_nodes), env, say=say)
+    # the batch environment, not the step's: a hot-spare job's step environment keeps srun off the spares
+    step = AgentStep.start(list(runner.job_nodes), runner.env, say=say)
     if step is None:
         return env
     atexit.register(step.stop)

@@ -124,9 +124,13 @@ class CopyStore:
                 raise wire.FrameError(f"{copy_name(rank, step)} is too large")
             return f.read()
 
-    def newest(self, rank: int, key: bytes, job_id: str, limit: int) -> Optional[Tuple[wire.Frame, bytes]]:
-        """The newest copy of ``rank`` here that verifies; torn or foreign ones are skipped (and deleted)."""
+    def newest(self, rank: int, key: bytes, job_id: str, limit: int,
+               only: Optional[int] = None) -> Optional[Tuple[wire.Frame, bytes]]:
+        """The newest copy of ``rank`` here (of step ``only`` if given) that verifies; torn or foreign ones
+        are skipped (and deleted)."""
         for step in reversed(self.steps().get(rank, [])):
+            if only is not None and step != only:
+                continue
             try:
                 raw = self.read(rank, step, limit)
                 frame = wire.read_frame(wire.reader_of(raw), key, limit)

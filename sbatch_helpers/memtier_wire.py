@@ -36,7 +36,8 @@ class Kind(IntEnum):
     GET = 2  # "the newest copy of rank R" (header: rank)
     COPY = 3  # the answer to GET: a stored copy
     NONE = 4  # the answer to GET when there is none (header: why)
-    ACK = 5  # the answer to STORE (header: ok, why)
+    ACK = 5  # the answer to STORE and LIST (header: ok, why; for LIST: held)
+    LIST = 6  # "which steps do you hold, per rank"
 
 
 class FrameError(Exception):
@@ -185,6 +186,18 @@ def choose(candidates: Iterable[Tuple[str, int]]) -> Optional[Tuple[str, int]]:
         if best is None or step > best[1] or (step == best[1] and SOURCES.index(source) < SOURCES.index(best[0])):
             best = (source, step)
     return best
+
+
+def common_steps(held: Iterable[Dict[int, Iterable[int]]], world: int) -> List[int]:
+    """The steps for which every rank 0..world-1 has a copy on some agent, newest first: what data-parallel
+    ranks may resume from together (each rank alone taking its newest would start them at different steps)."""
+    union: Dict[int, set] = {}
+    for answer in held:
+        for rank, steps in answer.items():
+            union.setdefault(rank, set()).update(steps)
+    if world < 1 or any(r not in union for r in range(world)):
+        return []
+    return sorted(set.intersection(*(union[r] for r in range(world))), reverse=True)
 
 
 def surplus(steps: Iterable[int], keep: int) -> List[int]:

@@ -291,3 +291,20 @@ def test_epilog_keeps_a_requeued_jobs_copies_and_frees_finished_ones(tmp_path):
     memtier_files.epilog_cleanup("n1", os.geteuid(), "42", states.get, env)
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["8"]
 
+
+
+def test_common_steps_are_what_every_rank_holds():
+    assert wire.common_steps([{0: [10, 12], 1: [8, 10]}, {1: [12]}], 2) == [12, 10]
+    assert wire.common_steps([{0: [10, 12]}], 2) == []  # rank 1's copies are out of reach
+    assert wire.common_steps([{0: [4], 1: [6]}], 2) == []
+
+
+def test_consistent_restart_takes_the_newest_step_all_ranks_hold(two_nodes):
+    r0, r1 = _tier(two_nodes, "n1", 0), _tier(two_nodes, "n2", 1)
+    for step in (10, 12):
+        r0.save(step, f"r0-{step}".encode())
+    r1.save(10, b"r1-10")  # rank 1's node died before it kept step 12
+    assert r0.newest().step == 12  # alone, rank 0 would start 2 steps ahead of rank 1
+    both = [t.newest(consistent=True) for t in (r0, r1)]
+    assert [(c.step, c.payload) for c in both] == [(10, b"r0-10"), (10, b"r1-10")]
+    assert r0.newest(min_step=10, consistent=True) is None
