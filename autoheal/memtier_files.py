@@ -25,8 +25,9 @@ import os
 import re
 import signal
 import stat
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional, Tuple
 
 BASE_ENV = "AUTOHEAL_MEMTIER_BASE"
 DEFAULT_BASE = "/dev/shm"
@@ -76,7 +77,17 @@ def _proc_is_job_agent(pid: int, uid: int, job_id: str) -> bool:
     return f"SLURM_JOB_ID={job_id}".encode() in env
 
 
-def _read_pid(dfd: int) -> Optional[int]:
+@dataclass(frozen=True)
+class AgentRecord:
+    """What the pidfile says: the agent's pid and the run of the job it belongs to (Slurm's restart count
+    when it started). Written by the job's user: a lie can only make root keep or free that user's own
+    copies, or signal that user's own process (see ``_proc_is_job_agent``)."""
+
+    pid: int
+    restarts: int
+
+
+def _read_record(dfd: int) -> Optional[AgentRecord]:
     try:
         fd = os.open(PIDFILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
@@ -84,14 +95,21 @@ def _read_pid(dfd: int) -> Optional[int]:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        text = os.read(fd, 32).decode("ascii", "replace").strip()
+        words = os.read(fd, 64).decode("ascii", "replace").split()
     finally:
         os.close(fd)
-    return int(text) if text.isdigit() and 1 < int(text) < 1 << 22 else None
+    if not words or not all(w.isdigit() for w in words[:2]) or not 1 < int(words[0]) < 1 << 22:
+        return None
+    return AgentRecord(int(words[0]), int(words[1]) if len(words) > 1 else 0)
 
 
-def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """SIGKILL the job's agent on this node if it still runs (its job was killed -9); the pid or None."""
+def pidfile_text(restarts: int) -> str:
+    return f"{os.getpid()} {int(restarts)}\n"
+
+
+def agent_record(node: str, uid: int, job_id: str,
+                 environ: Optional[Mapping[str, str]] = None) -> Optional[AgentRecord]:
+    """The job's agent record on this node (read without following symlinks), or None."""
     try:
         path = job_dir(node, uid, job_id, environ)
         ufd = _open_dir(path.parent)
@@ -100,18 +118,23 @@ def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, 
     try:
         jfd = _open_dir(path, dir_fd=ufd)
     except OSError:
-        os.close(ufd)
         return None
+    finally:
+        os.close(ufd)
     try:
-        pid = _read_pid(jfd)
+        return _read_record(jfd)
     finally:
         os.close(jfd)
-        os.close(ufd)
-    if pid is None or not _proc_is_job_agent(pid, uid, job_id):
+
+
+def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
+    """SIGKILL the job's agent on this node if it still runs (its job was killed -9); the pid or None."""
+    rec = agent_record(node, uid, job_id, environ)
+    if rec is None or not _proc_is_job_agent(rec.pid, uid, job_id):
         return None
     with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGKILL)
-        return pid
+        os.kill(rec.pid, signal.SIGKILL)
+        return rec.pid
     return None
 
 
@@ -178,27 +201,57 @@ OVER_STATES = frozenset({"GONE", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", 
 SWEEP_LIMIT = 8  # other leftover job folders looked at per epilog (each costs one question to Slurm)
 
 
-def keep_for_restart(state: Optional[str]) -> bool:
-    """Keep a job's copies at its epilog only when Slurm says it will run again; unknown: free them."""
-    return state in RESTART_STATES
+JobFacts = Tuple[str, int]  # (state, restart count) as Slurm tells them; state "GONE": Slurm forgot the job
 
 
-def epilog_cleanup(node: str, uid: int, job_id: str, state_of: Callable[[str], Optional[str]],
+def keep_for_restart(facts: Optional[JobFacts], run_restarts: Optional[int]) -> bool:
+    """At a job's epilog on a node: keep its copies for the job's next run?
+
+    Yes when Slurm has requeued it: PENDING again, or a restart count above the one of the run that
+    wrote the copies (Slurm reports a requeued job COMPLETING until its epilogs end, like one that is
+    over, so the count is what tells them apart), or when Slurm does not answer (freed at a later epilog
+    once the job is over). Otherwise (completed, cancelled, failed, or a node leaving a hot-spare job
+    that runs on) they are freed now."""
+    if facts is None:
+        return True
+    state, restarts = facts
+    if state in RESTART_STATES:
+        return True
+    return run_restarts is not None and restarts > run_restarts
+
+
+def user_ids(node: str, environ: Optional[Mapping[str, str]] = None) -> List[int]:
+    """The uids that have a memory folder on this node (one listing of ``/dev/shm``)."""
+    try:
+        names = os.listdir(base_dir(node, environ))
+    except (OSError, ValueError):
+        return []
+    return sorted(int(n[17:]) for n in names if n.startswith("autoheal-memtier-") and n[17:].isdigit())
+
+
+def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], Optional[JobFacts]],
                    environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """The epilog's part: kill the job's agent, free the job's copies unless it was requeued, and free
-    the user's leftovers of jobs that are over. ``state_of(job)``: the job's state, ``GONE`` when Slurm
-    no longer knows it, None when Slurm does not answer. Returns one line per action taken."""
+    every user's leftovers of jobs that are over (a requeued job that restarted on other nodes leaves
+    its copies here; they go at this node's next epilog once the job has ended). ``facts_of(job)``: the
+    job's (state, restart count), state ``GONE`` when Slurm no longer knows it, None when Slurm does not
+    answer. Returns one line per action taken."""
     done = []
+    rec = agent_record(node, uid, job_id, environ)
     pid = stop_agent(node, uid, job_id, environ)
     if pid:
         done.append(f"killed memory-tier agent {pid} of job {job_id}")
-    held = job_dirs(node, uid, environ)
-    if job_id in held and not keep_for_restart(state_of(job_id)) and remove_job(node, uid, job_id, environ):
-        done.append(f"freed memory-tier copies of job {job_id}")
-    for job in [j for j in held if j != job_id][:SWEEP_LIMIT]:
-        state = state_of(job)
-        if state in OVER_STATES:  # another job of this user that will not run again (a killed epilog's leftover)
-            stop_agent(node, uid, job, environ)
-            if remove_job(node, uid, job, environ):
-                done.append(f"freed memory-tier copies of job {job} ({state})")
+    if job_id in job_dirs(node, uid, environ):
+        facts = facts_of(job_id)
+        if keep_for_restart(facts, rec.restarts if rec else None):
+            done.append(f"kept memory-tier copies of job {job_id} for its next run ({facts})")
+        elif remove_job(node, uid, job_id, environ):
+            done.append(f"freed memory-tier copies of job {job_id} ({facts})")
+    others = [(u, j) for u in user_ids(node, environ) for j in job_dirs(node, u, environ) if j != job_id]
+    for owner, job in others[:SWEEP_LIMIT]:
+        facts = facts_of(job)
+        if facts is not None and facts[0] in OVER_STATES:  # a job that will not run again
+            stop_agent(node, owner, job, environ)
+            if remove_job(node, owner, job, environ):
+                done.append(f"freed memory-tier copies of job {job} ({facts[0]})")
     return done

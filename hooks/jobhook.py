@@ -124,19 +124,20 @@ def _memory_tier(ctx: Context, job: str) -> None:
     from autoheal.errors import SlurmError, SlurmNotFound
 
     uid = os.environ.get("SLURM_JOB_UID", "")
-    if not uid.isdigit() or not memtier_files.job_dirs(ctx.node, int(uid)):
+    if not uid.isdigit() or not memtier_files.user_ids(ctx.node):
         return
 
-    def state_of(job_id: str) -> Optional[str]:
+    def facts_of(job_id: str) -> Optional[memtier_files.JobFacts]:
         try:
-            return ctx.slurm.get_job(job_id).state
+            found = ctx.slurm.get_job(job_id)
         except SlurmNotFound:
-            return "GONE"
+            return ("GONE", 0)
         except SlurmError:
             return None
+        return (found.state, found.restart_count)
 
     try:
-        for line in memtier_files.epilog_cleanup(ctx.node, int(uid), job, state_of):
+        for line in memtier_files.epilog_cleanup(ctx.node, int(uid), job, facts_of):
             print(f"autoheal-epilog: {line}", file=sys.stderr)
     except OSError as exc:  # a hostile or broken folder: the job's end goes on
         print(f"autoheal-epilog: warning: memory tier cleanup: {exc}", file=sys.stderr)

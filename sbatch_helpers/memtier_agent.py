@@ -124,7 +124,8 @@ def main(environ: Optional[Mapping[str, str]] = None) -> int:
     agent = Agent(store, key, job_id, int(env.get(MAX_BYTES_ENV, "") or wire.DEFAULT_MAX_PAYLOAD))
     addr = node_address(node, env)
     server = _Server((addr, 0), _handler(agent))
-    store.write_pidfile()
+    restarts = env.get("SLURM_RESTART_COUNT", "0")
+    store.write_pidfile(int(restarts) if restarts.isdigit() else 0)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     print(f"{READY} node={node} addr={addr} port={server.server_address[1]}", flush=True)
     try:

@@ -36,7 +36,7 @@ def agent_argv(srun: str, nodes: Sequence[str]) -> List[str]:
     n = str(len(nodes))
     return [srun, "--overlap", "--no-kill", "--kill-on-bad-exit=0", "--job-name=autoheal-memtier", "-N", n,
             "-n", n, "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--cpus-per-task=1",
-            "--unbuffered", sys.executable, "-m", "autoheal.sbatch_helpers.memtier_agent"]
+            sys.executable, "-m", "autoheal.sbatch_helpers.memtier_agent"]
 
 
 def parse_ready(lines: Sequence[str]) -> Dict[str, str]:
@@ -66,6 +66,7 @@ class AgentStep:
         proc = subprocess.Popen(agent_argv(srun, nodes), env=dict(env), stdout=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         assert proc.stdout is not None
+        began = time.monotonic()
         lines = _read_lines(proc, len(nodes), timeout)
         agents = parse_ready(lines)
         for line in lines:
@@ -78,7 +79,8 @@ class AgentStep:
             cls(proc, {}).stop()
             return None
         missing = sorted(set(nodes) - set(agents))
-        none_on = f"; none on {','.join(missing)}" if missing else ""
+        none_on = (f"; none on {','.join(missing)} after {time.monotonic() - began:.1f}s "
+                   f"(srun {'running' if proc.poll() is None else f'exited {proc.returncode}'})") if missing else ""
         say(f"memory tier: agents on {','.join(sorted(agents))}{none_on}")
         return cls(proc, agents)
 

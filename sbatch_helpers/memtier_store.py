@@ -80,8 +80,9 @@ class CopyStore:
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
-    def write_pidfile(self) -> None:
-        self._publish(memtier_files.PIDFILE, f"{os.getpid()}\n".encode())
+    def write_pidfile(self, restarts: int) -> None:
+        """For the epilog: this agent's pid and the job's restart count of this run."""
+        self._publish(memtier_files.PIDFILE, memtier_files.pidfile_text(restarts).encode())
 
     def _publish(self, name: str, data: bytes) -> None:
         tmp = f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"

@@ -261,10 +261,10 @@ def test_stop_agent_kills_only_the_jobs_process(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"SLURM_JOB_ID": "7"})
     ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"SLURM_JOB_ID": "42"})
     try:
-        (store.directory / memtier_files.PIDFILE).write_text(f"{other.pid}\n")  # a hostile pidfile
+        (store.directory / memtier_files.PIDFILE).write_text(f"{other.pid} 0\n")  # a hostile pidfile
         assert memtier_files.stop_agent("n1", os.geteuid(), "42", env) is None
         assert other.poll() is None
-        (store.directory / memtier_files.PIDFILE).write_text(f"{ours.pid}\n")
+        (store.directory / memtier_files.PIDFILE).write_text(f"{ours.pid} 0\n")
         assert memtier_files.stop_agent("n1", os.geteuid(), "42", env) == ours.pid
         assert ours.wait(10) == -signal.SIGKILL
     finally:
@@ -273,24 +273,35 @@ def test_stop_agent_kills_only_the_jobs_process(tmp_path):
             p.wait()
 
 
+def test_keep_for_restart_decision():
+    keep = memtier_files.keep_for_restart
+    assert keep(None, 0)  # Slurm not answering: kept, freed at a later epilog
+    assert keep(("PENDING", 1), 0)
+    assert keep(("COMPLETING", 1), 0)  # requeued: Slurm says COMPLETING until the epilogs end
+    assert not keep(("COMPLETING", 0), 0)  # the same run ending: over
+    assert not keep(("CANCELLED", 3), 3) and not keep(("GONE", 0), None)
+    assert not keep(("RUNNING", 0), 0)  # a node leaving a hot-spare job: the job's agents are elsewhere
+    assert not keep(("COMPLETING", 5), None)  # no agent record: the state alone decides
+
+
 def test_epilog_keeps_a_requeued_jobs_copies_and_frees_finished_ones(tmp_path):
     env = _env(tmp_path)
-    _store(tmp_path).put(0, 1, _copy(1))
-    memtier_files.base_dir("n1", env)
+    store = _store(tmp_path)
+    store.put(0, 1, _copy(1))
+    store.write_pidfile(0)
     old = memtier_files.job_dir("n1", os.geteuid(), "7", env)
     old.mkdir()
     running = memtier_files.job_dir("n1", os.geteuid(), "8", env)
     running.mkdir()
-    states = {"42": "PENDING", "7": "GONE", "8": "RUNNING"}
-    done = memtier_files.epilog_cleanup("n1", os.geteuid(), "42", states.get, env)
+    facts = {"42": ("COMPLETING", 1), "7": ("GONE", 0), "8": ("RUNNING", 0)}
+    done = memtier_files.epilog_cleanup("n1", os.geteuid(), "42", facts.get, env)
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["42", "8"], done
-    states["42"] = "COMPLETED"
-    memtier_files.epilog_cleanup("n1", os.geteuid(), "42", states.get, env)
+    facts["42"] = ("COMPLETING", 0)
+    memtier_files.epilog_cleanup("n1", os.geteuid(), "42", facts.get, env)
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["8"]
-    states["8"] = None  # Slurm not answering: another job's copies are never freed on a guess
-    memtier_files.epilog_cleanup("n1", os.geteuid(), "42", states.get, env)
+    facts["8"] = None  # Slurm not answering: another job's copies are never freed on a guess
+    memtier_files.epilog_cleanup("n1", os.geteuid(), "42", facts.get, env)
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["8"]
-
 
 
 def test_common_steps_are_what_every_rank_holds():
