@@ -319,3 +319,11 @@ def test_consistent_restart_takes_the_newest_step_all_ranks_hold(two_nodes):
     both = [t.newest(consistent=True) for t in (r0, r1)]
     assert [(c.step, c.payload) for c in both] == [(10, b"r0-10"), (10, b"r1-10")]
     assert r0.newest(min_step=10, consistent=True) is None
+
+
+def test_jobs_without_the_tier_import_none_of_it():
+    code = ("import sys; from autoheal.sbatch_helpers import checkpoint, runner; import autoheal.hooks.jobhook; "
+            "print(sorted(m for m in sys.modules if 'memtier' in m))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
