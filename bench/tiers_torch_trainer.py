@@ -3,9 +3,13 @@
 synthetic regression data, CPU only. Its state (model + optimizer, ~10 MB) goes to the durable tier
 every ``--checkpoint-every`` steps (rank 0) and, with ``--memory-every K``, to the peer-memory tier.
 
+Data parallel as DDP does it: every step the ranks average their gradients with a real gloo
+``all_reduce`` over TCP between the nodes' addresses, so a rank whose peer died blocks in its next
+collective (as with NCCL) instead of training on alone; on a restart all ranks start from one step (the
+durable checkpoint, or the newest step every rank has in memory: ``newest(consistent=True)``).
+
 Prints the tiny trainer's line formats (``autoheal-trainer: start step=.. resumed_from=.. ...``,
-``step=N``), so the bench reads both the same way. Each rank trains its own replica (no collective):
-the bench measures the checkpoint tiers, not data parallelism.
+``step=N``), so the bench reads both the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import os
 import socket
 import sys
 import time
+from datetime import timedelta
 
 import torch
 
@@ -48,6 +53,24 @@ def load(model, opt, data: bytes) -> int:
     return int(doc["step"])
 
 
+def init_collective(rank: int, world: int):
+    """The gloo process group, rendezvous on the first node's address; None for a single rank."""
+    if world < 2:
+        return None
+    import torch.distributed as dist
+
+    from autoheal.sbatch_helpers.memtier_agent import node_address
+    from autoheal.slurm.hostlist import expand
+
+    env = os.environ
+    first = expand(env.get("SLURM_STEP_NODELIST") or env["SLURM_JOB_NODELIST"])[0]
+    run = int(env.get("SLURM_JOB_ID", "0")) * 131 + int(env.get("AUTOHEAL_RESTART_COUNT", "0") or 0) * 17
+    port = 20000 + (run + int(env.get("AUTOHEAL_SWAP_COUNT", "0") or 0)) % 30000  # a new rendezvous per run
+    dist.init_process_group("gloo", init_method=f"tcp://{node_address(first, env)}:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=900))
+    return dist
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=100000)
@@ -70,18 +93,24 @@ def main() -> int:
         from autoheal.sbatch_helpers import memtier
 
         tier = memtier.MemoryTier.from_env()
-        copy = tier.newest(min_step=step) if tier else None
+        copy = tier.newest(min_step=step, consistent=True) if tier else None
         if copy is not None:
             step, origin = load(model, opt, copy.payload), f"memory:{copy.source}@{copy.node}"
     say(f"start step={step} resumed_from={origin} restart={os.environ.get('AUTOHEAL_RESTART_COUNT', '0')} "
         f"host={host} rank={rank} world={ck.env_world_size()} steps={args.steps} "
         f"reason={os.environ.get('AUTOHEAL_REQUEUE_REASON') or 'none'}")
-    gen = torch.Generator().manual_seed(1234 + rank)
+    world = ck.env_world_size()
+    dist = init_collective(rank, world)
+    gen = torch.Generator().manual_seed(1234 + rank + 7919 * step)
     while step < args.steps:
         x = torch.randn(64, 256, generator=gen)
         loss = ((model(x) - x[:, :1]) ** 2).mean()
         opt.zero_grad()
         loss.backward()
+        if dist is not None:  # DDP's gradient averaging: blocks while a peer is gone
+            for param in model.parameters():
+                dist.all_reduce(param.grad)
+                param.grad /= world
         opt.step()
         step += 1
         say(f"step={step}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -112,8 +113,8 @@ class MemoryTier:
         env = os.environ if environ is None else environ
         agents = parse_agents(env.get(AGENTS_ENV, ""))
         job_id = env.get("SLURM_JOB_ID", "").strip()
-        if not agents or not job_id:
-            return None
+        if not agents or not job_id or not env.get(TOKEN_ENV, "").strip():
+            return None  # no submission token (not under autoheal sbatch): no secret to key the frames with
         node = env.get("SLURMD_NODENAME", "").strip()
         try:
             step_nodes = expand(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
@@ -127,18 +128,29 @@ class MemoryTier:
     def save(self, step: int, payload: bytes, metadata: Optional[Dict[str, Any]] = None) -> SaveResult:
         """Keep ``payload`` as this rank's state at ``step`` on this node and on its peer."""
         header = wire.copy_header(self.job_id, self.rank, self.world, step, len(payload), time.time(), metadata)
-        frame = wire.encode(wire.Kind.STORE, header, bytes(payload), self.key)
-        stored, failed = [], []
-        for node in (self.node, self.peer):
-            if not node or node not in self.agents:
-                continue
+        frame = wire.encode_parts(wire.Kind.STORE, header, payload, self.key)
+        targets = [n for n in dict.fromkeys((self.node, self.peer)) if n and n in self.agents]
+        outcome: Dict[str, str] = {}
+
+        def send(node: str) -> None:
             try:
                 answer = request(self.agents[node], frame, self.key, self.timeout, 0)
                 if answer.kind != wire.Kind.ACK or not answer.header.get("ok"):
                     raise wire.FrameError(str(answer.header.get("why", "refused")))
-                stored.append(node)
+                outcome[node] = ""
             except (OSError, wire.FrameError) as exc:
-                failed.append(f"{node}: {exc}")
+                outcome[node] = str(exc)
+
+        # both copies at once: the save takes as long as the slower of the two, not their sum
+        threads = [threading.Thread(target=send, args=(n,), daemon=True) for n in targets[1:]]
+        for t in threads:
+            t.start()
+        if targets:
+            send(targets[0])
+        for t in threads:
+            t.join()
+        stored = [n for n in targets if outcome.get(n) == ""]
+        failed = [f"{n}: {outcome.get(n) or 'no answer'}" for n in targets if outcome.get(n) != ""]
         down = {f.split(":")[0] for f in failed}
         if down != self._down:  # say it when it starts and when it ends, not at every step
             if failed:
@@ -174,7 +186,7 @@ class MemoryTier:
                 continue
             if info.step > min_step and (step is None or info.step == step) and (best is None or info.step > best.step):
                 md = answer.header.get("metadata")
-                best = MemoryCopy(source, node, info, answer.payload, md if isinstance(md, dict) else {})
+                best = MemoryCopy(source, node, info, bytes(answer.payload), md if isinstance(md, dict) else {})
         return best
 
     def held(self) -> List[Dict[int, List[int]]]:

@@ -26,7 +26,7 @@ from typing import Mapping, Optional
 
 from autoheal import memtier_files
 from autoheal.sbatch_helpers import memtier_wire as wire
-from autoheal.sbatch_helpers.memtier_net import recv_exact
+from autoheal.sbatch_helpers.memtier_net import recv_frame
 from autoheal.sbatch_helpers.memtier_store import CopyStore, StoreError
 
 READY = "autoheal-memtier-agent: ready"
@@ -96,7 +96,11 @@ def _handler(agent: Agent) -> type:
             sock: socket.socket = self.request
             sock.settimeout(IO_TIMEOUT)
             try:
-                data = recv_exact(sock)(agent.max_payload + wire.PREFIX.size + wire.MAX_HEADER + wire.MAC_BYTES)
+                try:
+                    data = recv_frame(sock, agent.max_payload)
+                except wire.FrameError as exc:
+                    sock.sendall(wire.encode(wire.Kind.ACK, {"ok": False, "why": str(exc)}, b"", agent.key))
+                    return
                 sock.sendall(agent.answer(data))
             except OSError:
                 pass  # the trainer went away mid-request: nothing was stored from a torn frame
@@ -114,7 +118,12 @@ def main(environ: Optional[Mapping[str, str]] = None) -> int:
     env = dict(os.environ if environ is None else environ)
     node = env.get("SLURMD_NODENAME") or socket.gethostname()
     job_id = env.get("SLURM_JOB_ID", "")
-    key = wire.job_key(env.get("AUTOHEAL_SUBMIT_TOKEN", ""), job_id)
+    token = env.get("AUTOHEAL_SUBMIT_TOKEN", "").strip()
+    if not token:  # the frames' key is the submission's secret: without one anybody could forge copies
+        print(f"autoheal-memtier-agent: unavailable node={node} why=no AUTOHEAL_SUBMIT_TOKEN "
+              f"(the memory tier needs autoheal sbatch)", flush=True)
+        return EXIT_UNAVAILABLE
+    key = wire.job_key(token, job_id)
     try:
         store = CopyStore(memtier_files.job_dir(node, os.geteuid(), job_id, env),
                           keep=max(1, int(env.get(COPIES_ENV, "2") or 2)))

@@ -8,7 +8,7 @@ hardware.
 from __future__ import annotations
 
 import socket
-from typing import Tuple
+from typing import Sequence, Tuple
 
 from autoheal.sbatch_helpers import memtier_wire as wire
 
@@ -39,10 +39,30 @@ def recv_exact(sock: socket.socket) -> wire.ReadExact:
     return read
 
 
-def request(address: Address, frame: bytes, key: bytes, timeout: float, max_payload: int) -> wire.Frame:
-    """Send one frame and return the verified answer; OSError (unreachable) or FrameError."""
+def recv_frame(sock: socket.socket, limit: int) -> bytes:
+    """One whole frame's bytes, read straight into one buffer (its prefix says how long it is); a frame
+    longer than ``limit`` payload bytes, or cut short, is a FrameError."""
+    prefix = recv_exact(sock)(wire.PREFIX.size)
+    size = wire.frame_size(prefix)
+    if size > limit + wire.PREFIX.size + wire.MAX_HEADER + wire.MAC_BYTES:
+        raise wire.FrameError(f"frame of {size} bytes is over the limit")
+    buf = bytearray(size)
+    buf[:len(prefix)] = prefix
+    view, got = memoryview(buf), len(prefix)
+    while got < size:
+        n = sock.recv_into(view[got:], min(size - got, 4 << 20))
+        if not n:
+            raise wire.FrameError(f"truncated: {got} of {size} bytes (torn copy)")
+        got += n
+    return bytes(buf) if size < 4096 else buf  # type: ignore[return-value]
+
+
+def request(address: Address, frame: Sequence[bytes], key: bytes, timeout: float, max_payload: int) -> wire.Frame:
+    """Send one frame (bytes, or its parts) and return the verified answer; OSError (unreachable) or
+    FrameError."""
     with socket.create_connection(address, timeout=timeout) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.sendall(frame)
+        for part in ([frame] if isinstance(frame, (bytes, bytearray)) else frame):
+            sock.sendall(part)
         sock.shutdown(socket.SHUT_WR)
-        return wire.read_frame(recv_exact(sock), key, max_payload)
+        return wire.read_frame(wire.reader_of(recv_frame(sock, max_payload)), key, max_payload)

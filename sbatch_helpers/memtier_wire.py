@@ -48,7 +48,7 @@ class FrameError(Exception):
 class Frame:
     kind: Kind
     header: Dict[str, Any]
-    payload: bytes
+    payload: bytes  # a memoryview into the received frame when read from memory (bytes() it to keep it)
     raw_size: int  # bytes on the wire / on disk
 
 
@@ -73,15 +73,29 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"key-id\0" + key).hexdigest()[:16]
 
 
-def encode(kind: Kind, header: Dict[str, Any], payload: bytes, key: bytes) -> bytes:
-    """One frame (``key_id`` is added to the header)."""
+def encode_parts(kind: Kind, header: Dict[str, Any], payload: bytes, key: bytes) -> Tuple[bytes, bytes, bytes, bytes]:
+    """One frame as (prefix, header, payload, MAC): sent part by part, a large payload is never copied."""
     head = json.dumps(dict(header, key_id=key_id(key)), sort_keys=True, separators=(",", ":")).encode()
     if len(head) > MAX_HEADER:
         raise ValueError(f"frame header of {len(head)} bytes is over {MAX_HEADER}")
     mac = hmac.new(key, head, hashlib.sha256)
     mac.update(payload)
-    return b"".join((PREFIX.pack(MAGIC, VERSION, int(kind), len(head), len(payload)), head, payload,
-                     mac.digest()))
+    return PREFIX.pack(MAGIC, VERSION, int(kind), len(head), len(payload)), head, payload, mac.digest()
+
+
+def encode(kind: Kind, header: Dict[str, Any], payload: bytes, key: bytes) -> bytes:
+    """One frame (``key_id`` is added to the header)."""
+    return b"".join(encode_parts(kind, header, payload, key))
+
+
+def frame_size(prefix: bytes) -> int:
+    """The whole frame's length from its 18-byte prefix (FrameError when it is no prefix of ours)."""
+    if len(prefix) != PREFIX.size:
+        raise FrameError(f"truncated: {len(prefix)} of {PREFIX.size} prefix bytes")
+    magic, _, _, hlen, plen = PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        raise FrameError("not a memory-tier frame (bad magic)")
+    return PREFIX.size + hlen + plen + MAC_BYTES
 
 
 def with_kind(frame: bytes, kind: Kind) -> bytes:
@@ -97,7 +111,7 @@ def read_frame(read: ReadExact, key: bytes, max_payload: int = DEFAULT_MAX_PAYLO
     prefix = read(PREFIX.size)
     if len(prefix) != PREFIX.size:
         raise FrameError(f"truncated: {len(prefix)} of {PREFIX.size} prefix bytes")
-    magic, version, kind, hlen, plen = PREFIX.unpack(prefix)
+    magic, version, kind, hlen, plen = PREFIX.unpack(bytes(prefix))
     if magic != MAGIC:
         raise FrameError("not a memory-tier frame (bad magic)")
     if version != VERSION:
@@ -111,7 +125,7 @@ def read_frame(read: ReadExact, key: bytes, max_payload: int = DEFAULT_MAX_PAYLO
     body = read(hlen + plen + MAC_BYTES)
     if len(body) != hlen + plen + MAC_BYTES:
         raise FrameError(f"truncated: {len(body)} of {hlen + plen + MAC_BYTES} bytes after the prefix (torn copy)")
-    head, payload, mac = body[:hlen], body[hlen:hlen + plen], body[hlen + plen:]
+    head, payload, mac = bytes(body[:hlen]), body[hlen:hlen + plen], bytes(body[hlen + plen:])
     header = _header(head)
     if header.get("key_id") != key_id(key):
         raise FrameError("made with another job's key (another job's copy, or another submission with this id)")
@@ -133,11 +147,12 @@ def _header(raw: bytes) -> Dict[str, Any]:
 
 
 def reader_of(data: bytes) -> ReadExact:
-    """``read(n)`` over a bytes object (a copy read from memory)."""
+    """``read(n)`` over a bytes object (a copy read from memory); the pieces are views, not copies."""
     pos = [0]
+    view = memoryview(data)
 
     def read(n: int) -> bytes:
-        chunk = data[pos[0]:pos[0] + n]
+        chunk = view[pos[0]:pos[0] + n]
         pos[0] += len(chunk)
         return chunk
 

@@ -230,8 +230,10 @@ def test_agent_refuses_forged_and_foreign_frames(two_nodes):
         request(addr, get, wire.job_key("other", "42"), 5, 1 << 20)
 
 
-def test_no_tier_without_agents():
+def test_no_tier_without_agents_or_token(two_nodes):
     assert memtier.MemoryTier.from_env({"SLURM_JOB_ID": "42"}) is None
+    agents = ",".join(f"{n}={a.address}" for n, a in two_nodes.items())
+    assert memtier.MemoryTier.from_env({"SLURM_JOB_ID": "42", memtier.AGENTS_ENV: agents}) is None
     assert not memtier_launch.wanted({}) and memtier_launch.wanted({"AUTOHEAL_MEMORY_TIER": "1"})
 
 
