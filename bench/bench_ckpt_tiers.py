@@ -16,7 +16,8 @@ process on it; its memory wiped: ``Lab.crash_node``) and read the trainers' own 
   output file every 20 ms, which is the resolution;
 - save cost: the memory tier's per-save time as the torch trainer reports it (p50).
 
-    python bench/bench_ckpt_tiers.py [--only tiny|torch] [--json] [--k 1] [--n 20]
+    python bench/bench_ckpt_tiers.py [--only tiny|torch] [--path requeue|hotspare] [--tier durable|memory]
+                                     [--json] [--k 1] [--n 20]
 
 Needs root and Debian's Slurm (like ``autoheal lab up``). Targets: memory tier lost steps <= K; hot spare +
 memory tier fault -> resumed <= 3 s.
@@ -147,6 +148,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--only", choices=("tiny", "torch"))
     p.add_argument("--k", type=int, default=1, help="memory copy every K steps (default 1)")
     p.add_argument("--n", type=int, default=20, help="durable checkpoint every N steps (default 20)")
+    p.add_argument("--path", choices=("requeue", "hotspare"), help="only this recovery path")
+    p.add_argument("--tier", choices=("durable", "memory"), help="only this tier")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     trainers = [t for t in ("tiny", "torch") if args.only in (None, t)]
@@ -161,8 +164,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                extra_conf=["SlurmdTimeout=10", f"AuthInfo=socket={root}/munge/munge.socket.2,cred_expire=10"])
         bench = Bench(lab, args.k, args.n)
         for trainer in trainers:
-            for path in ("requeue", "hotspare"):
-                for tier in ("durable", "memory"):
+            for path in [x for x in ("requeue", "hotspare") if args.path in (None, x)]:
+                for tier in [x for x in ("durable", "memory") if args.tier in (None, x)]:
                     rows.append(bench.case(trainer, path, tier))
                     if not args.json:
                         print(_row(rows[-1]), flush=True)
@@ -176,7 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _row(r: Dict[str, object]) -> str:
     tier = f"memory K={r['K']}" if r["tier"] == "memory" else f"durable N={r['N']}"
     save = f"  save p50 {r['save_ms_p50']} ms" if r["save_ms_p50"] is not None else ""
-    origin = "memory" + r["resumed_from"].split("memory", 1)[1] if "memory" in r["resumed_from"] else "durable"
+    origin = str(r["resumed_from"]) if str(r["resumed_from"]).startswith("memory:") else "durable"
     return (f"{r['trainer']:5} {r['path']:8} {tier:14} lost steps {r['lost_steps']:5}  fault->resumed "
             f"{r['fault_to_resumed_s']:6.2f} s (fault->node declared down {r['fault_to_detected_s']} s, "
             f"then ->resumed {r['detected_to_resumed_s']} s)  from {origin}{save}")

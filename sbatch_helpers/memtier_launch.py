@@ -106,7 +106,7 @@ def _read_lines(proc: subprocess.Popen, want: int, timeout: float) -> List[str]:
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    buf, lines = b"", []
+    buf, lines = b"", []  # type: bytes, List[str]
     deadline = time.monotonic() + timeout
     while len(lines) < want and time.monotonic() < deadline:
         if not sel.select(max(0.0, deadline - time.monotonic())):

@@ -8,7 +8,7 @@ hardware.
 from __future__ import annotations
 
 import socket
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 from autoheal.sbatch_helpers import memtier_wire as wire
 
@@ -39,7 +39,7 @@ def recv_exact(sock: socket.socket) -> wire.ReadExact:
     return read
 
 
-def recv_frame(sock: socket.socket, limit: int) -> bytes:
+def recv_frame(sock: socket.socket, limit: int) -> Union[bytes, bytearray]:
     """One whole frame's bytes, read straight into one buffer (its prefix says how long it is); a frame
     longer than ``limit`` payload bytes, or cut short, is a FrameError."""
     prefix = recv_exact(sock)(wire.PREFIX.size)
@@ -54,7 +54,7 @@ def recv_frame(sock: socket.socket, limit: int) -> bytes:
         if not n:
             raise wire.FrameError(f"truncated: {got} of {size} bytes (torn copy)")
         got += n
-    return bytes(buf) if size < 4096 else buf  # type: ignore[return-value]
+    return bytes(buf) if size < 4096 else buf
 
 
 def request(address: Address, frame: Sequence[bytes], key: bytes, timeout: float, max_payload: int) -> wire.Frame:

@@ -21,7 +21,7 @@ import json
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 MAGIC = b"AHMT"
 VERSION = 1
@@ -48,7 +48,7 @@ class FrameError(Exception):
 class Frame:
     kind: Kind
     header: Dict[str, Any]
-    payload: bytes  # a memoryview into the received frame when read from memory (bytes() it to keep it)
+    payload: Union[bytes, memoryview]  # a view into the received frame when read from memory
     raw_size: int  # bytes on the wire / on disk
 
 
@@ -103,7 +103,8 @@ def with_kind(frame: bytes, kind: Kind) -> bytes:
     return frame[:5] + bytes([int(kind)]) + frame[6:]
 
 
-ReadExact = Callable[[int], bytes]
+Bytes = Union[bytes, memoryview]
+ReadExact = Callable[[int], Bytes]
 
 
 def read_frame(read: ReadExact, key: bytes, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
@@ -151,7 +152,7 @@ def reader_of(data: bytes) -> ReadExact:
     pos = [0]
     view = memoryview(data)
 
-    def read(n: int) -> bytes:
+    def read(n: int) -> Bytes:
         chunk = view[pos[0]:pos[0] + n]
         pos[0] += len(chunk)
         return chunk
