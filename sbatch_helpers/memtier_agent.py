@@ -19,10 +19,9 @@ import os
 import signal
 import socket
 import socketserver
-import subprocess
 import sys
 import threading
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Union
 
 from autoheal import memtier_files
 from autoheal.sbatch_helpers import memtier_wire as wire
@@ -39,13 +38,16 @@ IO_TIMEOUT = 30.0
 def node_address(node: str, environ: Mapping[str, str]) -> str:
     """The node's NodeAddr from Slurm (what other nodes reach it by), else its resolved name."""
     try:
-        out = subprocess.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True,
-                             timeout=10, env=dict(environ)).stdout
-        for word in out.split():
-            if word.startswith("NodeAddr=") and word[9:] not in ("", "(null)"):
-                return word[9:]
-    except (OSError, subprocess.SubprocessError):
-        pass
+        from autoheal.config import load_config
+        from autoheal.slurm import get_adapter
+
+        cfg = load_config(environ.get("AUTOHEAL_CONFIG") or None, secrets=False)
+        address = get_adapter(cfg, timeout=10, retries=1).get_node(node).address
+        if address:
+            return address
+    except Exception as exc:  # no config, Slurm not answering: the name is the next best thing
+        print(f"autoheal-memtier-agent: NodeAddr of {node} unknown ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
     try:
         return socket.gethostbyname(node)
     except OSError:
@@ -59,7 +61,7 @@ class Agent:
         self.store, self.key, self.job_id, self.max_payload = store, key, job_id, max_payload
         self.lock = threading.Lock()  # one writer at a time: pruning must not race a publish
 
-    def answer(self, data: bytes) -> bytes:
+    def answer(self, data: Union[bytes, bytearray]) -> bytes:
         """The answer frame to one request (never raises on bad input: it says why)."""
         try:
             frame = wire.read_frame(wire.reader_of(data), self.key, self.max_payload)

@@ -57,7 +57,8 @@ def recv_frame(sock: socket.socket, limit: int) -> Union[bytes, bytearray]:
     return bytes(buf) if size < 4096 else buf
 
 
-def request(address: Address, frame: Sequence[bytes], key: bytes, timeout: float, max_payload: int) -> wire.Frame:
+def request(address: Address, frame: Union[bytes, Sequence[bytes]], key: bytes, timeout: float,
+            max_payload: int) -> wire.Frame:
     """Send one frame (bytes, or its parts) and return the verified answer; OSError (unreachable) or
     FrameError."""
     with socket.create_connection(address, timeout=timeout) as sock:

@@ -21,7 +21,7 @@ import json
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 MAGIC = b"AHMT"
 VERSION = 1
@@ -98,9 +98,9 @@ def frame_size(prefix: bytes) -> int:
     return PREFIX.size + hlen + plen + MAC_BYTES
 
 
-def with_kind(frame: bytes, kind: Kind) -> bytes:
+def with_kind(frame: Union[bytes, bytearray], kind: Kind) -> bytes:
     """The same frame with another kind (a stored STORE frame goes out as the COPY answer)."""
-    return frame[:5] + bytes([int(kind)]) + frame[6:]
+    return bytes(frame[:5]) + bytes([int(kind)]) + bytes(frame[6:])
 
 
 Bytes = Union[bytes, memoryview]
@@ -147,7 +147,7 @@ def _header(raw: bytes) -> Dict[str, Any]:
     return doc
 
 
-def reader_of(data: bytes) -> ReadExact:
+def reader_of(data: Union[bytes, bytearray]) -> ReadExact:
     """``read(n)`` over a bytes object (a copy read from memory); the pieces are views, not copies."""
     pos = [0]
     view = memoryview(data)
@@ -204,7 +204,7 @@ def choose(candidates: Iterable[Tuple[str, int]]) -> Optional[Tuple[str, int]]:
     return best
 
 
-def common_steps(held: Iterable[Dict[int, Iterable[int]]], world: int) -> List[int]:
+def common_steps(held: Iterable[Mapping[int, Iterable[int]]], world: int) -> List[int]:
     """The steps for which every rank 0..world-1 has a copy on some agent, newest first: what data-parallel
     ranks may resume from together (each rank alone taking its newest would start them at different steps)."""
     union: Dict[int, set] = {}

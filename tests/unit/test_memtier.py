@@ -329,3 +329,11 @@ def test_jobs_without_the_tier_import_none_of_it():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_node_address_comes_from_slurms_nodeaddr():
+    from autoheal.slurm.parse import node_from_json, node_from_oneliner
+
+    assert node_from_json({"name": "n1", "state": ["IDLE"], "address": "127.0.0.11"}).address == "127.0.0.11"
+    line = "NodeName=gpu2 Arch=x86_64 CPUTot=2 NodeAddr=127.0.0.11 NodeHostName=localhost State=IDLE Partitions=gpu"
+    assert node_from_oneliner(line).address == "127.0.0.11"
