@@ -16,7 +16,7 @@ import re
 import secrets
 import stat
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 from autoheal import memtier_files
 from autoheal.sbatch_helpers import memtier_wire as wire
@@ -84,7 +84,7 @@ class CopyStore:
         """For the epilog: this agent's pid and the job's restart count of this run."""
         self._publish(memtier_files.PIDFILE, memtier_files.pidfile_text(restarts).encode())
 
-    def _publish(self, name: str, data: bytes) -> None:
+    def _publish(self, name: str, data: Union[bytes, bytearray]) -> None:
         tmp = f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                      dir_fd=self.fd)
@@ -97,7 +97,7 @@ class CopyStore:
                 os.unlink(tmp, dir_fd=self.fd)
             raise
 
-    def put(self, rank: int, step: int, frame: bytes) -> None:
+    def put(self, rank: int, step: int, frame: Union[bytes, bytearray]) -> None:
         """Publish one verified copy and drop the rank's surplus ones (oldest first)."""
         self._publish(copy_name(rank, step), frame)
         for old in wire.surplus(self.steps().get(rank, []), self.keep):

@@ -88,11 +88,11 @@ def encode(kind: Kind, header: Dict[str, Any], payload: bytes, key: bytes) -> by
     return b"".join(encode_parts(kind, header, payload, key))
 
 
-def frame_size(prefix: bytes) -> int:
+def frame_size(prefix: Union[bytes, memoryview]) -> int:
     """The whole frame's length from its 18-byte prefix (FrameError when it is no prefix of ours)."""
     if len(prefix) != PREFIX.size:
         raise FrameError(f"truncated: {len(prefix)} of {PREFIX.size} prefix bytes")
-    magic, _, _, hlen, plen = PREFIX.unpack(prefix)
+    magic, _, _, hlen, plen = PREFIX.unpack(bytes(prefix))
     if magic != MAGIC:
         raise FrameError("not a memory-tier frame (bad magic)")
     return PREFIX.size + hlen + plen + MAC_BYTES
