@@ -62,6 +62,7 @@ def _run(ctx: Context, kind: str) -> int:
             report_own_trouble(kind, ctx, f"dcgm mapping {mapping_dir}", trouble)
     if kind == "epilog" and job:
         _job_records(ctx)
+        _memory_tier(ctx, job)
     failure = None
     # Our drain on record while Slurm has the node in service: someone resumed it. That resume ends the
     # faults behind our drain; the GPUs are then checked in full, live (engine.accept_resume).
@@ -115,6 +116,32 @@ def _job_records(ctx: Context) -> None:
     finally:
         if notifier is not None:
             notifier.flush(min(5.0, ctx.cfg.notify.timeout))
+
+
+def _memory_tier(ctx: Context, job: str) -> None:
+    """Kill the job's memory-tier agent and free its copies in node memory unless Slurm requeued it
+    (``autoheal/memtier_files.py``). Costs one lstat for the jobs that never asked for the tier."""
+    from autoheal import memtier_files
+    from autoheal.errors import SlurmError, SlurmNotFound
+
+    uid = os.environ.get("SLURM_JOB_UID", "")
+    if not uid.isdigit() or not memtier_files.user_ids(ctx.node):
+        return
+
+    def facts_of(job_id: str) -> Optional[memtier_files.JobFacts]:
+        try:
+            found = ctx.slurm.get_job(job_id)
+        except SlurmNotFound:
+            return ("GONE", 0)
+        except SlurmError:
+            return None
+        return (found.state, found.restart_count)
+
+    try:
+        for line in memtier_files.epilog_cleanup(ctx.node, int(uid), job, facts_of):
+            print(f"autoheal-epilog: {line}", file=sys.stderr)
+    except OSError as exc:  # a hostile or broken folder: the job's end goes on
+        print(f"autoheal-epilog: warning: memory tier cleanup: {exc}", file=sys.stderr)
 
 
 def _accept_resume(ctx: Context, kind: str) -> bool:

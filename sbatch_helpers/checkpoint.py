@@ -35,6 +35,10 @@ regular files only (``O_NOFOLLOW | O_NONBLOCK``, then ``fstat``): a FIFO, socket
 ``latest``, ``COMPLETE``, ``MANIFEST.json`` or like a payload file makes its candidate invalid (logged)
 instead of blocking the job runner forever in ``open()`` or ``read()``.
 
+Fast tier (opt-in, ``memtier*.py``): :func:`memory_tier` keeps each rank's state in node memory and on a
+peer node every K steps, next to these durable checkpoints every N; a restart takes the newest valid
+copy of either (``memtier.resume_source``).
+
 Owner: under ``autoheal sbatch`` every submission has a random token (``AUTOHEAL_SUBMIT_TOKEN``, the same
 for every requeue of the job). A save records it with the job id as the manifest's ``owner``. Loading
 refuses a checkpoint whose owner has this job's id but another token -- an earlier job that got the same
@@ -728,6 +732,41 @@ def read_latest_pointer(directory: Union[str, os.PathLike[str]]) -> Optional[str
 # ---------------------------------------------------------------- the manager
 
 
+def _inventory(tmp: Path) -> Dict[str, Dict[str, Any]]:
+    """Every file a save wrote into ``tmp``: fsynced, with its size and sha256 (folders fsynced too).
+    Regular files and folders only: a symlink or FIFO someone made there fails the save."""
+    files = {}
+
+    def walk_error(exc: OSError) -> None:
+        raise exc
+
+    for root, dirs, names in os.walk(tmp, onerror=walk_error):
+        rootp = Path(root)
+        for n in dirs + names:
+            if (rootp / n).is_symlink():
+                raise CheckpointError(f"symlinks are not supported in a checkpoint: {rootp / n}")
+        for n in names:
+            fpath = rootp / n
+            rel = fpath.relative_to(tmp).as_posix()
+            if rel in RESERVED:
+                raise CheckpointError(f"{rel} is a reserved name in a checkpoint")
+            try:  # regular files only: opening a FIFO someone made in the folder would block forever
+                fd = _open_regular(fpath)
+            except NotRegularFile as exc:
+                raise CheckpointError(f"{rel} in the checkpoint {exc.strerror}; a checkpoint holds "
+                                      f"regular files and folders only") from None
+            with _io("syncing", fpath):
+                try:
+                    os.fsync(fd)
+                    size = os.fstat(fd).st_size
+                finally:
+                    os.close(fd)
+                files[rel] = {"size": size, "sha256": _sha256(fpath)}
+        with _io("syncing the folder", rootp):
+            _fsync_dir(rootp)
+    return files
+
+
 class CheckpointManager:
     """Save, prune and load checkpoints in one directory.
 
@@ -946,36 +985,18 @@ class CheckpointManager:
         raise CheckpointError(f"cannot create a temporary folder {base}-* in {_show(self.directory)}")
 
     def _publish(self, step: int, tmp: Path, meta_json: str, extra: Optional[Dict[str, Any]] = None) -> None:
-        files = {}
-        def walk_error(exc: OSError) -> None:
-            raise exc
-
-        for root, dirs, names in os.walk(tmp, onerror=walk_error):
-            rootp = Path(root)
-            for n in dirs + names:
-                if (rootp / n).is_symlink():
-                    raise CheckpointError(f"symlinks are not supported in a checkpoint: {rootp / n}")
-            for n in names:
-                fpath = rootp / n
-                rel = fpath.relative_to(tmp).as_posix()
-                if rel in RESERVED:
-                    raise CheckpointError(f"{rel} is a reserved name in a checkpoint")
-                try:  # regular files only: opening a FIFO someone made in the folder would block forever
-                    fd = _open_regular(fpath)
-                except NotRegularFile as exc:
-                    raise CheckpointError(f"{rel} in the checkpoint {exc.strerror}; a checkpoint holds "
-                                          f"regular files and folders only") from None
-                with _io("syncing", fpath):
-                    try:
-                        os.fsync(fd)
-                        size = os.fstat(fd).st_size
-                    finally:
-                        os.close(fd)
-                    files[rel] = {"size": size, "sha256": _sha256(fpath)}
-            with _io("syncing the folder", rootp):
-                _fsync_dir(rootp)
+        """Seal the complete temporary folder ``tmp`` (manifest, then marker) and publish it as ``step``."""
+        files = _inventory(tmp)
         if not files:
             raise CheckpointError(f"nothing was written into the checkpoint for step {step}")
+        self._seal(tmp, step, self._manifest(step, files, meta_json, extra))
+        name = checkpoint_name(step)
+        final = self.directory / name
+        self._install(tmp, final)  # the one step that publishes: before it nothing, after it all
+        self._after_publish(final, name)
+
+    def _manifest(self, step: int, files: Dict[str, Dict[str, Any]], meta_json: str,
+                  extra: Optional[Dict[str, Any]]) -> bytes:
         now = time.time()
         manifest = {
             "format": FORMAT,
@@ -991,19 +1012,20 @@ class CheckpointManager:
             manifest["owner"] = self.owner.to_json()
         manifest["uid"] = os.geteuid()  # who saved it; loading checks it (and the files' owners)
         manifest.update(extra or {})
-        raw = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        return (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+
+    @staticmethod
+    def _seal(tmp: Path, step: int, raw: bytes) -> None:
+        """The manifest, then the marker naming its sha256 (written last: a folder without it is torn)."""
         _write_durable(tmp / MANIFEST, raw)
         _fault("manifest-written")
         marker = {"step": step, "manifest_sha256": hashlib.sha256(raw).hexdigest()}
         _write_durable(tmp / MARKER, json.dumps(marker).encode() + b"\n")
         _fault("marker-written")
 
-        name = checkpoint_name(step)
-        final = self.directory / name
-        self._install(tmp, final)  # the one step that publishes: before it nothing, after it all
-
-        # Published. What follows makes it durable and findable faster; a failure is logged, not raised
-        # (the caller must not think the checkpoint is lost when it is there and valid).
+    def _after_publish(self, final: Path, name: str) -> None:
+        """Published. What follows makes it durable and findable faster; a failure is logged, not raised
+        (the caller must not think the checkpoint is lost when it is there and valid)."""
         try:
             _fsync_dir(self.directory)
             _fault("renamed")
@@ -1310,6 +1332,15 @@ def open_checkpoint(path: Union[str, os.PathLike[str]], verify: str = "sha256", 
     if isinstance(result, Rejection):
         raise NoValidCheckpoint(f"checkpoint {path} rejected: {result.reason}")
     return result
+
+
+def memory_tier(environ: Optional[Mapping[str, str]] = None) -> Any:
+    """The peer-memory tier for this rank (``memtier.MemoryTier``: ``save(step, bytes)`` every K steps,
+    ``newest()`` on a restart), or None when the job runs without it (submitted without
+    ``AUTOHEAL_MEMORY_TIER=1``). Imported here only when called: jobs without the tier pay nothing."""
+    from autoheal.sbatch_helpers.memtier import MemoryTier
+
+    return MemoryTier.from_env(environ)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

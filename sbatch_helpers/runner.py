@@ -493,6 +493,10 @@ class Runner(HotSpareRun):
             f"{', previous run ended by ' + self.cause.label() if self.cause else ''}")
         if self.adopt_orphans:
             _set_subreaper()
+        if env.get("AUTOHEAL_MEMORY_TIER"):  # opt-in peer-memory tier: one agent per node until we exit
+            from autoheal.sbatch_helpers.memtier_launch import start_for_runner
+
+            env = start_for_runner(self, env)
         try:
             child = Child(argv, env, reap_all=self.adopt_orphans)
         except OSError as exc:

@@ -71,6 +71,7 @@ class Node:
     gres: str = ""
     partitions: Tuple[str, ...] = ()
     cpus: int = 0
+    address: str = ""  # NodeAddr: where other nodes reach it ("" when Slurm does not say)
 
     @property
     def drain(self) -> bool:

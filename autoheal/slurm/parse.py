@@ -86,7 +86,7 @@ def node_from_json(obj: Dict[str, Any]) -> Node:
                 reason_user=_str(obj.get("reason_set_by_user")), reason_time=_num(obj.get("reason_changed_at")),
                 gres=_str(obj.get("gres")),
                 partitions=tuple(parts if isinstance(parts, list) else str(parts).split(",")),
-                cpus=_num(obj.get("cpus")) or 0)
+                cpus=_num(obj.get("cpus")) or 0, address=_str(obj.get("address")))
 
 
 def nodes_from_json(text: str, what: str = "node list") -> List[Node]:
@@ -187,7 +187,7 @@ def node_from_oneliner(line: str) -> Node:
         cpus = 0
     return Node(name=f["NodeName"], state=base, flags=flags, reason=reason, reason_user=user,
                 gres=_null(f.get("Gres")), partitions=tuple(p for p in _null(f.get("Partitions")).split(",") if p),
-                cpus=cpus)
+                cpus=cpus, address=_null(f.get("NodeAddr")))
 
 
 def nodes_from_oneliners(text: str) -> List[Node]:

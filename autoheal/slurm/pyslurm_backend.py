@@ -75,6 +75,7 @@ class PyslurmSlurm(SlurmAdapter):
                     reason_time=getattr(n, "reason_time", None),
                     gres=_gres_text(getattr(n, "configured_gres", "")),
                     partitions=tuple(getattr(n, "partitions", None) or ()),
+                    address=str(getattr(n, "address", "") or ""),
                     cpus=int(getattr(n, "total_cpus", 0) or 0))
 
     def list_nodes(self) -> List[Node]:

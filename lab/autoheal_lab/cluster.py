@@ -154,7 +154,7 @@ class Lab:
         """Environment a shell (or a test) needs to use this lab's Slurm and autoheal."""
         lay = self.layout()
         env = {"SLURM_CONF": str(lay.slurm_conf), "AUTOHEAL_CONFIG": str(lay.autoheal_conf),
-               "AUTOHEAL_LAB_DIR": str(self.root)}
+               "AUTOHEAL_LAB_DIR": str(self.root), "AUTOHEAL_MEMTIER_BASE": lay.memory_base}
         st = self.load_state() or {}
         if st.get("nvml_lib_dir"):
             lib = st["nvml_lib_dir"]
@@ -476,9 +476,35 @@ class Lab:
             return False
         return res.returncode == 0 and " UP" in res.stdout
 
+    def crash_node(self, node: str) -> List[int]:
+        """The machine dies at once: SIGKILL its slurmd, its slurmstepds and every process they started
+        (the job's tasks and agents on it), and its memory is gone (the memory tier's copies with it).
+        Returns the PIDs killed. ``start_slurmd`` brings it back (empty memory, as after a reboot)."""
+        lay = self.layout()
+        log = str(lay.path("log", f"slurmd-{node}.log"))
+        pids = set()
+        rec = self.records().get(f"slurmd-{node}")
+        if rec and procs.is_alive(rec):
+            pids.add(rec.pid)
+        for pid in procs.step_daemons(self.root):
+            if log in procs.open_files(pid):
+                pids.add(pid)
+                pids.update(procs.descendants(pid))
+        pids.difference_update(procs.ancestors(os.getpid()))
+        for pid in sorted(pids):
+            procs.kill_pid(pid)
+        self.wipe_node_memory(node)
+        return sorted(pids)
+
+    def wipe_node_memory(self, node: str) -> None:
+        mem = Path(self.layout().memory_base.replace("{node}", node))
+        shutil.rmtree(mem, ignore_errors=True)
+        mem.mkdir(parents=True, exist_ok=True)
+
     def start_slurmd(self, node: str) -> procs.ProcRecord:
         """Start (or restart) one node's slurmd; the lab's "reboot" and spare bring-up use this."""
         lay = self.layout()
+        Path(lay.memory_base.replace("{node}", node)).mkdir(parents=True, exist_ok=True)
         name = f"slurmd-{node}"
         old = self.records().get(name)
         if old and procs.is_alive(old):
@@ -502,7 +528,7 @@ class Lab:
         """What a process "on" ``node`` sees: its fake GPUs and its kernel log."""
         lay = self.layout()
         env = {"AUTOHEAL_FAKE_NVML_STATE": str(lay.gpu_state(node)), "AUTOHEAL_NODE": node,
-               "AUTOHEAL_CONFIG": str(lay.autoheal_conf)}
+               "AUTOHEAL_CONFIG": str(lay.autoheal_conf), "AUTOHEAL_MEMTIER_BASE": lay.memory_base}
         st = self.load_state() or {}
         if st.get("nvml_lib_dir"):
             env["LD_LIBRARY_PATH"] = st["nvml_lib_dir"]
@@ -543,6 +569,8 @@ class Lab:
         so its job's processes would keep running (seen on 24.11 when a drill's final scancel raced the
         slurmd shutdown; with KillWait=120 a cancel alone takes two minutes to reach SIGKILL)."""
         self._kill_job_processes()
+        if (self.load_state() or {}).get("layout"):
+            shutil.rmtree(Path(self.layout().memory_base).parent, ignore_errors=True)
         recs = self.records()
         # clients first (slurmd, node and controller daemons, sync, spare pool), then the fault proxy in
         # front of the API server, then the control plane, slurmctld and munged last: each

@@ -142,6 +142,21 @@ def step_daemons(root: Path) -> List[int]:
     return out
 
 
+def open_files(pid: int) -> List[str]:
+    """The paths ``pid`` holds open (empty when it is gone or not ours to look at)."""
+    out = []
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            out.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+    return out
+
+
 def job_processes(slurm_conf: str) -> List[int]:
     """PIDs of processes of this lab's jobs: ``SLURM_JOB_ID`` set and ``SLURM_CONF`` = the lab's
     slurm.conf in their environment (a shell that only sourced ``lab env`` has no SLURM_JOB_ID)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
@@ -27,6 +28,17 @@ class LabLayout:
 
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
+
+    def node_addr(self, node: str) -> str:
+        """The node's own address (Slurm's NodeAddr): 127.0.0.10, .11, ... in node order."""
+        return f"127.0.0.{10 + self.all_nodes.index(node)}"
+
+    @property
+    def memory_base(self) -> str:
+        """Each node's memory (``AUTOHEAL_MEMTIER_BASE``: ``{node}`` is the node): in /dev/shm, named after
+        the lab folder so that two labs on one machine never share it."""
+        tag = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return f"/dev/shm/autoheal-lab-{tag}/{{node}}"
 
     @property
     def slurm_conf(self) -> Path:
@@ -105,7 +117,10 @@ def render_slurm_conf(lay: LabLayout, hooks: Dict[str, str], fragment: List[str]
     # not by State=DRAIN here: slurmctld re-applies a configured state on every restart, which would
     # drain a spare that has since come into service, with a reason set in two places.
     for name in lay.all_nodes:
-        lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={lay.node_ports[name]} "
+        # each node its own loopback address (all of 127/8 reaches lo on Linux): what runs "on" a node
+        # (the memory tier's agents) listens there, and traffic between nodes goes through real sockets
+        lines.append(f"NodeName={name} NodeHostname=localhost NodeAddr={lay.node_addr(name)} "
+                     f"Port={lay.node_ports[name]} "
                      f"CPUs=2 RealMemory=1000 Gres=gpu:{lay.gpus} State=UNKNOWN")
     lines.append(f"PartitionName=gpu Nodes={','.join(lay.all_nodes)} Default=YES MaxTime=INFINITE State=UP")
     return "\n".join(lines) + "\n"

@@ -42,6 +42,7 @@ def write_hook_wrappers(lay: LabLayout, lib_dir: str) -> Dict[str, str]:
             f"export LD_LIBRARY_PATH={shlex.quote(lib_dir)}" if lib_dir else "",
             f'export AUTOHEAL_FAKE_NVML_STATE={shlex.quote(str(lay.root / "gpus"))}/"$SLURMD_NODENAME".state',
             'export AUTOHEAL_NODE="$SLURMD_NODENAME"',
+            f"export AUTOHEAL_MEMTIER_BASE={shlex.quote(lay.memory_base)}",  # each node's own memory
             f"exec {shlex.quote(sys.executable)} -m {module} \"$@\"",
         ]
         script.write_text("\n".join(line for line in lines if line) + "\n")

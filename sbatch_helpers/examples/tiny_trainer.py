@@ -70,6 +70,9 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
     )
     p.add_argument("--keep", type=int, default=3, help="checkpoints to keep (default 3)")
     p.add_argument("--crash-at-step", type=int, default=None, help="exit 1 after this step, without saving")
+    p.add_argument("--memory-every", type=int, default=0,
+                   help="also keep the state in the peer-memory tier every K steps (submit with "
+                        "AUTOHEAL_MEMORY_TIER=1; default 0: off)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1 or args.step_seconds < 0 or args.keep < 1:
         p.error("--steps >= 0, --checkpoint-every >= 1, --step-seconds >= 0 and --keep >= 1 are required")
@@ -127,6 +130,29 @@ def _preempted(mgr: Optional[ck.CheckpointManager], rank: int, step: int, state:
     return code
 
 
+def _memory_tier(args: argparse.Namespace):  # -> Optional[memtier.MemoryTier]; imported only when asked for
+    if args.memory_every <= 0:
+        return None
+    from autoheal.sbatch_helpers import memtier
+
+    tier = memtier.MemoryTier.from_env()
+    if tier is None:
+        say("warning --memory-every without the memory tier's agents (submit with AUTOHEAL_MEMORY_TIER=1)")
+    return tier
+
+
+def _from_memory(tier, found: Optional[ck.Checkpoint], step: int, state: int, origin: str) -> tuple:
+    """The newest of the memory copy this rank can reach and the durable checkpoint."""
+    copy = tier.newest(min_step=found.step if found else -1)
+    if copy is None:
+        return step, state, origin
+    doc = json.loads(copy.payload.decode("utf-8"))
+    if doc.get("step") != copy.step or not isinstance(doc.get("state"), int):
+        say(f"warning memory copy from {copy.node} is not a tiny_trainer state; ignored")
+        return step, state, origin
+    return copy.step, doc["state"], f"memory:{copy.source}@{copy.node}"
+
+
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
     rank, world = ck.env_rank(), ck.env_world_size()
@@ -143,9 +169,13 @@ def main(argv: Optional[list] = None) -> int:
 
     found = find_start(mgr)
     step, state = load_state(found) if found else (0, 0)
+    origin = str(found.path) if found else "none"
+    tier = _memory_tier(args)
+    if tier is not None:
+        step, state, origin = _from_memory(tier, found, step, state, origin)
     progress["step"] = step
     say(
-        f"start step={step} resumed_from={found.path if found else 'none'} restart={_word(restart, '0')} "
+        f"start step={step} resumed_from={origin} restart={_word(restart, '0')} "
         f"host={host} rank={rank} world={world} steps={args.steps} reason={reason}"
     )
     saved_step = step if found else None
@@ -165,6 +195,9 @@ def main(argv: Optional[list] = None) -> int:
         if step % args.checkpoint_every == 0 and step < args.steps:
             _save(mgr, rank, step, state, args.steps)
             saved_step = step
+        if tier is not None and step % args.memory_every == 0 and step < args.steps:
+            kept = tier.save(step, json.dumps({"trainer": "tiny", "step": step, "state": state}).encode())
+            say(f"memory saved step={step} nodes={','.join(kept.stored) or 'none'}")
     if saved_step != step:
         _save(mgr, rank, step, state, args.steps)
     say(f"done step={step} final_state={state}")
