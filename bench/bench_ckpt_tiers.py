@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from bench_requeue_resume import wait_for  # the benches' one poll-until helper (bench/ is on sys.path)
+
 import autoheal.sbatch_helpers as sbh
 from autoheal.slurm.cli_backend import CliSlurm
 from autoheal_lab.cluster import Lab
@@ -43,16 +45,6 @@ from autoheal_lab.cluster import Lab
 TINY = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 TORCH = Path(__file__).resolve().parent / "tiers_torch_trainer.py"
 START = re.compile(r"^(\d+): autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=(\d+) host=(\S+)", re.M)
-
-
-def wait_for(pred, timeout: float, what: str, poll: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(poll)
-    raise SystemExit(f"bench: {what} not reached within {timeout}s")
 
 
 class Bench:
