@@ -25,11 +25,11 @@ from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, 
 
 from autoheal.reasons import Reason, is_ours, is_preswap
 from autoheal.sbatch_helpers.comment import CommentState, is_runner_comment, split_nodes
+from autoheal.sbatch_helpers.hotspare import NONE as NO_SPARE_LEFT  # the comment's ``spares=`` once all are used
 from autoheal.strenum import StrEnum
 
 #: Buckets (seconds) of fault -> running again: grace, requeue, EligibleTime, scheduling, or a swap.
 FAULT_TO_RUNNING_BUCKETS = (5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-NO_SPARE = "none"  # the comment's ``spares=`` once every spare is in use (hotspare.NONE)
 
 
 class SwapResult(StrEnum):
@@ -122,7 +122,7 @@ class HotSpareView:
         if not st.spares:
             return None  # not a hot-spare job (the key marks one, ``none`` once all are in use)
         digits = st.swaps.split(">", 1)[0]
-        spares = () if st.spares == NO_SPARE else tuple(split_nodes(st.spares))
+        spares = () if st.spares == NO_SPARE_LEFT else tuple(split_nodes(st.spares))
         return cls(int(job.restart_count or 0), tuple(split_nodes(st.nodes)), spares,
                    int(digits) if digits.isdigit() else 0)
 
