@@ -626,6 +626,21 @@ def _untrusted(path: Path, uids: FrozenSet[int], st: Optional[os.stat_result] = 
 
 
 def _verify(path: Path, verify: str, uids: FrozenSet[int]) -> Checkpoint:
+    """Every check, in the order its rejection is reported: the folder, the marker and the manifest it
+    seals, the manifest's claims, then each file it lists."""
+    step = _check_folder(path, uids)
+    manifest = _sealed_manifest(path)
+    _check_claims(manifest, step, uids)
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise _Reject(f"{MANIFEST} has no file list")
+    for fname, info in sorted(files.items()):
+        _check_file(path, fname, info, verify, uids)
+    return Checkpoint(path, manifest)
+
+
+def _check_folder(path: Path, uids: FrozenSet[int]) -> int:
+    """The step a checkpoint folder's name gives, once it is a real folder of a trusted user."""
     step = parse_name(path.name)
     if step is None:
         raise _Reject(f"not a checkpoint name ({PREFIX}<{STEP_DIGITS} digits>)")
@@ -640,6 +655,12 @@ def _verify(path: Path, verify: str, uids: FrozenSet[int]) -> Checkpoint:
     _untrusted(path, uids, st)
     _untrusted(path / MARKER, uids)
     _untrusted(path / MANIFEST, uids)
+    return step
+
+
+def _sealed_manifest(path: Path) -> Dict[str, Any]:
+    """The manifest, once the marker (written last) names its exact bytes: a torn save has no marker,
+    and a manifest changed after the save no longer matches it."""
     try:
         marker_raw = _read_regular(path / MARKER, 4096)
     except OSError as exc:
@@ -665,6 +686,11 @@ def _verify(path: Path, verify: str, uids: FrozenSet[int]) -> Checkpoint:
         raise _Reject(f"{MANIFEST} is not valid JSON") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise _Reject(f"{MANIFEST} is not an {FORMAT} manifest")
+    return manifest
+
+
+def _check_claims(manifest: Dict[str, Any], step: int, uids: FrozenSet[int]) -> None:
+    """The manifest's step is the folder's, and it was saved by a trusted user."""
     if manifest.get("step") != step or isinstance(manifest.get("step"), bool):
         raise _Reject(f"{MANIFEST} step {manifest.get('step')!r} does not match the directory name")
     saved_by = manifest.get("uid")
@@ -673,32 +699,32 @@ def _verify(path: Path, verify: str, uids: FrozenSet[int]) -> Checkpoint:
     if saved_by is not None and saved_by not in uids:
         raise _Reject(f"saved by uid {saved_by}, not by this job's user or root: another user's checkpoint is "
                       f"never resumed (set {TRUSTED_UIDS_ENV} to trust them)")
-    files = manifest.get("files")
-    if not isinstance(files, dict):
-        raise _Reject(f"{MANIFEST} has no file list")
-    for fname, info in sorted(files.items()):
-        if not _safe_relpath(fname) or fname in RESERVED:
-            raise _Reject(f"{MANIFEST} lists an unsafe file name {fname!r}")
-        if not isinstance(info, dict):
-            raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
-        size, digest = info.get("size"), info.get("sha256")
-        if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
-            raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
-        fpath = _inside(path, fname, uids)
-        try:
-            fst = os.lstat(fpath)
-        except FileNotFoundError:
-            raise _Reject(f"{fname} missing") from None
-        if stat.S_ISLNK(fst.st_mode):
-            raise _Reject(f"{fname} is a symlink (points outside the checkpoint)")
-        if not stat.S_ISREG(fst.st_mode):
-            raise _Reject(f"{fname} is {_kind(fst.st_mode)}, not a regular file")
-        _untrusted(fpath, uids, fst)
-        if fst.st_size != size:
-            raise _Reject(f"{fname} size {fst.st_size} != {size} in manifest (truncated or overwritten)")
-        if verify == "sha256" and _sha256(fpath) != digest:
-            raise _Reject(f"{fname} sha256 mismatch (corrupt)")
-    return Checkpoint(path, manifest)
+
+
+def _check_file(path: Path, fname: str, info: object, verify: str, uids: FrozenSet[int]) -> None:
+    """One file the manifest lists: a safe name inside the folder, a regular file of a trusted user, of
+    the recorded size (and, with ``verify="sha256"``, the recorded digest)."""
+    if not _safe_relpath(fname) or fname in RESERVED:
+        raise _Reject(f"{MANIFEST} lists an unsafe file name {fname!r}")
+    if not isinstance(info, dict):
+        raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
+    size, digest = info.get("size"), info.get("sha256")
+    if isinstance(size, bool) or not isinstance(size, int) or not isinstance(digest, str):
+        raise _Reject(f"{MANIFEST} entry for {fname} is malformed")
+    fpath = _inside(path, fname, uids)
+    try:
+        fst = os.lstat(fpath)
+    except FileNotFoundError:
+        raise _Reject(f"{fname} missing") from None
+    if stat.S_ISLNK(fst.st_mode):
+        raise _Reject(f"{fname} is a symlink (points outside the checkpoint)")
+    if not stat.S_ISREG(fst.st_mode):
+        raise _Reject(f"{fname} is {_kind(fst.st_mode)}, not a regular file")
+    _untrusted(fpath, uids, fst)
+    if fst.st_size != size:
+        raise _Reject(f"{fname} size {fst.st_size} != {size} in manifest (truncated or overwritten)")
+    if verify == "sha256" and _sha256(fpath) != digest:
+        raise _Reject(f"{fname} sha256 mismatch (corrupt)")
 
 
 def _inside(root: Path, relpath: str, uids: Optional[FrozenSet[int]] = None) -> Path:
