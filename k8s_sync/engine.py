@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple
 
 from autoheal.errors import SlurmError, SlurmUnavailable
-from autoheal.k8s_sync import names, remediate_step, writepool
+from autoheal.k8s_sync import names, remediate_step, steps, writepool
 from autoheal.k8s_sync import remediation as R
 from autoheal.k8s_sync.kube import Conflict, KubeError
 from autoheal.k8s_sync.mapping import Binding
@@ -39,13 +39,13 @@ from autoheal.k8s_sync.plan import (
     SLURM_KINDS,
     SLURM_RESUME,
     SLURM_SET_REASON,
-    STEPS,
     Action,
     Context,
     Snapshot,
     make_context,
 )
 from autoheal.k8s_sync.ratelimit import TokenBucket
+from autoheal.k8s_sync.remediate_step import RemediationResult
 from autoheal.k8s_sync.remediation import RS
 from autoheal.reasons import strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -61,12 +61,6 @@ if TYPE_CHECKING:
     from autoheal.slurm.base import SlurmAdapter
 
 log = logging.getLogger("autoheal.sync")
-
-#: Steps that only mirror Slurm into Kubernetes: re-run after the pass's own Slurm writes.
-MIRROR_STEPS = ("slurm-to-pods", "health-to-nodes")
-#: Steps whose runs of object patches may go through the write pool (``writepool``). Remediation's writes
-#: stay one at a time: few per pass, and its flows order writes across objects (cordon, evict, replace).
-POOLED_STEPS = MIRROR_STEPS + ("nodes-to-slurm",)
 
 
 def utc_now() -> str:
@@ -216,34 +210,45 @@ class Reconciler:
         ctx = make_context(snap, self.cfg)
         self._bindings = ctx.bindings  # the Node of a Slurm node, for the Events of this pass's writes
         res.mapped = len(ctx.bindings)
-        for step in self.cfg.enabled_steps:
-            fn = STEPS.get(step)
-            if fn is None:
-                continue
-            try:
-                actions = fn(ctx)
-            except Exception as exc:  # a bug or bad data in one step must not half-apply the next ones
-                res.ok = False
-                res.errors.append(f"step {step}: {type(exc).__name__}: {exc}")
-                log.exception("step %s failed; pass stopped", step)
-                break
-            res.planned.extend(actions)
-            if step == remediate_step.STEP:  # forget the backoff of pods no longer to be evicted
-                live = {(a.namespace, a.target) for a in actions if a.kind == R.KUBE_EVICT}
-                self.evict_backoff = {key: v for key, v in self.evict_backoff.items() if key in live}
-            if actions and (res.leader or self.dry_run):
-                self._apply(step, actions, snap, res)
+        problems, remediation = self._run_steps(ctx, snap, res)
         if res.ok and not self.dry_run and any(a.kind in SLURM_KINDS or a.kind in (R.SLURM_RETIRE, R.SLURM_RESUME_SPARE)
                                                 for a in res.applied):
             self._mirror_own_slurm_writes(snap, res)
-        res.problems = ctx.problems + res.problems  # the latter: refusals found while writing
+        # the mapping's, the steps' (in step order), then the refusals found while writing
+        res.problems = list(ctx.mapping_problems) + problems + res.problems
         if "remediate" in self.cfg.enabled_steps:
-            self._summarise_remediation(snap, res, ctx)
+            self._summarise_remediation(snap, res, ctx, remediation)
         res.seconds = time.perf_counter() - started
         self._bindings = None
         self.last = res
         self._observe(res)
         return res
+
+    def _run_steps(self, ctx: Context, snap: Snapshot,
+                   res: PassResult) -> Tuple[List[str], Optional[RemediationResult]]:
+        """Each enabled step in order, its actions applied before the next step runs; the steps' problems
+        and the remediate step's result (None: not run). An exception in a step stops the pass."""
+        problems: List[str] = []
+        remediation: Optional[RemediationResult] = None
+        for step in steps.enabled(self.cfg.enabled_steps):
+            try:
+                result = step.run(ctx)
+            except Exception as exc:  # a bug or bad data in one step must not half-apply the next ones
+                res.ok = False
+                res.errors.append(f"step {step.name}: {type(exc).__name__}: {exc}")
+                log.exception("step %s failed; pass stopped", step.name)
+                break
+            actions = result.actions
+            res.planned.extend(actions)
+            problems += result.problems
+            if isinstance(result, RemediationResult):
+                remediation = result
+                # forget the backoff of pods no longer to be evicted
+                live = {(a.namespace, a.target) for a in actions if a.kind == R.KUBE_EVICT}
+                self.evict_backoff = {key: v for key, v in self.evict_backoff.items() if key in live}
+            if actions and (res.leader or self.dry_run):
+                self._apply(step.name, actions, snap, res)
+        return problems, remediation
 
     def _mirror_own_slurm_writes(self, snap: Snapshot, res: PassResult) -> None:
         """After this pass drained/resumed Slurm nodes, mirror the new Slurm state right away (one more
@@ -261,12 +266,12 @@ class Reconciler:
         ctx2 = make_context(snap2, self.cfg)
         self._bindings = ctx2.bindings
         self._fresh = {}
-        for step in self.cfg.enabled_steps:
-            if step in MIRROR_STEPS and step in STEPS:
-                actions = STEPS[step](ctx2)
+        for step in steps.enabled(self.cfg.enabled_steps):
+            if step.mirror:
+                actions = step.run(ctx2).actions
                 res.planned.extend(actions)
                 if actions:
-                    self._apply(step, actions, snap2, res)
+                    self._apply(step.name, actions, snap2, res)
 
     def is_leader(self) -> bool:
         return self.leader is None or self.leader.is_leader()
@@ -275,16 +280,16 @@ class Reconciler:
         """Perform one step's actions in plan order, as the leader, within the rate limits; a failed action
         holds back the rest of its group, and Slurm writes that did not happen are not annotated.
 
-        In the mirror steps, runs of plain object patches go through the write pool (``writepool``):
-        writes to one object or of one group stay in plan order in one lane, other lanes run beside it on
-        at most ``sync.api_write_concurrency`` threads. Everything else runs alone, in order, and a run
+        In the pooled steps (``SyncStep.pooled``), runs of plain object patches go through the write pool
+        (``writepool``): writes to one object or of one group stay in plan order in one lane, other lanes
+        run beside it on at most ``sync.api_write_concurrency`` threads. Everything else runs alone, in order, and a run
         starts only after the one before it finished."""
         if self.dry_run:
             for action in actions:
                 log.info("dry-run: would %s", action.describe())
             return
         batch = _Batch()
-        for pooled, run in writepool.segments(actions, pooled=step in POOLED_STEPS):
+        for pooled, run in writepool.segments(actions, pooled=steps.named(step).pooled):
             if batch.halted:
                 return
             if not pooled:
@@ -551,12 +556,15 @@ class Reconciler:
             ann[k["replacement"]] = str(new)
         self.kube.patch_node(kname, {"metadata": {"annotations": ann}}, "merge")
 
-    def _summarise_remediation(self, snap: Snapshot, res: PassResult, ctx: Optional[Context] = None) -> None:
-        breaker = (ctx.breaker_state if ctx is not None else None) or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
+    def _summarise_remediation(self, snap: Snapshot, res: PassResult, ctx: Optional[Context] = None,
+                               step: Optional[RemediationResult] = None) -> None:
+        """The remediation part of the pass summary from the Nodes' records and the remediate step's
+        result (``step``; None: it did not run, and the breaker is shown as stored)."""
+        breaker = (step.breaker if step is not None else None) or R.Breaker.from_cfg(self.cfg, snap.breaker or {})
         res.breaker = {"tripped": breaker.tripped, "why": breaker.why, "starts_in_window": len(breaker.starts),
                        "max_concurrent": breaker.max_concurrent, "max_percent": breaker.max_percent,
                        "nodes": list(breaker.nodes)}
-        notes = ctx.retry_notes if ctx is not None else {}
+        notes = step.retry_notes if step is not None else {}
         for kname, knode in snap.nodes.items():
             cur = R.NodeRemediation.from_node(knode, self.cfg.annotation_prefix)
             if cur.state:
@@ -566,7 +574,7 @@ class Reconciler:
                     res.remediations[kname]["retry"] = notes[kname]
                 if cur.state == RS.WAITING:
                     res.remediations[kname].update(until=cur.until, limit=cur.limit)
-        res.opted_out = dict(ctx.opted_out) if ctx is not None else {}
+        res.opted_out = dict(step.opted_out) if step is not None else {}
         if ctx is not None:
             self._check_capacity(ctx, res)
         if self.metrics is not None and hasattr(self.metrics, "observe_remediation"):

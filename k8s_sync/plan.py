@@ -1,9 +1,10 @@
 """The reconcile decisions: pure functions from one snapshot of both sides to a list of actions.
 
-A pass runs named steps in order (``STEPS``); each step looks at the same ``Snapshot`` and returns the
-``Action``s it wants. Nothing here talks to Slurm or Kubernetes, so every rule is unit-tested with plain
-data, and a dry run prints exactly what a real pass would write. Remediation (issue 7) plugs in as a
-further step with the same signature.
+A pass runs named steps in order (declared in one list, ``steps.SYNC_STEPS``); each step looks at the
+same read-only ``Context`` and returns a ``StepResult``: the ``Action``s it wants and the problems it found.
+No step writes into the context, so no step's decision depends on which steps ran before it. Nothing here
+talks to Slurm or Kubernetes, so every rule is unit-tested with plain data, and a dry run prints exactly
+what a real pass would write. Remediation (issue 7, ``remediate_step``) is a further step of the same kind.
 
 Rules that keep the two directions from feeding each other (see ``names``):
 - only autoheal's *health* drains (``autoheal: ...`` but not ``autoheal: k8s: ...``) become the Node
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.k8s_sync import conditions as cond
 from autoheal.k8s_sync import history, names
@@ -100,32 +101,38 @@ class Snapshot:
     breaker_rv: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Context:
+    """What every step of one pass reads: the snapshot, the config and the mapping made from them. Steps
+    only read it; what they found goes into their ``StepResult``."""
+
     snap: Snapshot
     cfg: Any  # SyncSection
     bindings: Dict[str, Binding]
+    mapping_problems: Tuple[str, ...] = ()  # what the mapping could not decide (reported once per pass)
+
+
+@dataclass
+class StepResult:
+    """What one step returns: the writes it wants, in order, and the problems it found (for the pass
+    summary, `sync status` and the problems metric)."""
+
+    actions: List[Action] = field(default_factory=list)
     problems: List[str] = field(default_factory=list)
-    # filled by the remediate step, for the pass summary (`sync status`) and metrics
-    breaker_state: Any = None
-    opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # Node -> {slurm_node, why}
-    retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
-    # Node -> {slurm_node, limit, why, until, since}: wanted, held back by a breaker limit (state waiting)
-    waiting: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
 def make_context(snap: Snapshot, cfg: SyncSection) -> Context:
     result = map_nodes(snap.slurm.keys(), snap.nodes, snap.pods, cfg.mapping, cfg.pod_key, cfg.node_label,
                        cfg.namespace)
-    return Context(snap, cfg, result.bindings, list(result.problems))
+    return Context(snap, cfg, result.bindings, tuple(result.problems))
 
 
 # ---- step: Slurm state -> slurmd pod conditions ------------------------------------------------------
-def slurm_to_pods(ctx: Context) -> List[Action]:
+def slurm_to_pods(ctx: Context) -> StepResult:
     """Mirror each Slurm node's state onto its slurmd pod as SlurmNodeState* conditions."""
     cfg = ctx.cfg
     if not cfg.mirror_pod_conditions or cfg.mapping != "pod":
-        return []
+        return StepResult()
     prefix = cfg.condition_prefix
     out = []
     for name, b in sorted(ctx.bindings.items()):
@@ -140,7 +147,7 @@ def slurm_to_pods(ctx: Context) -> List[Action]:
         ptype, body = cond.condition_patch(pod, changed, stale, ctx.snap.now)
         out.append(Action("slurm-to-pods", POD_STATUS, b.pod, name, b.namespace, ptype, body,
                           why=f"Slurm {node.state_text}" + (f" ({node.reason})" if node.reason else "")))
-    return out
+    return StepResult(out)
 
 
 # ---- step: autoheal health drains -> Node condition + taint -------------------------------------------
@@ -159,7 +166,7 @@ def _health_drains(ctx: Context) -> Dict[str, List[Tuple[str, str]]]:
     return out
 
 
-def health_to_nodes(ctx: Context) -> List[Action]:
+def health_to_nodes(ctx: Context) -> StepResult:
     """While autoheal's hardware drain is on a node: Node condition ``<health_condition>=False`` and
     (configurable) a NoSchedule taint; both removed once the drain is gone."""
     cfg = ctx.cfg
@@ -195,7 +202,7 @@ def health_to_nodes(ctx: Context) -> List[Action]:
         if hist is not None:  # the sync's view of the node's fault history (issue 22, lemons)
             out.append(Action("health-to-nodes", NODE_PATCH, kname, slurm_name, "", "merge", hist,
                               why=f"fault history: {message}"))
-    return out
+    return StepResult(out)
 
 
 # ---- step: Kubernetes signals -> Slurm drain / resume -------------------------------------------------
@@ -239,11 +246,12 @@ def external_causes(knode: Dict[str, Any], cfg: SyncSection) -> List[Tuple[str, 
     return out
 
 
-def nodes_to_slurm(ctx: Context) -> List[Action]:
+def nodes_to_slurm(ctx: Context) -> StepResult:
     """Cordon / configured taint / configured condition -> drain with ``autoheal: k8s: ...``; signal gone
     -> resume, only for our k8s drains; the origin annotation on the Node follows the Slurm reason."""
     cfg = ctx.cfg
     drains, others = [], []
+    problems: List[str] = []
     origin_key = names.drain_origin_key(cfg.annotation_prefix)
     mapped = 0
     for name, b in sorted(ctx.bindings.items()):
@@ -287,7 +295,7 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
                                  why=f"{origin_key}={origin!r}" if origin else f"{origin_key} removed"))
     limit = max(2, math.floor(cfg.max_k8s_drain_fraction * mapped))
     if len(drains) > limit:
-        ctx.problems.append(f"refusing to drain {len(drains)} Slurm nodes at once from Kubernetes signals "
+        problems.append(f"refusing to drain {len(drains)} Slurm nodes at once from Kubernetes signals "
                             f"(limit {limit} of {mapped}: sync.max_k8s_drain_fraction); check the cluster")
         drained_nodes = {a.target for a in drains}
         # the origin annotations for the refused drains must not be written either
@@ -296,29 +304,4 @@ def nodes_to_slurm(ctx: Context) -> List[Action]:
         drains = []
     # Slurm writes first, annotations after: an annotation must never claim a drain that did not happen.
     slurm_first = [a for a in drains + others if a.kind in SLURM_KINDS]
-    return slurm_first + [a for a in others if a.kind not in SLURM_KINDS]
-
-
-StepFn = Callable[[Context], List[Action]]
-STEPS: Dict[str, StepFn] = {
-    "slurm-to-pods": slurm_to_pods,
-    "health-to-nodes": health_to_nodes,
-    "nodes-to-slurm": nodes_to_slurm,
-}
-
-
-def register_step(name: str, fn: StepFn) -> None:
-    """Add a step (remediation plugs in here)."""
-    STEPS[name] = fn
-
-
-def plan(snap: Snapshot, cfg: SyncSection,
-         steps: Optional[List[str]] = None) -> Tuple[Dict[str, List[Action]], List[str]]:
-    """All steps' actions for one snapshot (step name -> actions) and mapping/safety problems."""
-    ctx = make_context(snap, cfg)
-    out = {}
-    for name in steps or list(cfg.enabled_steps):
-        fn = STEPS.get(name)
-        if fn is not None:
-            out[name] = fn(ctx)
-    return out, ctx.problems
+    return StepResult(slurm_first + [a for a in others if a.kind not in SLURM_KINDS], problems)

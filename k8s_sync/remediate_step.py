@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.k8s_sync import names
 from autoheal.k8s_sync import remediation as R
-from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, register_step
+from autoheal.k8s_sync.plan import NODE_PATCH, Action, Context, Snapshot, StepResult
 from autoheal.k8s_sync.remediation import RS, Do
 from autoheal.reasons import is_health_drain, strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -113,16 +113,28 @@ def _took_over(node: Optional[Node]) -> bool:
     return responding(node) and is_health_drain(strip_reason_suffix(node.reason))
 
 
-def remediate(ctx: Context) -> List[Action]:
+@dataclass
+class RemediationResult(StepResult):
+    """The remediate step's actions and problems, and what the pass summary (`sync status`) and the
+    metrics show of this pass beyond them."""
+
+    breaker: Optional[R.Breaker] = None  # as this pass left it; None: not read (no remediation this pass)
+    opted_out: Dict[str, Dict[str, str]] = field(default_factory=dict)  # Node -> {slurm_node, why}
+    retry_notes: Dict[str, str] = field(default_factory=dict)  # Node -> when a failed one is retried
+
+
+def remediate(ctx: Context) -> RemediationResult:
     """All remediation actions for this snapshot (see the module docstring)."""
     snap = ctx.snap
+    result = RemediationResult()
     if snap.breaker is None or snap.jobs is None:
-        ctx.problems.append("remediation: breaker state or Slurm jobs not read; no remediation this pass")
-        return []
+        result.problems.append("remediation: breaker state or Slurm jobs not read; no remediation this pass")
+        return result
     settings = R.RemediationSettings.from_cfg(ctx.cfg)
     survey = _survey(ctx, settings)
+    result.retry_notes = survey.retry_notes
     breaker = R.Breaker.from_cfg(ctx.cfg, snap.breaker)
-    ctx.breaker_state = breaker
+    result.breaker = breaker
     before, was_tripped = breaker.dump(), breaker.tripped
     n_allowed, why_not = breaker.allowed(len(survey.active), len(survey.affected), survey.total, snap.clock)
     rearmed_nodes: List[str] = []
@@ -133,9 +145,9 @@ def remediate(ctx: Context) -> List[Action]:
     # it holds back wait quietly (state on the Node, no page each)
     trip_event = breaker.tripped or (100.0 * len(survey.affected) / survey.total > breaker.max_percent
                                      if survey.total else False)
-    out.extend(_start_wanted(ctx, survey.wanting, breaker, n_allowed, why_not, settings, len(survey.active),
-                             survey.total, quiet=trip_event))
-    out.extend(_trip_if_needed(ctx, breaker, survey))
+    out.extend(_start_wanted(ctx, result, survey.wanting, breaker, n_allowed, why_not, settings,
+                             len(survey.active), survey.total, quiet=trip_event))
+    out.extend(_trip_if_needed(ctx, result, breaker, survey))
     if before != breaker.dump():
         out.insert(0, _save_breaker(ctx, breaker))
         if was_tripped and not breaker.tripped:
@@ -143,8 +155,9 @@ def remediate(ctx: Context) -> List[Action]:
                               event=("AutohealBreakerRearmed", "circuit breaker re-armed", "Normal"),
                               journal="breaker-rearmed", nodes=tuple(rearmed_nodes[:MAX_BREAKER_RECORDS])))
     for kname, cur in survey.active:
-        out.extend(_advance(ctx, kname, cur, settings, snap.clock))
-    return out
+        out.extend(_advance(ctx, result, kname, cur, settings, snap.clock))
+    result.actions = out
+    return result
 
 
 @dataclass
@@ -156,6 +169,7 @@ class _Survey:
     active: List[Tuple[str, R.NodeRemediation]] = field(default_factory=list)  # remediations under way
     wanting: List[Tuple[str, str, str]] = field(default_factory=list)  # (Node, Slurm node, "" | "retry" | "opted-out")
     affected: List[str] = field(default_factory=list)  # Slurm nodes out of the pool (the breaker counts them)
+    retry_notes: Dict[str, str] = field(default_factory=dict)  # failed Node -> when it is retried
 
 
 def _survey(ctx: Context, settings: R.RemediationSettings) -> _Survey:
@@ -213,7 +227,7 @@ def _survey_node(ctx: Context, kname: str, slurm_of: Dict[str, str], opted_out_k
         return
     if cur.state == RS.FAILED:
         due, note = R.retry_due(cur, settings, snap.clock)
-        ctx.retry_notes[kname] = note
+        survey.retry_notes[kname] = note
         if due:
             survey.wanting.append((kname, sname, "retry"))
         return
@@ -233,9 +247,9 @@ def queue_order(ctx: Context, wanting: List[Tuple[str, str, str]]) -> List[Tuple
     return sorted(wanting, key=key)
 
 
-def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.Breaker, n_allowed: int,
-                  why_not: str, settings: R.RemediationSettings, active: int = 0, total: int = 0,
-                  quiet: bool = False) -> List[Action]:
+def _start_wanted(ctx: Context, result: RemediationResult, wanting: List[Tuple[str, str, str]],
+                  breaker: R.Breaker, n_allowed: int, why_not: str, settings: R.RemediationSettings,
+                  active: int = 0, total: int = 0, quiet: bool = False) -> List[Action]:
     """Quarantine the Nodes wanting a replacement, oldest first, as many as the breaker allows; the rest
     wait visibly (state ``waiting``); report the opted out."""
     snap, prefix = ctx.snap, ctx.cfg.annotation_prefix
@@ -249,13 +263,13 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
         cur = R.NodeRemediation.from_node(knode, prefix)
         pods = snap.node_pods.get(kname)
         if pods is None:
-            ctx.problems.append(f"remediation: pods on Node {kname} not read; skipped")
+            result.problems.append(f"remediation: pods on Node {kname} not read; skipped")
             continue
         base = R.NodeRemediation("", 0, cur.attempts, "", cur.slurm_node) if how == "retry" else cur
         step = R.next_step(base, True, jobs.get(sname, 0), pods, False, settings, now, sname, knode)
         if step.do is Do.REPORT_OPT_OUT:
-            ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
-            ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
+            result.opted_out[kname] = {"slurm_node": sname, "why": step.why}
+            result.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
                                 f"by hand or remove the label")
             if how != "opted-out":  # said once; the annotation keeps it visible until lifted
                 out.extend(_opt_out(kname, sname, step.why, prefix, cur.attempts))
@@ -267,7 +281,7 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
                               "remediation until it re-arms by itself or `autoheal sync breaker reset`",
                               now + breaker.cooldown_seconds)
             refused += 1
-            ctx.problems.append(f"remediation of {kname} ({sname}) not started: {why_not or 'breaker limit'}")
+            result.problems.append(f"remediation of {kname} ({sname}) not started: {why_not or 'breaker limit'}")
             if how == "opted-out":
                 out.append(_opt_out_lifted(kname, sname, prefix, "waiting for the circuit breaker"))
             out.extend(_waiting(ctx, kname, sname, cur, wait, quiet))
@@ -278,7 +292,7 @@ def _start_wanted(ctx: Context, wanting: List[Tuple[str, str, str]], breaker: R.
         reason = snode_reason(snap, sname)
         waited = f" after waiting {now - cur.since:.0f}s ({cur.limit})" if cur.state == RS.WAITING else ""
         if how == "retry" or (cur.state == RS.WAITING and cur.attempts):
-            note = ctx.retry_notes.get(kname) or f"attempt {cur.attempts + 1}"
+            note = result.retry_notes.get(kname) or f"attempt {cur.attempts + 1}"
             event = ("AutohealRemediationRetry", f"Node {kname} (Slurm {sname}): remediation {note}{waited}"
                      f"; it had failed: {cur.reason}", "Warning")
             journal = "remediation-retry"
@@ -301,8 +315,6 @@ def _waiting(ctx: Context, kname: str, sname: str, cur: R.NodeRemediation, wait:
     (``quiet``: tripped, or tripping in this pass) are named by the trip's own record (one page for a
     fleet-wide event, not one per node): no record each."""
     prefix = ctx.cfg.annotation_prefix
-    ctx.waiting[kname] = {"slurm_node": sname, "limit": str(wait.limit), "why": wait.why, "until": wait.until,
-                          "since": cur.since if cur.state == RS.WAITING else ctx.snap.clock}
     extra = {"metadata": {"annotations": {R.keys(prefix)["opted-out"]: None}}}
     if cur.state == RS.WAITING:
         if cur.limit == wait.limit and cur.reason == wait.why[:256] and abs(cur.until - wait.until) < 1.0:
@@ -331,18 +343,18 @@ def _clock_text(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _trip_if_needed(ctx: Context, breaker: R.Breaker, survey: _Survey) -> List[Action]:
+def _trip_if_needed(ctx: Context, result: RemediationResult, breaker: R.Breaker, survey: _Survey) -> List[Action]:
     """Trip the breaker when too much of the pool is out (a report), or say it is still tripped."""
     affected_names = sorted(set(survey.affected))
     if breaker.check_trip(len(survey.affected), survey.total, ctx.snap.clock):
         breaker.nodes = affected_names
-        ctx.problems.append(f"circuit breaker tripped: {breaker.why}")
+        result.problems.append(f"circuit breaker tripped: {breaker.why}")
         return [Action(STEP, R.REPORT, "", "", why=f"circuit breaker tripped: {breaker.why}; no new "
                        f"remediations until it re-arms or `autoheal sync breaker reset`",
                        event=("AutohealBreakerTripped", breaker.why, "Warning"), journal="breaker-tripped",
                        nodes=tuple(affected_names[:MAX_BREAKER_RECORDS]))]
     if breaker.tripped:
-        ctx.problems.append(f"circuit breaker tripped: {breaker.why}; {len(survey.wanting)} nodes waiting")
+        result.problems.append(f"circuit breaker tripped: {breaker.why}; {len(survey.wanting)} nodes waiting")
     return []
 
 
@@ -466,8 +478,8 @@ def _cleanup(ctx: Context, kname: str, sname: str, knode: Dict[str, Any], cur: R
     return out
 
 
-def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.RemediationSettings,
-             now: float) -> List[Action]:
+def _advance(ctx: Context, result: RemediationResult, kname: str, cur: R.NodeRemediation,
+             settings: R.RemediationSettings, now: float) -> List[Action]:
     cfg, snap = ctx.cfg, ctx.snap
     prefix = cfg.annotation_prefix
     knode = snap.nodes[kname]
@@ -475,7 +487,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
     slurmd_pod = next((b.pod for b in ctx.bindings.values() if b.node == kname), None)
     pods = snap.node_pods.get(kname)
     if pods is None:
-        ctx.problems.append(f"remediation: pods on Node {kname} not read; skipped")
+        result.problems.append(f"remediation: pods on Node {kname} not read; skipped")
         return []
     evict = evictable_pods(pods, slurmd_pod)
     new = replacement_of(kname, knode, snap, cfg, sname)
@@ -491,8 +503,8 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
               "metadata": {"annotations": {names.cordoned_by_key(prefix): names.ME}}}
     out: List[Action] = []
     if step.do is Do.REPORT_OPT_OUT:
-        ctx.opted_out[kname] = {"slurm_node": sname, "why": step.why}
-        ctx.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
+        result.opted_out[kname] = {"slurm_node": sname, "why": step.why}
+        result.problems.append(f"Node {kname} (Slurm {sname}) needs a replacement but {step.why}: replace it "
                             f"by hand or remove the label")
         return _opt_out(kname, sname, step.why, prefix, cur.attempts)
     if step.do is Do.FAIL:
@@ -515,7 +527,7 @@ def _advance(ctx: Context, kname: str, cur: R.NodeRemediation, settings: R.Remed
     if cur.state == RS.REPLACING and step.do is Do.WAIT:
         out += _ensure_request(ctx, kname, sname, cur, knode)
         if node_ready and responding(spare) and (spare.drain or spare.down):
-            out += _resume_replacement(ctx, kname, new_slurm, spare)
+            out += _resume_replacement(ctx, result, kname, new_slurm, spare)
         return out
     if step.do is Do.RETIRE:
         return out + _retire(ctx, kname, sname, step, new, new_slurm)
@@ -540,14 +552,15 @@ def _evict(kname: str, sname: str, step: R.Step, prefix: str, deadline: float,
     return out
 
 
-def _resume_replacement(ctx: Context, kname: str, new_slurm: str, spare: Node) -> List[Action]:
+def _resume_replacement(ctx: Context, result: RemediationResult, kname: str, new_slurm: str,
+                        spare: Node) -> List[Action]:
     """The replacement registered and answers but is still drained: resume it from our spare drain, or
     wait (a problem said) while someone else's drain holds it."""
     if strip_reason_suffix(spare.reason).startswith(ctx.cfg.spare_reason_prefix.strip()):
         return [Action(STEP, R.SLURM_RESUME_SPARE, new_slurm, new_slurm, group=kname,
                        why=f"replacement {new_slurm} registered: resumed; {kname} is done once it responds",
                        journal="resume")]
-    ctx.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
+    result.problems.append(f"remediation of {kname}: replacement {new_slurm} is held in Slurm by "
                         f"someone else ({snode_reason(ctx.snap, new_slurm)!r}); waiting")
     return []
 
@@ -645,5 +658,3 @@ def needs_requests(snap: Snapshot, cfg: SyncSection) -> bool:
     marks = (k["state"], k["opted-out"], k["requested"], names.cordoned_by_key(cfg.annotation_prefix))
     return any(any(_ann(n).get(m) for m in marks) for n in snap.nodes.values())
 
-
-register_step(STEP, remediate)

@@ -18,8 +18,8 @@ from autoheal.k8s_sync.plan import (
     SLURM_RESUME,
     SLURM_SET_REASON,
     Snapshot,
-    plan,
 )
+from autoheal.k8s_sync.steps import plan
 from autoheal.slurm.model import Node
 
 

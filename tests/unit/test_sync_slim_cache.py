@@ -14,7 +14,8 @@ import pytest
 from sync_helpers import sync_cfg
 
 from autoheal.k8s_sync.informer import Informer, slim_node, slim_pod
-from autoheal.k8s_sync.plan import Snapshot, plan
+from autoheal.k8s_sync.plan import Snapshot
+from autoheal.k8s_sync.steps import plan
 from autoheal.slurm.model import Node
 
 NOW = "2026-12-02T04:00:00Z"
