@@ -15,7 +15,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -24,6 +23,7 @@ from autoheal.hooks import mapping
 from autoheal.hooks import state as S
 from autoheal.journal import Journal, Record
 from autoheal.lockfile import LockDirError, lock_path
+from autoheal_lab.testing.hooks import hook_context
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the attacker runs as nobody")
 
@@ -158,17 +158,15 @@ def test_prolog_mapping_lock_timeout_is_reported_and_the_mapping_still_written(w
 
     locks = make_locks(world)
     holder = hold(locks["dcgm-mapping"])
-    recs = []
     try:
         monkeypatch.setattr(mapping, "LOCK_TIMEOUT", 0.3)
-        ctx = SimpleNamespace(node="gpu1", store=S.NodeState(str(world / "node")), slurm=None,
-                              hooks=HooksSection(prolog_slurm_timeout=0.5),
-                              record=lambda event, **kw: recs.append((event, kw)))
+        ctx = hook_context(HooksSection(prolog_slurm_timeout=0.5), node="gpu1", state_dir=str(world / "node"))
         monkeypatch.setenv("SLURM_JOB_GPUS", "0")
         jobhook._write_mapping(ctx, "44", str(world / "dcgm"))  # returns: the prolog does not hang
     finally:
         stop(holder)
     assert "dcgm mapping" in capsys.readouterr().err
+    recs = ctx.records
     assert recs and recs[0][1]["action"] == "hook-trouble" and "0.3s" in recs[0][1]["message"]
     assert (world / "dcgm" / "0").read_text().split() == ["42", "44"]  # the job is in the mapping all the same
 
@@ -193,8 +191,7 @@ def test_planted_symlinks_in_the_textfile_dir_never_make_root_write_through_them
     # the fixed temporary name older releases used, and the final name
     plant(textfile, [f".{METRICS_FILE}.tmp", METRICS_FILE], target)
     h = HooksSection(state_dir=str(world / "node"), kernel_log="", textfile_dir=str(textfile), dcgm_mapping_dir="")
-    ctx = SimpleNamespace(node="gpu1", hooks=h, store=S.NodeState(str(world / "node")), slurm=None,
-                          source="xid-watch", path=lambda t: t, close=lambda *a: None, record=lambda *a, **k: None)
+    ctx = hook_context(h, node="gpu1", source="xid-watch")
     XidWatch(ctx).write_metrics()
     assert target.read_text() == "root's file\n"
     out = textfile / METRICS_FILE

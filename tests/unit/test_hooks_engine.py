@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,9 +13,9 @@ from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
 from autoheal.hooks import state as S
-from autoheal.journal import Record
 from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
+from autoheal_lab.testing.hooks import hook_context
 
 
 class FakeSlurm:
@@ -33,10 +32,7 @@ class FakeSlurm:
 
 def make_ctx(tmp_path, **hooks):
     h = HooksSection(reset_command=[sys.executable, "-c", "pass"], **hooks)
-    records = []
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeSlurm(),
-                          records=records, source="test")
-    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
+    ctx = hook_context(h, state_dir=str(tmp_path / "state"), slurm=FakeSlurm())
     with ctx.store.locked() as st:
         st["drain"] = {"reason": ctx.slurm.node.reason, "time": 0}
     return ctx

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 import threading
-from types import SimpleNamespace
 
 import pytest
 from test_hooks_jobside import FakeCtld
@@ -23,9 +22,9 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import engine, jobhook
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
-from autoheal.journal import Record
 from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
+from autoheal_lab.testing.hooks import hook_context
 
 # ---- the node state: read-only, full, locked -------------------------------------------------------
 
@@ -235,26 +234,21 @@ def test_record_returns_while_the_webhook_still_hangs(tmp_path):
 def test_xid_watch_drains_before_it_journals(tmp_path):
     from autoheal.hooks.xid_watch import XidWatch
 
-    order = []
     slurm = FakeCtld()
+    h = HooksSection(kernel_log="", textfile_dir="", dcgm_mapping_dir="")
+    ctx = hook_context(h, source="xid-watch", state_dir=str(tmp_path), slurm=slurm)
+    recorded_before_drain = []
     drain = slurm.drain
-    slurm.drain = lambda n, r: (order.append("drain"), drain(n, r))
-    h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=slurm, source="xid-watch",
-                          path=lambda t: t, close=lambda *a: None)
-    ctx.record = lambda event, **kw: order.append(Record(event, **kw).event)
+    slurm.drain = lambda n, r: (recorded_before_drain.extend(ev for ev, _ in ctx.records), drain(n, r))
     XidWatch(ctx).handle([XidEvent(xid=79, gpu=1, source="nvml")], now=100.0)
-    assert order.index("drain") < order.index("detection"), order
+    assert slurm.node.drain and "detection" not in recorded_before_drain, recorded_before_drain
+    assert "detection" in [ev for ev, _ in ctx.records], ctx.records
 
 
 # ---- a repair ends the dedupe window; repeats are journalled, rate-limited -------------------------
 
 def _xctx(tmp_path):
-    h = HooksSection()
-    recs = []
-    ctx = SimpleNamespace(node="gpu2", hooks=h, store=S.NodeState(str(tmp_path)), records=recs)
-    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
-    return ctx
+    return hook_context(HooksSection(), node="gpu2", state_dir=str(tmp_path))
 
 
 def test_a_fault_back_after_a_reset_is_new_and_the_storm_is_journalled(tmp_path):
@@ -352,8 +346,7 @@ def test_xid_watch_puts_a_failed_batch_back_instead_of_dropping_it(tmp_path, mon
     from autoheal.hooks.xid_watch import XidWatch
 
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(), source="xid-watch",
-                          path=lambda t: t, close=lambda *a: None, record=lambda *a, **k: None)
+    ctx = hook_context(h, source="xid-watch", slurm=FakeCtld())
     watch = XidWatch(ctx)
     calls = []
     real = watch.handle
@@ -381,10 +374,8 @@ def test_xid_back_right_after_a_reboot_is_acted_on_by_xid_watch(tmp_path):
     from autoheal.hooks.xid_watch import XidWatch
 
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="")
-    recs = []
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(), source="xid-watch",
-                          path=lambda t: t, close=lambda *a: None)
-    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
+    ctx = hook_context(h, source="xid-watch", slurm=FakeCtld())
+    recs = ctx.records
     watch = XidWatch(ctx)
     ev = XidEvent(xid=48, gpu=1, source="nvml")
     assert [r.status for r in watch.handle([ev], now=100.0)] == [C.FAIL]

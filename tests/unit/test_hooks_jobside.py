@@ -6,7 +6,6 @@ not answer, never given up; Slurm is asked only when there is reason to."""
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
@@ -22,9 +21,9 @@ from autoheal.errors import (
 from autoheal.hooks import checks as C
 from autoheal.hooks import jobside as J
 from autoheal.hooks import state as S
-from autoheal.journal import Record
 from autoheal.reasons import parse_body
 from autoheal.slurm.model import Job, JobUpdate, Node
+from autoheal_lab.testing.hooks import hook_context
 
 XID79 = C.CheckResult("xid", C.FAIL, parse_body("xid 79 on GPU 1 of n1 (0000:3b:00.0): fallen off the bus"),
                       C.REPLACE, 1,
@@ -96,11 +95,7 @@ class FakeCtld:
 
 def make_ctx(tmp_path, **hooks):
     h = HooksSection(**{"grace_seconds": 10.0, **hooks})
-    records = []
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=FakeCtld(),
-                          records=records, source="xid-watch")
-    ctx.record = lambda event, **kw: records.append((event, Record(event, **kw) and kw))
-    return ctx
+    return hook_context(h, source="xid-watch", state_dir=str(tmp_path / "state"), slurm=FakeCtld())
 
 
 def side(ctx):

@@ -4,7 +4,6 @@ its reason, the resume rules, and the runner's pure side (lab behaviour: test_ho
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 
@@ -19,6 +18,7 @@ from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.reasons import is_preswap, parse_body
 from autoheal.sbatch_helpers import hotspare as hs
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.hooks import hook_context
 
 H = HooksSection()
 HOT = "autoheal-runner resumed=none nodes=n0,n1 state=running spares=n2"
@@ -130,20 +130,21 @@ class Slurm:
 
 def ctx_for(tmp_path, slurm, results, **hooks):
     h = HooksSection(reset_command=[sys.executable, "-c", "pass"], resume_cooldown=0, resume_after_passes=1,
-                     **hooks)
-    records = []
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=slurm,
-                          records=records, source="test", expected_gpus=lambda: 0,
-                          record=lambda event, **kw: records.append((event, kw)))
-    sample = NodeSample(node="n1", count=1, gpus=[GpuSample(0, ok=True)])
-    ctx.results = results
+                     **{"expected_gpus": 0, **hooks})
+    return hook_context(h, state_dir=str(tmp_path / "state"), slurm=slurm), Observe(results)
 
-    def observe(ctx_, budget, cheap=False, read_log=True, now=None):
-        p = engine.Pass(node="n1", sample=sample, results=list(ctx.results))
+
+class Observe:
+    """Stands in for ``engine.observe``: every pass sees ``results`` (a test changes them between passes)."""
+
+    def __init__(self, results):
+        self.results = results
+        self.sample = NodeSample(node="n1", count=1, gpus=[GpuSample(0, ok=True)])
+
+    def __call__(self, ctx, budget, cheap=False, read_log=True, now=None):
+        p = engine.Pass(node="n1", sample=self.sample, results=list(self.results))
         p.status = C.overall(p.results)
         return p
-
-    return ctx, observe
 
 
 def test_health_pass_drains_with_the_preemptive_reason_and_sends_nothing_else(tmp_path, monkeypatch):
@@ -159,7 +160,7 @@ def test_health_pass_drains_with_the_preemptive_reason_and_sends_nothing_else(tm
     engine.health_pass(ctx)
     assert len(slurm.calls) == 1
     # healthy again (the swap is done, the GPU was reset): resumed like any drain of ours
-    ctx.results = [C.CheckResult("remapped-rows", C.OK, gpu=0)]
+    observe.results = [C.CheckResult("remapped-rows", C.OK, gpu=0)]
     engine.health_pass(ctx)
     assert slurm.calls[-1][0] == "resume"
 
@@ -175,7 +176,7 @@ def test_a_warning_only_sign_blocks_the_resume_while_it_lasts(tmp_path, monkeypa
     for _ in range(3):
         engine.health_pass(ctx)
     assert [c[0] for c in slurm.calls] == ["drain"]  # still throttling: stays drained
-    ctx.results = [C.CheckResult("clocks", C.OK, gpu=0)]
+    observe.results = [C.CheckResult("clocks", C.OK, gpu=0)]
     engine.health_pass(ctx)
     assert [c[0] for c in slurm.calls] == ["drain", "resume"]
 
@@ -207,7 +208,7 @@ def test_a_real_fault_replaces_the_preemptive_reason(tmp_path, monkeypatch):
     monkeypatch.setattr(engine, "observe", observe)
     engine.health_pass(ctx)
     xid79 = parse_body("xid 79 on GPU 0 of n1: fallen off the bus")
-    ctx.results = [pending_remap(), C.CheckResult("xid", C.FAIL, xid79, C.REPLACE, 0)]
+    observe.results = [pending_remap(), C.CheckResult("xid", C.FAIL, xid79, C.REPLACE, 0)]
     engine.health_pass(ctx)
     # XID 79 starts at the replace rung: the reason that replaces the pre-emptive one says so
     assert slurm.calls[-1] == ("set_reason", "autoheal: replace: xid 79 on GPU 0 of n1: fallen off the bus")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from types import SimpleNamespace
 
 from click.testing import CliRunner
 
@@ -16,8 +15,8 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import engine, lemon
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
-from autoheal.journal import Record
 from autoheal.slurm.model import Node
+from autoheal_lab.testing.hooks import hook_context
 from autoheal_lab.testing.slurm import MemorySlurm
 
 DAY = 86400.0
@@ -25,10 +24,7 @@ DAY = 86400.0
 
 def ctx_for(tmp_path, slurm, **hooks):
     h = HooksSection(reset_command=[sys.executable, "-c", "pass"], resume_cooldown=0, **hooks)
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "n1")), slurm=slurm, records=[],
-                          source="test")
-    ctx.record = lambda event, **kw: ctx.records.append((event, Record(event, **kw) and kw))
-    return ctx
+    return hook_context(h, state_dir=str(tmp_path / "n1"), slurm=slurm)
 
 
 def fault(ctx, xid, gpu=1):

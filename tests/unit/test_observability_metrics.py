@@ -13,6 +13,7 @@ from autoheal.hooks import state as S
 from autoheal.hooks import xid_watch as X
 from autoheal.sbatch_helpers import guard_metrics as GM
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.hooks import hook_context
 
 
 def test_fleet_buckets_follow_the_reason_owner_never_an_admins_drain():
@@ -79,7 +80,6 @@ def test_xid_watch_textfile_counts_the_health_polls_and_when_the_last_began(tmp_
     """A healthy poll writes nothing to the node state; the textfile still shows that polls happen (a
     stalled poll thread is visible, and lab tests wait for polls that read a changed GPU)."""
     import threading
-    from types import SimpleNamespace
 
     from test_hooks_jobside import FakeCtld
 
@@ -89,9 +89,7 @@ def test_xid_watch_textfile_counts_the_health_polls_and_when_the_last_began(tmp_
     out = tmp_path / "tf"
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir=str(out), dcgm_mapping_dir="",
                      xid_watch_health_poll=1.0)
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(),
-                          source="xid-watch", path=lambda t: t, close=lambda *a: None,
-                          record=lambda event, **kw: None)
+    ctx = hook_context(h, source="xid-watch", slurm=FakeCtld())
     monkeypatch.setattr(G, "gather", lambda node, budget=0.0, cheap=False: sample())
     watch = X.XidWatch(ctx)
     watch.write_metrics()
@@ -113,8 +111,6 @@ def test_xid_watch_textfile_counts_the_health_polls_and_when_the_last_began(tmp_
 
 
 def test_xid_watch_textfile_beats_while_idle_says_up_0_at_a_clean_stop_and_times_fault_to_drain(tmp_path):
-    from types import SimpleNamespace
-
     from test_hooks_jobside import FakeCtld
 
     from autoheal.config.hooks_section import HooksSection
@@ -122,9 +118,7 @@ def test_xid_watch_textfile_beats_while_idle_says_up_0_at_a_clean_stop_and_times
     out = tmp_path / "tf"
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir=str(out), dcgm_mapping_dir="",
                      grace_seconds=10.0)
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(),
-                          source="xid-watch", path=lambda t: t, close=lambda *a: None,
-                          record=lambda event, **kw: None)
+    ctx = hook_context(h, source="xid-watch", slurm=FakeCtld())
     watch = X.XidWatch(ctx)
     watch.write_metrics()
     first = read_prom(out / X.METRICS_FILE)

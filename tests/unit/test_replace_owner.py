@@ -4,7 +4,6 @@ the hooks decide the rung, the sync acts on what the reason says."""
 from __future__ import annotations
 
 import sys
-from types import SimpleNamespace
 
 import pytest
 from sync_helpers import k8s_name
@@ -15,20 +14,16 @@ from autoheal.config import parse_config
 from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import checks as C
 from autoheal.hooks import engine
-from autoheal.hooks import state as S
 from autoheal.hooks.jobside import is_health_reason as hooks_says_health
 from autoheal.hooks.xids import XidEvent
-from autoheal.journal import Record
 from autoheal.k8s_sync.names import is_health_reason as sync_says_health
 from autoheal.reasons import admin_reason, is_health_drain
+from autoheal_lab.testing.hooks import hook_context
 
 
 def hooks_ctx(tmp_path, slurm, **hooks):
     h = HooksSection(reset_command=[sys.executable, "-c", "raise SystemExit(1)"], **hooks)  # resets fail
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path / "state")), slurm=slurm,
-                          records=[], source="test")
-    ctx.record = lambda event, **kw: ctx.records.append((event, Record(event, **kw) and kw))
-    return ctx
+    return hook_context(h, state_dir=str(tmp_path / "state"), slurm=slurm)
 
 
 def xid79_through_the_hooks(ctx, now):

@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import itertools
 import os
-from types import SimpleNamespace
 
 import pytest
 
 from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import checks as C
-from autoheal.hooks import state as S
 from autoheal.hooks import xid_jobs as XJ
 from autoheal.hooks import xid_watch as XW
 from autoheal.hooks.xids import parse_line
-from autoheal.journal import Record
 from autoheal.slurm.model import Job, Node
+from autoheal_lab.testing.hooks import hook_context
 from autoheal_lab.testing.slurm import MemorySlurm
 
 PCI = ["0000:1b:00", "0000:1c:00", "0000:1d:00", "0000:1e:00"]
@@ -48,9 +46,7 @@ def fake_proc(root, pid, job=None, env_job=None, v2=True):
 
 def watch(tmp_path, slurm, node, proc, **hooks):
     h = HooksSection(**{"grace_seconds": 10.0, "dcgm_mapping_dir": "", **hooks})
-    ctx = SimpleNamespace(node=node, hooks=h, store=S.NodeState(str(tmp_path / node / "state")), slurm=slurm,
-                          records=[], source="xid-watch", path=lambda p: p)
-    ctx.record = lambda event, **kw: ctx.records.append((event, Record(event, **kw) and kw))
+    ctx = hook_context(h, node=node, source="xid-watch", state_dir=str(tmp_path / node / "state"), slurm=slurm)
     with ctx.store.locked() as st:
         st["gpu_pci"] = {p: i for i, p in enumerate(PCI)}
     w = XW.XidWatch(ctx)
@@ -94,13 +90,13 @@ def test_a_users_claimed_job_id_is_checked_with_slurm(tmp_path):
 
     me = pwd.getpwuid(os.getuid()).pw_name
     slurm = world(jobs=[Job("77", "RUNNING", ("n1",), user=me), Job("88", "RUNNING", ("n1",), user="victim")])
-    ctx = SimpleNamespace(node="n1", slurm=slurm)
+    ctx = hook_context(node="n1", slurm=slurm)
     fake_proc(tmp_path, 4567, env_job=88)
     assert XJ.resolve_job(ctx, 4567, None, str(tmp_path)) == ("", "no job owns the process the driver named")
     fake_proc(tmp_path, 4568, env_job=77)  # the truth, from a job of the process's own user on this node
     assert XJ.resolve_job(ctx, 4568, None, str(tmp_path))[0] == "77"
     fake_proc(tmp_path, 4569, env_job=77)
-    assert XJ.resolve_job(SimpleNamespace(node="n2", slurm=slurm), 4569, None, str(tmp_path))[0] == ""
+    assert XJ.resolve_job(hook_context(node="n2", slurm=slurm), 4569, None, str(tmp_path))[0] == ""
     # no process named: the GPU's mapping when it names exactly one job
     assert XJ.resolve_job(ctx, None, ["77"], str(tmp_path))[0] == "77"
     assert XJ.resolve_job(ctx, None, ["77", "88"], str(tmp_path))[0] == ""

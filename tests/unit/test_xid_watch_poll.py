@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from types import SimpleNamespace
 
 import pytest
 from test_hooks_jobside import FakeCtld
@@ -20,7 +19,7 @@ from autoheal.hooks import engine
 from autoheal.hooks import state as S
 from autoheal.hooks import xid_watch as X
 from autoheal.hooks.gather import GpuSample, NodeSample
-from autoheal.journal import Record
+from autoheal_lab.testing.hooks import hook_context
 
 
 def healthy(i: int) -> GpuSample:
@@ -127,10 +126,7 @@ def test_a_node_already_drained_by_us_gets_nothing_new(key, value):
 def make_watch(tmp_path, **hooks):
     h = HooksSection(state_dir=str(tmp_path), kernel_log="", textfile_dir="", dcgm_mapping_dir="",
                      grace_seconds=10.0, **hooks)
-    recs = []
-    ctx = SimpleNamespace(node="n1", hooks=h, store=S.NodeState(str(tmp_path)), slurm=FakeCtld(),
-                          source="xid-watch", path=lambda t: t, close=lambda *a: None, records=recs)
-    ctx.record = lambda event, **kw: recs.append((event, Record(event, **kw) and kw))
+    ctx = hook_context(h, source="xid-watch", slurm=FakeCtld())
     return X.XidWatch(ctx), ctx
 
 
