@@ -107,7 +107,7 @@ class Context:
     only read it; what they found goes into their ``StepResult``."""
 
     snap: Snapshot
-    cfg: Any  # SyncSection
+    cfg: SyncSection
     bindings: Dict[str, Binding]
     mapping_problems: Tuple[str, ...] = ()  # what the mapping could not decide (reported once per pass)
 
