@@ -272,8 +272,7 @@ class Guard:
         self.say = say
         self.sightings = Sightings()
         self.last_jobs: Sequence[Job] = ()
-        #: also list the running jobs in the same call (the metrics' hot-spare swaps): one squeue a pass
-        self.watch_running = False
+        #: the running jobs of the same call (the metrics' hot-spare swaps): one squeue a pass
         self.last_running: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
@@ -368,7 +367,6 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
     from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
-    guard.watch_running = metrics is not None
     while not stop():
         result, done = "ok", []
         try:
