@@ -43,6 +43,7 @@ class Event(StrEnum):
     JOB_HOT_SWAP_REDONE = "job-hot-swap-redone"
     GUARD_RELEASE = "guard-release"
     GUARD_PRUNE = "guard-prune"
+    GUARD_REQUEUE = "guard-requeue"
     # the CLI (``autoheal node drain/resume``: nodeops outcomes) and notify
     DRAINED = "drained"
     RESUMED = "resumed"

@@ -26,6 +26,16 @@ this small controller-side loop does, every ``interval`` seconds:
   The ExcNodeList is chosen because Slurm refuses it for a job that is no longer pending: a job that
   started meanwhile is left exactly as it is (a comment rewrite could clobber the runner's newer one).
 
+* **requeue** (a lost prolog): with ``PrologFlags=Alloc`` slurmctld sends the prolog's launch to the nodes
+  once, at the allocation (never resent), and starts the batch script only when every node says the
+  prolog ended. A slurmd killed in that moment (or restarted while the prolog ran) never says so: the
+  restarted slurmd knows nothing of the job, and Slurm 22.05 leaves a job in CONFIGURING out of its
+  "missing from node" purge, so the job stays RUNNING with reason ``Prolog`` on a node that answers, for
+  good (lab soak seed 12: trainer job 4 allocated gpu1 140 ms before its slurmd was killed, in Prolog
+  for the remaining 3.5 minutes of the soak). An autoheal job in Prolog whose nodes' slurmd started after
+  its allocation (its start time; its EligibleTime where the listing does not give it), seen so for
+  ``lost_prolog_after`` seconds, is requeued: its batch script never ran, so no work is lost.
+
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
 Run one on the slurmctld host (systemd unit: docs/admin-guard.md); the lab starts one.
@@ -62,9 +72,14 @@ class GuardKind(StrEnum):
     RELEASE = "release"
     PRUNE = "prune"
     SCHEDULE = "schedule"
+    REQUEUE = "requeue"
 
 
-RELEASE, PRUNE, SCHEDULE = GuardKind.RELEASE, GuardKind.PRUNE, GuardKind.SCHEDULE
+RELEASE, PRUNE, SCHEDULE, REQUEUE = GuardKind.RELEASE, GuardKind.PRUNE, GuardKind.SCHEDULE, GuardKind.REQUEUE
+#: Slurm's reason for a job whose prolog has not ended yet (PrologFlags=Alloc: its batch script waits).
+PROLOG_REASON = "Prolog"
+#: States a job waiting for its prolog is listed in: RUNNING in the JSON, CONFIGURING in squeue's text.
+PROLOG_STATES = ("RUNNING", "CONFIGURING")
 #: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
 #: intent is all it left) and requeue-failed (it gave up after its retry budget, e.g. slurmctld away).
 UNFINISHED = ("requeueing", "requeue-failed")
@@ -95,6 +110,7 @@ class Sightings:
     first_seen: Dict[Tuple[str, int], float] = field(default_factory=dict)
     healthy_since: Dict[str, float] = field(default_factory=dict)
     scheduled: Set[Tuple[str, int]] = field(default_factory=set)  # (job, restart) already nudged
+    in_prolog: Dict[Tuple[str, int], float] = field(default_factory=dict)  # (job, restart) -> first seen lost
 
     def stable_view(self, nodes: Mapping[str, Node], now: float, prune_after: float) -> Dict[str, Node]:
         """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
@@ -124,11 +140,15 @@ class Sightings:
 
 
 def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
-         release_after: float, prune_after: float = 0.0) -> List[GuardAction]:
+         release_after: float, prune_after: float = 0.0,
+         lost_prolog_after: Optional[float] = None) -> List[GuardAction]:
     """What to do this pass (pure but for ``sightings``). ``nodes``: name -> Node for every node Slurm
-    knows; a node counts as healthy again only after ``prune_after`` seconds of looking healthy."""
-    nodes = sightings.stable_view(nodes, now, prune_after)
+    knows; a node counts as healthy again only after ``prune_after`` seconds of looking healthy.
+    ``lost_prolog_after``: seconds a lost prolog is seen before its job is requeued (None: not looked for)."""
     actions: List[GuardAction] = []
+    if lost_prolog_after is not None:
+        actions += plan_lost_prologs(jobs, nodes, sightings, now, lost_prolog_after)
+    nodes = sightings.stable_view(nodes, now, prune_after)
     waiting: List[Tuple[str, int]] = []
     pending: Set[Tuple[str, int]] = set()
     for job in jobs:
@@ -149,6 +169,44 @@ def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, n
                                        f"requeue; an update makes slurmctld schedule it now"))
     sightings.forget_except(waiting)
     sightings.scheduled &= pending
+    return actions
+
+
+def lost_prolog(job: Job, nodes: Mapping[str, Node]) -> List[str]:
+    """The nodes of an autoheal job waiting for its prolog whose slurmd (re)started after the job's
+    allocation, answering: the prolog's end can never come from them (see the module docstring)."""
+    if job.state not in PROLOG_STATES or job.state_reason != PROLOG_REASON:
+        return []
+    if not (is_runner_comment(job.comment) or is_ours(job.comment)):
+        return []
+    since = job.start_time or job.eligible_time
+    if since is None:
+        return []
+    return [n for n in job.nodes if n in nodes and nodes[n].responding
+            and nodes[n].slurmd_start_time is not None and nodes[n].slurmd_start_time > since]
+
+
+def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
+                      after: float) -> List[GuardAction]:
+    """Requeue every autoheal job whose prolog was lost (``lost_prolog``) for ``after`` seconds."""
+    actions: List[GuardAction] = []
+    seen: Dict[Tuple[str, int], float] = {}
+    for job in jobs:
+        restarted = lost_prolog(job, nodes)
+        if not restarted:
+            continue
+        key = (job.job_id, job.restart_count)
+        seen[key] = sightings.in_prolog.get(key, now)
+        if now - seen[key] < after:
+            continue
+        st = CommentState.parse(job.comment) if is_runner_comment(job.comment) else None
+        if st is not None:
+            st.guard = "requeued"
+        actions.append(GuardAction(REQUEUE, job.job_id, tuple(job.excluded_nodes), (), (),
+                                   st.render() if st is not None else job.comment,
+                                   f"in Prolog for {now - seen[key]:.0f}s on {','.join(restarted)}, whose slurmd "
+                                   f"restarted after the allocation: the prolog's end will never come"))
+    sightings.in_prolog = seen
     return actions
 
 
@@ -202,8 +260,9 @@ class Guard:
     def __init__(self, slurm: SlurmAdapter, journal: Optional[Journal] = None, notifier: Optional[Notifier] = None,
                  release_after: float = 5.0, dry_run: bool = False,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = print,
-                 prune_after: float = 30.0):
+                 prune_after: float = 30.0, lost_prolog_after: Optional[float] = 60.0):
         self.slurm = slurm
+        self.lost_prolog_after = lost_prolog_after
         self.prune_after = prune_after
         self.journal = journal
         self.notifier = notifier
@@ -213,30 +272,32 @@ class Guard:
         self.say = say
         self.sightings = Sightings()
         self.last_jobs: Sequence[Job] = ()
-        #: also list the running jobs in the same call (the metrics' hot-spare swaps): one squeue a pass
-        self.watch_running = False
+        #: the running jobs of the same call (the metrics' hot-spare swaps): one squeue a pass
         self.last_running: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
-        if self.watch_running:
-            listed = self.slurm.list_jobs(states=["PENDING", "RUNNING"])
-            jobs = [j for j in listed if j.state == "PENDING"]
-            self.last_running = [j for j in listed if j.state == "RUNNING"]
-        else:
-            jobs = self.slurm.list_jobs(states=["PENDING"])
+        # running jobs too: a job waiting for a lost prolog is RUNNING (CONFIGURING in the text listing)
+        listed = self.slurm.list_jobs(states=["PENDING", "RUNNING", "CONFIGURING"])
+        jobs = [j for j in listed if j.state == "PENDING"]
+        self.last_running = [j for j in listed if j.state == "RUNNING"]
         self.last_jobs = jobs  # for the metrics (guard_metrics.requeued_waiting)
-        if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs):
+        prolog = [j for j in listed if j.state in PROLOG_STATES and j.state_reason == PROLOG_REASON]
+        if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs + prolog):
             self.sightings.forget_except([])
+            self.sightings.in_prolog.clear()
             return []
         nodes = {n.name: n for n in self.slurm.list_nodes()}
-        actions = plan(jobs, nodes, self.sightings, self.clock(), self.release_after, self.prune_after)
+        actions = plan(jobs + prolog, nodes, self.sightings, self.clock(), self.release_after, self.prune_after,
+                       self.lost_prolog_after)
         if self.dry_run:
             return [GuardResult(a, False, "dry run") for a in actions]
         return [self.execute(a) for a in actions]
 
     def execute(self, action: GuardAction) -> GuardResult:
         job_id = action.job_id
+        if action.kind == REQUEUE:
+            return self._requeue(action)
         try:
             try:
                 self.slurm.set_excluded_nodes(job_id, list(action.exclusions))
@@ -257,8 +318,28 @@ class Guard:
         self._record(action)
         return GuardResult(action, True)
 
+    def _requeue(self, action: GuardAction) -> GuardResult:
+        """The comment first (``guard=requeued``: the next run's runner and the metrics see why), then the
+        requeue; a job that started or ended meanwhile is left as it is."""
+        from autoheal.errors import SlurmJobAlreadyPending
+
+        try:
+            if action.comment:
+                self.slurm.set_job_comment(action.job_id, action.comment)
+            self.slurm.requeue(action.job_id)
+        except (SlurmNotFound, SlurmJobFinished, SlurmJobAlreadyPending):
+            return GuardResult(action, False, "job is gone")
+        except SlurmError as exc:
+            self.say(f"autoheal guard: job {action.job_id}: {action.kind} failed: {exc}")
+            return GuardResult(action, False, str(exc))
+        self._record(action)
+        return GuardResult(action, True)
+
     def _record(self, action: GuardAction) -> None:
-        if action.kind == RELEASE:
+        if action.kind == REQUEUE:
+            message = f"job {action.job_id}: requeued, its prolog lost ({action.why})"
+            event, severity = "guard-requeue", "action"
+        elif action.kind == RELEASE:
             message = (f"job {action.job_id}: released after an interrupted requeue ({action.why})"
                        f"{'; excluded ' + ','.join(action.ours) if action.ours else ''}")
             event, severity = "guard-release", "action"
@@ -286,7 +367,6 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
     from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
-    guard.watch_running = metrics is not None
     while not stop():
         result, done = "ok", []
         try:

@@ -26,7 +26,7 @@ REQUEUE_WAIT_BOUND = 1800.0
 #: guard), and what each means for a person.
 JOB_EVENTS = {"requeue": "requeued by xid-watch", "job-requeue": "requeued by its runner",
               "job-requeue-failed": "requeue FAILED", "job-hot-swap": "swapped to a spare",
-              "guard-release": "released by the guard"}
+              "guard-release": "released by the guard", "guard-requeue": "requeued by the guard (prolog lost)"}
 #: Names listed on the screen per kind before "and N more" (the JSON has them all).
 SCREEN_LIMIT = 20
 

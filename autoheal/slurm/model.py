@@ -72,6 +72,7 @@ class Node:
     partitions: Tuple[str, ...] = ()
     cpus: int = 0
     address: str = ""  # NodeAddr: where other nodes reach it ("" when Slurm does not say)
+    slurmd_start_time: Optional[int] = None  # epoch seconds its slurmd (re)started; None when not told
 
     @property
     def drain(self) -> bool:
@@ -133,6 +134,7 @@ class Job:
     submit_line: str = ""  # the sbatch command line (JSON of 23.02+; empty on 22.05, which does not report it)
     command: str = ""  # the batch script's path as submitted
     eligible_time: Optional[int] = None  # epoch seconds; after a requeue: requeue time + cred_expire + 1
+    start_time: Optional[int] = None  # epoch seconds of its allocation (JSON only; None from the text listings)
 
     @property
     def running(self) -> bool:

@@ -86,7 +86,8 @@ def node_from_json(obj: Dict[str, Any]) -> Node:
                 reason_user=_str(obj.get("reason_set_by_user")), reason_time=_num(obj.get("reason_changed_at")),
                 gres=_str(obj.get("gres")),
                 partitions=tuple(parts if isinstance(parts, list) else str(parts).split(",")),
-                cpus=_num(obj.get("cpus")) or 0, address=_str(obj.get("address")))
+                cpus=_num(obj.get("cpus")) or 0, address=_str(obj.get("address")),
+                slurmd_start_time=_num(obj.get("slurmd_start_time")) or None)
 
 
 def nodes_from_json(text: str, what: str = "node list") -> List[Node]:
@@ -123,7 +124,8 @@ def job_from_json(obj: Dict[str, Any]) -> Job:
                array_job_id=str(array_job) if array_job else None,
                array_task_id=str(array_task) if array_job and array_task is not None else None,
                submit_line=_str(obj.get("submit_line")), command=_str(obj.get("command")),
-               eligible_time=_num(obj.get("eligible_time")) or None)
+               eligible_time=_num(obj.get("eligible_time")) or None,
+               start_time=_num(obj.get("start_time")) or None)
 
 
 def jobs_from_json(text: str, what: str = "job list") -> List[Job]:

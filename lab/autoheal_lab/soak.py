@@ -955,8 +955,10 @@ class Soak:
         report.per_fault = self.monitor.per_fault()
         for jid, v in sorted(final.jobs.items()):
             meta = self.monitor.jobs.get(jid) or self.monitor.jobs.get(jid.split("_")[0])
-            report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "comment": v["comment"],
-                                "restarts": v["restarts"]}
+            report.jobs[jid] = {"role": meta.role if meta else "", "state": v["state"], "reason": v["reason"],
+                                "comment": v["comment"], "restarts": v["restarts"]}
+            if v.get("purged"):  # slurmctld forgot it (MinJobAge): its state is the last one a snapshot saw
+                report.jobs[jid]["purged"] = True
             if meta and meta.role == "hotspare":
                 report.jobs[jid]["swaps"] = comment_swaps(v["comment"])
             if meta and meta.role in ("trainer", "hotspare", "submitit", "array"):

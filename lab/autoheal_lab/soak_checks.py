@@ -409,6 +409,7 @@ class Monitor:
         self._seen_violation = set()
         self._held_since: Dict[str, float] = {}
         self._pending_since: Dict[str, float] = {}
+        self._prolog_since: Dict[str, float] = {}  # job -> first seen RUNNING with reason Prolog (this run)
         self._drain_seen: Dict[str, str] = {}  # node -> our reason last seen
         self.ran_on: Dict[str, List[tuple]] = {}  # job -> [(time, nodes)] when seen running
         self._running: Dict[str, dict] = {}  # job -> last running view
@@ -551,6 +552,18 @@ class Monitor:
             state, reason = j.get("state", ""), str(j.get("reason", "") or "")
             if state == "RUNNING":
                 self.ran_on.setdefault(jid, []).append((s.time, list(j.get("nodes") or [])))
+            if state == "RUNNING" and reason == "Prolog":
+                # allocated, its batch script waiting for the prolog's end: a prolog whose end a slurmd
+                # restart lost never comes (seed 12: job 4 in Prolog on a working gpu1 for the rest of the
+                # soak, which "ends RUNNING" let pass); waiting longer than a pending job may is stranded
+                since = self._prolog_since.setdefault(jid, s.time)
+                if s.time - since > self.pending_limit:
+                    self._violate("stranded", f"prolog-{jid}", f"job {jid} allocated {','.join(j.get('nodes') or [])} "
+                                  f"and waiting for its prolog for {s.time - since:.0f} s: its batch script never "
+                                  f"starts", s.time, job=jid, nodes=list(j.get("nodes") or []),
+                                  comment=j.get("comment", ""), restarts=j.get("restarts"))
+            else:
+                self._prolog_since.pop(jid, None)
             held = state == "PENDING" and (reason.startswith("JobHeld") or j.get("held"))
             if held and not self._user_held(jid.split("_")[0], s.time) and not self._user_held(jid, s.time):
                 since = self._held_since.setdefault(jid, s.time)

@@ -71,7 +71,8 @@ def test_soak_report_counts_every_fault_and_measures_recovery(soak_report):
     # the hot-spare trainer and the submitit job ran with the rest of the workload, and finished
     assert sorted(v["role"] for j, v in trainers.items() if "_" not in j) == \
         ["hotspare", "submitit", "trainer", "trainer"], report.jobs  # (the array's tasks are trainers too)
-    assert all(v["state"] == "COMPLETED" for v in trainers.values()), report.jobs
+    unfinished = {j: v for j, v in trainers.items() if v["state"] != "COMPLETED"}
+    assert not unfinished, _unfinished(unfinished, report)
     hot = next(v for v in trainers.values() if v["role"] == "hotspare")
     assert "spares=" in hot["comment"], hot
     # the schedule's first draining GPU fault went to the node of the hot-spare job a spare could replace
@@ -86,6 +87,18 @@ def test_soak_report_counts_every_fault_and_measures_recovery(soak_report):
     # the people on duty are in the report: what the breaker did and what the on-call did about it
     b = data["breaker"]
     assert b["trips"] == len(b["episodes"]) and b["resets"] + b["rearmed_by_itself"] + b["open_at_end"] == b["trips"]
+
+
+def _unfinished(jobs: dict, report) -> str:
+    """Which trainers did not complete, each with its state, reason and comment in full, then the
+    soak's notes (what it saw at the end: recovering, queued, not settled): the message a CI failure
+    needs, where ``report.jobs`` as a whole is cut short."""
+    lines = [f"{len(jobs)} trainer job(s) not COMPLETED:"]
+    for jid, v in sorted(jobs.items()):
+        lines.append(f"  job {jid} ({v['role']}): {v['state']} reason={v.get('reason', '')!r} "
+                     f"restarts={v['restarts']} comment={v['comment']!r}")
+    lines += [f"  note: {n}" for n in report.notes]
+    return "\n".join(lines)
 
 
 def test_soak_plot_or_a_clear_error(soak_report, tmp_path):

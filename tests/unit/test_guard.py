@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers.comment import CommentState
-from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, SCHEDULE, Guard, Sightings, plan
+from autoheal.sbatch_helpers.guard import PRUNE, RELEASE, REQUEUE, SCHEDULE, Guard, Sightings, lost_prolog, plan
 from autoheal.slurm.model import Job, Node
 from autoheal_lab.testing.slurm import MemorySlurm
 
@@ -213,3 +213,78 @@ def test_a_release_before_the_eligible_time_still_gets_its_schedule_later():
     slurm._set(job, eligible_time=60)
     guard.clock = lambda: 61.0
     assert [r.action.kind for r in guard.pass_once()] == [SCHEDULE]
+
+
+# ---- a lost prolog (soak seed 12: trainer job 4 allocated gpu1 140 ms before its slurmd was killed, RUNNING
+# with reason Prolog on a responding gpu1 for the rest of the soak: Slurm 22.05 sends the prolog's launch once
+# and leaves a CONFIGURING job out of its "missing from node" purge)
+WAITING = ("autoheal-runner restarts=1 last=autoheal-drain@gpu4 step=179 resumed=none nodes=gpu4 state=requeued "
+           "excl=gpu4")
+
+
+def in_prolog(slurmd_started, state="RUNNING", start_time=1000, eligible_time=990, comment=WAITING):
+    nodes = dict(NODES, gpu1=Node("gpu1", "MIXED", slurmd_start_time=slurmd_started))
+    job = Job(job_id="4", raw_id="4", state=state, nodes=("gpu1",), comment=comment, requeue=True, restart_count=1,
+              batch_host="gpu1", state_reason="Prolog", start_time=start_time, eligible_time=eligible_time,
+              excluded_nodes=("gpu4",))
+    return MemorySlurm(nodes.values(), [job]), nodes
+
+
+def test_a_job_whose_prolog_its_restarted_slurmd_never_ran_is_requeued_with_a_record(tmp_path):
+    slurm, _nodes = in_prolog(slurmd_started=1007)  # killed at the allocation (1000), back 7 s later
+    journal = Journal(tmp_path / "j.jsonl", fsync=False)
+    clock = [1010.0]
+    guard = Guard(slurm, journal=journal, lost_prolog_after=60, clock=lambda: clock[0], say=lambda s: None)
+    assert guard.pass_once() == [] and slurm.writes() == []  # first sighting
+    clock[0] = 1069.0
+    assert guard.pass_once() == []
+    clock[0] = 1070.5
+    [res] = guard.pass_once()
+    assert res.done and res.action.kind == REQUEUE and "gpu1" in res.action.why
+    job = slurm.jobs["4"]
+    assert job.state == "PENDING" and job.restart_count == 2 and job.excluded_nodes == ("gpu4",)
+    st = CommentState.parse(job.comment)
+    assert (st.state, st.guard, st.restarts, st.excl) == ("requeued", "requeued", 1, "gpu4")
+    [rec] = list(journal.read(events=["guard-requeue"]))
+    assert rec.job_ids == ["4"] and "prolog lost" in rec.message
+    # pending now: never requeued again, only nudged to be scheduled as any job autoheal requeued
+    assert [r.action.kind for r in guard.pass_once()] == [SCHEDULE]
+
+
+def test_a_prolog_still_running_or_on_a_slurmd_that_started_before_the_job_is_left_alone():
+    # a long prolog of the site's on a slurmd that has been up since before the allocation
+    slurm, nodes = in_prolog(slurmd_started=900)
+    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    guard = Guard(slurm, lost_prolog_after=0, clock=lambda: 5000.0, say=lambda s: None)
+    assert guard.pass_once() == [] and slurm.writes() == []
+    # a slurmd that does not say when it started, or a node that does not answer (Slurm downs it itself)
+    slurm, nodes = in_prolog(slurmd_started=None)
+    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    nodes["gpu1"] = Node("gpu1", "MIXED", frozenset({"NOT_RESPONDING"}), slurmd_start_time=1007)
+    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    # a job that is not autoheal's, and one whose batch script runs (no Prolog reason)
+    slurm, nodes = in_prolog(slurmd_started=1007, comment="my own comment")
+    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    slurm, nodes = in_prolog(slurmd_started=1007)
+    running = slurm.jobs["4"].__class__(**{**slurm.jobs["4"].__dict__, "state_reason": "None"})
+    assert lost_prolog(running, nodes) == []
+
+
+def test_the_text_listing_configuring_without_a_start_time_is_judged_by_the_eligible_time():
+    # 22.05's squeue text: state CONFIGURING, no start time; EligibleTime is before the allocation
+    slurm, nodes = in_prolog(slurmd_started=1007, state="CONFIGURING", start_time=None, eligible_time=990)
+    assert lost_prolog(slurm.jobs["4"], nodes) == ["gpu1"]
+    slurm, nodes = in_prolog(slurmd_started=980, state="CONFIGURING", start_time=None, eligible_time=990)
+    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    [act] = plan(list(slurm.jobs.values()), dict(nodes, gpu1=Node("gpu1", "MIXED", slurmd_start_time=1007)),
+                 Sightings(), now=1100.0, release_after=5, lost_prolog_after=0)
+    assert act.kind == REQUEUE
+
+
+def test_a_lost_prolog_job_that_ended_meanwhile_is_left_alone():
+    slurm, nodes = in_prolog(slurmd_started=1007)
+    guard = Guard(slurm, lost_prolog_after=0, clock=lambda: 1100.0, say=lambda s: None)
+    [act] = plan(slurm.list_jobs(), nodes, Sightings(), now=1100.0, release_after=5, lost_prolog_after=0)
+    slurm._set(slurm.jobs["4"], state="CANCELLED")  # the user cancelled it between read and write
+    res = guard.execute(act)
+    assert not res.done and slurm.jobs["4"].state == "CANCELLED"

@@ -643,3 +643,18 @@ def test_a_bad_repairs_defect_raised_again_is_a_cause_however_late():
         m.observe(Snapshot(300.0, _nodes(gpu4=lemon), {}))  # raised again, long after cause_linger
         assert [v.invariant for v in m.violations if v.invariant == "false-drain"] == ([] if reopened else
                                                                                         ["false-drain"])
+
+
+def test_a_job_waiting_for_a_lost_prolog_is_stranded_though_slurm_says_running():
+    """Seed 12: job 4 allocated gpu1 140 ms before its slurmd was killed; RUNNING with reason Prolog on a
+    working gpu1 until the end, which "ends the soak RUNNING" accepted. A prolog may take a while; one that
+    has not ended after the pending limit never will."""
+    m = _mon(pending_limit=30.0)
+    busy = _nodes(gpu1=_node("MIXED"))
+    for t in range(100, 131, 10):  # a prolog within the limit, then its batch script runs
+        assert m.observe(Snapshot(float(t), busy, {"10": _job("RUNNING", "Prolog", ("gpu1",))})) == [], t
+    assert m.observe(Snapshot(131.0, busy, {"10": _job(nodes=("gpu1",))})) == []
+    v = []
+    for t in range(140, 190, 10):  # a new run in Prolog: its clock starts again, and runs out
+        v += m.observe(Snapshot(float(t), busy, {"10": _job("RUNNING", "Prolog", ("gpu1",), 1)}))
+    assert [x.invariant for x in v] == ["stranded"] and "job 10" in v[0].message and "prolog" in v[0].message

@@ -1,0 +1,94 @@
+"""A job whose prolog a slurmd restart lost, on a real lab: Slurm leaves it in Prolog, the guard requeues it.
+
+With ``PrologFlags=Alloc`` slurmctld sends the prolog's launch to the job's nodes once, at the allocation,
+and starts the batch script when every node has said the prolog ended. Soak seed 12 (CI) allocated trainer
+job 4 on gpu1 140 ms before the soak killed gpu1's slurmd: the restarted slurmd never heard of the job, and
+Slurm 22.05 leaves a CONFIGURING job out of its "missing from node" purge, so the job stayed RUNNING with
+reason Prolog on a responding gpu1 for the 3.5 minutes left. Here the same moment is made deterministic:
+the node's prolog is slow (it waits while a file exists, as a site's prolog mounting a file system may),
+and the node's slurmd is killed while it runs; the orphaned prolog then ends, unreported.
+
+(A slurmd stopped before the launch arrives is not the same: slurmctld sees that launch fail and requeues
+the job itself, NODE_FAIL-style: measured on this lab, restart count 1 before the new slurmd answered.)
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from helpers import cancel_job, wait_for
+
+NODE = "gpu3"
+#: The guard's lost_prolog_after (60 s) after its first sighting, one pass, and slack for a loaded machine.
+GUARD_BOUND = 120
+
+
+def _in_prolog(job) -> bool:
+    return job.state in ("RUNNING", "CONFIGURING") and job.state_reason == "Prolog"
+
+
+def _slow_prolog(lab, hold):
+    """The lab's prolog, waiting first while ``hold`` exists (the original text, to put back)."""
+    path = lab.root / "hooks" / "prolog.sh"
+    text = path.read_text()
+    head, sep, tail = text.rpartition("\nexec ")
+    assert sep, text
+    path.write_text(f"{head}\nwhile [ -e {hold} ]; do sleep 0.2; done{sep}{tail}")
+    return path, text
+
+
+def _prolog_running(job_id: str) -> bool:
+    from autoheal_lab import procs
+
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and any("prolog.sh" in a for a in (procs.proc_cmdline(int(entry)) or [])):
+            try:
+                env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"SLURM_JOB_ID={job_id}".encode() in env:
+                return True
+    return False
+
+
+def test_the_guard_requeues_a_job_whose_prolog_a_slurmd_crash_lost(healing_lab):
+    from autoheal_lab import procs
+
+    lab = healing_lab.lab
+    slurm = healing_lab.adapter()
+    hold = lab.root / f"prolog-hold-{NODE}"
+    hold.touch()
+    path, original = _slow_prolog(lab, hold)
+    job = ""
+    try:
+        res = subprocess.run(["sbatch", "--parsable", "-N1", "-w", NODE, "--requeue", "-o", "/dev/null",
+                              "--comment", f"autoheal: requeued after xid 79 on GPU 0 of {NODE}", "--wrap",
+                              "sleep 300"], env=healing_lab.env, capture_output=True, text=True, timeout=20,
+                             cwd="/tmp")
+        assert res.returncode == 0, res.stderr
+        job = res.stdout.strip().split(";")[0]
+        wait_for(lambda: _in_prolog(slurm.get_job(job)), 30, f"job {job} allocated {NODE}, waiting for its prolog")
+        wait_for(lambda: _prolog_running(job), 30, f"job {job}'s prolog running on {NODE}")
+        rec = lab.records()[f"slurmd-{NODE}"]
+        os.kill(rec.pid, signal.SIGKILL)  # a crash while the prolog runs
+        procs._reap(rec.pid)
+        lab.start_slurmd(NODE)
+    finally:
+        hold.unlink()  # the orphaned prolog ends now: nobody tells slurmctld
+        path.write_text(original)
+    try:
+        wait_for(lambda: slurm.get_node(NODE).responding, 60, f"{NODE}'s new slurmd to answer")
+        first = slurm.get_job(job)
+        assert _in_prolog(first) and first.restart_count == 0, first  # Slurm by itself does not move it
+        requeued = wait_for(lambda: (lambda j: j if j.restart_count >= 1 else None)(slurm.get_job(job)),
+                            GUARD_BOUND, "the guard's requeue of the job its prolog never released")
+        assert requeued.comment.startswith("autoheal: requeued after xid 79")  # a plain job's comment: kept
+        log = (lab.root / "log" / "guard.log").read_text()
+        assert f"job {job}: requeued, its prolog lost" in log, log[-2000:]
+        # the requeued job's new prolog comes from the new slurmd: its batch script starts
+        wait_for(lambda: (lambda j: j.running and j.state_reason != "Prolog")(slurm.get_job(job)), 90,
+                 "the job to run after its requeue")
+    finally:
+        cancel_job(healing_lab.env, job)
