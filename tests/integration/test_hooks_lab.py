@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
-from autoheal_lab import wiring
+from autoheal_lab import procs, wiring
 from autoheal_lab.fakenvml import state as gstate
 from autoheal_lab.gpus import inject
 
@@ -269,9 +270,15 @@ def test_xid_94_requeues_the_job_on_that_gpu_without_draining(lab):
         heal_node(lab, "gpu2")
 
 
+def _time_ns(pid: int) -> str:
+    """The time namespace of ``pid`` (the lab's reboot starts a node's processes in a fresh one)."""
+    return os.readlink(f"/proc/{pid}/ns/time")
+
+
 def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
     node, gpu = "gpu3", 5
     slurmd_pid = lab.lab.records()[f"slurmd-{node}"].pid
+    watch = lab.lab.records()[f"xid-watch-{node}"]
     try:
         inject(lab.lab, node, gpu, "ecc-dbe")
         res, _ = run_hook(lab, node)
@@ -285,6 +292,14 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         # the lab's RebootProgram restarts the node's slurmd; nextstate=resume returns it to service
         wait_for(lambda: lab.lab.records()[f"slurmd-{node}"].pid != slurmd_pid, 30, "a new slurmd (the reboot)")
         wait_for(lambda: "State=IDLE " in node_line(lab, node), 30, f"{node} back in service")
+        # a reboot ends every process of the machine: xid-watch too, started again in the new boot. CI: the
+        # old one survived the lab's reboot with a health sample read before the GPUs were cleared, and
+        # drained the node again for it ~20 ms after its return (for a replacement)
+        assert not procs.is_alive(watch), f"xid-watch-{node} survived the reboot"
+        new = wait_for(lambda: lab.lab.records().get(f"xid-watch-{node}"), 10, "xid-watch started again")
+        assert new.pid != watch.pid and procs.is_alive(new)
+        slurmd = lab.lab.records()[f"slurmd-{node}"]
+        assert _time_ns(new.pid) == _time_ns(slurmd.pid), "xid-watch is not in the node's new boot"
         res, _ = run_hook(lab, node)
         assert res.returncode == 0, res.stderr
         ladder = json.loads((lab.layout.root / "nodestate" / node / "state.json").read_text())["ladder"]
