@@ -28,6 +28,7 @@ import signal as _signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
@@ -78,10 +79,33 @@ def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
             and not any(r.evidence.get(k) for k in PENDING_EVIDENCE)]
 
 
+#: Seconds after a sample's reads began within which a repair on record makes that sample stale. A
+#: sample is in flight for a read budget, the settle moment and a turn of the main loop: seconds. The bound
+#: is for a wall clock stepped back (NTP) past a repair time: samples read after the step look older than
+#: that repair, and without it the poll would ignore every sample until the clock caught up again.
+STALE_SAMPLE_WINDOW = 300.0
+
+
+def sample_predates_repair(st: Dict[str, Any], gpu: Optional[int], taken: float) -> bool:
+    """Pure: a health sample of ``gpu`` (None: node-wide) whose reads began at ``taken`` (wall clock) was
+    read before the node's last return to service or that GPU's last repair on record (``state.repaired_at``:
+    a reset, Slurm's resume after our reboot, an admin's resume, an admin clear; marked by whichever hook
+    saw it first, so never before it happened). Such a sample says nothing about the GPU now: acted on
+    after the repair, it drained a node the repair had just fixed (CI: the lab's reboot cleared the faults
+    of gpu3 and Slurm resumed it; xid-watch's poll had read the DBE count just before and drained the node
+    again ~20 ms after its return, for a replacement). The next poll reads the GPU afresh: a fault that is
+    really still there is acted on one poll later."""
+    repaired = S.repaired_at(st, gpu)
+    return taken < repaired <= taken + STALE_SAMPLE_WINDOW
+
+
 def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: List[int],
-                  now: float) -> Tuple[List[C.CheckResult], bool]:
+                  now: float, taken: Optional[float] = None) -> Tuple[List[C.CheckResult], bool]:
     """Pure: what one health poll does to the node state ``st``. Returns (the hard faults new since the
-    last poll, whether to drain for them).
+    last poll, whether to drain for them). ``taken``: when the sample's reads began (default ``now``).
+
+    A sample read before the last repair of a GPU (or the node's last return to service) is dropped for
+    that GPU (``sample_predates_repair``): it neither raises a fault nor forgets one.
 
     A fault is new unless the poll already acted on it (same check and GPU) after the GPU's last repair
     (``state.repaired_at``: a reset, reboot, resume or admin clear ends it, as it ends the XID dedupe
@@ -90,7 +114,9 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
     already drained by us, or about to be (a pending drain), are only remembered: the healthcheck owns
     that node's recovery, nothing new is journalled or drained."""
     mem: Dict[str, Any] = st.setdefault(POLLED, {})
-    hard = hard_failures(results)
+    taken = now if taken is None else taken
+    hard = [r for r in hard_failures(results) if not sample_predates_repair(st, r.gpu, taken)]
+    read_ok = [g for g in read_ok if not sample_predates_repair(st, g, taken)]
     keys = {f"{r.check}:{r.gpu}" for r in hard}
     for key in list(mem):
         gpu = mem[key].get("gpu")
@@ -106,6 +132,17 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
         new.append(r)
     drain = bool(new) and not (st.get("drain") or st.get("pending_drain"))
     return new, drain
+
+
+@dataclass(frozen=True)
+class PolledSample:
+    """One health poll handed from the poll thread to the main loop: its results, the GPUs it read in
+    full, when it was judged (``seen``) and when its reads began (``taken``, wall clock both)."""
+
+    results: List[C.CheckResult]
+    read_ok: List[int]
+    seen: float
+    taken: float
 
 
 def recovery_changed(results: List[C.CheckResult]) -> bool:
@@ -143,7 +180,7 @@ class XidWatch:
         self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
         # health-poll results, handed from the poll thread to the main loop (which alone runs the job side)
-        self.polls: queue.Queue[Tuple[List[C.CheckResult], List[int], float]] = queue.Queue()
+        self.polls: queue.Queue[PolledSample] = queue.Queue()
         # set by an XID whose policy leaves the decision to NVML's recovery action (XID 154 "GPU recovery
         # action changed"): the health poll reads it now, not at its next interval
         self.poll_now = threading.Event()
@@ -285,11 +322,11 @@ class XidWatch:
             snap = self.ctx.store.read()
             before = dict(snap.get(POLLED) or {})
             seen = time.time()
-            new, _ = poll_decision(snap, results, read_ok, seen)
+            new, _ = poll_decision(snap, results, read_ok, seen, taken=started)
             if new and self._stop.wait(XID_SETTLE_SECONDS):
                 break
             if new or snap.get(POLLED) != before:
-                self.polls.put((results, read_ok, seen))
+                self.polls.put(PolledSample(results, read_ok, seen, started))
 
     def _next_poll(self, interval: float) -> bool:
         """Wait for the next health poll: ``interval`` seconds, or less when an XID asks for one
@@ -300,20 +337,22 @@ class XidWatch:
 
     # ---- handling ----------------------------------------------------------------------------------
     def handle_poll(self, results: List[C.CheckResult], read_ok: List[int],
-                    now: Optional[float] = None) -> List[C.CheckResult]:
+                    now: Optional[float] = None, taken: Optional[float] = None) -> List[C.CheckResult]:
         """Act on one health poll: a new hard fault drains the node the way the healthcheck would (its
         worst failure names the drain) and moves the jobs as an XID drain does; drain first, journal
-        after. The lock is held only for the decision. Returns the new faults (for tests)."""
+        after. The lock is held only for the decision, which is made on the state as it is then: a
+        repair recorded while the sample was in flight (``taken``: when its reads began) drops it. Returns
+        the new faults (for tests)."""
         now = time.time() if now is None else now
         snap = self.ctx.store.read()
-        new, drain = poll_decision(snap, results, read_ok, now)
+        new, drain = poll_decision(snap, results, read_ok, now, taken)
         if new and not drain and snap.get("drain") and not snap.get("pending_drain"):
             if self._forget_stale_drain(snap["drain"]):
                 # back in service since: this sample may predate the admin's repair and resume (the lab
                 # tests clear the GPU and resume within a second); the next poll, read after, decides
                 return []
         with self.ctx.store.locked() as st:
-            new, drain = poll_decision(st, results, read_ok, now)
+            new, drain = poll_decision(st, results, read_ok, now, taken)
             # the drain reason is the one the healthcheck would give on this sample: its worst failure
             # over every check (a soft one may outrank the hard fault that made the poll act)
             worst = C.worst_failure(results) if drain else None
@@ -518,11 +557,11 @@ class XidWatch:
                     self._stop.wait(1.0)
             while True:
                 try:
-                    results, read_ok, seen = self.polls.get_nowait()
+                    polled = self.polls.get_nowait()
                 except queue.Empty:
                     break
                 try:
-                    self.handle_poll(results, read_ok, seen)
+                    self.handle_poll(polled.results, polled.read_ok, polled.seen, polled.taken)
                 except Exception as exc:  # failed before the decision was saved: the next poll sees it
                     # again; after it, the pending drain is the job side's to retry (housekeeping)
                     print(f"xid-watch: health poll: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)

@@ -317,9 +317,14 @@ class Lab:
 
     def stop_node(self, node: str) -> List[str]:
         """The machine goes away: stop its slurmd and node daemons. Returns the names stopped."""
+        stopped = [f"slurmd-{node}"] if self.stop_slurmd(node) else []
+        return stopped + self.stop_node_daemons(node)
+
+    def stop_node_daemons(self, node: str) -> List[str]:
+        """Stop the node's daemons (xid-watch), as its shutdown does. Returns the names stopped."""
         from autoheal_lab import wiring
 
-        stopped = [f"slurmd-{node}"] if self.stop_slurmd(node) else []
+        stopped = []
         recs = self.records()
         for daemon in wiring.node_daemons(self._options()):
             name = daemon.proc_name(node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import time
 import pytest
 from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
 
-from autoheal_lab import wiring
+from autoheal_lab import procs, wiring
 from autoheal_lab.fakenvml import state as gstate
 from autoheal_lab.gpus import inject
 
@@ -185,7 +186,11 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
         text = subprocess.run(["scontrol", "show", "job", job], env=lab.env, capture_output=True, text=True,
                               timeout=10).stdout
         assert "autoheal: requeued after xid 79 on GPU 1 of gpu1" in text
-        # replaying the same kernel-log record after an xid-watch restart is not acted on twice
+        # replaying the same kernel-log record after an xid-watch restart is not acted on twice. xid-watch
+        # drains and requeues first and journals after: its detection record may still be on its way (seen
+        # in CI under load, written after the requeue and counted as the replay's)
+        wait_for(lambda: [r for r in journal(lab) if r["source"] == "xid-watch" and r["event"] == "detection"
+                          and "xid 79 on GPU 1 of gpu1" in r["message"]], 15, "xid-watch's detection record")
         before = len(journal(lab))
         lab.lab.start_node_daemon("xid-watch-gpu1", "gpu1", wiring.xid_watch_argv("gpu1"))
         log = lab.layout.kernel_log("gpu1")
@@ -239,8 +244,11 @@ def test_prolog_failure_requeues_the_job_onto_another_node(lab):
         wait_for(lambda: "DRAIN" in node_line(lab, "gpu1"), 15, "the prolog to drain gpu1")
         assert "Reason=autoheal: remapped-rows: GPU 0 of gpu1 (0000:1b:00.0): row remap pending a reset" in \
             node_line(lab, "gpu1")
-        fails = [r for r in journal(lab)[before:] if r["event"] == "detection" and r["action"] == "prolog-fail"]
-        assert fails and fails[0]["job_ids"] == [job] and fails[0]["node"] == "gpu1", fails
+        # the prolog drains first and journals after (seen in CI under load: the drain shown, the record
+        # not yet written)
+        fails = wait_for(lambda: [r for r in journal(lab)[before:] if r["event"] == "detection"
+                                  and r["action"] == "prolog-fail"], 15, "the prolog's detection record")
+        assert fails[0]["job_ids"] == [job] and fails[0]["node"] == "gpu1", fails
         # a requeued job waits cred_expire + 1 = 11 s in the lab before it may start again. Until slurmctld
         # has processed the failed prolog the job still shows RUNNING on gpu1 (its prolog ran there; seen
         # in CI under load): wait for the run that is not on gpu1; one that stays there fails the wait
@@ -269,9 +277,15 @@ def test_xid_94_requeues_the_job_on_that_gpu_without_draining(lab):
         heal_node(lab, "gpu2")
 
 
+def _time_ns(pid: int) -> str:
+    """The time namespace of ``pid`` (the lab's reboot starts a node's processes in a fresh one)."""
+    return os.readlink(f"/proc/{pid}/ns/time")
+
+
 def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
     node, gpu = "gpu3", 5
     slurmd_pid = lab.lab.records()[f"slurmd-{node}"].pid
+    watch = lab.lab.records()[f"xid-watch-{node}"]
     try:
         inject(lab.lab, node, gpu, "ecc-dbe")
         res, _ = run_hook(lab, node)
@@ -285,6 +299,14 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         # the lab's RebootProgram restarts the node's slurmd; nextstate=resume returns it to service
         wait_for(lambda: lab.lab.records()[f"slurmd-{node}"].pid != slurmd_pid, 30, "a new slurmd (the reboot)")
         wait_for(lambda: "State=IDLE " in node_line(lab, node), 30, f"{node} back in service")
+        # a reboot ends every process of the machine: xid-watch too, started again in the new boot. CI: the
+        # old one survived the lab's reboot with a health sample read before the GPUs were cleared, and
+        # drained the node again for it ~20 ms after its return (for a replacement)
+        assert not procs.is_alive(watch), f"xid-watch-{node} survived the reboot"
+        new = wait_for(lambda: lab.lab.records().get(f"xid-watch-{node}"), 10, "xid-watch started again")
+        assert new.pid != watch.pid and procs.is_alive(new)
+        slurmd = lab.lab.records()[f"slurmd-{node}"]
+        assert _time_ns(new.pid) == _time_ns(slurmd.pid), "xid-watch is not in the node's new boot"
         res, _ = run_hook(lab, node)
         assert res.returncode == 0, res.stderr
         ladder = json.loads((lab.layout.root / "nodestate" / node / "state.json").read_text())["ladder"]

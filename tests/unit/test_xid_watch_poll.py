@@ -107,6 +107,43 @@ def test_one_detection_per_fault_not_per_poll_and_a_repair_makes_it_new():
     assert X.poll_decision(st, judge(bad), read_ok(bad), 155.0) == ([], False)
 
 
+def test_a_sample_read_before_a_repair_is_dropped_and_the_next_one_decides():
+    st = S.empty()
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    X.poll_decision(st, judge(bad), read_ok(bad), 100.0)  # acted on (remembered)
+    remembered = dict(st[X.POLLED])
+    # read from 110 on; Slurm resumed the node after our reboot and a hook marked it at 111 (the reboot
+    # cleared the GPU after the reads): judged at 112, the sample is stale, raises nothing, forgets nothing
+    S.mark_repaired(st, None, 111.0)
+    assert X.sample_predates_repair(st, 1, 110.0) and X.sample_predates_repair(st, None, 110.0)
+    assert X.poll_decision(st, judge(bad), read_ok(bad), 112.0, taken=110.0) == ([], False)
+    good = sample()
+    assert X.poll_decision(st, judge(good), read_ok(good), 112.0, taken=110.0) == ([], False)
+    assert st[X.POLLED] == remembered
+    # the next poll, read after the return: a fault really still there is acted on at once
+    assert not X.sample_predates_repair(st, 1, 111.0)
+    new, drain = X.poll_decision(st, judge(bad), read_ok(bad), 116.0, taken=115.0)
+    assert [r.check for r in new] == ["ecc"] and drain
+
+
+def test_a_reset_of_one_gpu_drops_only_that_gpus_part_of_a_sample_read_before_it():
+    st = S.empty()
+    both = sample((0, "nvlinks_down", [2]), (1, "ecc_dbe_volatile", 1))
+    S.mark_repaired(st, 1, 101.0)  # GPU 1 reset while the sample was in flight
+    new, drain = X.poll_decision(st, judge(both), read_ok(both), 102.0, taken=100.0)
+    assert [(r.check, r.gpu) for r in new] == [("nvlink", 0)] and drain
+
+
+def test_a_repair_time_far_after_the_sample_is_a_clock_step_not_a_sample_in_flight():
+    # the wall clock went back an hour after a repair was marked: samples read since are not all stale
+    st = S.empty()
+    S.mark_repaired(st, None, 3700.0)
+    assert not X.sample_predates_repair(st, 1, 100.0)
+    assert X.sample_predates_repair(st, 1, 3700.0 - X.STALE_SAMPLE_WINDOW)
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    assert [r.check for r in X.poll_decision(st, judge(bad), read_ok(bad), 101.0, taken=100.0)[0]] == ["ecc"]
+
+
 @pytest.mark.parametrize("key,value", [
     ("drain", {"reason": "autoheal: xid 48 on GPU 1 of n1: double bit ECC error", "time": 99.0}),
     ("pending_drain", {"failure": {"check": "xid", "status": "fail"}, "since": 99.0}),
@@ -320,10 +357,61 @@ def test_a_fault_the_xid_path_drains_meanwhile_gets_no_second_record(tmp_path, m
     monkeypatch.setattr(watch._stop, "wait", wait)
     monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)  # the interval too
     watch.health_loop()
-    results, ok, seen = watch.polls.get_nowait()
-    assert watch.handle_poll(results, ok, seen) == []
+    polled = watch.polls.get_nowait()
+    assert watch.handle_poll(polled.results, polled.read_ok, polled.seen, polled.taken) == []
     assert ctx.slurm.node.reason.startswith("autoheal: xid 48 on GPU 1 of n1")
     assert [kw["check"] for ev, kw in ctx.records if ev == "detection"] == ["xid"]
+
+
+def test_a_sample_in_flight_across_the_return_after_our_reboot_never_drains_again(tmp_path, monkeypatch):
+    """CI (test_ladder_reset_then_reboot_then_replace_and_clear_faults): the reboot rung's reboot cleared
+    the DBE of gpu3 and Slurm resumed the node; xid-watch's poll had read the DBE count just before, and
+    acted on it ~20 ms after the return: a second drain, for a replacement, of a node the reboot had fixed.
+    Here the sample is held across the return (the job side sees it and marks the repair), then handed on."""
+    watch, ctx = make_watch(tmp_path)
+    ours = "autoheal: reboot: ecc: GPU 1 of n1 (0000:1c:00.0): 1 uncorrectable ECC errors"
+    t0 = time.time() - 30
+    ctx.slurm.drain("n1", ours)
+    bad = sample((1, "ecc_dbe_volatile", 1))
+    with ctx.store.locked() as st:  # the healthcheck drained for the reboot rung and asked for the reboot
+        st["drain"] = {"reason": ours, "time": t0, "source": "healthcheck", "check": "ecc", "gpu": 1}
+        st["reboot_requested"] = {"boot_id": "b", "time": t0}
+        X.poll_decision(st, judge(bad), read_ok(bad), t0 + 1)  # the poll saw the DBE (remembered)
+    watch.jobs.step(now=t0 + 2)
+    assert ctx.store.read()["episode"]
+
+    def in_flight(node, budget, cheap=False):  # the reads see the DBE; then the node returns to service
+        ctx.slurm.resume("n1")  # Slurm's nextstate=resume once the rebooted node registered
+        watch.jobs.step(now=time.time(), force=True)
+        engine.maybe_resume(ctx, time.time())  # and the test's healthcheck run: our drain record goes
+        return bad
+
+    monkeypatch.setattr("autoheal.hooks.gather.gather", in_flight)
+    rounds = []
+
+    def wait(t):  # one poll a run; the settle moment passes at once
+        if t == X.XID_SETTLE_SECONDS:
+            return False
+        rounds.append(1)
+        return len(rounds) > 1
+
+    monkeypatch.setattr(watch._stop, "wait", wait)
+    monkeypatch.setattr(watch, "_next_poll", watch._stop.wait)
+    watch.health_loop()
+    st = ctx.store.read()
+    assert not (st["episode"] or st["drain"]) and S.repaired_at(st, 1) > t0 + 2  # back in service
+    while not watch.polls.empty():  # (the main loop's part)
+        polled = watch.polls.get_nowait()
+        watch.handle_poll(polled.results, polled.read_ok, polled.seen, polled.taken)
+    assert not ctx.slurm.node.drain and ctx.slurm.writes("drain") == ["drain"]  # (the test's own)
+    assert not [kw for ev, kw in ctx.records if ev == "detection"]
+    # the next poll reads the GPU after the return: were the DBE really still there, it drains at once
+    monkeypatch.setattr("autoheal.hooks.gather.gather", lambda node, budget, cheap=False: bad)
+    rounds.clear()
+    watch.health_loop()
+    polled = watch.polls.get_nowait()
+    assert [r.check for r in watch.handle_poll(polled.results, polled.read_ok, polled.seen, polled.taken)] == ["ecc"]
+    assert ctx.slurm.node.drain and ctx.slurm.node.reason.startswith("autoheal: ")
 
 
 def test_the_poll_interval_is_typed_and_checked():
