@@ -28,7 +28,7 @@ import signal as _signal
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Final, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
 from autoheal.events import Event
@@ -68,7 +68,7 @@ XID_SETTLE_SECONDS = 1.0
 
 #: Node-state key of the faults the health poll has already acted on (``"<check>:<gpu>"`` -> reason,
 #: since): one detection record per fault, not one per poll.
-POLLED = "polled_faults"
+POLLED: Final = "polled_faults"
 
 
 def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
@@ -78,7 +78,7 @@ def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
             and not any(r.evidence.get(k) for k in PENDING_EVIDENCE)]
 
 
-def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: List[int],
+def poll_decision(st: S.NodeStateData, results: List[C.CheckResult], read_ok: List[int],
                   now: float) -> Tuple[List[C.CheckResult], bool]:
     """Pure: what one health poll does to the node state ``st``. Returns (the hard faults new since the
     last poll, whether to drain for them).
@@ -89,7 +89,7 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
     GPUs the poll read in full); a GPU not read keeps what is remembered. New faults on a node that is
     already drained by us, or about to be (a pending drain), are only remembered: the healthcheck owns
     that node's recovery, nothing new is journalled or drained."""
-    mem: Dict[str, Any] = st.setdefault(POLLED, {})
+    mem = st.setdefault(POLLED, {})
     hard = hard_failures(results)
     keys = {f"{r.check}:{r.gpu}" for r in hard}
     for key in list(mem):
@@ -382,7 +382,7 @@ class XidWatch:
             self.ctx.record(Event.DETECTION, **n)
         return results
 
-    def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
+    def _forget_stale_drain(self, ours: Optional[S.Drain]) -> bool:
         """A new hard fault on a node whose state says "drained by us": ask Slurm whether it still is.
         An admin's ``scontrol resume`` is seen by the hooks only when one of them next runs; until then
         the record would keep the poll from acting on a node that is back in service. Back in service:
@@ -463,7 +463,7 @@ class XidWatch:
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
         if "fault_to_drain_seconds_count" not in counters:
             # the histogram at zero before the first drain: rate() then sees the first one (0 -> 1)
-            zero: Dict[str, Any] = {}
+            zero = S.empty()
             S.observe(zero, "fault_to_drain_seconds", 0.0)
             for key in sorted(zero["counters"]):
                 name, _, labels = key.partition("{")
