@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union, cast
 
+from autoheal.errors import AutohealError
 from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
@@ -214,8 +215,9 @@ def empty() -> NodeStateData:
 
 # ---- the one load and save -------------------------------------------------------------------------
 
-class StateCorrupt(ValueError):
-    """The state file is not a JSON object (a disk error, a hand edit gone wrong)."""
+class StateCorrupt(AutohealError, ValueError):
+    """The state file is not a JSON object (a disk error, a hand edit gone wrong). A CLI reading the state
+    (``autoheal node history``) says so in one line and exits 2 (could not tell)."""
 
 
 def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:

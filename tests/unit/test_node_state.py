@@ -131,3 +131,17 @@ def test_the_prolog_on_a_corrupt_state_lets_the_job_start_and_journals_it(tmp_pa
     recs = [json.loads(x) for x in journal.read_text().splitlines()]
     trouble = [r for r in recs if r["event"] == "error" and r["action"] == "hook-trouble"]
     assert trouble and S.CORRUPT_FILE in trouble[-1]["message"], recs
+
+
+def test_node_history_on_a_corrupt_state_says_so_and_exits_2(tmp_path):
+    from click.testing import CliRunner
+
+    from autoheal.cli.main import cli
+
+    (tmp_path / "gpu2").mkdir()
+    (tmp_path / "gpu2" / S.STATE_FILE).write_text('{"history": [')
+    conf = tmp_path / "autoheal.toml"
+    conf.write_text(f'[hooks]\nstate_dir = "{tmp_path}/{{node}}"\n')
+    res = CliRunner().invoke(cli, ["node", "history", "gpu2", "--config", str(conf)])
+    assert res.exit_code == 2 and "not JSON" in res.output and "Traceback" not in res.output, res.output
+    assert (tmp_path / "gpu2" / S.STATE_FILE).read_text() == '{"history": ['  # a reader never rewrites it
