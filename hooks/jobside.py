@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, cast
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
-from autoheal.hooks.state import Stage
 from autoheal.reasons import RUNNER_MARKER
 from autoheal.strenum import StrEnum
 
@@ -45,6 +44,16 @@ if TYPE_CHECKING:
     from autoheal.hooks.context import Context
     from autoheal.slurm.model import Job, Node, WarnSignal
 
+
+
+class Stage(StrEnum):
+    """Where a job action is (kept in the node state as its value): signal to send, being sent, in its
+    grace period, done."""
+
+    SIGNAL = "signal"
+    SIGNALLING = "signalling"
+    GRACE = "grace"
+    DONE = "done"
 
 
 class Mode(StrEnum):
@@ -468,7 +477,7 @@ class JobSide:
         with self.ctx.store.locked() as st:
             a = st.setdefault("job_actions", {}).get(key)
             if a is not None:
-                a.update(cast(S.JobAction, changes))
+                a.update(cast("S.JobAction", changes))
 
     def _advance(self, key: str, a: S.JobAction, now: float) -> None:
         stage = a.get("stage")
@@ -502,7 +511,7 @@ class JobSide:
             # once and let Slurm's kill sequence be the grace (a job that exits on SIGTERM would otherwise
             # end before it could be requeued)
             self._update(key, stage=GRACE, deadline=now)
-            self._requeue(key, cast(S.JobAction, dict(a, runner=runner, stage=GRACE, deadline=now)), now)
+            self._requeue(key, cast("S.JobAction", dict(a, runner=runner, stage=GRACE, deadline=now)), now)
             return
         if runner and not self._runner_up(key, a, job, now):
             return
@@ -586,7 +595,7 @@ class JobSide:
             self._update(key, next_try=now + 1.0)
             return False
         self._update(key, stage=GRACE, deadline=now, note=a.get("note") or "")
-        self._requeue(key, cast(S.JobAction, dict(a, stage=GRACE, deadline=now)), now)
+        self._requeue(key, cast("S.JobAction", dict(a, stage=GRACE, deadline=now)), now)
         return False
 
     def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:

@@ -25,12 +25,13 @@ import contextlib
 import copy
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union, cast
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 from autoheal.errors import AutohealError
-from autoheal.strenum import StrEnum
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from autoheal.hooks.ladder import Rung
 
 STATE_FILE = "state.json"
@@ -48,162 +49,145 @@ def expand(path: str, node: str) -> str:
 # ---- the records -----------------------------------------------------------------------------------
 # total=False: a record written by an older hook may lack a field, and the hooks add fields to a record
 # as it moves on (a job action's signalled_at, an XID's dups); readers use .get() with a default.
+# They exist for mypy only (defined under TYPE_CHECKING): at run time a record is the plain dict json made,
+# and building 13 TypedDict classes cost every hook process 1.5-10 ms (measured 2026-12-02, this machine
+# under load), a hot path that runs on every node every HealthCheckInterval (issue 24 section 6).
 
-class Stage(StrEnum):
-    """Where a job action is (kept in its ``stage``): signal to send, being sent, in its grace period, done."""
+if TYPE_CHECKING:
+    class RecentXid(TypedDict, total=False):
+        """An XID judged lately (dedupe across the NVML and kernel-log sources)."""
 
-    SIGNAL = "signal"
-    SIGNALLING = "signalling"
-    GRACE = "grace"
-    DONE = "done"
+        xid: int
+        gpu: Optional[int]
+        pci: str
+        time: float
+        sources: List[str]
+        app_pending: bool  # an application XID NVML told first: the kernel log's copy names the process
+        dups: int
+        noted: float
 
+    class LastResult(TypedDict, total=False):
+        time: float
+        status: str
+        source: str
+        results: List[Dict[str, Any]]  # CheckResult.to_dict() of the results that were not OK
 
-class RecentXid(TypedDict, total=False):
-    """An XID judged lately (dedupe across the NVML and kernel-log sources)."""
+    class LastPass(TypedDict, total=False):
+        time: float
+        boot_id: str
+        usec: int
 
-    xid: int
-    gpu: Optional[int]
-    pci: str
-    time: float
-    sources: List[str]
-    app_pending: bool  # an application XID NVML told first: the kernel log's copy names the process
-    dups: int
-    noted: float
+    class Drain(TypedDict, total=False):
+        """The drain WE made (never someone else's)."""
 
+        reason: str
+        time: float
+        source: str
+        check: str
+        action: str
+        gpu: Optional[int]
+        preswap: str  # the sign a pre-emptive swap drained for (hooks.preswap)
 
-class LastResult(TypedDict, total=False):
-    time: float
-    status: str
-    source: str
-    results: List[Dict[str, Any]]  # CheckResult.to_dict() of the results that were not OK
+    class Fault(TypedDict, total=False):
+        """An open fault awaiting a repair rung (one per check and GPU)."""
 
+        check: str
+        gpu: Optional[int]
+        action: str
+        reason: str
+        since: float
+        evidence: Dict[str, Any]  # the check's evidence (CheckResult.evidence)
+        count: int
+        noted: float
 
-class LastPass(TypedDict, total=False):
-    time: float
-    boot_id: str
-    usec: int
+    class RebootRequest(TypedDict, total=False):
+        boot_id: str
+        time: float
 
+    class HistoryEntry(TypedDict, total=False):
+        """One entry of the lemon history (hooks.lemon): a ``fault`` or a ``returned``."""
 
-class Drain(TypedDict, total=False):
-    """The drain WE made (never someone else's)."""
+        time: float
+        event: str
+        check: str
+        xid: Optional[int]
+        gpu: Optional[int]
+        reason: str
+        how: str
 
-    reason: str
-    time: float
-    source: str
-    check: str
-    action: str
-    gpu: Optional[int]
-    preswap: str  # the sign a pre-emptive swap drained for (hooks.preswap)
+    class PendingDrain(TypedDict, total=False):
+        """A drain slurmctld did not take yet: retried until it does."""
 
+        failure: Dict[str, Any]  # CheckResult.to_dict()
+        since: float
+        tries: int
+        next_try: float
 
-class Fault(TypedDict, total=False):
-    """An open fault awaiting a repair rung (one per check and GPU)."""
+    class Episode(TypedDict, total=False):
+        """The node is drained for a hardware fault: its jobs get their grace signal and requeue once."""
 
-    check: str
-    gpu: Optional[int]
-    action: str
-    reason: str
-    since: float
-    evidence: Dict[str, Any]  # the check's evidence (CheckResult.evidence)
-    count: int
-    noted: float
+        id: str
+        since: float
+        reason: str
+        under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
 
+    class RequeueFault(TypedDict, total=False):
+        """A "requeue"-policy XID whose jobs are still to be found (``jobs`` None: all on the node)."""
 
-class RebootRequest(TypedDict, total=False):
-    boot_id: str
-    time: float
+        id: str
+        reason: str
+        since: float
+        jobs: Optional[List[str]]
 
+    class JobAction(TypedDict, total=False):
+        """Once per job and fault: its grace signal, then its requeue."""
 
-class HistoryEntry(TypedDict, total=False):
-    """One entry of the lemon history (hooks.lemon): a ``fault`` or a ``returned``."""
+        job: str
+        fault: str
+        stage: str  # a Stage
+        runner: Optional[bool]
+        note: str
+        detail: str
+        created: float
+        deadline: Optional[float]
+        tries: int
+        next_try: float
+        outcome: str
+        hot_spare: bool
+        signalled_at: float
+        fallback: bool
+        grace_end: float
+        requested: Any  # the signal the job asked for (WarnSignal fields), or None
+        requeue_tried: float
 
-    time: float
-    event: str
-    check: str
-    xid: Optional[int]
-    gpu: Optional[int]
-    reason: str
-    how: str
+    class NodeStateData(TypedDict):
+        """The whole file; ``load`` fills in every key."""
 
-
-class PendingDrain(TypedDict, total=False):
-    """A drain slurmctld did not take yet: retried until it does."""
-
-    failure: Dict[str, Any]  # CheckResult.to_dict()
-    since: float
-    tries: int
-    next_try: float
-
-
-class Episode(TypedDict, total=False):
-    """The node is drained for a hardware fault: its jobs get their grace signal and requeue once."""
-
-    id: str
-    since: float
-    reason: str
-    under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
-
-
-class RequeueFault(TypedDict, total=False):
-    """A "requeue"-policy XID whose jobs are still to be found (``jobs`` None: all on the node)."""
-
-    id: str
-    reason: str
-    since: float
-    jobs: Optional[List[str]]
-
-
-class JobAction(TypedDict, total=False):
-    """Once per job and fault: its grace signal, then its requeue."""
-
-    job: str
-    fault: str
-    stage: str  # a Stage
-    runner: Optional[bool]
-    note: str
-    detail: str
-    created: float
-    deadline: Optional[float]
-    tries: int
-    next_try: float
-    outcome: str
-    hot_spare: bool
-    signalled_at: float
-    fallback: bool
-    grace_end: float
-    requested: Any  # the signal the job asked for (WarnSignal fields), or None
-    requeue_tried: float
-
-
-class NodeStateData(TypedDict):
-    """The whole file; ``load`` fills in every key."""
-
-    version: int
-    kmsg: Dict[str, Any]                        # LogCursor.to_dict()
-    recent_xids: List[RecentXid]
-    app_xids: Dict[str, List[float]]            # gpu -> times of ignored (application) XIDs
-    last_result: Optional[LastResult]
-    last_pass: Optional[LastPass]
-    passes: int                                 # consecutive passing healthchecks
-    unknown_runs: Dict[str, int]                # gpu -> consecutive runs it could not be read
-    drain: Optional[Drain]
-    faults: List[Fault]
-    ladder: Dict[str, Dict[str, List[float]]]   # "gpu3"/"node" -> {rung: [times]}
-    gpu_pci: Dict[str, int]                     # "0000:3b:00" -> index (kept for GPUs that are lost now)
-    counters: Dict[str, float]                  # xid-watch counters for the textfile exporter
-    job_baseline: Dict[str, Dict[str, int]]     # job id -> {gpu: ecc dbe} (prolog -> epilog)
-    repaired: Dict[str, float]                  # "gpu3"/"node" -> last repair (ends the XID dedupe window)
-    foreign_noted: Dict[str, str]               # fault key -> foreign reason already journalled as "skipped"
-    polled_faults: Dict[str, Any]               # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
-    app_jobs: Dict[str, Any]                    # job -> its application XIDs (hooks.xid_jobs)
-    history: List[HistoryEntry]                 # faults and returns to service, kept across repairs
-    reboot_requested: Optional[RebootRequest]   # the reboot we asked for, until the node is back
-    # xid-watch's job side (autoheal.hooks.jobside)
-    pending_drain: Optional[PendingDrain]
-    episode: Optional[Episode]
-    requeue_faults: List[RequeueFault]
-    job_actions: Dict[str, JobAction]           # "<job>@<fault id>" -> its action
-
+        version: int
+        kmsg: Dict[str, Any]                        # LogCursor.to_dict()
+        recent_xids: List[RecentXid]
+        app_xids: Dict[str, List[float]]            # gpu -> times of ignored (application) XIDs
+        last_result: Optional[LastResult]
+        last_pass: Optional[LastPass]
+        passes: int                                 # consecutive passing healthchecks
+        unknown_runs: Dict[str, int]                # gpu -> consecutive runs it could not be read
+        drain: Optional[Drain]
+        faults: List[Fault]
+        ladder: Dict[str, Dict[str, List[float]]]   # "gpu3"/"node" -> {rung: [times]}
+        gpu_pci: Dict[str, int]                     # "0000:3b:00" -> index (kept for GPUs that are lost now)
+        counters: Dict[str, float]                  # xid-watch counters for the textfile exporter
+        job_baseline: Dict[str, Dict[str, int]]     # job id -> {gpu: ecc dbe} (prolog -> epilog)
+        repaired: Dict[str, float]                  # "gpu3"/"node" -> last repair (ends the XID dedupe window)
+        foreign_noted: Dict[str, str]               # fault key -> foreign reason already journalled as "skipped"
+        polled_faults: Dict[str, Any]               # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
+        app_jobs: Dict[str, Any]                    # job -> its application XIDs (hooks.xid_jobs)
+        history: List[HistoryEntry]                 # faults and returns to service, kept across repairs
+        reboot_requested: Optional[RebootRequest]   # the reboot we asked for, until the node is back
+        # xid-watch's job side (autoheal.hooks.jobside)
+        pending_drain: Optional[PendingDrain]
+        episode: Optional[Episode]
+        requeue_faults: List[RequeueFault]
+        job_actions: Dict[str, JobAction]           # "<job>@<fault id>" -> its action
 
 def empty() -> NodeStateData:
     return {"version": VERSION, "kmsg": {}, "recent_xids": [], "app_xids": {}, "last_result": None,
@@ -246,7 +230,7 @@ def _upgrade(st: Dict[str, Any]) -> None:
     old = st.pop("requeues", None) or {}
     if not old:
         return
-    from autoheal.hooks.jobside import requeue_note  # only for an old file: the hooks start fast
+    from autoheal.hooks.jobside import GRACE, requeue_note  # only for an old file: the hooks start fast
 
     for job, info in old.items():
         fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
@@ -254,10 +238,10 @@ def _upgrade(st: Dict[str, Any]) -> None:
         if key in st["job_actions"]:
             continue
         deadline = float(info.get("deadline", 0))
-        st["job_actions"][key] = JobAction(
-            job=str(job), fault=fid, stage=Stage.GRACE, runner=None, note=requeue_note(str(info.get("note", ""))),
-            detail="", created=deadline, deadline=deadline, tries=0, next_try=0.0, outcome="")
-        st["requeue_faults"].append(RequeueFault(id=fid, reason="", since=0, jobs=[str(job)]))
+        st["job_actions"][key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
+                                  "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
+                                  "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
+        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [str(job)]})
 
 
 class NodeState:

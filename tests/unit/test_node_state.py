@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from autoheal.hooks import jobside
 from autoheal.hooks import state as S
 
 #: A file as today's hooks write it (keys a healthcheck, an epilog and xid-watch left), trimmed.
@@ -47,11 +48,11 @@ def test_the_old_requeues_layout_becomes_job_actions_in_their_grace(tmp_path):
     st = S.NodeState(str(tmp_path)).read()
     assert "requeues" not in st
     action = st["job_actions"]["12@legacy-79-3"]
-    assert action["stage"] == S.Stage.GRACE and action["deadline"] == 1700000500.0 and action["job"] == "12"
+    assert action["stage"] == jobside.GRACE and action["deadline"] == 1700000500.0 and action["job"] == "12"
     assert action["note"] == "autoheal: requeued after xid 79 on GPU 3 of gpu1"  # the comment the job gets
     assert st["requeue_faults"] == [{"id": "legacy-79-3", "reason": "", "since": 0, "jobs": ["12"]}]
     with S.NodeState(str(tmp_path)).locked() as st2:
-        st2["job_actions"]["12@legacy-79-3"]["stage"] = S.Stage.DONE
+        st2["job_actions"]["12@legacy-79-3"]["stage"] = jobside.DONE
     disk = json.loads((tmp_path / S.STATE_FILE).read_text())
     assert "requeues" not in disk and disk["job_actions"]["12@legacy-79-3"]["stage"] == "done"
     assert len(disk["requeue_faults"]) == 1  # upgraded once: the saved file is today's layout
