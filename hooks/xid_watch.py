@@ -445,7 +445,7 @@ class XidWatch:
             return
         self._metrics_dirty = False
         self._metrics_written = time.monotonic()
-        counters: Dict[str, Any] = self.ctx.store.read().get("counters", {})
+        counters = self.ctx.store.read().get("counters") or {}
         node = self.ctx.node
         lines = ["# HELP autoheal_xid_watch counters of the autoheal xid-watch daemon",
                  "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} {1 if up else 0}',
