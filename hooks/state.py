@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
@@ -227,20 +228,24 @@ def _upgrade(st: Dict[str, Any]) -> None:
     """Older layouts, read into today's. An xid-watch before the job side kept its pending requeues in
     ``requeues`` ({job: {xid, gpu, note, deadline}}): each becomes a job action in its grace stage, under a
     requeue fault of its own, so the requeue still comes at that deadline after an upgrade."""
-    old = st.pop("requeues", None) or {}
-    if not old:
+    old = st.pop("requeues", None)
+    if not old or not isinstance(old, dict):
         return
     from autoheal.hooks.jobside import GRACE, requeue_note  # only for an old file: the hooks start fast
 
+    actions = st["job_actions"] = st.get("job_actions") or {}
+    st["requeue_faults"] = st.get("requeue_faults") or []
     for job, info in old.items():
+        if not isinstance(info, dict):
+            continue
         fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
         key = f"{job}@{fid}"
-        if key in st["job_actions"]:
+        if key in actions:
             continue
         deadline = float(info.get("deadline", 0))
-        st["job_actions"][key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
-                                  "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
-                                  "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
+        actions[key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
+                        "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
+                        "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
         st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [str(job)]})
 
 
@@ -278,7 +283,7 @@ class NodeState:
     def _read_disk(self) -> Tuple[NodeStateData, Optional[bytes]]:
         """The state on disk and, when the file is corrupt and ``fallback`` is on, its bytes (to keep)."""
         try:
-            raw = self.path.read_bytes()
+            raw = _read_nofollow(self.path)
         except FileNotFoundError:
             return empty(), None
         except (OSError, ValueError):  # unreadable (ValueError: a NUL in the path): as before, an empty
@@ -353,6 +358,15 @@ class NodeState:
         from autoheal.atomicfile import write_atomic
 
         write_atomic(self.dir / name, data, mode=mode)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    """The file's bytes; a symlink planted under its name is refused (ELOOP, an OSError: read as an empty
+    state, and the write then replaces the link itself), so its target's bytes are never read, nor kept
+    as a corrupt state."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _why(exc: BaseException) -> str:

@@ -146,3 +146,17 @@ def test_node_history_on_a_corrupt_state_says_so_and_exits_2(tmp_path):
     res = CliRunner().invoke(cli, ["node", "history", "gpu2", "--config", str(conf)])
     assert res.exit_code == 2 and "not JSON" in res.output and "Traceback" not in res.output, res.output
     assert (tmp_path / "gpu2" / S.STATE_FILE).read_text() == '{"history": ['  # a reader never rewrites it
+
+
+def test_a_symlink_planted_as_the_state_is_never_read_nor_kept(tmp_path):
+    """Its target (another user's link to a root-only file) is not state: not read, not copied aside."""
+    target = tmp_path / "precious"
+    target.write_text("root's file\n")
+    (tmp_path / "node").mkdir()
+    (tmp_path / "node" / S.STATE_FILE).symlink_to(target)
+    store = S.NodeState(str(tmp_path / "node"), fallback=True)
+    with store.locked() as st:
+        assert st == S.empty()
+        st["passes"] = 1
+    assert store.trouble == "" and not (tmp_path / "node" / S.CORRUPT_FILE).exists()
+    assert not (tmp_path / "node" / S.STATE_FILE).is_symlink() and target.read_text() == "root's file\n"
