@@ -267,7 +267,7 @@ class NodeState:
         self.path = self.dir / STATE_FILE
         self.lock_timeout = lock_timeout
         self.fallback = fallback
-        self.trouble = ""  # why the last locked() could not persist ("" when it could)
+        self.trouble = ""  # why the last locked() could not persist, or the corrupt file it replaced; "" if none
         self._unsaved: Optional[NodeStateData] = None  # our view while the disk does not take it
         self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
         self._replaced = ""  # the corrupt file this store replaced, if it did (told in every ``trouble``)
