@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -62,7 +62,7 @@ class Pass:
 REPEAT_NOTE_SECONDS = 60.0
 
 
-def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_map: Dict[str, int],
+def xid_results(ctx: Context, st: S.NodeStateData, events: List[XidEvent], pci_map: Dict[str, int],
                 now: float, notes: Optional[List[Dict[str, Any]]] = None) -> List[C.CheckResult]:
     """Judge new XIDs once each: dedupe against recent ones (other sources, companion events), count
     application XIDs per GPU, open a fault for every drain-class XID.
@@ -108,7 +108,7 @@ def xid_results(ctx: Context, st: Dict[str, Any], events: List[XidEvent], pci_ma
     return out
 
 
-def _seen_again(ctx: Context, dup: Dict[str, Any], ev: XidEvent, gpu: Optional[int], pci_full: str, now: float,
+def _seen_again(ctx: Context, dup: S.RecentXid, ev: XidEvent, gpu: Optional[int], pci_full: str, now: float,
                 notes: Optional[List[Dict[str, Any]]]) -> Optional[C.CheckResult]:
     """An XID judged within the dedupe window: the other source's copy (silent; judged once more only for
     an application XID whose process the kernel log names), or a repeat (a note at most once a minute)."""
@@ -133,7 +133,7 @@ def _seen_again(ctx: Context, dup: Dict[str, Any], ev: XidEvent, gpu: Optional[i
     return None
 
 
-def _count_open_fault(same: Dict[str, Any], ev: XidEvent, gpu: Optional[int], now: float,
+def _count_open_fault(same: S.Fault, ev: XidEvent, gpu: Optional[int], now: float,
                       notes: Optional[List[Dict[str, Any]]]) -> None:
     """The fault this XID opened is still open (no repair since): the same XID again is that fault with a
     count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3 nodes in 3 hours
@@ -147,13 +147,13 @@ def _count_open_fault(same: Dict[str, Any], ev: XidEvent, gpu: Optional[int], no
                                                                      "count": same["count"]}})
 
 
-def _open_same_fault(st: Dict[str, Any], xid: int, gpu: Optional[int]) -> Optional[Dict[str, Any]]:
+def _open_same_fault(st: S.NodeStateData, xid: int, gpu: Optional[int]) -> Optional[S.Fault]:
     """The open XID fault of ``gpu`` that this same XID opened after the GPU's last repair, if any."""
     for f in st.get("faults", []):
         if f.get("check", "xid") == "xid" and f.get("gpu") == gpu \
                 and (f.get("evidence") or {}).get("xid") == xid \
                 and float(f.get("since", 0) or 0) >= S.repaired_at(st, gpu):
-            return f  # type: ignore[no-any-return]
+            return f
     return None
 
 
@@ -191,7 +191,8 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
             if (f.get("check", "xid"), f.get("gpu")) in failing:
                 continue
             results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, parse_body(f.get("reason", "")),
-                                         f.get("action", C.RESET), f.get("gpu"), {"open_fault_since": f.get("since")}))
+                                         cast(C.CheckAction, f.get("action", C.RESET)), f.get("gpu"),
+                                         {"open_fault_since": f.get("since")}))
         p.results = results
         p.status = C.overall(results)
         if not cheap:
@@ -209,7 +210,7 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
     return p
 
 
-def _escalate_unknown(ctx: Context, st: Dict[str, Any], results: List[C.CheckResult]) -> List[C.CheckResult]:
+def _escalate_unknown(ctx: Context, st: S.NodeStateData, results: List[C.CheckResult]) -> List[C.CheckResult]:
     """A GPU unreadable in N consecutive full passes is failed as unresponsive."""
     streaks: Dict[str, int] = {}
     old = st.get("unknown_runs", {})
@@ -388,7 +389,7 @@ def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Dict[st
     return forget_behind_drain(ctx, time.time() if now is None else now)
 
 
-def forget_behind_drain(ctx: Context, now: float, expect: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+def forget_behind_drain(ctx: Context, now: float, expect: Optional[S.Drain] = None) -> Optional[Dict[str, Any]]:
     """``accept_resume``'s work once the caller knows the node we drained is back in service and we did
     not resume it: forget our drain record, the faults opened before it and a failing result; the
     node counts as repaired now. Also used by xid-watch's health poll, which sees a new fault on such a
@@ -447,7 +448,7 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
     return done
 
 
-def first_rung(ctx: Context, st: Dict[str, Any], r: C.CheckResult, now: float) -> Optional[C.CheckAction]:
+def first_rung(ctx: Context, st: S.NodeStateData, r: C.CheckResult, now: float) -> Optional[C.CheckAction]:
     """The ladder's rung for failure ``r`` now (its check's first rung, climbed by the repairs already made
     for its GPU within ``hooks.ladder_window``): the one decision ``drain_for`` names in the reason and
     ``maybe_repair`` carries out."""
@@ -509,8 +510,9 @@ def _request_reboot(ctx: Context, r: C.CheckResult, now: float) -> str:
         S.record_rung(st, r.gpu, Rung.REBOOT, now)
         st["reboot_requested"] = {"boot_id": boot_id(), "time": now}
         st["faults"] = []
-        if st.get("drain"):
-            st["drain"]["reason"] = reason
+        drain = st.get("drain")
+        if drain:
+            drain["reason"] = reason
     ctx.record(Event.REMEDIATION_STEP, check=r.check, action="reboot-node", outcome="requested", message=reason,
                severity="action")
     return "requested"
@@ -539,8 +541,9 @@ def _replacement_asked(ctx: Context, r: C.CheckResult, reason: str, now: float, 
 
     with ctx.store.locked() as st:
         S.record_rung(st, r.gpu, Rung.REPLACE, now)
-        if st.get("drain"):
-            st["drain"]["reason"] = reason
+        drain = st.get("drain")
+        if drain:
+            drain["reason"] = reason
     ctx.record(Event.REMEDIATION_STEP, check=r.check, action="replace-node", outcome=outcome, message=reason,
                severity="action")
     if not announce:
@@ -554,7 +557,7 @@ def _replacement_asked(ctx: Context, r: C.CheckResult, reason: str, now: float, 
 REBOOT_VISIBLE_SECONDS = 15.0
 
 
-def reboot_still_pending(node: Node, pending: Dict[str, Any], now: float) -> bool:
+def reboot_still_pending(node: Node, pending: S.RebootRequest, now: float) -> bool:
     """Our earlier reboot request (same boot id) is still under way: Slurm shows it on the node
     (REBOOT_REQUESTED / REBOOT_ISSUED), or it was made too recently to show yet. Without that, the
     request is over although the boot id did not change (an admin cancelled it, or a machine whose
@@ -671,7 +674,7 @@ def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False)
     """Forget open faults and recovery-ladder counts (all, or one GPU's) after an admin repaired the
     node by hand, so the next fault starts again at the cheapest rung. Our drain record is kept: the
     healthcheck still resumes the node once it passes. Returns what was (or would be) cleared."""
-    def pick(st: Dict[str, Any]) -> Dict[str, Any]:
+    def pick(st: S.NodeStateData) -> Dict[str, Any]:
         keys = None if gpu is None else {S.ladder_key(gpu)}
         return {
             "faults": [f for f in st.get("faults", []) if gpu is None or f.get("gpu") == gpu],
@@ -687,8 +690,9 @@ def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False)
         with ctx.store.locked() as st:
             cleared = pick(st)
             st["faults"] = [f for f in st.get("faults", []) if f not in cleared["faults"]]
-            for key in ("ladder", "unknown_runs", "app_xids"):
-                st[key] = {k: v for k, v in st.get(key, {}).items() if k not in cleared[key]}
+            st["ladder"] = {k: v for k, v in st["ladder"].items() if k not in cleared["ladder"]}
+            st["unknown_runs"] = {k: v for k, v in st["unknown_runs"].items() if k not in cleared["unknown_runs"]}
+            st["app_xids"] = {k: v for k, v in st["app_xids"].items() if k not in cleared["app_xids"]}
             if gpu is None:
                 st["reboot_requested"] = None
                 st["last_result"] = None  # a stale failing result would make the prolog fail jobs

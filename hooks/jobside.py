@@ -32,7 +32,7 @@ from __future__ import annotations
 import random
 import sys
 import time
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, cast
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -113,7 +113,7 @@ def result_note(r: C.CheckResult) -> str:
 
 # ---- pure changes to the state dict --------------------------------------------------------------------
 
-def request_drain(st: Dict[str, Any], failure: C.CheckResult, now: float) -> None:
+def request_drain(st: S.NodeStateData, failure: C.CheckResult, now: float) -> None:
     """Remember a drain to make (kept, and retried, until slurmctld takes it); the heavier fault wins."""
     pend = st.get("pending_drain")
     if pend:
@@ -124,7 +124,7 @@ def request_drain(st: Dict[str, Any], failure: C.CheckResult, now: float) -> Non
                            "next_try": 0.0}
 
 
-def add_action(st: Dict[str, Any], job: str, fault: str, note: str, now: float, runner: Optional[bool] = None,
+def add_action(st: S.NodeStateData, job: str, fault: str, note: str, now: float, runner: Optional[bool] = None,
                detail: str = "") -> bool:
     """One job action per job and fault; False when this job was already handled for this fault."""
     actions = st.setdefault("job_actions", {})
@@ -137,7 +137,7 @@ def add_action(st: Dict[str, Any], job: str, fault: str, note: str, now: float, 
     return True
 
 
-def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Optional[List[str]]) -> str:
+def add_requeue_fault(st: S.NodeStateData, r: C.CheckResult, now: float, jobs: Optional[List[str]]) -> str:
     """A "requeue"-policy XID (94, contained ECC): the GPU stays in service, its jobs restart. ``jobs``
     from the DCGM mapping, or None: every job running on the node, found when slurmctld answers."""
     fid = f"xid{r.evidence.get('xid')}-{r.gpu}-{now:.3f}"
@@ -151,7 +151,7 @@ def add_requeue_fault(st: Dict[str, Any], r: C.CheckResult, now: float, jobs: Op
 #: ``autoheal sbatch --spare-nodes`` jobs carry ``spares=`` in their runner comment: on a fault their runner
 #: swaps the node for a spare inside the allocation (no requeue); the requeue after the grace stays as the
 #: safety net, and finds the job gone from the node once the swap is made.
-def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | None,
+def mark_hot_spare(st: S.NodeStateData, key: str, runner_comment: str | bool | None,
                    marker: str = RUNNER_MARKER) -> None:
     """Note on a new job action that the job is a hot-spare job (its journal line says what comes).
     ``marker``: ``hooks.runner_comment``, which starts the comment of a runner job."""
@@ -161,18 +161,18 @@ def mark_hot_spare(st: Dict[str, Any], key: str, runner_comment: str | bool | No
         st["job_actions"][key]["hot_spare"] = True
 
 
-def _hot_spare(action: Dict[str, Any]) -> bool:
+def _hot_spare(action: S.JobAction) -> bool:
     return bool(action.get("hot_spare"))
 
 
-def open_work(st: Dict[str, Any]) -> bool:
+def open_work(st: S.NodeStateData) -> bool:
     """Work in flight: a drain to make, jobs still to find or to signal/requeue."""
     return bool(st.get("pending_drain")
                 or any(a.get("stage") != DONE for a in (st.get("job_actions") or {}).values())
                 or any(f.get("jobs") is None for f in st.get("requeue_faults") or []))
 
 
-def fingerprint(st: Dict[str, Any]) -> Tuple[Any, ...]:
+def fingerprint(st: S.NodeStateData) -> Tuple[Any, ...]:
     """What, in the local state, should make xid-watch look at Slurm now when it changes (a drain
     recorded by the healthcheck, a new pending drain, a repair)."""
     d = st.get("drain") or {}
@@ -189,16 +189,6 @@ def runner_state(comment: str, marker: str = RUNNER_MARKER) -> str:
     from autoheal.runner_comment import CommentState
 
     return CommentState.parse(comment, marker).state
-
-
-def migrate(st: Dict[str, Any]) -> None:
-    """Pending requeues of an older xid-watch (``requeues``) become job actions in their grace stage."""
-    old = st.pop("requeues", None) or {}
-    for job, info in old.items():
-        fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
-        if add_action(st, job, fid, requeue_note(str(info.get("note", ""))), float(info.get("deadline", 0))):
-            st["job_actions"][f"{job}@{fid}"].update(stage=GRACE, deadline=float(info.get("deadline", 0)))
-            st.setdefault("requeue_faults", []).append({"id": fid, "reason": "", "since": 0, "jobs": [job]})
 
 
 # ---- the reconciler ------------------------------------------------------------------------------------
@@ -327,12 +317,11 @@ class JobSide:
             return BUSY, now + FAST_SECONDS
         return (WAITING if work else QUIET), next_due
 
-    def _follow_drain(self, st: Dict[str, Any], node: Node, ours: Optional[C.CheckResult], fault_drain: bool,
-                      now: float) -> Tuple[Optional[Dict[str, Any]], Optional[int], bool]:
+    def _follow_drain(self, st: S.NodeStateData, node: Node, ours: Optional[C.CheckResult], fault_drain: bool,
+                      now: float) -> Tuple[Optional[S.Episode], Optional[int], bool]:
         """Open the fault episode on a fault drain, close it once the node is back in service (a drain
         our fault waited behind has ended: drain for it now). (the episode, job actions dropped by a
         close or None, drain again now)."""
-        migrate(st)
         closed, redrain = None, False
         ep = st.get("episode")
         if fault_drain and (ep or ours is not None or is_health_reason(node.reason)):
@@ -425,7 +414,7 @@ class JobSide:
             self._count("drains_total")
         return failure
 
-    def _close_episode(self, st: Dict[str, Any], ep: Dict[str, Any], now: float) -> int:
+    def _close_episode(self, st: S.NodeStateData, ep: S.Episode, now: float) -> int:
         """The node is back in service (resumed after passes, by an admin, by Slurm after our reboot):
         the fault is over, its repair ends the XID dedupe window, open job actions of it are dropped."""
         actions = st.get("job_actions") or {}
@@ -444,7 +433,7 @@ class JobSide:
         lemon.note_return(st, now, "back in service (seen by xid-watch)")
         return len(dropped)
 
-    def _prune(self, st: Dict[str, Any]) -> None:
+    def _prune(self, st: S.NodeStateData) -> None:
         """Done actions of faults that are over go; a requeue fault goes once all its jobs are done."""
         actions = st.get("job_actions") or {}
         ep_id = (st.get("episode") or {}).get("id")
@@ -488,9 +477,9 @@ class JobSide:
         with self.ctx.store.locked() as st:
             a = st.setdefault("job_actions", {}).get(key)
             if a is not None:
-                a.update(changes)
+                a.update(cast("S.JobAction", changes))
 
-    def _advance(self, key: str, a: Dict[str, Any], now: float) -> None:
+    def _advance(self, key: str, a: S.JobAction, now: float) -> None:
         stage = a.get("stage")
         if stage == SIGNALLING:
             # a restart found a signal that may have gone out: never send it twice, keep the requeue
@@ -505,7 +494,7 @@ class JobSide:
         elif stage == GRACE:
             self._requeue(key, a, now)
 
-    def _signal(self, key: str, a: Dict[str, Any], now: float) -> None:
+    def _signal(self, key: str, a: S.JobAction, now: float) -> None:
         from autoheal.errors import SlurmError, SlurmUnavailable
 
         job = a["job"]
@@ -522,7 +511,7 @@ class JobSide:
             # once and let Slurm's kill sequence be the grace (a job that exits on SIGTERM would otherwise
             # end before it could be requeued)
             self._update(key, stage=GRACE, deadline=now)
-            self._requeue(key, dict(a, runner=runner, stage=GRACE, deadline=now), now)
+            self._requeue(key, cast("S.JobAction", dict(a, runner=runner, stage=GRACE, deadline=now)), now)
             return
         if runner and not self._runner_up(key, a, job, now):
             return
@@ -547,7 +536,7 @@ class JobSide:
             return
         self._signalled(key, a, sig, to, fallback=not runner and warn is None, now=now)
 
-    def _which_signal(self, a: Dict[str, Any], runner: bool, warn: Optional[WarnSignal]) -> Tuple[str, bool, str]:
+    def _which_signal(self, a: S.JobAction, runner: bool, warn: Optional[WarnSignal]) -> Tuple[str, bool, str]:
         """(signal, to the batch shell only?, to whom, for the journal) for the job of action ``a``."""
         if runner and _hot_spare(a):
             return (_sig(self.h.runner_signal), True,
@@ -565,7 +554,7 @@ class JobSide:
         return (_sig(self.h.grace_signal), False,
                 "hooks.grace_signal, every step, not the batch shell; the job asked for no signal")
 
-    def _signalled(self, key: str, a: Dict[str, Any], sig: str, to: str, fallback: bool, now: float) -> None:
+    def _signalled(self, key: str, a: S.JobAction, sig: str, to: str, fallback: bool, now: float) -> None:
         """The signal went out: the grace starts now (not when this look at Slurm began: a slow or
         just-restarted slurmctld can make that many seconds)."""
         job = a["job"]
@@ -583,7 +572,7 @@ class JobSide:
                         message=f"job {job}: grace signal {sig} ({to}) after: {a.get('detail') or a.get('note', '')}; "
                         f"requeue in {self.h.grace_seconds:g}s if it still runs here")
 
-    def _runner_up(self, key: str, a: Dict[str, Any], job: str, now: float) -> bool:
+    def _runner_up(self, key: str, a: S.JobAction, job: str, now: float) -> bool:
         """The runner's grace signal goes to the batch shell, which dies of it until the runner has set
         its handlers (a job, say an array task, that just started). The runner says it is up with
         ``state=running`` in the comment: until then wait (1 s steps); if it never says so within the
@@ -606,7 +595,7 @@ class JobSide:
             self._update(key, next_try=now + 1.0)
             return False
         self._update(key, stage=GRACE, deadline=now, note=a.get("note") or "")
-        self._requeue(key, dict(a, stage=GRACE, deadline=now), now)
+        self._requeue(key, cast("S.JobAction", dict(a, stage=GRACE, deadline=now)), now)
         return False
 
     def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:
@@ -644,7 +633,7 @@ class JobSide:
         self._update(key, runner=runner, requested=requested)
         return runner, requested
 
-    def _requeue(self, key: str, a: Dict[str, Any], now: float) -> None:
+    def _requeue(self, key: str, a: S.JobAction, now: float) -> None:
         from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 
         job = a["job"]
@@ -688,7 +677,7 @@ class JobSide:
         self.ctx.record(Event.REQUEUE, job_ids=[job], check="xid", action="requeue", outcome=outcome,
                         message=note, severity="action")
 
-    def _still_in_grace(self, key: str, a: Dict[str, Any], info: Job, now: float) -> bool:
+    def _still_in_grace(self, key: str, a: S.JobAction, info: Job, now: float) -> bool:
         """A job that got hooks.grace_signal is still ending, or running within its grace: look again
         soon (True) instead of requeueing it now."""
         if info.state == "COMPLETING" and now < float(a.get("grace_end") or 0) + ENDING_WAIT:
@@ -699,7 +688,7 @@ class JobSide:
             return True
         return False
 
-    def _no_longer_here(self, key: str, a: Dict[str, Any], info: Job, note: str) -> None:
+    def _no_longer_here(self, key: str, a: S.JobAction, info: Job, note: str) -> None:
         """The job does not run here any more: our late-answered requeue, or it ended or moved itself."""
         if a.get("requeue_tried"):
             # our requeue went out while slurmctld was slow to answer and it took it after all
@@ -711,7 +700,7 @@ class JobSide:
         # finished, or requeued itself (the runner, a framework): nothing left to do here
         self._update(key, stage=DONE, outcome=f"no longer runs here ({info.state})")
 
-    def _requeue_refused(self, key: str, a: Dict[str, Any], exc: Exception, now: float) -> None:
+    def _requeue_refused(self, key: str, a: S.JobAction, exc: Exception, now: float) -> None:
         """Slurm refused the requeue: done when the job ended; given up when refused for good (or too
         often); else tried again after a backoff."""
         if _finished(exc):

@@ -13,33 +13,35 @@ Pure functions over the state dict; ``engine.drain_for`` and the resume paths ca
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from autoheal.reasons import Origin, Reason
 
-HISTORY = "history"
+if TYPE_CHECKING:
+    from autoheal.hooks.state import HistoryEntry, NodeStateData
+
 #: Entries kept (the newest); far more than any window needs.
 MAX_HISTORY = 500
 
 
-def _label(entry: Dict[str, Any]) -> str:
+def _label(entry: HistoryEntry) -> str:
     return f"xid {entry['xid']}" if entry.get("xid") is not None else str(entry.get("check") or "fault")
 
 
-def note_fault(st: Dict[str, Any], now: float, check: str, xid: Optional[int], gpu: Optional[int],
+def note_fault(st: NodeStateData, now: float, check: str, xid: Optional[int], gpu: Optional[int],
                reason: str) -> None:
-    hist: List[Dict[str, Any]] = st.setdefault(HISTORY, [])
+    hist = st.setdefault("history", [])
     hist.append({"time": now, "event": "fault", "check": check, "xid": xid, "gpu": gpu, "reason": reason})
-    st[HISTORY] = hist[-MAX_HISTORY:]
+    st["history"] = hist[-MAX_HISTORY:]
 
 
-def note_return(st: Dict[str, Any], now: float, how: str) -> None:
+def note_return(st: NodeStateData, now: float, how: str) -> None:
     """The node went back into service (``how``: resumed by autoheal, by someone else, after a reboot)."""
-    hist: List[Dict[str, Any]] = st.setdefault(HISTORY, [])
+    hist = st.setdefault("history", [])
     if hist and hist[-1].get("event") == "returned":
         return  # one return per episode, whichever path saw it first
     hist.append({"time": now, "event": "returned", "how": how})
-    st[HISTORY] = hist[-MAX_HISTORY:]
+    st["history"] = hist[-MAX_HISTORY:]
 
 
 def window_text(seconds: float) -> str:
@@ -50,14 +52,14 @@ def window_text(seconds: float) -> str:
     return f"{seconds:g} s"
 
 
-def verdict(st: Dict[str, Any], now: float, check: str, xid: Optional[int], limit: int,
+def verdict(st: NodeStateData, now: float, check: str, xid: Optional[int], limit: int,
             window: float) -> Optional[str]:
     """The lemon reason body when a new fault (``check``/``xid``, not yet in the history) makes
     ``limit`` faults within ``window`` seconds, each after the node was returned to service; else None.
     ``limit`` 0: never."""
     if limit <= 0:
         return None
-    hist = st.get(HISTORY) or []
+    hist = st.get("history") or []
     recent = [e for e in hist if e.get("event") == "fault" and now - float(e.get("time", 0)) <= window]
     returned = [e for e in hist if e.get("event") == "returned" and now - float(e.get("time", 0)) <= window]
     if len(recent) + 1 < limit or not returned:
@@ -77,5 +79,5 @@ def is_lemon(reason_text: Optional[str]) -> bool:
     return parsed is not None and parsed.origin is Origin.LEMON
 
 
-def history(st: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return list(st.get(HISTORY) or [])
+def history(st: NodeStateData) -> List[HistoryEntry]:
+    return list(st.get("history") or [])

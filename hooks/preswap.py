@@ -85,7 +85,7 @@ def _result_text(kind: str, r: C.CheckResult, node: str) -> str:
     return f"{label}{body} on {where}"
 
 
-def xid_counts(st: Dict[str, Any], now: float, window: float) -> Dict[Tuple[int, Optional[int]], int]:
+def xid_counts(st: S.NodeStateData, now: float, window: float) -> Dict[Tuple[int, Optional[int]], int]:
     """How often each XID was seen per GPU within ``window`` and since the GPU's last repair (repeats
     of one XID from the same source included, the other source's report of it not)."""
     out: Dict[Tuple[int, Optional[int]], int] = {}
@@ -99,7 +99,7 @@ def xid_counts(st: Dict[str, Any], now: float, window: float) -> Dict[Tuple[int,
     return out
 
 
-def signs(results: Iterable[C.CheckResult], st: Dict[str, Any], hooks_cfg: Any, now: float,
+def signs(results: Iterable[C.CheckResult], st: S.NodeStateData, hooks_cfg: Any, now: float,
           node: str = "") -> List[Sign]:
     """The enabled warning signs among a pass's results and the XIDs remembered in the node state."""
     enabled = set(getattr(hooks_cfg, "preswap_signs", ()) or ())

@@ -8,6 +8,12 @@ recent XIDs (dedupe across sources), the last check result, consecutive passes, 
 faults, recovery-ladder counts and xid-watch counters and its job-side work (pending drain, fault
 episode, per-job actions).
 
+Its shape is the typed records below (``NodeStateData`` and the records it holds: TypedDicts, so the
+file stays the JSON it always was and a record is a plain dict at run time, with mypy checking every
+key). ``load`` and ``dump`` are the one way in and out: ``load`` reads today's files and the older
+layouts (``_upgrade``), and a file that is not JSON is a ``StateCorrupt``, kept aside, never silently
+overwritten.
+
 A state dir that cannot be written (read-only, full, lock held by a stuck hook, a path Python refuses)
 is the hooks' own trouble, never a reason to fail Slurm: with ``fallback=True`` the store keeps working
 on an in-memory copy, says so in ``trouble``, and writes the copy back once the disk takes it again.
@@ -18,13 +24,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
+
+from autoheal.errors import AutohealError
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
     from autoheal.hooks.ladder import Rung
 
 STATE_FILE = "state.json"
+#: Where a state file that is not JSON (a disk error, a hand edit) is kept for its admin when the hooks
+#: start over from an empty state: its bytes are never simply overwritten (0600: it may hold anything).
+CORRUPT_FILE = "state.json.corrupt"
+VERSION = 1
 
 
 def expand(path: str, node: str) -> str:
@@ -32,32 +47,206 @@ def expand(path: str, node: str) -> str:
     return path.replace("{node}", node) if path else path
 
 
-def empty() -> Dict[str, Any]:
-    return {
-        "version": 1,
-        "kmsg": {},                 # LogCursor.to_dict()
-        "recent_xids": [],          # [{"xid", "gpu", "pci", "time"}] for dedupe across sources
-        "app_xids": {},             # gpu -> [times] of ignored (application) XIDs
-        "last_result": None,        # {"time", "status", "results": [...], "source"}
-        "last_pass": None,          # {"time", "boot_id", "usec"}
-        "passes": 0,                # consecutive passing healthchecks
-        "unknown_runs": {},         # gpu -> consecutive runs it could not be read
-        "drain": None,              # {"reason", "time", "source", "check", "action", "gpu"} of OUR drain
-        "faults": [],               # open faults awaiting a repair rung
-        "ladder": {},               # "gpu3"/"node" -> {"reset": [times], "reboot": [times]}
-        "gpu_pci": {},              # "0000:3b:00" -> index (kept for GPUs that are lost now)
-        "counters": {},             # xid-watch counters for the textfile exporter
-        "job_baseline": {},         # job id -> {gpu: ecc dbe} (prolog -> epilog)
-        "repaired": {},             # "gpu3"/"node" -> time of the last repair (ends the XID dedupe window)
-        "foreign_noted": {},        # fault key -> foreign reason already journalled as "skipped"
-        "polled_faults": {},        # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
-        "history": [],              # faults and returns to service, kept across repairs (hooks.lemon)
+# ---- the records -----------------------------------------------------------------------------------
+# total=False: a record written by an older hook may lack a field, and the hooks add fields to a record
+# as it moves on (a job action's signalled_at, an XID's dups); readers use .get() with a default.
+# They exist for mypy only (defined under TYPE_CHECKING): at run time a record is the plain dict json made,
+# and building 13 TypedDict classes cost every hook process 1.5-10 ms (measured 2026-12-02, this machine
+# under load), a hot path that runs on every node every HealthCheckInterval (issue 24 section 6).
+
+if TYPE_CHECKING:
+    class RecentXid(TypedDict, total=False):
+        """An XID judged lately (dedupe across the NVML and kernel-log sources)."""
+
+        xid: int
+        gpu: Optional[int]
+        pci: str
+        time: float
+        sources: List[str]
+        app_pending: bool  # an application XID NVML told first: the kernel log's copy names the process
+        dups: int
+        noted: float
+
+    class LastResult(TypedDict, total=False):
+        time: float
+        status: str
+        source: str
+        results: List[Dict[str, Any]]  # CheckResult.to_dict() of the results that were not OK
+
+    class LastPass(TypedDict, total=False):
+        time: float
+        boot_id: str
+        usec: int
+
+    class Drain(TypedDict, total=False):
+        """The drain WE made (never someone else's)."""
+
+        reason: str
+        time: float
+        source: str
+        check: str
+        action: str
+        gpu: Optional[int]
+        preswap: str  # the sign a pre-emptive swap drained for (hooks.preswap)
+
+    class Fault(TypedDict, total=False):
+        """An open fault awaiting a repair rung (one per check and GPU)."""
+
+        check: str
+        gpu: Optional[int]
+        action: str
+        reason: str
+        since: float
+        evidence: Dict[str, Any]  # the check's evidence (CheckResult.evidence)
+        count: int
+        noted: float
+
+    class RebootRequest(TypedDict, total=False):
+        boot_id: str
+        time: float
+
+    class HistoryEntry(TypedDict, total=False):
+        """One entry of the lemon history (hooks.lemon): a ``fault`` or a ``returned``."""
+
+        time: float
+        event: str
+        check: str
+        xid: Optional[int]
+        gpu: Optional[int]
+        reason: str
+        how: str
+
+    class PendingDrain(TypedDict, total=False):
+        """A drain slurmctld did not take yet: retried until it does."""
+
+        failure: Dict[str, Any]  # CheckResult.to_dict()
+        since: float
+        tries: int
+        next_try: float
+
+    class Episode(TypedDict, total=False):
+        """The node is drained for a hardware fault: its jobs get their grace signal and requeue once."""
+
+        id: str
+        since: float
+        reason: str
+        under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
+
+    class RequeueFault(TypedDict, total=False):
+        """A "requeue"-policy XID whose jobs are still to be found (``jobs`` None: all on the node)."""
+
+        id: str
+        reason: str
+        since: float
+        jobs: Optional[List[str]]
+
+    class JobAction(TypedDict, total=False):
+        """Once per job and fault: its grace signal, then its requeue."""
+
+        job: str
+        fault: str
+        stage: str  # a Stage
+        runner: Optional[bool]
+        note: str
+        detail: str
+        created: float
+        deadline: Optional[float]
+        tries: int
+        next_try: float
+        outcome: str
+        hot_spare: bool
+        signalled_at: float
+        fallback: bool
+        grace_end: float
+        requested: Any  # the signal the job asked for (WarnSignal fields), or None
+        requeue_tried: float
+
+    class NodeStateData(TypedDict):
+        """The whole file; ``load`` fills in every key."""
+
+        version: int
+        kmsg: Dict[str, Any]                        # LogCursor.to_dict()
+        recent_xids: List[RecentXid]
+        app_xids: Dict[str, List[float]]            # gpu -> times of ignored (application) XIDs
+        last_result: Optional[LastResult]
+        last_pass: Optional[LastPass]
+        passes: int                                 # consecutive passing healthchecks
+        unknown_runs: Dict[str, int]                # gpu -> consecutive runs it could not be read
+        drain: Optional[Drain]
+        faults: List[Fault]
+        ladder: Dict[str, Dict[str, List[float]]]   # "gpu3"/"node" -> {rung: [times]}
+        gpu_pci: Dict[str, int]                     # "0000:3b:00" -> index (kept for GPUs that are lost now)
+        counters: Dict[str, float]                  # xid-watch counters for the textfile exporter
+        job_baseline: Dict[str, Dict[str, int]]     # job id -> {gpu: ecc dbe} (prolog -> epilog)
+        repaired: Dict[str, float]                  # "gpu3"/"node" -> last repair (ends the XID dedupe window)
+        foreign_noted: Dict[str, str]               # fault key -> foreign reason already journalled as "skipped"
+        polled_faults: Dict[str, Any]               # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
+        app_jobs: Dict[str, Any]                    # job -> its application XIDs (hooks.xid_jobs)
+        history: List[HistoryEntry]                 # faults and returns to service, kept across repairs
+        reboot_requested: Optional[RebootRequest]   # the reboot we asked for, until the node is back
         # xid-watch's job side (autoheal.hooks.jobside)
-        "pending_drain": None,      # a drain slurmctld did not take yet: retried until it does
-        "episode": None,            # {"id", "since", "reason"}: the node is drained for a hardware fault
-        "requeue_faults": [],       # "requeue"-policy XIDs whose jobs are still to be found
-        "job_actions": {},          # "<job>@<fault id>" -> {"stage", "deadline", ...}: once per job and fault
-    }
+        pending_drain: Optional[PendingDrain]
+        episode: Optional[Episode]
+        requeue_faults: List[RequeueFault]
+        job_actions: Dict[str, JobAction]           # "<job>@<fault id>" -> its action
+
+def empty() -> NodeStateData:
+    return {"version": VERSION, "kmsg": {}, "recent_xids": [], "app_xids": {}, "last_result": None,
+            "last_pass": None, "passes": 0, "unknown_runs": {}, "drain": None, "faults": [], "ladder": {},
+            "gpu_pci": {}, "counters": {}, "job_baseline": {}, "repaired": {}, "foreign_noted": {},
+            "polled_faults": {}, "app_jobs": {}, "history": [], "reboot_requested": None, "pending_drain": None,
+            "episode": None, "requeue_faults": [], "job_actions": {}}
+
+
+# ---- the one load and save -------------------------------------------------------------------------
+
+class StateCorrupt(AutohealError, ValueError):
+    """The state file is not a JSON object (a disk error, a hand edit gone wrong). A CLI reading the state
+    (``autoheal node history``) says so in one line and exits 2 (could not tell)."""
+
+
+def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
+    """The state a file's bytes hold: today's layout and the older ones, every key present (missing ones
+    empty, unknown ones kept). Raises StateCorrupt when the bytes are not a JSON object."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # UnicodeDecodeError is one too
+        raise StateCorrupt(f"{where}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise StateCorrupt(f"{where}: not a JSON object but {type(data).__name__}")
+    state = empty()
+    cast(Dict[str, Any], state).update(data)
+    _upgrade(cast(Dict[str, Any], state))
+    return state
+
+
+def dump(state: NodeStateData) -> bytes:
+    return json.dumps(state, sort_keys=True, default=str).encode()
+
+
+def _upgrade(st: Dict[str, Any]) -> None:
+    """Older layouts, read into today's. An xid-watch before the job side kept its pending requeues in
+    ``requeues`` ({job: {xid, gpu, note, deadline}}): each becomes a job action in its grace stage, under a
+    requeue fault of its own, so the requeue still comes at that deadline after an upgrade."""
+    old = st.pop("requeues", None)
+    if not old or not isinstance(old, dict):
+        return
+    from autoheal.hooks.jobside import GRACE, requeue_note  # only for an old file: the hooks start fast
+
+    actions = st["job_actions"] = st.get("job_actions") or {}
+    st["requeue_faults"] = st.get("requeue_faults") or []
+    for job, info in old.items():
+        if not isinstance(info, dict):
+            continue
+        fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
+        key = f"{job}@{fid}"
+        if key in actions:
+            continue
+        deadline = float(info.get("deadline", 0))
+        actions[key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
+                        "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
+                        "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
+        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [str(job)]})
 
 
 class NodeState:
@@ -67,34 +256,47 @@ class NodeState:
     returns it) instead of raising, and record why in ``trouble``. The next locked write that works
     merges the copy into what is on disk then: the top-level keys this process changed since it fell
     back win, everything else another process wrote meanwhile is kept. Hooks use it so that their own
-    trouble never turns into a Slurm failure, and a long-running xid-watch never loses an XID to it."""
+    trouble never turns into a Slurm failure, and a long-running xid-watch never loses an XID to it.
+
+    A corrupt file (``StateCorrupt``): ``read`` raises it without ``fallback``; with it, the hooks go on
+    from an empty state and say so in ``trouble``, and the first locked write keeps the file's bytes in
+    ``CORRUPT_FILE`` before it replaces it."""
 
     def __init__(self, state_dir: str, lock_timeout: float = 10.0, fallback: bool = False):
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
         self.lock_timeout = lock_timeout
         self.fallback = fallback
-        self.trouble = ""  # why the last locked() could not persist ("" when it could)
-        self._unsaved: Optional[Dict[str, Any]] = None  # our view while the disk does not take it
+        self.trouble = ""  # why the last locked() could not persist, or the corrupt file it replaced; "" if none
+        self._unsaved: Optional[NodeStateData] = None  # our view while the disk does not take it
         self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
+        self._replaced = ""  # the corrupt file this store replaced, if it did (told in every ``trouble``)
 
-    def read(self) -> Dict[str, Any]:
+    def read(self) -> NodeStateData:
         if self._unsaved is not None:
             return copy.deepcopy(self._unsaved)
-        return self._read_disk()
+        state, corrupt = self._read_disk()
+        if corrupt is not None:
+            self.trouble = f"state {self.path} is not a JSON object: going on from an empty state"
+        return state
 
-    def _read_disk(self) -> Dict[str, Any]:
+    def _read_disk(self) -> Tuple[NodeStateData, Optional[bytes]]:
+        """The state on disk and, when the file is corrupt and ``fallback`` is on, its bytes (to keep)."""
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return empty()
-        base = empty()
-        if isinstance(data, dict):
-            base.update(data)
-        return base
+            raw = _read_nofollow(self.path)
+        except FileNotFoundError:
+            return empty(), None
+        except (OSError, ValueError):  # unreadable (ValueError: a NUL in the path): as before, an empty
+            return empty(), None        # state (the lock or the write then says why it fails)
+        try:
+            return load(raw, str(self.path)), None
+        except StateCorrupt:
+            if not self.fallback:
+                raise
+            return empty(), raw
 
     @contextlib.contextmanager
-    def locked(self, timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+    def locked(self, timeout: Optional[float] = None) -> Iterator[NodeStateData]:
         timeout = self.lock_timeout if timeout is None else timeout
         stack = contextlib.ExitStack()
         try:
@@ -109,14 +311,15 @@ class NodeState:
             self._keep(state, before, f"state dir {self.dir}: {_why(exc)}")
             return
         with stack:
+            state, corrupt = self._read_disk()
             if self._unsaved is not None:
-                state = self._read_disk()
-                state.update({k: v for k, v in self._unsaved.items() if self._base.get(k) != v})
-            else:
-                state = self._read_disk()
-            before = copy.deepcopy(state) if self.fallback else {}
+                changed = {k: v for k, v in self._unsaved.items() if self._base.get(k) != v}
+                cast(Dict[str, Any], state).update(changed)
+            before = copy.deepcopy(state) if self.fallback else empty()
             yield state
             try:
+                if corrupt is not None:  # kept for its admin before the write replaces it
+                    self._write_file(CORRUPT_FILE, corrupt, 0o600)
                 self._write(state)
             except (OSError, ValueError) as exc:
                 if not self.fallback:
@@ -125,11 +328,14 @@ class NodeState:
                 return
             self._unsaved = None
             self._base = {}
-            self.trouble = ""
+            if corrupt is not None:  # said by this process's report (a hook's run) that replaced it
+                self._replaced = (f"state {self.path} was not a JSON object: kept as {self.dir / CORRUPT_FILE}, "
+                                  f"started over from an empty state")
+            self.trouble = self._replaced
 
-    def _keep(self, state: Dict[str, Any], before: Dict[str, Any], why: str) -> None:
+    def _keep(self, state: NodeStateData, before: NodeStateData, why: str) -> None:
         if self._unsaved is None:
-            self._base = before
+            self._base = dict(before)
         self._unsaved = copy.deepcopy(state)
         self.trouble = why
 
@@ -143,12 +349,24 @@ class NodeState:
         with _flock(self.dir, "pass.lock", timeout, "another health pass has run for over"):
             yield
 
-    def _write(self, state: Dict[str, Any]) -> None:
-        from autoheal.atomicfile import write_atomic
-
+    def _write(self, state: NodeStateData) -> None:
         # a full disk fails the write or the fsync: write_atomic leaves no temporary file behind. 0644:
         # `autoheal status` and admins read it; only root writes it (the directory is root's)
-        write_atomic(self.path, json.dumps(state, sort_keys=True, default=str).encode(), mode=0o644)
+        self._write_file(STATE_FILE, dump(state), 0o644)
+
+    def _write_file(self, name: str, data: bytes, mode: int) -> None:
+        from autoheal.atomicfile import write_atomic
+
+        write_atomic(self.dir / name, data, mode=mode)
+
+
+def _read_nofollow(path: Path) -> bytes:
+    """The file's bytes; a symlink planted under its name is refused (ELOOP, an OSError: read as an empty
+    state, and the write then replaces the link itself), so its target's bytes are never read, nor kept
+    as a corrupt state."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
 
 
 def _why(exc: BaseException) -> str:
@@ -160,7 +378,7 @@ def _why(exc: BaseException) -> str:
 
 # ---- pure helpers over the state dict --------------------------------------------------------------
 
-def seen_recently(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
+def seen_recently(state: NodeStateData, xid: int, gpu: Optional[int], pci: str, now: float,
                   window: float) -> bool:
     """True when the same XID on the same GPU was handled within ``window`` seconds and no repair of
     that GPU (or of the node) came in between: a fault back after a repair is a new fault."""
@@ -174,12 +392,11 @@ def seen_recently(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str,
 COMPANION_SECONDS = 5.0
 
 
-def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
-               window: float, source: str = "") -> Optional[Dict[str, Any]]:
+def recent_xid(state: NodeStateData, xid: int, gpu: Optional[int], pci: str, now: float,
+               window: float, source: str = "") -> Optional[RecentXid]:
     """The remembered XID this one duplicates (see ``seen_recently``), or None. ``source``: where this
     one was read (nvml, kmsg, file); the other source's copy of an XID judged just before a repair is
     still that XID (``COMPANION_SECONDS``)."""
-    r: Dict[str, Any]
     for r in reversed(state.get("recent_xids", [])):
         if r.get("xid") != xid or now - float(r.get("time", 0)) > window:
             continue
@@ -196,12 +413,12 @@ def recent_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, no
     return None
 
 
-def mark_repaired(state: Dict[str, Any], gpu: Optional[int], now: float) -> None:
+def mark_repaired(state: NodeStateData, gpu: Optional[int], now: float) -> None:
     """A repair of ``gpu`` (None: the whole node: reboot, resume, admin clear) ends its XID dedupe window."""
     state.setdefault("repaired", {})[ladder_key(gpu)] = now
 
 
-def repaired_at(state: Dict[str, Any], gpu: Optional[int]) -> float:
+def repaired_at(state: NodeStateData, gpu: Optional[int]) -> float:
     """When ``gpu`` (or the node as a whole) was last repaired; 0 when never."""
     rep = state.get("repaired") or {}
     times = [float(rep.get("node", 0) or 0)]
@@ -210,14 +427,14 @@ def repaired_at(state: Dict[str, Any], gpu: Optional[int]) -> float:
     return max(times)
 
 
-def remember_xid(state: Dict[str, Any], xid: int, gpu: Optional[int], pci: str, now: float,
+def remember_xid(state: NodeStateData, xid: int, gpu: Optional[int], pci: str, now: float,
                  keep: float = 86400.0, source: str = "") -> None:
     recent = [r for r in state.get("recent_xids", []) if now - float(r.get("time", 0)) <= keep]
     recent.append({"xid": xid, "gpu": gpu, "pci": pci, "time": now, "sources": [source] if source else []})
     state["recent_xids"] = recent[-500:]
 
 
-def count_app_xid(state: Dict[str, Any], gpu: Optional[int], now: float, window: float) -> int:
+def count_app_xid(state: NodeStateData, gpu: Optional[int], now: float, window: float) -> int:
     """Record one application XID on ``gpu`` and return how many fell within the window."""
     key = str(gpu)
     times = [t for t in state.setdefault("app_xids", {}).get(key, []) if now - t <= window]
@@ -226,7 +443,7 @@ def count_app_xid(state: Dict[str, Any], gpu: Optional[int], now: float, window:
     return len(times)
 
 
-def bump(state: Dict[str, Any], counter: str, amount: float = 1) -> None:
+def bump(state: NodeStateData, counter: str, amount: float = 1) -> None:
     c = state.setdefault("counters", {})
     c[counter] = c.get(counter, 0) + amount
 
@@ -235,7 +452,7 @@ def bump(state: Dict[str, Any], counter: str, amount: float = 1) -> None:
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
-def observe(state: Dict[str, Any], name: str, value: float, buckets: Tuple[float, ...] = LATENCY_BUCKETS) -> None:
+def observe(state: NodeStateData, name: str, value: float, buckets: Tuple[float, ...] = LATENCY_BUCKETS) -> None:
     """Add ``value`` to the cumulative histogram ``name`` in the counters (``_bucket{le=..}``, ``_sum``,
     ``_count``: the Prometheus histogram layout, so histogram_quantile() reads the textfile directly)."""
     for le in buckets:  # every bucket exists from the first observation on (0 where the value is above it)
@@ -257,23 +474,23 @@ def ladder_label(key: str, node: str) -> str:
     return f"{node} as a whole" if key == "node" else key
 
 
-def ladder_count(state: Dict[str, Any], gpu: Optional[int], rung: Rung, now: float, window: float) -> int:
+def ladder_count(state: NodeStateData, gpu: Optional[int], rung: Rung, now: float, window: float) -> int:
     times = state.get("ladder", {}).get(ladder_key(gpu), {}).get(rung, [])
     return sum(1 for t in times if now - float(t) <= window)
 
 
-def record_rung(state: Dict[str, Any], gpu: Optional[int], rung: Rung, now: float) -> None:
+def record_rung(state: NodeStateData, gpu: Optional[int], rung: Rung, now: float) -> None:
     ent = state.setdefault("ladder", {}).setdefault(ladder_key(gpu), {})
     ent.setdefault(rung, []).append(now)
     ent[rung] = ent[rung][-50:]
 
 
-def open_fault(state: Dict[str, Any], fault: Dict[str, Any]) -> None:
+def open_fault(state: NodeStateData, fault: Fault) -> None:
     """Add a fault awaiting repair (one per check and GPU)."""
-    faults: List[Dict[str, Any]] = state.setdefault("faults", [])
+    faults = state.setdefault("faults", [])
     for f in faults:
         if f.get("check") == fault.get("check") and f.get("gpu") == fault.get("gpu"):
-            f.update({k: v for k, v in fault.items() if k != "since"})
+            f.update({k: v for k, v in fault.items() if k != "since"})  # type: ignore[typeddict-item]
             return
     faults.append(fault)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Final, List, Optional, Tuple
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -29,6 +29,7 @@ from autoheal.hooks.xids import XidEvent
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.hooks.state import NodeStateData
 
 PROC = "/proc"
 #: The driver's own fields right after the XID number (a user's process name comes after ``pid=``, so it
@@ -37,7 +38,7 @@ _WHO = re.compile(r"^NVRM: Xid \([^()]*\): \d+, pid=(?P<pid>\d+|'<unknown>'|<unk
 _JOB_CGROUP = re.compile(r"/job_(\d{1,12})(?:/|$)")
 _JOB_ENV = re.compile(rb"(?:^|\x00)SLURM_JOB_ID=(\d{1,12})(?:\x00|$)")
 #: State key: per job, the application XIDs seen on this node ({job: {"xids": {xid: count}, "told": [..]}}).
-APP_JOBS = "app_jobs"
+APP_JOBS: Final = "app_jobs"
 MAX_JOBS_KEPT = 200
 
 
@@ -121,11 +122,11 @@ def app_results(results: List[C.CheckResult]) -> List[C.CheckResult]:
     return [r for r in results if r.evidence.get("policy") in JOB_POLICIES]
 
 
-def remember(st: Dict[str, Any], job: str, xid: int, now: float, repeat: int = 0) -> Tuple[int, bool]:
+def remember(st: NodeStateData, job: str, xid: int, now: float, repeat: int = 0) -> Tuple[int, bool]:
     """Count one application XID of ``job``; (its count of that XID on this node, tell the job now?). A
     job is told on the first of each XID (its comment), and again each ``repeat`` more (hooks.app_xid_repeat,
     the count in the comment), never on every one (a storm is one record per XID and job)."""
-    jobs: Dict[str, Any] = st.setdefault(APP_JOBS, {})
+    jobs = st.setdefault(APP_JOBS, {})
     ent = jobs.setdefault(job, {"xids": {}, "told": [], "first": now})
     ent["last"] = now
     key = str(xid)

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Final, List, Optional, Tuple
 
 from autoheal.atomicfile import write_atomic
 from autoheal.events import Event
@@ -69,7 +69,7 @@ XID_SETTLE_SECONDS = 1.0
 
 #: Node-state key of the faults the health poll has already acted on (``"<check>:<gpu>"`` -> reason,
 #: since): one detection record per fault, not one per poll.
-POLLED = "polled_faults"
+POLLED: Final = "polled_faults"
 
 
 def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
@@ -86,7 +86,7 @@ def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
 STALE_SAMPLE_WINDOW = 300.0
 
 
-def sample_predates_repair(st: Dict[str, Any], gpu: Optional[int], taken: float) -> bool:
+def sample_predates_repair(st: S.NodeStateData, gpu: Optional[int], taken: float) -> bool:
     """Pure: a health sample of ``gpu`` (None: node-wide) whose reads began at ``taken`` (wall clock) was
     read before the node's last return to service or that GPU's last repair on record (``state.repaired_at``:
     a reset, Slurm's resume after our reboot, an admin's resume, an admin clear; marked by whichever hook
@@ -99,7 +99,7 @@ def sample_predates_repair(st: Dict[str, Any], gpu: Optional[int], taken: float)
     return taken < repaired <= taken + STALE_SAMPLE_WINDOW
 
 
-def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: List[int],
+def poll_decision(st: S.NodeStateData, results: List[C.CheckResult], read_ok: List[int],
                   now: float, taken: Optional[float] = None) -> Tuple[List[C.CheckResult], bool]:
     """Pure: what one health poll does to the node state ``st``. Returns (the hard faults new since the
     last poll, whether to drain for them). ``taken``: when the sample's reads began (default ``now``).
@@ -113,7 +113,7 @@ def poll_decision(st: Dict[str, Any], results: List[C.CheckResult], read_ok: Lis
     GPUs the poll read in full); a GPU not read keeps what is remembered. New faults on a node that is
     already drained by us, or about to be (a pending drain), are only remembered: the healthcheck owns
     that node's recovery, nothing new is journalled or drained."""
-    mem: Dict[str, Any] = st.setdefault(POLLED, {})
+    mem = st.setdefault(POLLED, {})
     taken = now if taken is None else taken
     hard = [r for r in hard_failures(results) if not sample_predates_repair(st, r.gpu, taken)]
     read_ok = [g for g in read_ok if not sample_predates_repair(st, g, taken)]
@@ -421,7 +421,7 @@ class XidWatch:
             self.ctx.record(Event.DETECTION, **n)
         return results
 
-    def _forget_stale_drain(self, ours: Dict[str, Any]) -> bool:
+    def _forget_stale_drain(self, ours: Optional[S.Drain]) -> bool:
         """A new hard fault on a node whose state says "drained by us": ask Slurm whether it still is.
         An admin's ``scontrol resume`` is seen by the hooks only when one of them next runs; until then
         the record would keep the poll from acting on a node that is back in service. Back in service:
@@ -484,7 +484,7 @@ class XidWatch:
             return
         self._metrics_dirty = False
         self._metrics_written = time.monotonic()
-        counters: Dict[str, Any] = self.ctx.store.read().get("counters", {})
+        counters = self.ctx.store.read().get("counters") or {}
         node = self.ctx.node
         lines = ["# HELP autoheal_xid_watch counters of the autoheal xid-watch daemon",
                  "# TYPE autoheal_xid_watch_up gauge", f'autoheal_xid_watch_up{{node="{node}"}} {1 if up else 0}',
@@ -502,7 +502,7 @@ class XidWatch:
             lines.append(f"autoheal_xid_watch_{name}{{{labels}}} {val}")
         if "fault_to_drain_seconds_count" not in counters:
             # the histogram at zero before the first drain: rate() then sees the first one (0 -> 1)
-            zero: Dict[str, Any] = {}
+            zero = S.empty()
             S.observe(zero, "fault_to_drain_seconds", 0.0)
             for key in sorted(zero["counters"]):
                 name, _, labels = key.partition("{")

@@ -334,18 +334,17 @@ class Runner(HotSpareRun):
             say(f"not updating the comment of resized job {self.ident.job_id} (Slurm refuses it until the job "
                 f"is requeued; the journal has the record): {self.comment.render()}")
             return
-        from autoheal.errors import SlurmError, SlurmUnavailable
+        from autoheal.errors import SlurmJobBusy, SlurmUnavailable
 
         deadline = time.monotonic() + retry_for
         while True:
             try:
                 self.slurm.set_job_comment(self.ident.job_id, self.comment.render())
                 return
-            except SlurmError as exc:
-                # slurmctld not answering; or, seen for array tasks just after a slurmctld restart,
-                # "Unexpected message received for job 4_0": both pass, so they are retried
-                transient = isinstance(exc, SlurmUnavailable) or "unexpected message" in str(exc).lower()
-                if not transient or time.monotonic() >= deadline:
+            except (SlurmUnavailable, SlurmJobBusy) as exc:
+                # slurmctld not answering; or, seen for array tasks just after a slurmctld restart, Slurm's
+                # "Unexpected message received" (the adapter's SlurmJobBusy): both pass, so they are retried
+                if time.monotonic() >= deadline:
                     say(f"warning: cannot update the job comment: {exc}")
                     return
                 time.sleep(1.0)

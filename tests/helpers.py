@@ -33,6 +33,16 @@ def wait_for(pred, timeout: float = 10.0, what: str = "condition", step: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def node_state(root, node: str):
+    """A lab node's state (``<root>/nodestate/<node>``) read as the hooks read it (``hooks.state.load``:
+    every key present, older layouts upgraded); empty before the first hook wrote it."""
+    from pathlib import Path
+
+    from autoheal.hooks.state import NodeState
+
+    return NodeState(str(Path(root) / "nodestate" / node)).read()
+
+
 _FINAL_STATES = {"CANCELLED", "COMPLETED", "FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                  "BOOT_FAIL", "DEADLINE"}
 

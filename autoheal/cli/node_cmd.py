@@ -158,7 +158,7 @@ def history(name: str, config_path: Optional[str], as_json: bool) -> None:
     recent = [e for e in entries if e.get("event") == "fault" and now - float(e.get("time", 0)) <= h.lemon_window]
     out = {"node": name, "history": entries, "faults_in_window": len(recent), "lemon_faults": h.lemon_faults,
            "lemon_window_seconds": h.lemon_window,
-           "lemon": bool((st.get("drain") or {}).get("reason")) and lemon.is_lemon(st["drain"]["reason"])}
+           "lemon": lemon.is_lemon((st.get("drain") or {}).get("reason"))}
     if as_json:
         print_json(out)
         return

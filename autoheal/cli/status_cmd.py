@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import click
 
-from autoheal.cli.status_model import Heartbeat, Inputs, Source, build, render
+from autoheal.cli.status_model import BreakerView, Heartbeat, Inputs, LeaseView, Remediation, Source, build, render
 from autoheal.cliutil import config_option, handle_errors, load_cfg, print_json
 from autoheal.errors import EXIT_OK, EXIT_PROBLEM
 
@@ -105,25 +105,24 @@ def guard_from_textfile(directory: str) -> Optional[Heartbeat]:
     return None if at is None else Heartbeat(at, vals.get(("autoheal_guard_up", ""), 1.0) != 0)
 
 
-def read_kube(kube: Any, sync_cfg: Any, now: float) -> Tuple[Dict[str, Dict[str, Any]], Dict[str, Any], Dict[str, Any]]:
+def read_kube(kube: Any, sync_cfg: Any, now: float) -> Tuple[Dict[str, Remediation], BreakerView, LeaseView]:
     """(Slurm node -> remediation, breaker, lease) from Kubernetes (any ``KubeClient``)."""
     from autoheal.k8s_sync.leader import lease_expired
     from autoheal.k8s_sync.remediation import Breaker, NodeRemediation
 
     nodes, _rv = kube.list_nodes()
-    rem: Dict[str, Dict[str, Any]] = {}
+    rem: Dict[str, Remediation] = {}
     for kname, knode in nodes.items():
         cur = NodeRemediation.from_node(knode, sync_cfg.annotation_prefix)
         if cur.state:
-            rem[cur.slurm_node or kname] = {"k8s_node": kname, "state": cur.state, "since": cur.since or None,
-                                            "reason": cur.reason}
+            rem[cur.slurm_node or kname] = Remediation(str(cur.state), kname, cur.since or None, cur.reason)
     cm = kube.get_configmap(sync_cfg.namespace, sync_cfg.breaker_configmap) or {}
     b = Breaker.from_cfg(sync_cfg, cm.get("data") or {})
-    breaker = {"tripped": b.tripped, "tripped_at": b.tripped_at or None, "why": b.why, "starts": len(b.starts)}
+    breaker = BreakerView(b.tripped, b.why, b.tripped_at or None, len(b.starts))
     lease = kube.get_lease(sync_cfg.namespace, sync_cfg.lease_name)
     spec = (lease or {}).get("spec") or {}
-    lease_info = {"holder": spec.get("holderIdentity") or "", "renew_time": spec.get("renewTime") or "",
-                  "expired": lease_expired(lease, now) if lease else True}
+    lease_info = LeaseView(str(spec.get("holderIdentity") or ""), lease_expired(lease, now) if lease else True,
+                           str(spec.get("renewTime") or ""))
     return rem, breaker, lease_info
 
 

@@ -51,6 +51,38 @@ class Heartbeat:
     up: bool = True
 
 
+@dataclass(frozen=True)
+class Remediation:
+    """A node's remediation as the sync annotates its Kubernetes Node (``k8s_sync.remediation``)."""
+
+    state: str
+    k8s_node: str = ""
+    since: Optional[float] = None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    """The sync's remediation breaker (its ConfigMap, read through ``k8s_sync.remediation.Breaker``)."""
+
+    tripped: bool
+    why: str = ""
+    tripped_at: Optional[float] = None
+    starts: int = 0  # remediation starts in its window
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"tripped": self.tripped, "tripped_at": self.tripped_at, "why": self.why, "starts": self.starts}
+
+
+@dataclass(frozen=True)
+class LeaseView:
+    """The sync's leader Lease: who holds it, when it was renewed, whether it has expired."""
+
+    holder: str
+    expired: bool
+    renew_time: str = ""
+
+
 @dataclass
 class Inputs:
     """Everything the command read. ``None`` for a part whose source failed or is off."""
@@ -60,9 +92,9 @@ class Inputs:
     nodes: Optional[Sequence[Any]] = None  # autoheal.slurm.model.Node
     jobs: Optional[Sequence[Any]] = None  # autoheal.slurm.model.Job, every state
     records: Optional[Sequence[Any]] = None  # autoheal.journal.Record of the last hour
-    remediations: Optional[Dict[str, Dict[str, str]]] = None  # Slurm node -> {k8s_node, state, since, reason}
-    breaker: Optional[Dict[str, Any]] = None  # tripped, why, tripped_at, starts
-    lease: Optional[Dict[str, Any]] = None  # holder, renew_time, expired
+    remediations: Optional[Dict[str, Remediation]] = None  # Slurm node -> its remediation
+    breaker: Optional[BreakerView] = None
+    lease: Optional[LeaseView] = None
     xid_watch: Optional[Dict[str, Heartbeat]] = None  # node -> heartbeat
     xid_watch_source: str = ""
     guard: Optional[Heartbeat] = None
@@ -116,21 +148,21 @@ def _nodes(inp: Inputs, rep: Report) -> None:
     for n in sorted(inp.nodes, key=lambda n: n.name):
         if fleet.bucket(n, inp.spare_prefix) != fleet.DRAINED_AUTOHEAL:
             continue
-        r = rem.get(n.name) or {}
+        r = rem.get(n.name) or Remediation("")
         rep.drained.append({"node": n.name, "state": n.state_text, "reason": n.reason, "since": n.reason_time,
-                            "rung": rung(n.reason), "remediation": r.get("state", ""),
-                            "remediation_since": r.get("since"), "kubernetes_node": r.get("k8s_node", "")})
+                            "rung": rung(n.reason), "remediation": r.state,
+                            "remediation_since": r.since, "kubernetes_node": r.k8s_node})
     for name, r in sorted(rem.items()):
-        if r.get("state") == "failed":
-            rep.problems.append(f"remediation of {name} failed: {r.get('reason') or 'see autoheal sync remediation'}")
+        if r.state == "failed":
+            rep.problems.append(f"remediation of {name} failed: {r.reason or 'see autoheal sync remediation'}")
 
 
 def _breaker(inp: Inputs, rep: Report) -> None:
     if inp.breaker is None:
         return
-    rep.breaker = dict(inp.breaker)
-    if inp.breaker.get("tripped"):
-        rep.problems.append(f"remediation breaker tripped: {inp.breaker.get('why') or ''}".rstrip(": "))
+    rep.breaker = inp.breaker.to_dict()
+    if inp.breaker.tripped:
+        rep.problems.append(f"remediation breaker tripped: {inp.breaker.why}".rstrip(": "))
 
 
 def _jobs(inp: Inputs, rep: Report) -> None:
@@ -163,12 +195,12 @@ def _jobs(inp: Inputs, rep: Report) -> None:
 def _components(inp: Inputs, rep: Report) -> None:
     lease = inp.lease
     if lease is not None:
-        if lease.get("holder") and not lease.get("expired"):
+        if lease.holder and not lease.expired:
             rep.components.append({"name": "sync leader", "state": "ok",
-                                   "detail": f"{lease['holder']}" + (f", renewed {lease['renew_time']}"
-                                                                     if lease.get("renew_time") else "")})
+                                   "detail": lease.holder + (f", renewed {lease.renew_time}" if lease.renew_time
+                                                             else "")})
         else:
-            detail = "no Lease holder" if not lease.get("holder") else f"Lease of {lease['holder']} expired"
+            detail = "no Lease holder" if not lease.holder else f"Lease of {lease.holder} expired"
             rep.components.append({"name": "sync leader", "state": "problem", "detail": detail})
             rep.problems.append(f"sync leader: {detail}")
     if inp.guard is not None:

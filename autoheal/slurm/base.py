@@ -194,6 +194,9 @@ _JOB_OUTCOMES = (
     # after a running job was resized, until accounting gives it a new record; with
     # accounting_storage/none (22.05) that never happens: callers bound their retries
     ("the db index is being set", SlurmJobBusy),
+    # SLURM_UNEXPECTED_MSG_ERROR: seen in the soak for an array task's update just after a slurmctld
+    # restart; the same update passes a moment later
+    ("unexpected message received", SlurmJobBusy),
     ("invalid job id", SlurmNotFound),
 )
 

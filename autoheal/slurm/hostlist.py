@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Iterable, List
+from typing import List
 
 from autoheal.errors import SlurmParseError
 
@@ -57,12 +57,3 @@ def expand(expr: str) -> List[str]:
                 for tail in expand(rest) if "[" in rest else [rest]:
                     out.append(f"{prefix}{str(i).zfill(width)}{tail}")
     return out
-
-
-def compress(names: Iterable[str]) -> str:
-    """A comma-joined list; Slurm accepts it wherever it accepts a hostlist (kept simple on purpose)."""
-    seen = []
-    for n in names:
-        if n and n not in seen:
-            seen.append(n)
-    return ",".join(seen)

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
+from helpers import cancel_all_jobs, cancel_job, node_state, wait_epilogs_done, wait_for, wait_node_idle
 
 from autoheal_lab import procs, wiring
 from autoheal_lab.fakenvml import state as gstate
@@ -211,11 +211,7 @@ def test_xid_watch_drains_and_requeues_running_two_node_job(lab):
 
 def kernel_log_offset(handle, node: str) -> int:
     """How far into the node's kernel-log file the cursor in its node state has read."""
-    path = handle.layout.root / "nodestate" / node / "state.json"
-    try:
-        return int((json.loads(path.read_text()).get("kmsg") or {}).get("offset", 0))
-    except (OSError, ValueError):
-        return 0  # not written yet, or read mid-rename
+    return int(node_state(handle.layout.root, node)["kmsg"].get("offset", 0))  # 0: not written yet
 
 
 def job_fields(handle, job):
@@ -309,7 +305,7 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         assert _time_ns(new.pid) == _time_ns(slurmd.pid), "xid-watch is not in the node's new boot"
         res, _ = run_hook(lab, node)
         assert res.returncode == 0, res.stderr
-        ladder = json.loads((lab.layout.root / "nodestate" / node / "state.json").read_text())["ladder"]
+        ladder = node_state(lab.layout.root, node)["ladder"]
         assert [len(ladder[f"gpu{gpu}"][k]) for k in ("reset", "reboot")] == [1, 1], ladder
         # and once more after the reboot: ask for a replacement (counts kept across hook runs)
         inject(lab.lab, node, gpu, "ecc-dbe")
@@ -321,7 +317,7 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         assert res.returncode == 0 and out["dry_run"] and f"gpu{gpu}" in out["ladder"], res.stdout
         res = autoheal(lab, node, "check", "--clear-faults", "--gpu", str(gpu), "--json")
         assert res.returncode == 0 and json.loads(res.stdout)["ladder"] == [f"gpu{gpu}"], res.stdout + res.stderr
-        st = json.loads((lab.layout.root / "nodestate" / node / "state.json").read_text())
+        st = node_state(lab.layout.root, node)
         assert f"gpu{gpu}" not in st["ladder"] and not [f for f in st["faults"] if f.get("gpu") == gpu], st
         assert any(r["event"] == "clear-faults" for r in journal(lab)[-5:])
     finally:

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from click.testing import CliRunner
-from helpers import wait_for
+from helpers import node_state, wait_for
 
 from autoheal.reasons import strip_reason_suffix
 from autoheal_lab import kube as labkube
@@ -90,10 +90,7 @@ def test_spare_survives_slurmctld_restarts_runs_xid_watch_and_sync_metrics_scrap
     assert "xid-watch-gpu1" not in recs and "slurmd-gpu1" not in recs  # the retired machine is gone
 
     def health_passes():  # the hooks (slurm.conf's HealthCheckProgram) run on the spare too
-        try:
-            return json.loads(handle.layout.path("nodestate", "spare1", "state.json").read_text()).get("passes", 0)
-        except (OSError, ValueError):
-            return 0
+        return node_state(handle.layout.root, "spare1")["passes"]
 
     wait_for(lambda: health_passes() >= 1, 45, "a health check pass on spare1")
 

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import node_state as read_node_state
 from helpers import wait_for, wait_node_idle
 
 from autoheal.hooks.kmsg import kernel_record
@@ -67,11 +68,7 @@ def run_hook(handle, node, module="autoheal.hooks.healthcheck"):
 
 
 def node_state(handle, node):
-    path = handle.layout.root / "nodestate" / node / "state.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_node_state(handle.layout.root, node)
 
 
 def xid_watch_log(handle, node):

@@ -17,6 +17,7 @@ def test_status_reads_the_real_api_server_with_the_kubeconfig(control_plane, mon
 
     from autoheal.cli.status_cmd import read_kube
     from autoheal.cli.status_kube import StatusKube
+    from autoheal.cli.status_model import Remediation
     from autoheal.config import parse_config
 
     cfg = client.Configuration()
@@ -47,8 +48,8 @@ def test_status_reads_the_real_api_server_with_the_kubeconfig(control_plane, mon
     assert kube.get_lease("slurm", "autoheal-sync")["spec"]["holderIdentity"] == "sync_1"
     sync = parse_config("").sync
     rem, breaker, lease = read_kube(kube, sync, now=1_800_000_100.0)
-    assert rem == {"gpu1": {"k8s_node": "gpu1", "state": "replacing", "since": 1_800_000_000.0, "reason": ""}}
-    assert breaker["tripped"] is False and lease["holder"] == "sync_1" and lease["expired"] is True
+    assert rem == {"gpu1": Remediation("replacing", "gpu1", 1_800_000_000.0, "")}
+    assert breaker.tripped is False and lease.holder == "sync_1" and lease.expired is True
 
     from autoheal.k8s_sync.kube import KubeError
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from autoheal.errors import SlurmParseError
-from autoheal.slurm.hostlist import compress, expand
+from autoheal.slurm.hostlist import expand
 
 
 @pytest.mark.parametrize("expr, expected", [
@@ -48,16 +48,3 @@ def test_expand_errors(expr, fragment):
 def test_reversed_range_is_error():
     with pytest.raises(SlurmParseError):
         expand("gpu[3-1]")
-
-
-def test_compress_keeps_order_and_dedups():
-    assert compress(["gpu3", "gpu1", "gpu3", "", "gpu2", "gpu1"]) == "gpu3,gpu1,gpu2"
-
-
-def test_compress_empty():
-    assert compress([]) == ""
-
-
-def test_compress_roundtrip_through_expand():
-    names = ["gpu2", "gpu10", "spare1"]
-    assert expand(compress(names)) == names

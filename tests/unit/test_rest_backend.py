@@ -308,6 +308,7 @@ def test_v0038_writes_go_through_the_cli_fallback(tcp_stub):
     ("Job/step already completing or completed", "SlurmJobFinished"),
     ("Requested operation is presently disabled", "SlurmRequeueDisabled"),
     ("Job can not be altered now, try again later", "SlurmJobBusy"),
+    ("Unexpected message received", "SlurmJobBusy"),
 ])
 def test_job_write_refusals_are_typed(tcp_stub, text, kind):
     import autoheal.errors as E

@@ -287,11 +287,10 @@ def test_job_history_comes_from_the_adapter_and_a_backend_without_it_is_no_accou
 def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch):
     """Soak finding (issue 12): a job that ended while slurmctld was down kept ``state=running`` in its
     comment (the journal said job-completed): the final comment is now retried for a while."""
-    from autoheal.errors import SlurmUnavailable
+    from autoheal.errors import SlurmError, SlurmJobBusy, SlurmUnavailable
 
     runner, slurm, _journal = make(tmp_path)
     monkeypatch.setattr(r.time, "sleep", lambda s: None)
-    from autoheal.errors import SlurmError
 
     fails = {"n": 2}
     real = slurm.set_job_comment
@@ -301,8 +300,9 @@ def test_final_comment_is_retried_while_slurmctld_restarts(tmp_path, monkeypatch
             fails["n"] -= 1
             if fails["n"]:
                 raise SlurmUnavailable("scontrol update: no answer within 5s")
-            # what an array task's update got from a slurmctld just restarted (seen in the soak)
-            raise SlurmError("scontrol update jobid=4_0: Unexpected message received for job 4_0")
+            # what an array task's update got from a slurmctld just restarted (seen in the soak): the
+            # adapter types Slurm's "Unexpected message received for job 4_0" (test_rest_backend)
+            raise SlurmJobBusy("scontrol update jobid=4_0: Unexpected message received for job 4_0")
         real(job_id, comment)
 
     slurm.set_job_comment = flaky

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from autoheal.cli import status_cmd as SC
-from autoheal.cli.status_model import Heartbeat, Inputs, Source, build, render
+from autoheal.cli.status_model import BreakerView, Heartbeat, Inputs, LeaseView, Remediation, Source, build, render
 from autoheal.config import parse_config
 from autoheal.errors import SlurmUnavailable
 from autoheal.journal import Journal, Record
@@ -35,8 +35,8 @@ def beats(**over):
 
 def test_report_lists_our_drains_with_rung_remediation_and_k8s_node_and_never_an_admins():
     inp = Inputs(now=NOW, sources=[Source("slurm")], nodes=fleet_nodes(), jobs=[],
-                 remediations={"n2": {"k8s_node": "node-n2", "state": "replacing", "since": NOW - 30, "reason": "x"}},
-                 breaker={"tripped": False, "starts": 1}, lease={"holder": "sync_1", "expired": False},
+                 remediations={"n2": Remediation("replacing", "node-n2", NOW - 30, "x")},
+                 breaker=BreakerView(False, starts=1), lease=LeaseView("sync_1", expired=False),
                  xid_watch=beats(), xid_watch_source="test", guard=Heartbeat(NOW - 1), guard_source="test")
     rep = build(inp)
     assert [d["node"] for d in rep.drained] == ["n2"]
@@ -51,19 +51,19 @@ def test_report_lists_our_drains_with_rung_remediation_and_k8s_node_and_never_an
 
 
 @pytest.mark.parametrize("change, problem", [
-    ({"breaker": {"tripped": True, "why": "3 of 4 nodes", "tripped_at": NOW - 5}}, "breaker tripped: 3 of 4"),
-    ({"lease": {"holder": "", "expired": True}}, "sync leader: no Lease holder"),
-    ({"lease": {"holder": "sync_1", "expired": True}}, "Lease of sync_1 expired"),
+    ({"breaker": BreakerView(True, "3 of 4 nodes", NOW - 5)}, "breaker tripped: 3 of 4"),
+    ({"lease": LeaseView("", expired=True)}, "sync leader: no Lease holder"),
+    ({"lease": LeaseView("sync_1", expired=True)}, "Lease of sync_1 expired"),
     ({"xid_watch": beats(n3=Heartbeat(NOW - 45))}, "xid-watch on n3 (silent 45s)"),
     ({"xid_watch": beats(n4=Heartbeat(NOW - 1, up=False))}, "xid-watch on n4 (stopped)"),
     ({"xid_watch": {n: Heartbeat(NOW) for n in ("n1", "n2", "n3")}}, "xid-watch on n4 (no heartbeat)"),
     ({"guard": Heartbeat(NOW - 300)}, "guard: no heartbeat for 5m00s"),
-    ({"remediations": {"n2": {"state": "failed", "reason": "replacement never arrived"}}},
+    ({"remediations": {"n2": Remediation("failed", reason="replacement never arrived")}},
      "remediation of n2 failed: replacement never arrived"),
 ])
 def test_each_problem_is_found_and_named(change, problem):
-    base = dict(now=NOW, sources=[Source("slurm")], nodes=fleet_nodes(), jobs=[], breaker={"tripped": False},
-                lease={"holder": "sync_1", "expired": False}, xid_watch=beats(), xid_watch_source="t",
+    base = dict(now=NOW, sources=[Source("slurm")], nodes=fleet_nodes(), jobs=[], breaker=BreakerView(False),
+                lease=LeaseView("sync_1", expired=False), xid_watch=beats(), xid_watch_source="t",
                 guard=Heartbeat(NOW - 1), guard_source="t")
     base.update(change)
     rep = build(Inputs(**base))
