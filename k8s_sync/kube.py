@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Set, Tuple, TypeVar
 from urllib.parse import quote
 
@@ -107,6 +108,40 @@ def load_client_config(kubeconfig: Optional[str] = None, in_cluster: bool = Fals
     return cfg
 
 
+#: How often (seconds) the client's credential refresh hook may run: at most once a second, not per request.
+REFRESH_EVERY = 1.0
+
+
+def throttled_refresh(hook: Callable[[Any], None], every: float = REFRESH_EVERY,
+                      clock: Callable[[], float] = time.monotonic) -> Callable[[Any], None]:
+    """``hook`` (the client's ``refresh_api_key_hook``), run at most once per ``every`` seconds.
+
+    The kubeconfig and in-cluster loaders install a hook that the client calls before *every* request;
+    it checks whether the token expired and then writes the whole configuration back, and setting
+    ``host`` re-reads the proxy settings from the environment (``urllib.request.getproxies``): some 0.5 ms
+    of the sync's CPU per write, a quarter of it (measured with cProfile at 2,000 Nodes, 2026-12-02). The
+    hook still runs, so an expiring token (exec plugin, OIDC, the in-cluster token re-read every minute)
+    is refreshed at most ``every`` seconds later than before; the calls are serialised, which the hook's
+    unlocked writes to the shared configuration need anyway with the write pool's threads."""
+    lock = threading.Lock()
+    last = [float("-inf")]
+    inner = [hook]
+
+    def refresh(configuration: Any) -> None:
+        with lock:
+            now = clock()
+            if now - last[0] < every:
+                return
+            inner[0](configuration)
+            last[0] = now  # after the hook: one that raised is tried again on the next request
+            # the loaders' hook installs itself again each time it runs: keep it behind this one
+            again = getattr(configuration, "refresh_api_key_hook", None)
+            if again is not refresh and again is not None:
+                inner[0] = again
+                configuration.refresh_api_key_hook = refresh
+    return refresh
+
+
 _PATCH_TYPES = {"strategic": "application/strategic-merge-patch+json", "merge": "application/merge-patch+json",
                 "json": "application/json-patch+json"}
 
@@ -155,10 +190,15 @@ class KubeApi:
         self._client_mod = client
         if connections > (client_config.connection_pool_maxsize or 0):
             client_config.connection_pool_maxsize = connections
+        if client_config.refresh_api_key_hook is not None:
+            client_config.refresh_api_key_hook = throttled_refresh(client_config.refresh_api_key_hook)
         self.api_client = client.ApiClient(client_config)
         self.core = client.CoreV1Api(self.api_client)
         self.coord = client.CoordinationV1Api(self.api_client)
         self.timeout = timeout
+        import urllib3
+
+        self._urllib3_timeout = urllib3.Timeout(total=timeout)  # what the client makes of _request_timeout
         self.calls: Dict[str, int] = {}  # method -> count, for metrics and tests
         self._calls_lock = threading.Lock()  # the write pool's threads count too
 
@@ -209,6 +249,37 @@ class KubeApi:
 
     def _patch(self, what: str, fn: Callable[..., Any], *args: Any, body: Any, patch_type: str) -> Dict[str, Any]:
         return self._raw(what, fn, *args, body=body, _content_type=_PATCH_TYPES[patch_type])
+
+    def _write(self, what: str, method: str, path: str, body: Dict[str, Any], content_type: str) -> Dict[str, Any]:
+        """One write of the mirror's hot path (pod and Node patches, Events), sent on the client's own
+        connection pool, TLS settings and credentials, past its generated method: that one validates every
+        argument (pydantic), walks the body to sanitize it and rebuilds the headers, some 0.3 ms of the
+        sync's CPU per request, a quarter of it (1.37 -> 1.03 ms per pod status patch, measured against
+        kube-apiserver 1.37 on 2026-12-02), and a 1,000-node drain is 4,000 such requests. The answer is
+        read as ``_raw`` reads it; errors are classified as ``_raw``'s."""
+        from kubernetes.client.exceptions import ApiException
+
+        self._count(what)
+        api = self.api_client
+        headers = {**api.default_headers, "Accept": "application/json", "Content-Type": content_type}
+        api.update_params_for_auth(headers, None, ["BearerToken"], path, method, body)
+        try:
+            resp = api.rest_client.pool_manager.request(
+                method, api.configuration.host + path, body=json.dumps(body, separators=(",", ":")).encode(),
+                headers=headers, timeout=self._urllib3_timeout, preload_content=False)
+            data = resp.data
+        except Exception as exc:  # urllib3 errors, timeouts: KubeError with no status (as ``_raw``)
+            raise _classify(exc, what) from None
+        if not 200 <= resp.status <= 299:
+            error = ApiException(status=resp.status, reason=resp.reason)
+            error.body, error.headers = data.decode("utf-8", "replace"), resp.headers
+            raise _classify(error, what)
+        try:
+            obj: Dict[str, Any] = json.loads(data) if data else {}
+        except ValueError:
+            raise KubeError(f"{what}: answer is not JSON") from None
+        _drop_managed_fields(obj)
+        return obj
 
     @staticmethod
     def _by_name(items: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
@@ -292,18 +363,20 @@ class KubeApi:
     # ---- writes ----------------------------------------------------------------------------------
     @needs(("", "nodes", "patch"))
     def patch_node(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
-        return self._patch("patch_node", self.core.patch_node, name, body=body, patch_type=patch_type)
+        return self._write("patch_node", "PATCH", f"/api/v1/nodes/{quote(name, safe='')}", body,
+                           _PATCH_TYPES[patch_type])
 
     @needs(("", "nodes/status", "patch"))
     def patch_node_status(self, name: str, body: Dict[str, Any], patch_type: str = "strategic") -> Dict[str, Any]:
-        return self._patch("patch_node_status", self.core.patch_node_status, name, body=body,
-                           patch_type=patch_type)
+        return self._write("patch_node_status", "PATCH", f"/api/v1/nodes/{quote(name, safe='')}/status", body,
+                           _PATCH_TYPES[patch_type])
 
     @needs(("", "pods/status", "patch"))
     def patch_pod_status(self, namespace: str, name: str, body: Dict[str, Any],
                          patch_type: str = "strategic") -> Dict[str, Any]:
-        return self._patch("patch_pod_status", self.core.patch_namespaced_pod_status, name, namespace,
-                           body=body, patch_type=patch_type)
+        return self._write("patch_pod_status", "PATCH",
+                           f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}/status",
+                           body, _PATCH_TYPES[patch_type])
 
     @needs(("", "events", "create"))
     def create_event(self, namespace: str, node: Dict[str, Any], reason: str, message: str,
@@ -313,7 +386,8 @@ class KubeApi:
         if kind == "Node":
             namespace = "default"
         body = event_body(namespace, node, reason, message, etype, now, kind)
-        return self._raw("create_event", self.core.create_namespaced_event, namespace, body)
+        return self._write("create_event", "POST", f"/api/v1/namespaces/{quote(namespace, safe='')}/events", body,
+                           "application/json")
 
     # ---- remediation -----------------------------------------------------------------------------
     @needs(("", "pods", "list"))
