@@ -46,6 +46,22 @@ def preemption_enabled(conf: Dict[str, str]) -> bool:
     return ptype is not None and not values.is_null(ptype) and ptype.strip().lower() != "preempt/none"
 
 
+def _override(rec: Recommendation, conf: Dict[str, str]) -> Optional[str]:
+    """The raw value of ``rec.override_item`` in ``rec.override_key``, when the site set it."""
+    if not rec.override_key:
+        return None
+    other = lookup(conf, rec.override_key)
+    if other is None:
+        return None
+    return values.item_values(other).get(rec.override_item.lower())
+
+
+def _item_number(rec: Recommendation, shown: str) -> Optional[float]:
+    """item_max: the item's number in ``shown`` (absent: ``item_default``); None if unreadable."""
+    raw = values.item_values(shown).get(rec.item.lower())
+    return values.number(raw) if raw is not None else rec.item_default
+
+
 def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:
     """(passes, current value as shown). ``value`` None means the key is absent: Slurm's default."""
     shown = value if value is not None else rec.default
@@ -65,8 +81,7 @@ def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:
         names = set(values.item_names(shown))
         return any(a.lower() in names for a in rec.accepted), shown
     if rec.check == "item_max":
-        raw = values.item_values(shown).get(rec.item.lower())
-        n = values.number(raw) if raw is not None else rec.item_default
+        n = _item_number(rec, shown)
         if n is None:
             return False, shown
         return (rec.max is None or n <= rec.max), shown
@@ -75,8 +90,7 @@ def _passes(rec: Recommendation, value: Optional[str]) -> Tuple[bool, str]:
 
 def _effect_values(rec: Recommendation, shown: str) -> Dict[str, str]:
     if rec.check == "item_max":
-        raw = values.item_values(shown).get(rec.item.lower())
-        n = values.number(raw) if raw is not None else rec.item_default
+        n = _item_number(rec, shown)
     else:
         n = values.number(shown)
     if n is None:
@@ -90,15 +104,27 @@ def evaluate(rec: Recommendation, conf: Dict[str, str], has_gpus: bool = True) -
         return Finding(rec.id, SKIP, rec.key, recommended=rec.recommended_text, why=rec.why,
                        effect="no GPU nodes: not needed")
     value = lookup(conf, rec.key)
-    ok, shown = _passes(rec, value)
-    current = shown if value is not None else f"{shown} (not shown: Slurm default)"
+    override = _override(rec, conf)
+    if override is not None:
+        # the overriding item alone decides (Slurm reads it instead of `item`, whatever `item` says)
+        shown = f"{rec.override_item}={override}"
+        n = values.number(override)
+        ok = n is not None and (rec.max is None or n <= rec.max)
+        current = f"{rec.override_key} {shown} (overrides {rec.key} {rec.item})"
+        values_for_effect = {"current": shown, "current_plus_1": "?"} if n is None else {
+            "current": f"{n:g}", "current_plus_1": f"{n + 1:g}"}
+    else:
+        ok, shown = _passes(rec, value)
+        current = shown if value is not None else f"{shown} (not shown: Slurm default)"
+        values_for_effect = _effect_values(rec, shown)
+    what = rec.override_key if override is not None else rec.key
     if ok:
-        return Finding(rec.id, OK, rec.key, current, rec.recommended_text, rec.why, rec.effect_good)
+        return Finding(rec.id, OK, what, current, rec.recommended_text, rec.why, rec.effect_good)
     severity = rec.severity
     if rec.when_preempting and preemption_enabled(conf):
         severity = rec.when_preempting
-    effect = rec.effect_bad.format(**_effect_values(rec, shown))
-    return Finding(rec.id, severity, rec.key, current, rec.recommended_text, rec.why, effect)
+    effect = rec.effect_bad.format(**values_for_effect)
+    return Finding(rec.id, severity, what, current, rec.recommended_text, rec.why, effect)
 
 
 def evaluate_all(recs: List[Recommendation], conf: Dict[str, str], has_gpus: bool = True) -> List[Finding]:

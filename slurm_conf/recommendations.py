@@ -48,6 +48,10 @@ class Recommendation:
     accepted: Tuple[str, ...] = ()
     item: str = ""
     item_default: Optional[float] = None
+    # item_max only: a comma-list item of another key that, when present, replaces `item` (25.11+:
+    # SchedulerParameters requeue_delay= replaces AuthInfo cred_expire as the requeue delay)
+    override_key: str = ""
+    override_item: str = ""
     when_preempting: str = ""
     since: str = ""
     until: str = ""
@@ -75,7 +79,10 @@ class Recommendation:
         if self.check == "has_item":
             return f"{self.key} includes {' or '.join(self.accepted)}"
         if self.check == "item_max":
-            return f"{self.key} {self.item} <= {_num(self.max)}"
+            text = f"{self.key} {self.item} <= {_num(self.max)}"
+            if self.override_key:
+                text += f" (or {self.override_key} {self.override_item} <= {_num(self.max)}, which overrides it)"
+            return text
         return f"{self.key} set (e.g. {self.value})"
 
 

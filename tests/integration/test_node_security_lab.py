@@ -148,19 +148,24 @@ def test_a_users_segfault_in_an_xid_named_library_drains_nothing(kmsg_lab, attac
     assert got.returncode == 0, got
     got = as_nobody(["gcc", "-o", "main", "main.c", "-ldl"], attacker_dir)
     assert got.returncode == 0, got
-    pids = []
-    for comm in ("main", "NVRM: Xid (0:0)"):
+    comms = ("main", "NVRM: Xid (0:0)")
+    # the kernel's records name each crash by its PID in the initial PID namespace, not the one
+    # Popen returns when the suite runs in a PID namespace of its own (.ci/slurm-chroot, a container):
+    # this run's records are the new ones, and their PIDs are read from them
+    earlier = set(kmsg_records())
+    for comm in comms:
         proc = subprocess.Popen([str(attacker_dir / "main"), str(attacker_dir / NAME), comm], user="nobody",
                                 group="nogroup", cwd=str(attacker_dir), stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
         assert proc.wait(timeout=30) == -signal.SIGSEGV
-        pids.append(proc.pid)
 
     def crash_records():
-        recs = [r for r in kmsg_records() if NAME in r and any(f"[{pid}]: segfault" in r for pid in pids)]
-        return recs if len(recs) == len(pids) else None
+        recs = [r for r in kmsg_records() if r not in earlier and NAME in r
+                and re.search(r"\[\d+\]: segfault", r)]
+        return recs if len(recs) == len(comms) else None
 
     records = wait_for(crash_records, 10, "the kernel's segfault records in /dev/kmsg")
+    pids = [re.search(r"\[(\d+)\]: segfault", r).group(1) for r in records]
     for rec in records:
         # the forgery is real: a kernel record (facility 0) that carries the whole XID 79 line
         assert kernel_record(rec) is not None and NAME in rec, rec

@@ -79,6 +79,33 @@ def test_requeue_delay_effect_names_the_wait():
     assert {f.id: f for f in diagnose(conf).findings}["requeue_delay"].status == "ok"
 
 
+def test_requeue_delay_from_scheduler_parameters_overrides_cred_expire_on_25_11_and_later():
+    # 25.11's slurmctld (job_mgr.c _requeue_delay) takes SchedulerParameters requeue_delay= when present
+    # and cred_expire only without it: a long requeue_delay next to the fragment's cred_expire=10 is slow
+    conf = {"SLURM_VERSION": "26.05.5", "AuthInfo": "socket=/x,cred_expire=10",
+            "SchedulerParameters": "nohold_on_prolog_fail,requeue_delay=300"}
+    f = {f.id: f for f in diagnose(conf).findings}["requeue_delay"]
+    assert f.status == "fail" and f.what == "SchedulerParameters"
+    assert f.effect == "requeued jobs wait 301 s before they can start again"
+    assert "requeue_delay=300" in f.current and "overrides AuthInfo cred_expire" in f.current
+    # a short requeue_delay makes the default cred_expire (120) harmless
+    conf.update(AuthInfo="socket=/x", SchedulerParameters="requeue_delay=5")
+    assert {f.id: f for f in diagnose(conf).findings}["requeue_delay"].status == "ok"
+    # without requeue_delay, cred_expire decides as before
+    conf["SchedulerParameters"] = "nohold_on_prolog_fail"
+    f = {f.id: f for f in diagnose(conf).findings}["requeue_delay"]
+    assert f.status == "fail" and f.what == "AuthInfo" and f.effect.startswith("requeued jobs wait 121 s")
+
+
+def test_requeue_delay_is_not_read_before_25_11():
+    # 24.11 has no requeue_delay (its slurmctld ignores the item): only cred_expire counts there
+    conf = {"SLURM_VERSION": "24.11.5", "AuthInfo": "socket=/x,cred_expire=10",
+            "SchedulerParameters": "requeue_delay=300"}
+    assert {f.id: f for f in diagnose(conf).findings}["requeue_delay"].status == "ok"
+    conf.update(AuthInfo="socket=/x", SchedulerParameters="requeue_delay=5")
+    assert {f.id: f for f in diagnose(conf).findings}["requeue_delay"].status == "fail"
+
+
 def test_absent_keys_mean_slurm_defaults():
     # 25.11 omits Prolog/Epilog when unset; older versions omit MaxBatchRequeue etc.
     f = {f.id: f for f in diagnose({"SLURM_VERSION": "25.11.4"}).findings}
