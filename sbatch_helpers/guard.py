@@ -183,7 +183,7 @@ def lost_prolog(job: Job, nodes: Mapping[str, Node]) -> List[str]:
     if since is None:
         return []
     return [n for n in job.nodes if n in nodes and nodes[n].responding
-            and nodes[n].slurmd_start_time is not None and nodes[n].slurmd_start_time > since]
+            and (nodes[n].slurmd_start_time or 0) > since]
 
 
 def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
