@@ -260,9 +260,14 @@ def test_cleanup_never_follows_symlinks(tmp_path):
 def test_stop_agent_kills_only_the_jobs_process(tmp_path):
     env = _env(tmp_path)
     store = _store(tmp_path)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"SLURM_JOB_ID": "7"})
-    ours = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env={"SLURM_JOB_ID": "42"})
+    # each child says it runs before the test goes on: until its exec, /proc/<pid>/environ is still
+    # pytest's (no SLURM_JOB_ID), and stop_agent rightly refuses it (a flake on a loaded machine)
+    sleeper = "import time; print('up', flush=True); time.sleep(60)"
+    other = subprocess.Popen([sys.executable, "-c", sleeper], env={"SLURM_JOB_ID": "7"}, stdout=subprocess.PIPE)
+    ours = subprocess.Popen([sys.executable, "-c", sleeper], env={"SLURM_JOB_ID": "42"}, stdout=subprocess.PIPE)
     try:
+        for p in (other, ours):
+            assert p.stdout is not None and p.stdout.readline() == b"up\n"
         (store.directory / memtier_files.PIDFILE).write_text(f"{other.pid} 0\n")  # a hostile pidfile
         assert memtier_files.stop_agent("n1", os.geteuid(), "42", env) is None
         assert other.poll() is None
@@ -273,6 +278,8 @@ def test_stop_agent_kills_only_the_jobs_process(tmp_path):
         for p in (other, ours):
             p.kill()
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 def test_keep_for_restart_decision():
