@@ -165,6 +165,17 @@ def test_slurmctld_killed_right_after_the_swap_restarts_without_it_and_the_runne
 
     jid, out, batch, victim, spare = hslab.submit(tmp_path)
     state_dir = hslab.layout.root / "state"
+    # slurmctld writes job_state in the background, batching changes for up to 5 s: a copy taken before
+    # its first write after the job's start holds the job PENDING, and the restart below then knows no
+    # allocation at all (CI, on 22.05 and 26.05 alike). A held job submitted now makes slurmctld write the
+    # job table again, with this job RUNNING on its 3 nodes; the copy waits for that write.
+    nudged = time.time()
+    res = subprocess.run(["sbatch", "--parsable", "--hold", "-N", "1", "-J", "state-save-nudge", "-o", "/dev/null",
+                          "--wrap", "true"], env=hslab.env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    nudge = res.stdout.strip().split(";")[0]
+    wait_for(lambda: (state_dir / "job_state").stat().st_mtime > nudged + 0.1, 30,
+             "slurmctld's job_state written after the job started")
     before = {p.name: p.read_bytes() for p in state_dir.glob("job_state*")}  # the job on its 3 nodes
     assert before, list(state_dir.iterdir())
     try:
@@ -199,6 +210,7 @@ def test_slurmctld_killed_right_after_the_swap_restarts_without_it_and_the_runne
         last = max(int(x) for x in re.findall(r"step=(\d+)$", out.read_text(), re.M))
         wait_text(out, rf"step={last + 5}$", 60)  # the trainer goes on
     finally:
+        cancel_job(hslab.env, nudge)
         hslab.cleanup(jid, [victim])
 
 
