@@ -57,9 +57,9 @@ def pod_obj(name: str, node: str, hostname: str, conditions=None, rv: str = "1")
             "spec": {"nodeName": node, "hostname": hostname}, "status": {"conditions": list(conditions or [])}}
 
 
-def seed_fake_api(server, slurm_names: Iterable[str], namespace: str = "slurm") -> None:
+def seed_api(server, slurm_names: Iterable[str], namespace: str = "slurm") -> None:
     """Create Nodes k8s-<n> and slurmd pods (label app.kubernetes.io/component=slurmd, spec.nodeName,
-    spec.hostname=<n>) in a running FakeKubeServer, through the real kubernetes client."""
+    spec.hostname=<n>) in the lab's API server (a real kube-apiserver), through the real kubernetes client."""
     from kubernetes import client
 
     api = core_api(server)

@@ -23,7 +23,7 @@ from autoheal.errors import AutohealError
 #: What a run leaves behind, each a directory under the lab root:
 #: Slurm (StateSaveLocation, slurmd spool, pid files and sockets), autoheal (journal, per-node hook
 #: state, node-exporter textfiles, dcgm job mapping), the fake hardware (GPU state and XID events,
-#: kernel logs), Kubernetes (the fake API's saved objects, kubeconfig, the spare pool's
+#: kernel logs), Kubernetes (the control plane's etcd data and certificates, kubeconfig, the spare pool's
 #: spares-used.json) and the drills (job output and checkpoint dirs).
 STATE_DIRS = ("state", "spool", "run", "journal", "nodestate", "metrics", "dcgm", "gpus", "kmsg", "kube", "drill")
 #: Kept: configuration (etc/, with a hand-edited autoheal.toml), munge's key, logs, the fake NVML build,

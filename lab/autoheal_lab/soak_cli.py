@@ -33,7 +33,7 @@ def _duration(text: str) -> float:
                    "(--spare-nodes 1: 2 active nodes + 1 spare), a submitit job, the array, the plain sbatch job "
                    "and the short jobs come on top (the lab's 4 nodes x 2 cores hold 2 trainers with them).")
 @click.option("--kube/--no-kube", default=True, show_default=True,
-              help="With the fake Kubernetes API, autoheal sync and the spare pool (and their fault kinds).")
+              help="With a real kube-apiserver, autoheal sync and the spare pool (and their fault kinds).")
 @click.option("--nodes", default=4, show_default=True, type=click.IntRange(2, 16), help="GPU nodes.")
 @click.option("--spares", default=2, show_default=True, type=click.IntRange(0, 8), help="Spare nodes.")
 @click.option("--gap", default="4-10", show_default=True, help="Seconds between faults, MIN-MAX (seeded).")
@@ -54,7 +54,7 @@ def soak(lab_dir, seed, faults, duration, jobs, kube, nodes, spares, gap, includ
          list_kinds, plot_file, as_json) -> None:
     """Seeded compound faults against the whole self-healing loop, invariants checked live.
 
-    Starts a clean lab (4 GPU nodes x 4 fake GPUs + 2 spares; --kube: fake Kubernetes API, sync, spare
+    Starts a clean lab (4 GPU nodes x 4 fake GPUs + 2 spares; --kube: a real kube-apiserver, sync, spare
     pool), runs a workload (autoheal sbatch trainers on 2 and 1 nodes, a hot-spare trainer, a submitit
     Checkpointable job, an array, a plain sbatch job, a time-limit job, short jobs that come and go) and
     injects faults from a schedule derived from --seed: GPU XIDs 79/48/63/64/74/94/95, DBE, row-remap

@@ -2,7 +2,7 @@
 
 ``make_schedule(seed, ...)`` returns the same list of :class:`Fault` for the same arguments. Each fault
 has a kind (``KINDS``), a start offset in seconds from the soak's start, a target (a node, a node and a
-GPU, a lab process, the fake API, a job role) and, for faults that end by themselves or by someone's
+GPU, a lab process, the API server, a job role) and, for faults that end by themselves or by someone's
 hand (a thermal event, an admin's maintenance, a cordon, an API outage, a killed daemon that systemd
 restarts), how long they last. Overlaps are part of the plan: a second fault on another node at the same
 moment, a fault during the recovery of the previous one on the same node, and a fault on the spare that

@@ -14,7 +14,7 @@ import time
 import urllib.request
 
 import pytest
-from sync_helpers import core_api, k8s_name, seed_fake_api
+from sync_helpers import core_api, k8s_name, seed_api
 
 pytest.importorskip("kubernetes")
 from autoheal_lab import controlplane
@@ -40,7 +40,7 @@ def cli_env(plain_lab, tmp_path_factory):
 
     utils.create_from_yaml(server.api_client(), str(realkube.CHART / "crds" / "nodereplacements.autoheal.io.yaml"))
     realkube.wait_crds(server.api_client(), realkube.CHART_CRDS, 60)
-    seed_fake_api(server, plain_lab.layout.nodes)
+    seed_api(server, plain_lab.layout.nodes)
     env = dict(plain_lab.env, KUBECONFIG=kc, AUTOHEAL_CONFIG=str(plain_lab.layout.autoheal_conf))
     yield {"server": server, "env": env, "names": list(plain_lab.layout.nodes), "api": core_api(server),
            "slurm": plain_lab.adapter()}

@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from sync_helpers import core_api, k8s_name, pod_name, seed_fake_api, sync_cfg
+from sync_helpers import core_api, k8s_name, pod_name, seed_api, sync_cfg
 
 from autoheal.k8s_sync.daemon import SyncDaemon
 from autoheal.k8s_sync.engine import Reconciler
@@ -42,7 +42,7 @@ def kube_env(plain_lab, tmp_path_factory):
     kc = str(d / "kubeconfig")
     server.write_kubeconfig(kc)
     names = list(plain_lab.layout.nodes)
-    seed_fake_api(server, names)
+    seed_api(server, names)
     slurm = plain_lab.adapter(timeout=10)
     yield {"server": server, "kubeconfig": kc, "names": names, "slurm": slurm, "api": core_api(server),
            "lab": plain_lab, "dir": d}
