@@ -107,6 +107,11 @@ class SoakReport:
 class Soak:
     #: Seconds after an admin's resume or a user's release that they look again (``_admin_resume``).
     PEOPLE_LOOK_AGAIN = 30.0
+    #: Seconds the soak goes on after a person's last action before it judges the end state: what the
+    #: action set off must be visible (slurmd answering again after a repair, a bad repair's defect back
+    #: and drained). Seed 48213: a technician's resume 14 ms before the final snapshot showed the node
+    #: IDLE+NOT_RESPONDING and judged a lemon "not retired" that was drained again 1 s later.
+    PEOPLE_SETTLE = 15.0
 
     def __init__(self, lab: Lab, opts: SoakOptions, log: Callable[[str], None] = lambda s: None):
         self.lab = lab
@@ -127,6 +132,7 @@ class Soak:
         self._core = None
         self._ctld_down = False
         self._paged = 0
+        self._people_acted = 0.0  # time of the newest person's command that went through
         self._client: Optional[subprocess.Popen] = None  # the submitit job's client
         self._client_out = ""
         self._bad_repairs: list = []  # soak_storm.BadRepair, watched on every snapshot
@@ -665,6 +671,7 @@ class Soak:
         deadline = time.time() + within if _deadline is None else _deadline
         try:
             call()
+            self._people_acted = time.time()
         except Exception as exc:
             if time.time() >= deadline:
                 self.notes.append(f"{what}: gave up after {within:.0f} s: {type(exc).__name__}: {exc}"[:300])
@@ -886,6 +893,9 @@ class Soak:
             # "no lost work" is judged on the trainers' final state: a job still running (a loaded machine,
             # a late restart) gets up to one more settle period to finish, nodes or not
             self._loop(until_events=False, deadline=time.time() + self.opts.settle, done=self._jobs_done)
+        quiet = self._people_acted + self.PEOPLE_SETTLE - time.time()
+        if quiet > 0:  # once, bounded: a person acting again meanwhile is judged as the world left it
+            self._loop(until_events=False, deadline=time.time() + quiet)
         if not self._settled():
             self.notes.append(f"not settled {self.opts.settle:.0f} s after the last fault")
 

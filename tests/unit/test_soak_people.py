@@ -134,3 +134,38 @@ def test_the_technician_does_not_repair_a_machine_that_left_the_cluster():
     soak._technician("gpu2")
     assert called == [] and ctld.resumes == 0
     assert soak.monitor.oncall.repairs[-1]["outcome"] == "not possible: the machine left the cluster"
+
+
+def _settle_calls(soak):
+    calls = []
+    soak._loop = lambda until_events, deadline=None, done=None: calls.append((deadline, done))
+    soak._settled = lambda: True
+    soak._jobs_done = lambda: True
+    soak._settle()
+    return calls
+
+
+def test_the_end_state_waits_for_what_a_persons_last_action_set_off():
+    """Seed 48213: the technician resumed a lemon 14 ms before the final snapshot, which showed it
+    IDLE+NOT_RESPONDING (slurmd not answering yet, its defect not back yet): two false violations. The
+    soak now goes on PEOPLE_SETTLE s after a person's last command before it judges the end."""
+    import time as _time
+
+    soak = Soak(None, SoakOptions(seed=1, faults=3, kube=False))
+    soak._person("technician repairs gpu4", lambda: None)
+    acted = soak._people_acted
+    assert acted > _time.time() - 5
+    calls = _settle_calls(soak)
+    waits = [d for d, done in calls if done is None]
+    assert len(waits) == 1 and waits[0] >= acted + Soak.PEOPLE_SETTLE - 0.01
+
+
+def test_no_wait_when_nobody_acted_lately_and_a_failed_command_is_no_action():
+    soak = Soak(None, SoakOptions(seed=1, faults=3, kube=False))
+
+    def refused():
+        raise RuntimeError("slurmctld restarting")
+
+    soak._person("admin drains gpu1", refused, within=0.0)
+    assert soak._people_acted == 0.0
+    assert [done for _d, done in _settle_calls(soak)] == [soak._settled]
