@@ -84,7 +84,7 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
       AUTOHEAL_RESUME_FROM      newest valid checkpoint (unset on a fresh start)
       AUTOHEAL_RESTART_COUNT    0 on the first run
       AUTOHEAL_REQUEUE_REASON   why the previous run ended: time-limit, preemption,
-                                node-failure, autoheal-drain, external-requeue
+                                node-failure, autoheal-drain, external-requeue, hang
 
     On the grace signal (node drained by autoheal, preemption, time limit near) the runner forwards the
     signal to your script (and through srun to every task), waits up to --grace seconds for it to save and
