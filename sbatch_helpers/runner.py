@@ -558,7 +558,8 @@ class Runner(HotSpareRun):
         if self.end_time and self.end_time > self.clock():
             deadline = self.end_time - self.opts.grace - self.opts.requeue_margin
         while True:
-            self.watch = HangWatch(self.checkpoint_dir, self.hang_options())
+            self.watch = HangWatch(self.checkpoint_dir, self.hang_options())  # a new step: new heartbeats
+            self.hang_decision = None
             act = self._watch_step(child, deadline)
             if act == "restart":
                 child = self.hot_restart(argv)
@@ -645,7 +646,7 @@ class Runner(HotSpareRun):
         say(f"{'time limit near' if deadline_hit else sig_name + ' received'}: forwarding "
             f"{sig_name} to the job's processes, waiting up to {self.opts.grace}s for them to checkpoint")
         started = time.monotonic()
-        if self.fault_at is None:  # the runner's own time-limit deadline: no signal came
+        if deadline_hit or self.fault_at is None:  # the runner's own time-limit deadline: no signal came
             self.fault_at = started
         child.signal(signum)
         if not self.wait_step(child, self.opts.grace, kill_steps=True):
