@@ -107,6 +107,7 @@ _hb_lock = threading.Lock()
 _hb_last: Dict[Path, Tuple[float, str]] = {}   # path -> (monotonic time of the last write, its phase)
 _hb_saving: Dict[Path, int] = {}               # path -> depth of nested saving() blocks
 _hb_warned: Set[Path] = set()
+_hb_paths: Dict[Tuple[str, Optional[int], Optional[str], Optional[str], Optional[str]], Path] = {}
 
 
 @dataclass(frozen=True)
@@ -123,13 +124,21 @@ class Heartbeat:
 def heartbeat_file(env: Mapping[str, str], rank: Optional[int] = None,
                    directory: Union[str, os.PathLike[str], None] = None) -> Optional[Path]:
     """This rank's heartbeat file (``rank`` defaults to the environment's); None outside ``autoheal
-    sbatch`` (no ``directory`` and no ``$AUTOHEAL_CHECKPOINT_DIR``)."""
+    sbatch`` (no ``directory`` and no ``$AUTOHEAL_CHECKPOINT_DIR``). Cached: heartbeat() runs every
+    training step, and building the path (pathlib) was most of its cost."""
     from autoheal.sbatch_helpers.checkpoint import env_rank
 
     target = directory if directory is not None else env.get("AUTOHEAL_CHECKPOINT_DIR")
     if not target:
         return None
-    return Path(target) / HEARTBEAT_DIR / f"rank-{env_rank(env) if rank is None else int(rank)}"
+    key = (os.fspath(target), rank, env.get("LOCAL_RANK"), env.get("RANK"), env.get("SLURM_PROCID"))
+    path = _hb_paths.get(key)
+    if path is None:
+        if len(_hb_paths) > 1024:  # callers passing ever new folders: bounded, never a leak
+            _hb_paths.clear()
+        path = Path(target) / HEARTBEAT_DIR / f"rank-{env_rank(env) if rank is None else int(rank)}"
+        _hb_paths[key] = path
+    return path
 
 
 def _check_hb_step(step: int, what: str) -> None:
