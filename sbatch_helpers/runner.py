@@ -649,7 +649,7 @@ class Runner(HotSpareRun):
         if deadline_hit or self.fault_at is None:  # the runner's own time-limit deadline: no signal came
             self.fault_at = started
         child.signal(signum)
-        if not self.wait_step(child, self.opts.grace, kill_steps=True):
+        if not self.wait_step(child, self.opts.grace):
             say(f"the job's processes did not exit within {self.opts.grace}s: SIGTERM, then SIGKILL "
                 f"after {KILL_AFTER_TERM:g}s")
             child.signal(signal.SIGTERM)
@@ -658,10 +658,10 @@ class Runner(HotSpareRun):
                 child.wait_group(KILL_AFTER_TERM)
         return time.monotonic() - started
 
-    def wait_step(self, child: Child, timeout: float, kill_steps: bool) -> bool:
+    def wait_step(self, child: Child, timeout: float) -> bool:
         """After the grace signal: wait up to ``timeout`` for the step's processes to exit; end them at
-        once when hang.py finds the ranks hung (no progress for --hang-after-fault seconds). False on
-        timeout. ``kill_steps``: also SIGKILL the job's Slurm steps (see :meth:`end_step`)."""
+        once (:meth:`end_step`) when hang.py finds the ranks hung (no progress for --hang-after-fault
+        seconds). False on timeout."""
         deadline = time.monotonic() + timeout
         fault_at = self.fault_at if self.fault_at is not None else time.monotonic()
         while child.group_alive:
@@ -672,24 +672,38 @@ class Runner(HotSpareRun):
                 self.hang_decision = decision
                 say(f"the job's ranks are hung: {decision.why}; ending the step now "
                     f"({time.monotonic() - fault_at:.1f}s after the signal, grace {timeout:g}s)")
-                self.end_step(child, kill_steps)
+                self.end_step(child)
                 return True
             time.sleep(POLL)
         return True
 
-    def end_step(self, child: Child, kill_steps: bool) -> None:
+    def end_step(self, child: Child) -> None:
         """SIGKILL the step: its ranks are blocked where no signal handler runs (a collective whose peer
-        is gone), and srun forwards no SIGKILL. ``kill_steps``: ``scancel --signal=KILL`` every step of
-        the job first (never the batch shell: this runner), so ranks on other nodes end now, not after
-        Slurm's KillWait once the job is requeued. Not on a hot-spare swap: the job goes on in this
-        allocation, and its memory-tier agents (a step of their own) must live."""
-        if kill_steps and self.slurm is not None and self.ident.job_id:
+        is gone), and srun forwards no SIGKILL. Each of the job's Slurm steps gets ``scancel
+        --signal=KILL <job>.<step>`` first, so ranks on other nodes end now, not after Slurm's KillWait
+        once the job is requeued. Never the whole job (scancel sends a SIGKILL to the batch step too: this
+        runner), nor the memory tier's agents (their memory copies are what a restart resumes from)."""
+        for step in self._user_steps():
             try:
-                self.slurm.signal_job(self.ident.job_id, "KILL")
-            except Exception as exc:  # the local SIGKILL below still ends srun; Slurm's requeue the rest
-                say(f"warning: cannot SIGKILL the steps of job {self.ident.job_id}: {exc}")
+                self._adapter.signal_job(step, "KILL")
+            except SlurmError as exc:  # the local SIGKILL below still ends srun; Slurm's requeue the rest
+                say(f"warning: cannot SIGKILL step {step}: {exc}")
         child.signal(signal.SIGKILL)
         child.wait_group(KILL_AFTER_TERM)
+
+    def _user_steps(self) -> List[str]:
+        """The job's steps the user's script started (not batch, extern or the memory-tier agents)."""
+        from autoheal.sbatch_helpers.memtier_launch import AGENT_STEP_NAME
+
+        if self.slurm is None or not self.ident.job_id:
+            return []
+        try:
+            steps = self.slurm.job_steps(self.ident.job_id)
+        except SlurmError as exc:
+            say(f"warning: cannot list the steps of job {self.ident.job_id}: {exc}")
+            return []
+        return [step for step, name in steps
+                if step.rpartition(".")[2] not in ("batch", "extern", "interactive") and name != AGENT_STEP_NAME]
 
     def hung(self, child: Child, decision: hang.Decision) -> int:
         """The watchdog: no rank progressed for --watchdog seconds and no fault signal came (a node whose
@@ -699,7 +713,7 @@ class Runner(HotSpareRun):
         self.record("job-hang", f"job {self.ident.job_id}: {decision.why}; no fault signal came: ending the "
                     f"step (--watchdog {self.opts.watchdog}s)", "action", hang=decision.verdict.value,
                     quiet=round(decision.quiet, 1))
-        self.end_step(child, kill_steps=True)
+        self.end_step(child)
         job = self._job()
         nodes = self._settled_nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
         job = self._job() or job

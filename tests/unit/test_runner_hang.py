@@ -37,6 +37,10 @@ class FakeSlurm:
             self.nodes = self.node_script.pop(0)
         return self.nodes
 
+    def job_steps(self, job_id):
+        return [(f"{job_id}.batch", "batch"), (f"{job_id}.extern", "extern"), (f"{job_id}.0", "autoheal-memtier"),
+                (f"{job_id}.1", "python")]
+
     def signal_job(self, job_id, sig, batch=False, full=False):
         self.calls.append(("signal", job_id, sig, batch, full))
 
@@ -148,7 +152,8 @@ def test_ranks_blocked_after_the_grace_signal_are_ended_without_waiting_the_grac
     rec = _requeue_record(journal)
     assert rec.evidence["hang"] == "hung-after-fault" and rec.evidence["child_exit"] == -signal.SIGKILL
     assert rec.evidence["cause"] == "signal"  # the cause is still the fault's (here: no node problem)
-    assert ("signal", "42", "KILL", False, False) in slurm.calls  # the steps, not the batch shell
+    # the user's step only: not the batch shell (this runner), not the memory-tier agents
+    assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
     assert ("requeue", "42") in slurm.calls
 
 
@@ -177,7 +182,7 @@ def test_watchdog_ends_a_step_that_stopped_with_no_signal_and_requeues_it_as_a_h
     assert hang_rec.evidence["hang"] == "watchdog" and "no rank progressed" in hang_rec.message
     rec = _requeue_record(journal)
     assert rec.evidence["cause"] == "hang" and rec.evidence["hang"] == "watchdog"
-    assert ("signal", "42", "KILL", False, False) in slurm.calls
+    assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
     assert ("requeue", "42") in slurm.calls  # no node found bad: a plain requeue
     assert "last=hang " in slurm.job.comment + " "
 
@@ -240,3 +245,18 @@ def test_options_reach_the_runner():
     assert "--watchdog" not in runner_argv(WrapperOptions())  # an older runner still reads the script
     argv = runner_argv(WrapperOptions(watchdog=120, hang_after_fault=5))
     assert argv[argv.index("--watchdog") + 1] == "120" and argv[argv.index("--hang-after-fault") + 1] == "5"
+
+
+def test_the_cli_backend_lists_a_jobs_steps_with_squeue(tmp_path):
+    import os
+
+    from autoheal.slurm.cli_backend import CliSlurm
+
+    squeue = tmp_path / "squeue"
+    args = tmp_path / "args"
+    squeue.write_text(f"#!/bin/sh\necho \"$@\" > {args}\nprintf '42.0 autoheal-memtier\\n42.1 python train.py\\n"
+                      "42.batch batch\\n\\n'\n")
+    os.chmod(squeue, 0o755)
+    steps = CliSlurm(bin_dir=str(tmp_path), retries=0).job_steps("42")
+    assert steps == [("42.0", "autoheal-memtier"), ("42.1", "python train.py"), ("42.batch", "batch")]
+    assert args.read_text().split() == ["-h", "--steps", "--jobs=42", "-o", "%i", "%j"]
