@@ -10,13 +10,16 @@ on real Slurm included.
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_text
+from helpers import cancel_job, wait_for, wait_text
 
 from autoheal.journal import Journal
 from autoheal.slurm.cli_backend import CliSlurm
@@ -32,12 +35,15 @@ rank = os.environ.get("SLURM_PROCID", "0")
 print(f"rank {rank} start restart={restart} t={time.time():.3f}", flush=True)
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)
 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-for i in range(30):
+wait_for = os.environ.get("HANG_WAIT_FOR", "")  # heartbeat until this file exists, then block
+i = 0
+while i < 30 or (restart == 0 and wait_for and not os.path.exists(wait_for)):
     heartbeat(i)
+    i += 1
     time.sleep(0.1)
 if restart == 0:
     print(f"rank {rank} blocked t={time.time():.3f}", flush=True)
-    time.sleep(3600)
+    time.sleep(900)
 print(f"rank {rank} done", flush=True)
 """
 
@@ -52,10 +58,10 @@ class HangLab:
         self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
         self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
 
-    def submit(self, wd: Path, *wrapper_args: str) -> str:
+    def submit(self, wd: Path, *wrapper_args: str, wait_for: str = "") -> str:
         (wd / "rank.py").write_text(RANK)
         (wd / "job.sh").write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {wd}/out-%j.txt\n"
-                                   f"srun {PY} {wd}/rank.py\n")
+                                   f"export HANG_WAIT_FOR={wait_for}\nsrun {PY} {wd}/rank.py\n")
         res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", *wrapper_args, "--parsable",
                               str(wd / "job.sh")], cwd=wd, env=self.env, capture_output=True, text=True, timeout=60)
         assert res.returncode == 0, res.stderr
@@ -77,7 +83,7 @@ def hlab(tmp_path_factory):
     _require_slurm()
     lab = Lab(tmp_path_factory.mktemp("hanglab"))
     try:
-        lab.up(nodes=2, gpus=1, spares=0, hooks=False, xid_watch=False, install=False)
+        lab.up(nodes=3, gpus=1, spares=0, hooks=False, xid_watch=False, install=False)
         yield HangLab(lab)
     finally:
         lab.down()
@@ -122,3 +128,41 @@ def test_ranks_blocked_after_the_grace_signal_are_ended_before_the_grace(hlab, t
     assert req and req[0].evidence["hang"] == "hung-after-fault", text[-3000:]
     print(f"hang-after-fault 3 s, grace 120 s: the runner waited {req[0].evidence['waited']} s; "
           f"signal -> requeue record {req[0].time - signalled:.1f} s")
+
+
+def test_watchdog_waits_for_a_node_whose_slurmd_died_then_requeues_away_from_it(hlab, tmp_path):
+    """The pitfall of the first build: requeued while a node was NOT_RESPONDING, slurmctld restarted the
+    job with a broken GRES allocation and every srun failed. The runner waits until the node is DOWN."""
+    block = tmp_path / "block"
+    jid = hlab.submit(tmp_path, "--watchdog", "5", "--grace", "60", wait_for=str(block))
+    out = tmp_path / f"out-{jid}.txt"
+    wait_text(out, r"rank \d start restart=0", 90, count=2)
+    job = hlab.slurm.get_job(jid)
+    batch = job.batch_host or job.nodes[0]
+    victim = next(n for n in job.nodes if n != batch)
+    os.kill(hlab.lab.records()[f"slurmd-{victim}"].pid, signal.SIGKILL)  # its ranks live on, unheard of
+    try:
+        wait_for(lambda: not hlab.slurm.get_node(victim).responding, 120, f"{victim} NOT_RESPONDING")
+        block.write_text("now")  # the ranks block: no fault signal comes, only the watchdog can tell
+        wait_text(out, r"rank \d done", 420, count=2)
+        done = hlab.wait_finished(jid, 60)
+        text = out.read_text()
+        assert done.state == "COMPLETED", text[-3000:]
+        # Slurm itself requeues the job once the node is DOWN (node failure): the runner records it and
+        # names the node; a DOWN node is not picked for the next run either way
+        assert victim not in done.nodes, done
+        assert f"last=hang@{victim}" in done.comment, done.comment
+        assert re.search(rf"node\(s\) {victim} not responding: waiting", text), text[-3000:]
+        req = list(hlab.journal.read(job=jid, events=["job-requeue"]))
+        assert req and req[0].evidence["cause"] == "hang" and req[0].evidence["node"] == victim, req
+        blocked = max(float(t) for t in re.findall(r"blocked t=([\d.]+)", text))
+        print(f"slurmd of {victim} killed, ranks blocked: next run started "
+              f"{_restart_delay(text, r'blocked t=([0-9.]+)'):.1f} s after the block; requeue record "
+              f"{req[0].time - blocked:.1f} s after it (SlurmdTimeout 60 s)")
+    finally:
+        cancel_job(hlab.env, jid)
+        hlab.lab.start_slurmd(victim)
+        wait_for(lambda: hlab.slurm.get_node(victim).responding, 90, f"{victim} responding again")
+        node = hlab.slurm.get_node(victim)
+        if node.down:
+            hlab.slurm.resume(victim)
