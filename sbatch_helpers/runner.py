@@ -16,7 +16,10 @@ For every run of the job it:
    time limit: forwards the signal to the child's process group (``srun`` relays it to every task), waits
    up to the grace window for the whole group to exit (SIGTERM then SIGKILL after that), classifies the
    cause from Slurm's data, records it (job comment + journal + webhook) and requeues the job — checkpoint
-   first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release.
+   first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release;
+5. watches the ranks' heartbeats (``hang.py``, ``progress.heartbeat``): after the signal, ranks blocked in
+   a collective (no handler of theirs runs) are not waited for past ``--hang-after-fault``; with no signal
+   at all, ``--watchdog`` ends a step that stopped and requeues the job (cause ``hang``).
 
 The requeue must survive the kill it triggers: requeuehold makes Slurm SIGTERM every process of the job,
 our own ``scontrol`` children included. So the intent (``state=requeueing excl=...``) goes into the job
