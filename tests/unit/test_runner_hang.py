@@ -260,3 +260,25 @@ def test_the_cli_backend_lists_a_jobs_steps_with_squeue(tmp_path):
     steps = CliSlurm(bin_dir=str(tmp_path), retries=0).job_steps("42")
     assert steps == [("42.0", "autoheal-memtier"), ("42.1", "python train.py"), ("42.batch", "batch")]
     assert args.read_text().split() == ["-h", "--steps", "--jobs=42", "-o", "%i", "%j"]
+
+
+def test_a_hot_spare_swap_stops_a_hung_step_without_waiting_the_grace(tmp_path):
+    runner, slurm, _ = make(tmp_path, hang_after_fault=1, grace=120)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    env = {"PATH": "/usr/bin:/bin", "AUTOHEAL_CHECKPOINT_DIR": str(ck)}
+    runner.checkpoint_dir = str(ck)
+    runner.watch = r.HangWatch(str(ck), runner.hang_options())
+    child = r.Child([sys.executable, "-c", BLOCKED], env, reap_all=False)
+    try:
+        deadline = time.monotonic() + 20
+        while not (ck / "started").exists() and time.monotonic() < deadline:
+            runner.watch.poll(None)
+            time.sleep(0.05)
+        runner._on_signal(int(signal.SIGUSR2), None)
+        waited = runner._stop_step(child)  # the hot-spare path's stop (hotspare_runner)
+    finally:
+        child.signal(signal.SIGKILL)
+    assert runner.hang_decision is not None and runner.hang_decision.verdict == "hung-after-fault"
+    assert waited < 60 and not child.group_alive
+    assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
