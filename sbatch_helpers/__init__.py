@@ -1,5 +1,5 @@
 """Researcher side: `autoheal sbatch`, the job runner, the checkpoint API, and `autoheal guard`."""
 
-from autoheal.sbatch_helpers.progress import report_progress
+from autoheal.sbatch_helpers.progress import heartbeat, report_progress, saving
 
-__all__ = ["report_progress"]
+__all__ = ["heartbeat", "report_progress", "saving"]

@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from autoheal.sbatch_helpers.ckpt_trust import TRUSTED_UIDS_ENV, file_problem, path_problem, trusted_uids
+from autoheal.sbatch_helpers.progress import heartbeat_file, saving_at
 
 log = logging.getLogger(__name__)
 
@@ -844,6 +845,12 @@ class CheckpointManager:
         self.trusted: FrozenSet[int] = trusted_uids(environ) if trusted is None else frozenset(trusted)
         self.rejections: List[Rejection] = []
         self._writing: Set[str] = set()
+        self._environ = environ
+
+    def _heartbeat_file(self) -> Optional[Path]:
+        """This rank's heartbeat file under ``autoheal sbatch`` (None outside): every save marks the rank
+        as saving there, so the runner's hang detection never judges a long save a hang."""
+        return heartbeat_file(os.environ if self._environ is None else self._environ, self.rank)
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.directory)!r}, keep={self.keep}, rank={self.rank})"
@@ -895,7 +902,7 @@ class CheckpointManager:
             tmp = self._make_tmp(step)
         self._writing.add(tmp.name)
         try:
-            with _not_saved(step, self.directory, writing_into=tmp):
+            with saving_at(self._heartbeat_file(), step), _not_saved(step, self.directory, writing_into=tmp):
                 _fault("tmp-created")
                 yield tmp
                 self._publish(step, tmp, meta_json)
@@ -937,6 +944,11 @@ class CheckpointManager:
         if not 0 <= rank < world:
             raise CheckpointError(f"rank {rank} is outside world_size {world}")
         meta_json = _metadata_json(metadata) if rank == 0 else None
+        with saving_at(self._heartbeat_file(), step):
+            return self._save_shard(step, data, rank, world, meta_json, timeout)
+
+    def _save_shard(self, step: int, data: Payload, rank: int, world: int, meta_json: Optional[str],
+                    timeout: Optional[float]) -> Path:
         staging = self.directory / f"{TMP_PREFIX}{checkpoint_name(step)}-shards-{self.session}"
         shard = staging / _shard_name(rank, world)
         with _not_saved(step, self.directory):
