@@ -25,10 +25,12 @@ from typing import Callable, Dict, Iterator, Optional
 try:
     from autoheal.sbatch_helpers import checkpoint as ck
     from autoheal.sbatch_helpers import preempt
+    from autoheal.sbatch_helpers import progress as hb
 except ImportError:  # running from a source checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import checkpoint as ck  # type: ignore[no-redef]
     import preempt  # type: ignore[no-redef]
+    import progress as hb  # type: ignore[no-redef]
 
 EXIT_DONE = 0
 EXIT_CRASH = 1  # --crash-at-step, or an unexpected error
@@ -393,6 +395,7 @@ def _loop(args, mgr, tier, coll, rank: int, progress: dict, step: int, state: in
         state = _train_step(args, coll, step, state)
         step += 1
         progress["step"] = step
+        hb.heartbeat(step)  # the runner's hang detection: this rank made progress (a no-op outside autoheal sbatch)
         say(f"step={step} time={time.time():.3f}" if args.timestamps else f"step={step}")
         if args.crash_at_step is not None and step >= args.crash_at_step:
             say(f"crash requested at step={step}")
