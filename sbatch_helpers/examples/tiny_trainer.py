@@ -304,9 +304,12 @@ def _memory_tier(args: argparse.Namespace):  # -> Optional[memtier.MemoryTier]; 
     return tier
 
 
-def _from_memory(tier, found: Optional[ck.Checkpoint], step: int, state: int, origin: str) -> tuple:
-    """The newest of the memory copy this rank can reach and the durable checkpoint."""
-    copy = tier.newest(min_step=found.step if found else -1)
+def _from_memory(tier, found: Optional[ck.Checkpoint], step: int, state: int, origin: str,
+                 consistent: bool = False) -> tuple:
+    """The newest of the memory copy this rank can reach and the durable checkpoint. ``consistent``
+    (ranks in a collective): the newest step every rank has a copy of, as data-parallel ranks must all
+    start from one step."""
+    copy = tier.newest(min_step=found.step if found else -1, consistent=consistent)
     if copy is None:
         return step, state, origin
     doc = json.loads(copy.payload.decode("utf-8"))
@@ -347,7 +350,7 @@ def _start(args: argparse.Namespace, mgr, rank: int, world: int) -> tuple:
     origin = str(found.path) if found else "none"
     tier = _memory_tier(args)
     if tier is not None:
-        step, state, origin = _from_memory(tier, found, step, state, origin)
+        step, state, origin = _from_memory(tier, found, step, state, origin, consistent=args.collective)
     say(
         f"start step={step} resumed_from={origin} restart={_word(restart, '0')} "
         f"host={host} rank={rank} world={world} steps={args.steps} reason={reason}"
