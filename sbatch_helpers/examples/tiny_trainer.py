@@ -20,7 +20,7 @@ import struct
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 try:
     from autoheal.sbatch_helpers import checkpoint as ck
@@ -246,7 +246,8 @@ def load_state(found: ck.Checkpoint) -> tuple:
 
 
 class _NoDevice:
-    """The default: a CPU-only trainer, no GPU calls."""
+    """The default: a CPU-only trainer, no GPU calls (``--device lab`` puts a fakedevice.FakeDevice, which
+    has the same methods, in its place)."""
 
     def step(self) -> None:
         pass
@@ -257,8 +258,11 @@ class _NoDevice:
     def links_ok(self) -> bool:
         return True
 
+    def describe(self) -> str:
+        return "none"
 
-DEVICE = _NoDevice()
+
+DEVICE: Any = _NoDevice()
 DEVICE_ERRORS: tuple = ()  # the device's error types (set by _open_device)
 
 
