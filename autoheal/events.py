@@ -41,6 +41,7 @@ class Event(StrEnum):
     JOB_SPARE_DROPPED = "job-spare-dropped"
     JOB_HOT_SWAP = "job-hot-swap"
     JOB_HOT_SWAP_REDONE = "job-hot-swap-redone"
+    JOB_HANG = "job-hang"
     GUARD_RELEASE = "guard-release"
     GUARD_PRUNE = "guard-prune"
     GUARD_REQUEUE = "guard-requeue"

@@ -14,13 +14,15 @@ Evidence, strongest first:
    requeued it from outside), PREEMPTED.
 
 Cause names (also exported as ``AUTOHEAL_REQUEUE_REASON``): ``time-limit``, ``preemption``,
-``node-failure``, ``autoheal-drain``, ``external-requeue``, ``cancelled``, ``signal``.
+``node-failure``, ``autoheal-drain``, ``external-requeue``, ``cancelled``, ``signal``, ``hang`` (the
+runner's watchdog ended a step whose ranks stopped making progress with no fault signal; ``hang@node``
+when one of the job's nodes was found not responding or down: it is excluded like a failed node).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 from autoheal.reasons import is_ours, strip_reason_suffix
 from autoheal.slurm.model import Node
@@ -37,11 +39,12 @@ class CauseKind(StrEnum):
     EXTERNAL_REQUEUE = "external-requeue"
     CANCELLED = "cancelled"
     SIGNAL = "signal"  # a grace signal with no other evidence (e.g. scancel --signal by hand)
+    HANG = "hang"  # the runner's watchdog: no rank progress and no fault signal (hang.py)
 
 
 TIME_LIMIT, PREEMPTION, NODE_FAILURE = CauseKind.TIME_LIMIT, CauseKind.PREEMPTION, CauseKind.NODE_FAILURE
 AUTOHEAL_DRAIN, EXTERNAL_REQUEUE = CauseKind.AUTOHEAL_DRAIN, CauseKind.EXTERNAL_REQUEUE
-CANCELLED, SIGNAL = CauseKind.CANCELLED, CauseKind.SIGNAL
+CANCELLED, SIGNAL, HANG = CauseKind.CANCELLED, CauseKind.SIGNAL, CauseKind.HANG
 _KINDS = frozenset(k.value for k in CauseKind)
 NODE_CAUSES = (NODE_FAILURE, AUTOHEAL_DRAIN)
 #: Slurm may deliver ``--signal`` up to this many seconds before the requested time.
@@ -61,7 +64,8 @@ class Cause:
 
     @property
     def node_problem(self) -> bool:
-        return self.kind in NODE_CAUSES
+        """A node is to blame (and is kept off the next run): a hang counts once a node was found bad."""
+        return self.kind in NODE_CAUSES or (self.kind == HANG and bool(self.node))
 
     def label(self) -> str:
         """``node-failure@gpu2`` or ``time-limit``: the short form kept in the job comment."""
@@ -148,6 +152,22 @@ def classify_interrupt(*, signal_name: str, grace_signal: str, now: float, end_t
         return Cause(PREEMPTION, evidence="SIGTERM while the job is still running")
     return Cause(SIGNAL, evidence=f"{grace_signal} with no node problem and far from the time limit "
                  f"(preemption with send_user_signal, or sent by hand)")
+
+
+def classify_hang(nodes: Sequence[Node], why: str) -> Cause:
+    """Why the watchdog ended a step: ``hang``, naming the first unhealthy node of the run if any (a node
+    whose slurmd died stops its ranks with no fault signal: found NOT_RESPONDING or DOWN)."""
+    problem = node_problem(nodes)
+    if problem:
+        return Cause(HANG, problem.node, f"{why}; {problem.evidence}")
+    return Cause(HANG, evidence=why)
+
+
+def unsettled(nodes: Iterable[Node]) -> List[str]:
+    """Nodes not responding that Slurm has not yet marked DOWN: requeueing now would let slurmctld
+    restart the job with a broken GRES allocation on them (seen in the lab: every srun failed), so the
+    runner waits for each to be DOWN or to answer again."""
+    return [n.name for n in nodes if not n.responding and not n.down]
 
 
 def classify_start(*, restart_count: int, recorded: Optional[str], recorded_restarts: int,

@@ -51,6 +51,14 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 @click.option("--min-nodes", type=click.IntRange(1, 100000), default=None, metavar="M",
               help="With --spare-nodes: an elastic job; once the spares are used up it goes on with fewer nodes "
                    "(at least M) instead of being requeued.")
+@click.option("--watchdog", type=click.IntRange(*limits("watchdog")), default=None, metavar="SECONDS",
+              help="Hang detection with no fault signal: a step whose ranks all stopped calling heartbeat() for "
+                   "this long is ended and the job requeued from its newest checkpoint (cause 'hang'); jobs that "
+                   f"never call heartbeat() are not watched. 0: off [config sbatch.watchdog; default {_D.watchdog}].")
+@click.option("--hang-after-fault", type=click.IntRange(*limits("hang_after_fault")), default=None, metavar="SECONDS",
+              help="After a grace signal, end the step once no rank advanced or saved for this long, instead of "
+                   "waiting the whole --grace for ranks blocked in a collective "
+                   f"[config sbatch.hang_after_fault; default {_D.hang_after_fault}].")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the generated script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the plan with --dry-run, else the job id).")
 @config_option
@@ -58,8 +66,9 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 @handle_errors
 def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Optional[int], signal_name: Optional[str],
            exclude_failed: Optional[bool], notify: Tuple[str, ...], allow_foreign_checkpoint: Optional[bool],
-           spare_nodes: Optional[int], min_nodes: Optional[int], dry_run: bool, as_json: bool,
-           config_path: Optional[str], args: Tuple[str, ...]) -> None:
+           spare_nodes: Optional[int], min_nodes: Optional[int], watchdog: Optional[int],
+           hang_after_fault: Optional[int], dry_run: bool, as_json: bool, config_path: Optional[str],
+           args: Tuple[str, ...]) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -75,11 +84,13 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
       AUTOHEAL_RESUME_FROM      newest valid checkpoint (unset on a fresh start)
       AUTOHEAL_RESTART_COUNT    0 on the first run
       AUTOHEAL_REQUEUE_REASON   why the previous run ended: time-limit, preemption,
-                                node-failure, autoheal-drain, external-requeue
+                                node-failure, autoheal-drain, external-requeue, hang
 
     On the grace signal (node drained by autoheal, preemption, time limit near) the runner forwards the
     signal to your script (and through srun to every task), waits up to --grace seconds for it to save and
-    exit, then requeues the job, away from a failed node.
+    exit, then requeues the job, away from a failed node. Ranks that call heartbeat() each step are
+    watched: blocked after the signal (--hang-after-fault) or with no signal at all (--watchdog), the
+    step is ended at once and the job resumes from its newest valid checkpoint.
 
     Defaults come from the config file's [sbatch] section, then "#AUTOHEAL --grace 300"-style lines in the
     script, then the command line.
@@ -105,7 +116,8 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
     overrides = _overrides({"max_restarts": max_restarts, "checkpoint_dir": checkpoint_dir, "grace": grace,
                             "signal": signal_name, "exclude_failed": exclude_failed, "notify": list(notify),
                             "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
-                            "spare_nodes": spare_nodes, "min_nodes": min_nodes}, late)
+                            "spare_nodes": spare_nodes, "min_nodes": min_nodes, "watchdog": watchdog,
+                            "hang_after_fault": hang_after_fault}, late)
     plan = wrapper.build_plan(_request(cfg, sbatch_args, script, script_args, overrides))
     _show_or_submit(plan, cfg, dry_run, as_json)
 

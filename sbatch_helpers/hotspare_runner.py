@@ -97,6 +97,7 @@ class HotSpareRun:
         def requeue_and_record(self, next_restart: int, cause: causes.Cause, step: str, nodes: Sequence[Node],
                                job: Optional[Job], evidence: Dict[str, Any]) -> int: ...
         def opts_budget(self) -> float: ...
+        def wait_step(self, child: Child, timeout: float) -> bool: ...
 
     @property
     def _adapter(self) -> SlurmAdapter:
@@ -356,7 +357,8 @@ class HotSpareRun:
             return 0.0
         say(f"forwarding {self.grace_sig.name} to the step, waiting up to {self.opts.grace}s for it to checkpoint")
         child.signal(int(self.grace_sig))
-        if not child.wait_group(self.opts.grace):
+        # ranks hung after the fault are ended at once (hang.py); the memory-tier agents live on
+        if not self.wait_step(child, self.opts.grace):
             child.signal(signal.SIGTERM)
             if not child.wait_group(KILL_AFTER_TERM):
                 child.signal(signal.SIGKILL)

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from autoheal.sbatch_helpers.memtier import AGENTS_ENV, ENABLE_ENV
 from autoheal.sbatch_helpers.memtier_agent import READY
 
+#: The agents' step name: the runner never kills this step when it ends a hung one (hang detection).
+AGENT_STEP_NAME = "autoheal-memtier"
 START_TIMEOUT = 30.0
 STOP_TIMEOUT = 5.0
 _READY_RE = re.compile(re.escape(READY) + r" node=(\S+) addr=(\S+) port=(\d+)")
@@ -34,7 +36,7 @@ def wanted(env: Mapping[str, str]) -> bool:
 
 def agent_argv(srun: str, nodes: Sequence[str]) -> List[str]:
     n = str(len(nodes))
-    return [srun, "--overlap", "--no-kill", "--kill-on-bad-exit=0", "--job-name=autoheal-memtier", "-N", n,
+    return [srun, "--overlap", "--no-kill", "--kill-on-bad-exit=0", f"--job-name={AGENT_STEP_NAME}", "-N", n,
             "-n", n, "--ntasks-per-node=1", f"--nodelist={','.join(nodes)}", "--cpus-per-task=1",
             sys.executable, "-m", "autoheal.sbatch_helpers.memtier_agent"]
 

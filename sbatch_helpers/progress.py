@@ -49,7 +49,9 @@ def report_progress(step: int, directory: Union[str, os.PathLike[str], None] = N
         return None
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise CheckpointError(f"report_progress: step must be a whole number >= 0, got {step!r}")
-    heartbeat(step, target, env)  # a framework's checkpoint is progress too (every rank, for hang.py)
+    beat = heartbeat_file(env, directory=target)  # a framework's checkpoint is progress too (every rank)
+    if beat is not None:
+        _write_heartbeat(beat, step, PHASE_SAVED, force=True)
     if env_rank(env) != 0:
         return None
     path = Path(target) / PROGRESS_FILE
@@ -87,9 +89,13 @@ def read_progress(directory: Union[str, os.PathLike[str], None]) -> Optional[int
 
 HEARTBEAT_DIR = ".autoheal-heartbeat"
 HEARTBEAT_MIN_INTERVAL = 0.5
+#: ``step``: the training loop's own heartbeat(); ``saving``: inside a save; ``saved``: a save ended or a
+#: framework's checkpoint was reported. The runner's watchdog judges only jobs that write ``step``
+#: heartbeats: a job whose only records come from its (rare) saves is never ended for being quiet.
 PHASE_STEP = "step"
 PHASE_SAVING = "saving"
-PHASES = (PHASE_STEP, PHASE_SAVING)
+PHASE_SAVED = "saved"
+PHASES = (PHASE_STEP, PHASE_SAVING, PHASE_SAVED)
 _HEARTBEAT_RE = re.compile(r"^rank-(\d{1,7})$")
 _MAX_HEARTBEAT_BYTES = 1024
 #: Directory entries looked at when reading: a user may put millions of files there; the runner's poll
@@ -101,6 +107,7 @@ _hb_lock = threading.Lock()
 _hb_last: Dict[Path, Tuple[float, str]] = {}   # path -> (monotonic time of the last write, its phase)
 _hb_saving: Dict[Path, int] = {}               # path -> depth of nested saving() blocks
 _hb_warned: Set[Path] = set()
+_hb_paths: Dict[Tuple[str, Optional[int], Optional[str], Optional[str], Optional[str]], Path] = {}
 
 
 @dataclass(frozen=True)
@@ -117,13 +124,21 @@ class Heartbeat:
 def heartbeat_file(env: Mapping[str, str], rank: Optional[int] = None,
                    directory: Union[str, os.PathLike[str], None] = None) -> Optional[Path]:
     """This rank's heartbeat file (``rank`` defaults to the environment's); None outside ``autoheal
-    sbatch`` (no ``directory`` and no ``$AUTOHEAL_CHECKPOINT_DIR``)."""
+    sbatch`` (no ``directory`` and no ``$AUTOHEAL_CHECKPOINT_DIR``). Cached: heartbeat() runs every
+    training step, and building the path (pathlib) was most of its cost."""
     from autoheal.sbatch_helpers.checkpoint import env_rank
 
     target = directory if directory is not None else env.get("AUTOHEAL_CHECKPOINT_DIR")
     if not target:
         return None
-    return Path(target) / HEARTBEAT_DIR / f"rank-{env_rank(env) if rank is None else int(rank)}"
+    key = (os.fspath(target), rank, env.get("LOCAL_RANK"), env.get("RANK"), env.get("SLURM_PROCID"))
+    path = _hb_paths.get(key)
+    if path is None:
+        if len(_hb_paths) > 1024:  # callers passing ever new folders: bounded, never a leak
+            _hb_paths.clear()
+        path = Path(target) / HEARTBEAT_DIR / f"rank-{env_rank(env) if rank is None else int(rank)}"
+        _hb_paths[key] = path
+    return path
 
 
 def _check_hb_step(step: int, what: str) -> None:
@@ -168,6 +183,7 @@ def _write_heartbeat(path: Path, step: int, phase: str, force: bool) -> None:
 def heartbeat(step: int, directory: Union[str, os.PathLike[str], None] = None,
               environ: Optional[Mapping[str, str]] = None) -> Optional[Path]:
     """Record that this rank is alive at ``step``; call it once per training step (cheap, throttled).
+    The runner's watchdog (``--watchdog``) judges a job once it has seen these; see ``hang.py``.
 
     ``directory`` defaults to ``$AUTOHEAL_CHECKPOINT_DIR``; without either nothing is written and None is
     returned (safe outside ``autoheal sbatch``). Inside a :func:`saving` block the record keeps saying
@@ -218,7 +234,7 @@ def saving_at(path: Optional[Path], step: int) -> Iterator[Optional[Path]]:
             else:
                 _hb_saving.pop(path, None)
         if left <= 0:
-            _write_heartbeat(path, step, PHASE_STEP, force=True)
+            _write_heartbeat(path, step, PHASE_SAVED, force=True)
 
 
 def _parse_heartbeat(raw: bytes, rank: int) -> Optional[Heartbeat]:

@@ -16,7 +16,10 @@ For every run of the job it:
    time limit: forwards the signal to the child's process group (``srun`` relays it to every task), waits
    up to the grace window for the whole group to exit (SIGTERM then SIGKILL after that), classifies the
    cause from Slurm's data, records it (job comment + journal + webhook) and requeues the job — checkpoint
-   first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release.
+   first, requeue second; after a node problem through requeuehold -> ExcNodeList (merged) -> release;
+5. watches the ranks' heartbeats (``hang.py``, ``progress.heartbeat``): after the signal, ranks blocked in
+   a collective (no handler of theirs runs) are not waited for past ``--hang-after-fault``; with no signal
+   at all, ``--watchdog`` ends a step that stopped and requeues the job (cause ``hang``).
 
 The requeue must survive the kill it triggers: requeuehold makes Slurm SIGTERM every process of the job,
 our own ``scontrol`` children included. So the intent (``state=requeueing excl=...``) goes into the job
@@ -53,7 +56,7 @@ from autoheal.errors import (
     SlurmRequeueDisabled,
     SlurmUnavailable,
 )
-from autoheal.sbatch_helpers import causes
+from autoheal.sbatch_helpers import causes, hang
 from autoheal.sbatch_helpers.comment import CommentState, node_unhealthy, plan_exclusions, split_nodes
 from autoheal.sbatch_helpers.hotspare_runner import HotSpareRun
 from autoheal.sbatch_helpers.preempt import SignalHandler
@@ -80,6 +83,15 @@ FINAL_COMMENT_RETRY = 30.0
 #: Seconds the runner keeps retrying one requeue step while slurmctld does not answer. Below the
 #: recommended KillWait (120 s) so the runner ends by itself; past it the guard finishes the requeue.
 REQUEUE_STEP_BUDGET = 60.0
+#: Seconds between reads of the ranks' heartbeats while the step runs (one folder listing and a small
+#: file per rank on a shared filesystem), and after a fault signal, when an answer is wanted soon.
+HEARTBEAT_POLL = 2.0
+HEARTBEAT_POLL_FAULT = 0.5
+#: Seconds the watchdog's requeue waits for a node that stopped responding to be DOWN or answer again:
+#: past SlurmdTimeout (300 s by default). Requeued earlier, slurmctld restarted the job with a broken
+#: GRES allocation on the half-dead node and every srun failed (issue 23, seen in the lab).
+NODE_SETTLE_BUDGET = 330.0
+NODE_SETTLE_PAUSE = 5.0
 #: Signals Slurm's kill sequence (and impatient users) send; ignored while the requeue is in flight.
 SHIELDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -269,6 +281,29 @@ class Child:
         return True
 
 
+class HangWatch:
+    """The ranks' heartbeats of one step, read every so often and judged by ``hang.py``."""
+
+    def __init__(self, checkpoint_dir: str, opts: hang.HangOptions, clock: Callable[[], float] = time.monotonic):
+        from autoheal.sbatch_helpers.progress import read_heartbeats
+
+        self.read = read_heartbeats
+        self.directory = checkpoint_dir
+        self.opts = opts
+        self.clock = clock
+        now = clock()
+        self.tracker = hang.start(self.read(checkpoint_dir), now)
+        self.read_at = now
+
+    def poll(self, fault_at: Optional[float]) -> hang.Decision:
+        """Read the heartbeats when due, then decide (``fault_at``: when the fault signal came)."""
+        now = self.clock()
+        if now - self.read_at >= (HEARTBEAT_POLL if fault_at is None else HEARTBEAT_POLL_FAULT):
+            self.tracker = hang.observe(self.tracker, self.read(self.directory), now)
+            self.read_at = now
+        return hang.decide(self.tracker, now, fault_at, self.opts)
+
+
 @dataclass
 class RunnerOptions(WrapperOptions):
     """The wrapper's settings plus what to run: the embedded script or a command."""
@@ -284,7 +319,8 @@ class Runner(HotSpareRun):
     def __init__(self, opts: RunnerOptions, ident: JobIdentity, slurm: Optional[SlurmAdapter] = None,
                  journal: Optional[Union[Journal, JobOutbox]] = None, notifier: Optional[Notifier] = None,
                  env: Optional[Mapping[str, str]] = None, sacct: Optional[Callable[[str], Optional[List[str]]]] = None,
-                 clock: Callable[[], float] = time.time, adopt_orphans: bool = True):
+                 clock: Callable[[], float] = time.time, adopt_orphans: bool = True,
+                 hooks_grace: Optional[float] = None):
         self.opts = opts
         self.ident = ident
         self.slurm = slurm
@@ -300,6 +336,10 @@ class Runner(HotSpareRun):
         self.comment = CommentState()
         self.end_time: Optional[int] = None
         self.job_nodes: List[str] = []
+        self.hooks_grace = hooks_grace  # hooks.grace_seconds: xid-watch requeues by itself after it
+        self.fault_at: Optional[float] = None  # monotonic time the grace signal came
+        self.watch: Optional[HangWatch] = None  # the running step's heartbeats
+        self.hang_decision: Optional[hang.Decision] = None  # why a step was ended as hung
 
     # ---- records ---------------------------------------------------------------------------------
     def record(self, event: str, message: str, severity: str = "info", **evidence: Any) -> None:
@@ -467,11 +507,30 @@ class Runner(HotSpareRun):
             return  # Slurm's kill sequence after our own requeue: finish what we are doing
         if self.received is None:
             self.received = signum
+            self.fault_at = time.monotonic()
 
     def run(self, argv: Sequence[str]) -> int:
         # First thing: a grace signal arriving while we talk to Slurm must not kill the batch shell.
         for sig in {self.grace_sig, signal.SIGTERM}:
             signal.signal(sig, self._on_signal)
+        env = self._begin()
+        if isinstance(env, int):
+            return env
+        if self.adopt_orphans:
+            _set_subreaper()
+        if env.get("AUTOHEAL_MEMORY_TIER"):  # opt-in peer-memory tier: one agent per node until we exit
+            from autoheal.sbatch_helpers.memtier_launch import start_for_runner
+
+            env = start_for_runner(self, env)
+        try:
+            child = Child(argv, env, reap_all=self.adopt_orphans)
+        except OSError as exc:
+            say(f"cannot start {argv[0]}: {exc.strerror}")
+            return 127
+        return self._supervise(child, argv)
+
+    def _begin(self) -> Union[int, Dict[str, str]]:
+        """The checks before the user's command runs: an exit code to stop with, or its environment."""
         stop = self.start_checks()
         if stop is not None:
             return stop
@@ -490,39 +549,26 @@ class Runner(HotSpareRun):
         say(f"job {self.ident.job_id} run {self.ident.restart_count} on {self.comment.nodes or '?'}: "
             f"checkpoint dir {self.checkpoint_dir}, resume from step {self.resume_step}"
             f"{', previous run ended by ' + self.cause.label() if self.cause else ''}")
-        if self.adopt_orphans:
-            _set_subreaper()
-        if env.get("AUTOHEAL_MEMORY_TIER"):  # opt-in peer-memory tier: one agent per node until we exit
-            from autoheal.sbatch_helpers.memtier_launch import start_for_runner
+        return env
 
-            env = start_for_runner(self, env)
-        try:
-            child = Child(argv, env, reap_all=self.adopt_orphans)
-        except OSError as exc:
-            say(f"cannot start {argv[0]}: {exc.strerror}")
-            return 127
+    def hang_options(self) -> hang.HangOptions:
+        return hang.HangOptions(hang_after_fault=float(self.opts.hang_after_fault), watchdog=float(self.opts.watchdog),
+                                backstop=self.hooks_grace)
+
+    def _supervise(self, child: Child, argv: Sequence[str]) -> int:
+        """Watch the step (and the steps a hot spare restarts) until it ends or is interrupted."""
         deadline = None
         if self.end_time and self.end_time > self.clock():
             deadline = self.end_time - self.opts.grace - self.opts.requeue_margin
         while True:
-            while not child.leader_done:
-                if self.received is not None:
-                    act = self.hot_fault(child, "signal") if self.hot is not None else None
-                    if act == "restart":
-                        child = self.hot_restart(argv)
-                        continue
-                    if act == "continue":
-                        continue
-                    return self.interrupted(child, self.received, deadline_hit=False)
-                if deadline is not None and self.clock() >= deadline:
-                    return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
-                act = self.hot_preswap(child) if self.hot is not None else None
-                if act == "restart":
-                    child = self.hot_restart(argv)
-                    continue
-                if isinstance(act, int):
-                    return act
-                time.sleep(POLL)
+            self.watch = HangWatch(self.checkpoint_dir, self.hang_options())  # a new step: new heartbeats
+            self.hang_decision = None
+            act = self._watch_step(child, deadline)
+            if act == "restart":
+                child = self.hot_restart(argv)
+                continue
+            if isinstance(act, int):
+                return act
             code = child.status if child.status is not None else 1
             if self.hot is not None and (self.received is not None or code != 0):
                 # a fault signal while the step was ending, or the step died (its node died)
@@ -533,15 +579,36 @@ class Runner(HotSpareRun):
                 if isinstance(act, int):
                     return act
             break
-        if self.received is not None and child.group_alive:
-            return self.interrupted(child, self.received, deadline_hit=False)
-        if self.received is not None:  # the signal came while the child was exiting anyway
+        if self.received is not None:  # the signal came while the child was exiting (or after)
             return self.interrupted(child, self.received, deadline_hit=False)
         if code == 0:
             return self.finish("completed", 0, f"job {self.ident.job_id} completed", "info")
         return self.finish("failed", code if code > 0 else 128 - code,
                            f"job {self.ident.job_id}: the command exited with {code} (not requeued: a failing "
                            f"command is not a node problem)", "info")
+
+    def _watch_step(self, child: Child, deadline: Optional[float]) -> Union[str, int, None]:
+        """Until the step's leader exits (None): "restart" (a hot spare takes over) or the run's exit
+        code (interrupted, or ended by the watchdog)."""
+        assert self.watch is not None
+        while not child.leader_done:
+            if self.received is not None:
+                act = self.hot_fault(child, "signal") if self.hot is not None else None
+                if act == "restart":
+                    return act
+                if act == "continue":
+                    continue
+                return self.interrupted(child, self.received, deadline_hit=False)
+            if deadline is not None and self.clock() >= deadline:
+                return self.interrupted(child, int(self.grace_sig), deadline_hit=True)
+            act = self.hot_preswap(child) if self.hot is not None else None
+            if act == "restart" or isinstance(act, int):
+                return act
+            verdict = self.watch.poll(None)
+            if verdict.end:
+                return self.hung(child, verdict)
+            time.sleep(POLL)
+        return None
 
     def interrupted(self, child: Child, signum: int, deadline_hit: bool) -> int:
         """The grace signal came (or the time limit is near): let the job's processes checkpoint and exit,
@@ -556,9 +623,17 @@ class Runner(HotSpareRun):
                                           end_time=self.end_time, grace=self.opts.grace, nodes=nodes,
                                           job_state=state, deadline_hit=deadline_hit,
                                           requeued_elsewhere=action == "none-requeued")
+        return self._conclude(child, job, nodes, cause, action, waited)
+
+    def _conclude(self, child: Child, job: Optional[Job], nodes: Sequence[Node], cause: causes.Cause, action: str,
+                  waited: float) -> int:
+        """The step has ended: record why, then requeue, or say the job is ending or requeued by others."""
+        state = job.state if job else "RUNNING"
         step = self._progress_step(self._resume_point(self.checkpoint_dir), self.checkpoint_dir)
         evidence = dict(cause=cause.kind, node=cause.node, checkpoint_step=step, detail=cause.evidence,
                         child_exit=child.status, waited=round(waited, 1), job_state=state)
+        if self.hang_decision is not None:
+            evidence["hang"] = self.hang_decision.verdict.value
         if action == "none-ending":
             return self._ending(child, state, evidence)
         if action == "none-requeued":
@@ -569,13 +644,15 @@ class Runner(HotSpareRun):
         return self.requeue_and_record(self.ident.restart_count + 1, cause, step, nodes, job, evidence)
 
     def _stop_child(self, child: Child, signum: int, sig_name: str, deadline_hit: bool) -> float:
-        """Forward the signal, wait up to the grace for the processes to exit, then TERM and KILL them;
-        the seconds it took."""
+        """Forward the signal, wait up to the grace for the processes to exit (ending them at once when
+        their ranks are hung, hang.py), then TERM and KILL them; the seconds it took."""
         say(f"{'time limit near' if deadline_hit else sig_name + ' received'}: forwarding "
             f"{sig_name} to the job's processes, waiting up to {self.opts.grace}s for them to checkpoint")
         started = time.monotonic()
+        if deadline_hit or self.fault_at is None:  # the runner's own time-limit deadline: no signal came
+            self.fault_at = started
         child.signal(signum)
-        if not child.wait_group(self.opts.grace):
+        if not self.wait_step(child, self.opts.grace):
             say(f"the job's processes did not exit within {self.opts.grace}s: SIGTERM, then SIGKILL "
                 f"after {KILL_AFTER_TERM:g}s")
             child.signal(signal.SIGTERM)
@@ -583,6 +660,85 @@ class Runner(HotSpareRun):
                 child.signal(signal.SIGKILL)
                 child.wait_group(KILL_AFTER_TERM)
         return time.monotonic() - started
+
+    def wait_step(self, child: Child, timeout: float) -> bool:
+        """After the grace signal: wait up to ``timeout`` for the step's processes to exit; end them at
+        once (:meth:`end_step`) when hang.py finds the ranks hung (no progress for --hang-after-fault
+        seconds). False on timeout."""
+        deadline = time.monotonic() + timeout
+        fault_at = self.fault_at if self.fault_at is not None else time.monotonic()
+        while child.group_alive:
+            if time.monotonic() >= deadline:
+                return False
+            decision = self.watch.poll(fault_at) if self.watch is not None else None
+            if decision is not None and decision.end:
+                self.hang_decision = decision
+                say(f"the job's ranks are hung: {decision.why}; ending the step now "
+                    f"({time.monotonic() - fault_at:.1f}s after the signal, grace {timeout:g}s)")
+                self.end_step(child)
+                return True
+            time.sleep(POLL)
+        return True
+
+    def end_step(self, child: Child) -> None:
+        """SIGKILL the step: its ranks are blocked where no signal handler runs (a collective whose peer
+        is gone), and srun forwards no SIGKILL. Each of the job's Slurm steps gets ``scancel
+        --signal=KILL <job>.<step>`` first, so ranks on other nodes end now, not after Slurm's KillWait
+        once the job is requeued. Never the whole job (scancel sends a SIGKILL to the batch step too: this
+        runner), nor the memory tier's agents (their memory copies are what a restart resumes from)."""
+        for step in self._user_steps():
+            try:
+                self._adapter.signal_job(step, "KILL")
+            except SlurmError as exc:  # the local SIGKILL below still ends srun; Slurm's requeue the rest
+                say(f"warning: cannot SIGKILL step {step}: {exc}")
+        child.signal(signal.SIGKILL)
+        child.wait_group(KILL_AFTER_TERM)
+
+    def _user_steps(self) -> List[str]:
+        """The job's steps the user's script started (not batch, extern or the memory-tier agents)."""
+        from autoheal.sbatch_helpers.memtier_launch import AGENT_STEP_NAME
+
+        if self.slurm is None or not self.ident.job_id:
+            return []
+        try:
+            steps = self.slurm.job_steps(self.ident.job_id)
+        except SlurmError as exc:
+            say(f"warning: cannot list the steps of job {self.ident.job_id}: {exc}")
+            return []
+        return [step for step, name in steps
+                if step.rpartition(".")[2] not in ("batch", "extern", "interactive") and name != AGENT_STEP_NAME]
+
+    def hung(self, child: Child, decision: hang.Decision) -> int:
+        """The watchdog: no rank progressed for --watchdog seconds and no fault signal came (a node whose
+        slurmd died, an NVLink hang with no XID). End the step, let Slurm settle a node that stopped
+        responding, then requeue (cause ``hang``, naming and excluding a node found bad)."""
+        self.hang_decision = decision
+        self.record("job-hang", f"job {self.ident.job_id}: {decision.why}; no fault signal came: ending the "
+                    f"step (--watchdog {self.opts.watchdog}s)", "action", hang=decision.verdict.value,
+                    quiet=round(decision.quiet, 1))
+        self.end_step(child)
+        job = self._job()
+        nodes = self._settled_nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        job = self._job() or job
+        state = job.state if job else "RUNNING"
+        action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
+        cause = causes.classify_hang(nodes, decision.why)
+        return self._conclude(child, job, nodes, cause, action, decision.quiet)
+
+    def _settled_nodes(self, names: Sequence[str]) -> List[Node]:
+        """The run's nodes once none is NOT_RESPONDING without being DOWN yet (up to NODE_SETTLE_BUDGET
+        seconds; a signal to the runner, e.g. Slurm requeueing the job, ends the wait early)."""
+        deadline = time.monotonic() + NODE_SETTLE_BUDGET
+        nodes = self._nodes(names)
+        waiting = causes.unsettled(nodes)
+        if waiting:
+            say(f"node(s) {','.join(waiting)} not responding: waiting up to {NODE_SETTLE_BUDGET:g}s for Slurm to "
+                f"mark them DOWN (or for them to answer) before requeueing")
+        while waiting and self.received is None and time.monotonic() < deadline:
+            time.sleep(NODE_SETTLE_PAUSE)
+            nodes = self._nodes(names)
+            waiting = causes.unsettled(nodes)
+        return nodes
 
     def _ending(self, child: Child, state: str, evidence: Dict[str, Any]) -> int:
         """The job is ending (cancelled, timed out): no requeue; the child's exit code."""
@@ -776,6 +932,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     p.add_argument("--no-exclude-failed", dest="exclude_failed", action="store_false")
     p.add_argument("--notify", action="append", default=[])
     p.add_argument("--requeue-margin", type=int, default=d.requeue_margin)
+    p.add_argument("--hang-after-fault", type=int, default=d.hang_after_fault)
+    p.add_argument("--watchdog", type=int, default=d.watchdog)
     p.add_argument("--spare-nodes", type=int, default=0)
     p.add_argument("--active-nodes", type=int, default=0)
     p.add_argument("--min-nodes", type=int, default=0)
@@ -792,7 +950,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     return RunnerOptions(grace=a.grace, signal=name, max_restarts=a.max_restarts, checkpoint_dir=a.checkpoint_dir,
                          exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
                          script=a.script, command=command, spare_nodes=max(0, a.spare_nodes),
-                         active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes))
+                         active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes),
+                         hang_after_fault=max(1, a.hang_after_fault), watchdog=max(0, a.watchdog))
 
 
 def _records(cfg: Any, ident: JobIdentity, as_root: bool) -> Tuple[Any, Optional[Notifier]]:
@@ -818,6 +977,15 @@ def _records(cfg: Any, ident: JobIdentity, as_root: bool) -> Tuple[Any, Optional
     except Exception as exc:
         say(f"warning: journal/notifications unavailable: {exc}")
         return None, None
+
+
+def _hooks_grace(cfg: Any) -> Optional[float]:
+    """hooks.grace_seconds: xid-watch requeues a drained node's jobs itself after it (the backstop the
+    runner must end a hung step inside); None when the config does not say."""
+    try:
+        return float(cfg.hooks.grace_seconds)
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -855,7 +1023,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except Exception as exc:
         say(f"warning: no Slurm access ({exc}): the job runs but cannot requeue itself")
     journal, notifier = _records(cfg, ident, as_root)
-    runner = Runner(opts, ident, slurm=slurm, journal=journal, notifier=notifier)
+    runner = Runner(opts, ident, slurm=slurm, journal=journal, notifier=notifier,
+                    hooks_grace=_hooks_grace(cfg))
     try:
         return runner.run(cmd)
     finally:

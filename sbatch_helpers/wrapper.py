@@ -242,6 +242,8 @@ class WrapperOptions:
     python: str = _CONFIG_DEFAULTS.python
     allow_foreign_checkpoint: bool = False  # exported as AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT=1, not a runner arg
     spare_nodes: int = 0  # hot spares inside the allocation (see hotspare.py)
+    hang_after_fault: int = _CONFIG_DEFAULTS.hang_after_fault  # hang detection (hang.py)
+    watchdog: int = _CONFIG_DEFAULTS.watchdog
     min_nodes: int = 0  # with spare_nodes: an elastic job goes on with this many nodes at least
 
 
@@ -257,6 +259,8 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--allow-foreign-checkpoint": ("allow_foreign_checkpoint", "true"),
     "--spare-nodes": ("spare_nodes", "int"),
     "--min-nodes": ("min_nodes", "int"),
+    "--hang-after-fault": ("hang_after_fault", "int"),
+    "--watchdog": ("watchdog", "int"),
 }
 
 
@@ -322,7 +326,8 @@ def parse_wrapper_args(args: Sequence[str], where: str) -> Dict[str, Any]:
 
 def check_options(opts: WrapperOptions) -> WrapperOptions:
     """Validate ranges and normalise the signal name; WrapperError naming the bad value."""
-    for name, unit in (("grace", " seconds"), ("max_restarts", ""), ("spare_nodes", "")):
+    for name, unit in (("grace", " seconds"), ("max_restarts", ""), ("spare_nodes", ""),
+                       ("hang_after_fault", " seconds"), ("watchdog", " seconds")):
         low, high = limits(name)
         if not low <= getattr(opts, name) <= high:
             raise WrapperError(f"--{name.replace('_', '-')} {getattr(opts, name)}: must be between {low} and "
@@ -364,7 +369,8 @@ def defaults_from_config(section: Optional[SbatchSection]) -> WrapperOptions:
     return WrapperOptions(grace=section.grace, signal=section.signal, max_restarts=section.max_restarts,
                           checkpoint_dir=section.checkpoint_dir, exclude_failed=section.exclude_failed,
                           requeue_margin=section.requeue_margin, python=section.python,
-                          spare_nodes=section.spare_nodes)
+                          spare_nodes=section.spare_nodes, hang_after_fault=section.hang_after_fault,
+                          watchdog=section.watchdog)
 
 
 # ---- the plan ------------------------------------------------------------------------------------
@@ -549,6 +555,11 @@ def runner_argv(opts: WrapperOptions, active_nodes: int = 0) -> List[str]:
             "--exclude-failed" if opts.exclude_failed else "--no-exclude-failed"]
     if opts.checkpoint_dir:
         argv += ["--checkpoint-dir", opts.checkpoint_dir]
+    # Only when not the built-in default (the runner's own): a script generated here still runs under a
+    # runner of the release before hang detection on nodes not yet upgraded.
+    for flag, name in (("--hang-after-fault", "hang_after_fault"), ("--watchdog", "watchdog")):
+        if getattr(opts, name) != getattr(_CONFIG_DEFAULTS, name):
+            argv += [flag, str(getattr(opts, name))]
     for url in opts.notify:
         argv += ["--notify", url]
     if opts.spare_nodes and active_nodes:

@@ -30,6 +30,14 @@ class SbatchSection:
     requeue_margin: int = setting(15, doc="Seconds before the grace window would cross the time limit at "
                                   "which the runner starts checkpoint-then-requeue on its own (in case the "
                                   "Slurm signal comes late or not at all).", min=0, max=3600)
+    hang_after_fault: int = setting(10, doc="After a grace signal: seconds with no rank's heartbeat advancing "
+                                    "(no rank saving either) before the runner ends the step at once instead of "
+                                    "waiting the whole grace for ranks blocked in a collective. Never more than "
+                                    "half of hooks.grace_seconds.", min=1, max=3600)
+    watchdog: int = setting(300, doc="With no fault signal: seconds with no rank's heartbeat advancing before "
+                            "the runner ends the step and requeues the job (cause 'hang'); only for jobs that call "
+                            "heartbeat() each step, and the first step of a run gets twice as long. Well under "
+                            "NCCL's 600 s collective timeout. 0: off.", min=0, max=7 * 86400)
     spare_nodes: int = setting(0, doc="Hot spares inside the allocation: the job gets this many nodes more "
                                "than it asks for (and --no-kill), its steps run on the others, and a node "
                                "that fails is swapped for a spare without a requeue. 0: off.", min=0, max=64)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Callable, Dict, List, Optional, TypeVar
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 from autoheal.errors import (
     SlurmError,
@@ -166,6 +166,11 @@ class SlurmAdapter(ABC):
         if not keep:
             raise SlurmError(f"job {job_id}: refusing to shrink to no node at all")
         self.update_job(job_id, JobUpdate(nodes=tuple(keep)))
+
+    def job_steps(self, job_id: str) -> List[Tuple[str, str]]:
+        """The job's running steps as (step id ``123.0``, step name). SlurmNotSupported by backends
+        without it."""
+        raise SlurmNotSupported(f"the {self.name} backend cannot list a job's steps")
 
     @abstractmethod
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:

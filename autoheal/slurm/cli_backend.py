@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
 from autoheal.slurm import parse, squeue_text
@@ -251,6 +251,14 @@ class CliSlurm(SlurmAdapter):
         env = {k: v for k, v in self._env.items() if k not in ("SLURM_JOB_ID", "SLURM_JOBID")}
         with_retries(lambda: self.run("scontrol", "update", f"jobid={job_id}", f"NodeList={','.join(keep)}",
                                       env=env), self.retries)
+
+    def job_steps(self, job_id: str) -> List[Tuple[str, str]]:
+        steps = []
+        for line in self._read("squeue", "-h", "--steps", f"--jobs={job_id}", "-o", "%i %j").splitlines():
+            step, _, name = line.strip().partition(" ")
+            if step:
+                steps.append((step, name.strip()))
+        return steps
 
     def signal_job(self, job_id: str, signal: str, batch: bool = False, full: bool = False) -> None:
         args = [f"--signal={signal}"]

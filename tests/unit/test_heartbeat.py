@@ -61,7 +61,7 @@ def test_heartbeats_of_one_phase_are_throttled_but_a_phase_change_is_not(tmp_pat
     assert read_heartbeats(tmp_path)[1].step == 1
     with saving(2, environ=e):
         assert read_heartbeats(tmp_path)[1].phase == "saving"
-    assert read_heartbeats(tmp_path)[1] == Heartbeat(1, 2, read_heartbeats(tmp_path)[1].time, "step")
+    assert read_heartbeats(tmp_path)[1] == Heartbeat(1, 2, read_heartbeats(tmp_path)[1].time, "saved")
 
 
 def test_saving_mark_is_cleared_when_the_save_raises(tmp_path):
@@ -70,11 +70,13 @@ def test_saving_mark_is_cleared_when_the_save_raises(tmp_path):
         with saving(5, environ=e):
             assert read_heartbeats(tmp_path)[0].phase == "saving"
             raise RuntimeError("disk on fire")
-    assert read_heartbeats(tmp_path)[0].phase == "step"
+    assert read_heartbeats(tmp_path)[0].phase == "saved"
     with pytest.raises(SystemExit):  # the grace signal's handler ends the job with SystemExit
         with saving(6, environ=e):
             raise SystemExit(0)
-    assert (read_heartbeats(tmp_path)[0].phase, read_heartbeats(tmp_path)[0].step) == ("step", 6)
+    assert (read_heartbeats(tmp_path)[0].phase, read_heartbeats(tmp_path)[0].step) == ("saved", 6)
+    heartbeat(7, environ=e)
+    assert read_heartbeats(tmp_path)[0].phase == "step"
 
 
 def test_nested_saving_blocks_clear_the_mark_once_the_outermost_ends(tmp_path):
@@ -85,7 +87,7 @@ def test_nested_saving_blocks_clear_the_mark_once_the_outermost_ends(tmp_path):
         assert read_heartbeats(tmp_path)[0].phase == "saving"
         heartbeat(5, environ=e)  # a heartbeat inside a save keeps saying "saving"
         assert read_heartbeats(tmp_path)[0].phase == "saving"
-    assert read_heartbeats(tmp_path)[0].phase == "step"
+    assert read_heartbeats(tmp_path)[0].phase == "saved"
 
 
 def test_a_write_failure_never_stops_training(tmp_path):
@@ -108,7 +110,7 @@ def test_the_checkpoint_manager_marks_its_saves(tmp_path, monkeypatch):
     mgr = CheckpointManager(ck, environ=env(ck), owner=None)
     mgr.save(4, payload)
     assert seen == ["saving"]
-    assert (read_heartbeats(ck)[0].phase, read_heartbeats(ck)[0].step) == ("step", 4)
+    assert (read_heartbeats(ck)[0].phase, read_heartbeats(ck)[0].step) == ("saved", 4)
     assert mgr.checkpoints() == [4]  # the heartbeat folder is no checkpoint candidate
 
 
@@ -116,13 +118,13 @@ def test_a_shard_save_marks_the_rank_it_saves_for(tmp_path):
     ck = tmp_path / "ck"
     mgr = CheckpointManager(ck, rank=1, world_size=2, environ=env(ck, 0), owner=None)
     mgr.save_shard(3, b"half")
-    assert read_heartbeats(ck)[1].phase == "step"
+    assert read_heartbeats(ck)[1].phase == "saved"
     assert 0 not in read_heartbeats(ck)
 
 
 def test_report_progress_is_a_heartbeat_of_every_rank(tmp_path):
     report_progress(12, environ=env(tmp_path, 2))
-    assert read_heartbeats(tmp_path)[2].step == 12
+    assert (read_heartbeats(tmp_path)[2].step, read_heartbeats(tmp_path)[2].phase) == (12, "saved")
     assert not (tmp_path / progress.PROGRESS_FILE).exists()  # the marker stays rank 0's
 
 

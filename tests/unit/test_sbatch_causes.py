@@ -105,3 +105,24 @@ def test_a_recorded_cause_this_release_does_not_write_is_not_taken_from_the_comm
     forged = classify_start(restart_count=1, recorded="$(reboot)@gpu2", recorded_restarts=1, sacct_states=None,
                             previous_nodes=[])
     assert forged is not None and forged.kind is EXTERNAL_REQUEUE and isinstance(forged.kind, CauseKind)
+
+
+def test_a_hang_names_and_blames_a_node_only_when_one_was_found_bad():
+    up = Node("gpu1", "MIXED")
+    gone = Node("gpu2", "DOWN", frozenset({"NOT_RESPONDING"}), reason="Not responding")
+    plain = c.classify_hang([up], "no rank progressed for 300s")
+    assert (plain.kind, plain.node, plain.node_problem) == (c.HANG, "", False)
+    assert plain.label() == "hang"
+    blamed = c.classify_hang([up, gone], "no rank progressed for 300s")
+    assert (blamed.kind, blamed.node, blamed.node_problem) == (c.HANG, "gpu2", True)
+    assert "no rank progressed" in blamed.evidence and "Not responding" in blamed.evidence
+    # the next run reads it back from the comment
+    again = c.classify_start(restart_count=1, recorded="hang@gpu2", recorded_restarts=1, sacct_states=None,
+                             previous_nodes=[])
+    assert (again.kind, again.node) == (c.HANG, "gpu2")
+
+
+def test_unsettled_nodes_are_those_not_responding_and_not_yet_down():
+    nodes = [Node("a", "MIXED"), Node("b", "MIXED", frozenset({"NOT_RESPONDING"})),
+             Node("c", "DOWN", frozenset({"NOT_RESPONDING"})), Node("d", "IDLE", frozenset({"NOT_RESPONDING", "FAIL"}))]
+    assert c.unsettled(nodes) == ["b"]

@@ -1,0 +1,262 @@
+"""The runner's hang detection (issue 23 §2) with real child processes and an in-memory fake Slurm.
+
+The children stand for ranks: they write heartbeats through the checkpoint API, then block the way a
+rank blocked in a collective does (its signal handlers never run: here they ignore the signals)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from autoheal.config import Config
+from autoheal.journal import Journal
+from autoheal.sbatch_helpers import progress
+from autoheal.sbatch_helpers import runner as r
+from autoheal.sbatch_helpers.wrapper import WrapperOptions, runner_argv
+from autoheal.slurm.model import Job, JobUpdate, Node
+
+
+class FakeSlurm:
+    def __init__(self, job: Job, nodes, node_script=None):
+        self.job = job
+        self.nodes = list(nodes)
+        self.node_script = list(node_script or [])  # node lists returned by the next list_nodes calls
+        self.calls = []
+
+    def get_job(self, job_id):
+        return self.job
+
+    def list_nodes(self):
+        if self.node_script:
+            self.nodes = self.node_script.pop(0)
+        return self.nodes
+
+    def job_steps(self, job_id):
+        return [(f"{job_id}.batch", "batch"), (f"{job_id}.extern", "extern"), (f"{job_id}.0", "autoheal-memtier"),
+                (f"{job_id}.1", "python")]
+
+    def signal_job(self, job_id, sig, batch=False, full=False):
+        self.calls.append(("signal", job_id, sig, batch, full))
+
+    def requeue(self, job_id, hold=False):
+        self.calls.append(("requeuehold" if hold else "requeue", job_id))
+        self.job = replace(self.job, state="PENDING", restart_count=self.job.restart_count + 1)
+
+    def release(self, job_id):
+        self.calls.append(("release", job_id))
+
+    def update_job(self, job_id, update):
+        fields = update.scontrol_fields()
+        self.calls.append(("update", job_id, fields))
+        if "ExcNodeList" in fields:
+            self.job = replace(self.job, excluded_nodes=tuple(fields["ExcNodeList"].split(",")))
+
+    def set_job_comment(self, job_id, comment):
+        self.calls.append(("comment", job_id, comment))
+        self.job = replace(self.job, comment=comment)
+
+    def set_excluded_nodes(self, job_id, nodes):
+        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
+
+
+@pytest.fixture(autouse=True)
+def fast(monkeypatch):
+    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
+    monkeypatch.setattr(r, "KILL_AFTER_TERM", 0.5)
+    monkeypatch.setattr(r, "HEARTBEAT_POLL", 0.1)
+    monkeypatch.setattr(r, "HEARTBEAT_POLL_FAULT", 0.1)
+    monkeypatch.setattr(r, "NODE_SETTLE_PAUSE", 0.05)
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+
+
+UP = [Node("gpu1", "MIXED"), Node("gpu2", "MIXED")]
+
+
+def make(tmp_path, nodes=UP, node_script=None, **opts):
+    job = Job(job_id="42", raw_id="42", state="RUNNING", nodes=("gpu1", "gpu2"), comment="autoheal-runner",
+              end_time=None)
+    slurm = FakeSlurm(job, nodes, node_script)
+    ident = r.JobIdentity(job_id="42", raw_id="42", restart_count=0, submit_dir=str(tmp_path))
+    options = r.RunnerOptions(checkpoint_dir=str(tmp_path / "ck"), **{"grace": 120, **opts})
+    journal = Journal(tmp_path / "journal.jsonl", fsync=False)
+    runner = r.Runner(options, ident, slurm=slurm, journal=journal, env={"PATH": "/usr/bin:/bin"},
+                      sacct=lambda j: None, adopt_orphans=False)
+    return runner, slurm, journal
+
+
+def signal_when_started(runner, ckdir: Path, sig=signal.SIGUSR2):
+    def go():
+        deadline = time.monotonic() + 20
+        while not (ckdir / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner._on_signal(int(sig), None)
+
+    threading.Thread(target=go, daemon=True).start()
+
+
+# Trains (heartbeats steps 0..9), then blocks like a rank whose peer is gone: no handler runs.
+BLOCKED = """
+import os, signal, time
+from pathlib import Path
+from autoheal.sbatch_helpers import heartbeat
+signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for i in range(10):
+    heartbeat(i)
+    time.sleep(0.1)
+Path(os.environ["AUTOHEAL_CHECKPOINT_DIR"], "started").write_text("x")
+time.sleep(300)
+"""
+
+# Trains, and on the grace signal saves for SAVE_S seconds (longer than --hang-after-fault), then exits.
+SLOW_SAVER = """
+import os, signal, sys, time
+from pathlib import Path
+from autoheal.sbatch_helpers import heartbeat
+from autoheal.sbatch_helpers.checkpoint import CheckpointManager
+got = []
+signal.signal(signal.SIGUSR2, lambda *a: got.append(1))
+i = 0
+while not got:
+    heartbeat(i)
+    i += 1
+    if i == 5:
+        Path(os.environ["AUTOHEAL_CHECKPOINT_DIR"], "started").write_text("x")
+    time.sleep(0.1)
+def slow(f):
+    time.sleep(%(save)s)
+    f.write(b"state")
+CheckpointManager(os.environ["AUTOHEAL_CHECKPOINT_DIR"]).save(7, slow)
+sys.exit(99)
+"""
+
+
+def _requeue_record(journal):
+    return list(journal.read(events=["job-requeue"]))[0]
+
+
+def test_ranks_blocked_after_the_grace_signal_are_ended_without_waiting_the_grace(tmp_path):
+    runner, slurm, journal = make(tmp_path, hang_after_fault=1, grace=120)
+    signal_when_started(runner, tmp_path / "ck")
+    t0 = time.monotonic()
+    assert runner.run([sys.executable, "-c", BLOCKED]) == r.EXIT_REQUEUED
+    assert time.monotonic() - t0 < 60  # far from the 120 s grace (then TERM, KILL) a blocked rank cost
+    rec = _requeue_record(journal)
+    assert rec.evidence["hang"] == "hung-after-fault" and rec.evidence["child_exit"] == -signal.SIGKILL
+    assert rec.evidence["cause"] == "signal"  # the cause is still the fault's (here: no node problem)
+    # the user's step only: not the batch shell (this runner), not the memory-tier agents
+    assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
+    assert ("requeue", "42") in slurm.calls
+
+
+def test_a_rank_saving_after_the_signal_is_waited_for_past_hang_after_fault(tmp_path):
+    runner, slurm, journal = make(tmp_path, hang_after_fault=1)
+    signal_when_started(runner, tmp_path / "ck")
+    assert runner.run([sys.executable, "-c", SLOW_SAVER % {"save": 3}]) == r.EXIT_REQUEUED
+    rec = _requeue_record(journal)
+    assert rec.evidence["checkpoint_step"] == "7" and rec.evidence["child_exit"] == 99
+    assert "hang" not in rec.evidence
+    assert not [c for c in slurm.calls if c[0] == "signal"]
+
+
+def test_the_hooks_backstop_bounds_hang_after_fault(tmp_path):
+    runner, _, _ = make(tmp_path, hang_after_fault=10)
+    runner.hooks_grace = 4.0
+    assert runner.hang_options().backstop == 4.0
+    assert r._hooks_grace(Config()) == Config().hooks.grace_seconds
+    assert r._hooks_grace(object()) is None
+
+
+def test_watchdog_ends_a_step_that_stopped_with_no_signal_and_requeues_it_as_a_hang(tmp_path):
+    runner, slurm, journal = make(tmp_path, watchdog=2)
+    assert runner.run([sys.executable, "-c", BLOCKED]) == r.EXIT_REQUEUED
+    hang_rec = list(journal.read(events=["job-hang"]))[0]
+    assert hang_rec.evidence["hang"] == "watchdog" and "no rank progressed" in hang_rec.message
+    rec = _requeue_record(journal)
+    assert rec.evidence["cause"] == "hang" and rec.evidence["hang"] == "watchdog"
+    assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
+    assert ("requeue", "42") in slurm.calls  # no node found bad: a plain requeue
+    assert "last=hang " in slurm.job.comment + " "
+
+
+def test_watchdog_waits_for_a_node_not_responding_to_be_down_then_excludes_it(tmp_path):
+    half_dead = [Node("gpu1", "MIXED"), Node("gpu2", "MIXED", frozenset({"NOT_RESPONDING"}))]
+    down = [Node("gpu1", "MIXED"), Node("gpu2", "DOWN", frozenset({"NOT_RESPONDING"}), reason="Not responding")]
+    runner, slurm, journal = make(tmp_path, nodes=UP, node_script=[half_dead] * 4 + [down], watchdog=2)
+    assert runner.run([sys.executable, "-c", BLOCKED]) == r.EXIT_REQUEUED
+    assert slurm.node_script == []  # it kept asking until the node was DOWN
+    writes = [c for c in slurm.calls if c[0] in ("requeuehold", "update", "release")]
+    assert writes == [("requeuehold", "42"), ("update", "42", {"ExcNodeList": "gpu2"}), ("release", "42")]
+    rec = _requeue_record(journal)
+    assert rec.evidence["cause"] == "hang" and rec.evidence["node"] == "gpu2"
+    assert "last=hang@gpu2" in slurm.job.comment
+
+
+def test_the_node_wait_is_bounded(tmp_path, monkeypatch):
+    half_dead = [Node("gpu1", "MIXED"), Node("gpu2", "MIXED", frozenset({"NOT_RESPONDING"}))]
+    monkeypatch.setattr(r, "NODE_SETTLE_BUDGET", 0.5)
+    runner, slurm, journal = make(tmp_path, nodes=half_dead, watchdog=2)
+    assert runner.run([sys.executable, "-c", BLOCKED]) == r.EXIT_REQUEUED
+    assert _requeue_record(journal).evidence["node"] == "gpu2"  # still excluded: it is not responding
+
+
+def test_watchdog_never_ends_a_job_that_writes_no_heartbeats(tmp_path):
+    runner, slurm, journal = make(tmp_path, watchdog=1)
+    code = runner.run([sys.executable, "-c", "import time; time.sleep(4)"])
+    assert code == 0 and not list(journal.read(events=["job-hang"]))
+
+
+def test_watchdog_never_ends_a_long_save(tmp_path):
+    child = """
+import time
+from autoheal.sbatch_helpers import heartbeat, saving
+for i in range(5):
+    heartbeat(i)
+    time.sleep(0.1)
+with saving(5):
+    time.sleep(4)
+"""
+    runner, slurm, journal = make(tmp_path, watchdog=1)
+    assert runner.run([sys.executable, "-c", child]) == 0
+    assert not list(journal.read(events=["job-hang"]))
+    assert progress.read_heartbeats(tmp_path / "ck")[0].phase == "saved"
+
+
+def test_watchdog_zero_is_off(tmp_path, monkeypatch):
+    runner, slurm, journal = make(tmp_path, watchdog=0)
+    child = BLOCKED.replace("time.sleep(300)", "time.sleep(4)")
+    assert runner.run([sys.executable, "-c", child]) == 0
+    assert not list(journal.read(events=["job-hang"]))
+
+
+def test_options_reach_the_runner():
+    opts = r.parse_args(["--hang-after-fault", "7", "--watchdog", "0", "--", "x"])
+    assert (opts.hang_after_fault, opts.watchdog) == (7, 0)
+    defaults = r.parse_args(["--", "x"])
+    assert (defaults.hang_after_fault, defaults.watchdog) == (10, 300)
+    assert "--watchdog" not in runner_argv(WrapperOptions())  # an older runner still reads the script
+    argv = runner_argv(WrapperOptions(watchdog=120, hang_after_fault=5))
+    assert argv[argv.index("--watchdog") + 1] == "120" and argv[argv.index("--hang-after-fault") + 1] == "5"
+
+
+def test_the_cli_backend_lists_a_jobs_steps_with_squeue(tmp_path):
+    import os
+
+    from autoheal.slurm.cli_backend import CliSlurm
+
+    squeue = tmp_path / "squeue"
+    args = tmp_path / "args"
+    squeue.write_text(f"#!/bin/sh\necho \"$@\" > {args}\nprintf '42.0 autoheal-memtier\\n42.1 python train.py\\n"
+                      "42.batch batch\\n\\n'\n")
+    os.chmod(squeue, 0o755)
+    steps = CliSlurm(bin_dir=str(tmp_path), retries=0).job_steps("42")
+    assert steps == [("42.0", "autoheal-memtier"), ("42.1", "python train.py"), ("42.batch", "batch")]
+    assert args.read_text().split() == ["-h", "--steps", "--jobs=42", "-o", "%i", "%j"]
