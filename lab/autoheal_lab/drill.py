@@ -38,6 +38,9 @@ from autoheal_lab.cluster import Lab, LabError
 from autoheal_lab.gpus import inject
 
 POLL = 0.1
+#: With the fault reaching the job it is injected this many steps after the first checkpoint (the drill's
+#: trainer saves every 10).
+MID_INTERVAL = 5
 TRAINER = "autoheal-trainer: "
 #: Exit code of a drill whose probe raised: it could not tell whether the loop worked.
 EXIT_DRILL_ERROR = 3
@@ -275,6 +278,10 @@ class Drill:
             self.tail.poll()
             job = self.slurm.get_job(self.report.job_id)
             ready = self.tail.find(r"checkpoint saved step=(\d+)") if self.opt_in else self.tail.find(r"step=5\b")
+            if ready and self.opt_in and self.fault_reaches_job:
+                # halfway to the next save, as a fault usually comes: the lost steps then mean something
+                # (right after a save nothing can be lost)
+                ready = self.tail.find(rf"(?:^|\s)step={int(ready[2].group(1)) + MID_INTERVAL}(?:\s|$)")
             hot = self.tail.find(r"hot spares: steps run on (\S+); idle spare\(s\) (\S+)") if self.hot_spare else None
             if job.running and ready and len(job.nodes) == (3 if self.hot_spare else 2) and (hot or not self.hot_spare):
                 self.baseline_restarts = job.restart_count
