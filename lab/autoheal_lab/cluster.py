@@ -89,6 +89,31 @@ def _which(name: str) -> Optional[str]:
                                        if (p := Path(d, name)).exists()), None)
 
 
+#: The character-device major number of NVIDIA's GPU device files (/dev/nvidia<minor>).
+NVIDIA_MAJOR = 195
+
+
+def make_gpu_device(path: Path, minor: int) -> None:
+    """The lab's GPU device file: a character device (195, minor) like /dev/nvidia<minor>. Slurm (22.05)
+    puts a GRES into the step's CUDA_VISIBLE_DEVICES / SLURM_STEP_GPUS only when its gres.conf ``File=``
+    is a character device; no driver sits behind 195 on a lab machine, so opening it fails (nothing
+    does) and a device cgroup allowing or denying it touches no real device."""
+    import stat
+
+    want = os.makedev(NVIDIA_MAJOR, minor)
+    try:
+        st = os.lstat(path)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == want:
+            return
+        path.unlink()  # a regular placeholder file from an older lab
+    except FileNotFoundError:
+        pass
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, want)
+    except PermissionError:  # not root: Slurm still indexes a plain file, it just sets no GPU variables
+        path.touch()
+
+
 class Lab:
     """One lab cluster rooted at ``root``."""
 
@@ -221,7 +246,7 @@ class Lab:
         for sub in LAB_DIRS:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         for i in range(gpus):
-            (self.root / "dev" / f"nvidia{i}").touch()
+            make_gpu_device(self.root / "dev" / f"nvidia{i}", i)
         for name in lay.all_nodes:
             lay.kernel_log(name).touch()
         state = {"layout": {**asdict(lay), "root": str(lay.root)}, "procs": {}, "started": time.time(),

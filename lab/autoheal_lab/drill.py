@@ -10,6 +10,13 @@ with a restart count above the one it had before the fault (and never on the bad
 service is the one named by *this* node's replacement request, looked at only once that request has
 been seen. A probe that raises is a drill error (the drill could not tell), reported apart from a
 missing phase: ``DrillReport.exit_code`` is 3 then, 1 for a missing or contradicted phase.
+
+With ``fault_reaches_job`` the trainers run on the step's fake GPUs (``--device lab``) with a real
+collective (``--collective``), and the XID goes to the GPU the broken rank holds: its next GPU call
+fails and its peer blocks in the collective with the grace signal held pending, as on real hardware, so
+nothing is saved after the fault. Either way the drill reports the **lost steps**: the newest step a
+rank had completed before the restart minus the step it resumed from, read from the trainers' own output
+(``autoheal_lab.lostwork``).
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from autoheal_lab.cluster import Lab, LabError
 from autoheal_lab.gpus import inject
 
 POLL = 0.1
+#: With the fault reaching the job it is injected this many steps after the first checkpoint (the drill's
+#: trainer saves every 10).
+MID_INTERVAL = 5
 TRAINER = "autoheal-trainer: "
 #: Exit code of a drill whose probe raised: it could not tell whether the loop worked.
 EXIT_DRILL_ERROR = 3
@@ -96,6 +106,8 @@ class DrillReport:
     kube: bool = True
     slurm_defaults: bool = False
     hot_spare: bool = False
+    fault_reaches_job: bool = False
+    lost_steps: Optional[int] = None  # from the trainers' own output (autoheal_lab.lostwork)
     phases: List[Phase] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     logs: Dict[str, List[str]] = field(default_factory=dict)
@@ -132,7 +144,7 @@ class DrillReport:
         return {
             "ok": self.ok, "exit_code": self.exit_code, "node": self.node, "job_id": self.job_id,
             "opt_in": self.opt_in, "kube": self.kube, "slurm_defaults": self.slurm_defaults,
-            "hot_spare": self.hot_spare,
+            "hot_spare": self.hot_spare, "fault_reaches_job": self.fault_reaches_job, "lost_steps": self.lost_steps,
             "fault_time": self.fault_time, "totals": self.totals(), "notes": self.notes, "logs": self.logs,
             "errors": [f"{p.name}: {p.error}" for p in self.errors],
             "phases": [{"phase": p.name, "source": p.source, "detail": p.detail,
@@ -182,12 +194,13 @@ class OutputTail:
 class Drill:
     """Runs one drill on ``lab`` (already up)."""
 
-    #: A trainer output line that says how far training got (the example trainer's ``... step=N``).
-    PROGRESS_RX = re.compile(r"(?:^|\s)step=(\d+)$")
+    #: A trainer output line that says how far training got (the example trainer's ``... step=N``, with
+    #: ``time=<epoch>`` after it under --timestamps).
+    PROGRESS_RX = re.compile(r"(?:^|\s)step=(\d+)(?: time=[\d.]+)?$")
 
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
                  phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False,
-                 kube_not_run: str = ""):
+                 kube_not_run: str = "", fault_reaches_job: bool = False):
         from autoheal.slurm.cli_backend import CliSlurm
 
         self.lab = lab
@@ -204,7 +217,9 @@ class Drill:
         self.step_seconds = step_seconds
         self.workdir = self.lay.path("drill", time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}")
         self.hot_spare = hot_spare and opt_in
+        self.fault_reaches_job = fault_reaches_job
         self.report = DrillReport(opt_in=opt_in, kube=self.kube, hot_spare=self.hot_spare,
+                                  fault_reaches_job=fault_reaches_job,
                                   slurm_defaults=bool((lab.load_state() or {}).get("slurm_defaults")))
         self.spare: Optional[str] = None  # hot spare: the idle spare the runner named
         self.tail: Optional[OutputTail] = None
@@ -221,8 +236,10 @@ class Drill:
 
         trainer = Path(helpers.__file__).parent / "examples" / "tiny_trainer.py"
         ckpt = ["--checkpoint-every", "10"] if self.opt_in else []
+        # the fault reaches the job: each rank on the GPU Slurm gave its step, a real allreduce per step
+        real = ["--device", "lab", "--collective", "--timestamps"] if self.fault_reaches_job else []
         cmd = " ".join(shlex.quote(a) for a in [sys.executable, str(trainer), "--steps", "100000",
-                                                "--step-seconds", str(self.step_seconds), *ckpt])
+                                                "--step-seconds", str(self.step_seconds), *ckpt, *real])
         script = self.workdir / "train.sh"
         script.write_text("\n".join([
             "#!/bin/bash",
@@ -231,7 +248,8 @@ class Drill:
             "#SBATCH --ntasks-per-node=1",
             f"#SBATCH --output={self.workdir}/job.out",
             f"#SBATCH --exclude={','.join(self.lay.spares)}" if self.lay.spares else "",
-            f"srun {cmd}",
+            *(["#SBATCH --gres=gpu:1", "export MASTER_ADDR=127.0.0.1"] if self.fault_reaches_job else []),
+            f"srun -l {cmd}" if self.fault_reaches_job else f"srun {cmd}",
             "",
         ]))
         return script
@@ -260,6 +278,10 @@ class Drill:
             self.tail.poll()
             job = self.slurm.get_job(self.report.job_id)
             ready = self.tail.find(r"checkpoint saved step=(\d+)") if self.opt_in else self.tail.find(r"step=5\b")
+            if ready and self.opt_in and self.fault_reaches_job:
+                # halfway to the next save, as a fault usually comes: the lost steps then mean something
+                # (right after a save nothing can be lost)
+                ready = self.tail.find(rf"(?:^|\s)step={int(ready[2].group(1)) + MID_INTERVAL}(?:\s|$)")
             hot = self.tail.find(r"hot spares: steps run on (\S+); idle spare\(s\) (\S+)") if self.hot_spare else None
             if job.running and ready and len(job.nodes) == (3 if self.hot_spare else 2) and (hot or not self.hot_spare):
                 self.baseline_restarts = job.restart_count
@@ -269,10 +291,26 @@ class Drill:
                 if hot:  # an active node (the steps run there), not the idle spare
                     self.spare = hot[2].group(2)
                     others = [n for n in hot[2].group(1).split(",") if n != job.batch_host]
-                return others[0] if others else job.nodes[0]
+                node = others[0] if others else job.nodes[0]
+                if self.fault_reaches_job and not self._aim_at_rank_on(node):
+                    time.sleep(POLL)
+                    continue
+                return node
             time.sleep(POLL)
         raise LabError(f"drill job {self.report.job_id} did not start and checkpoint within {timeout:.0f}s; "
                        f"see {self.workdir}/job.out")
+
+    def _aim_at_rank_on(self, node: str) -> bool:
+        """The fault goes to the GPU the rank on ``node`` holds (its ``device lab gpus=N`` line): False
+        until that rank has said where it runs and on which GPU."""
+        start = self.tail.find(rf"^(\d+): {TRAINER}start step=\d+ .* host={re.escape(node)} rank=\d+ ")
+        if not start:
+            return False
+        dev = self.tail.find(rf"^{start[2].group(1)}: {TRAINER}device lab gpus=(\d+)")
+        if not dev:
+            return False
+        self.gpu = int(dev[2].group(1))
+        return True
 
     # ---- probes ------------------------------------------------------------------------------------
     def _journal_probe(self, events: Tuple[str, ...], node: Optional[str] = None, job: Optional[str] = None,
@@ -377,7 +415,7 @@ class Drill:
         return self._trainer_probe(r"preempted step=(\d+) state=\S+ checkpoint=(\S+)", check=check)
 
     def _kube_probes(self, node: str) -> List[Phase]:
-        """Phases read from the Kubernetes API (the lab's fake API through the real client)."""
+        """Phases read from the Kubernetes API (the lab's real kube-apiserver, through the real client)."""
         kube = self.kube_view or _KubeView(self.lab)
         self.kube_view = kube
         order = ("quarantined", "draining", "drained", "replacing", "done")
@@ -447,7 +485,13 @@ class Drill:
                   self._journal_probe(("detection",), node=node)),
             drained,
         ]
-        if self.opt_in:
+        if self.opt_in and self.fault_reaches_job:
+            why = ("the fault reaches the job: the broken rank cannot save, its peer is blocked in the collective "
+                   "with the signal held pending; it resumes from the last save before the fault")
+            phases += [Phase("the broken rank's GPU call failed", "trainer output",
+                             self._trainer_probe(r"device error step=(\d+) error=(\S+)")),
+                       Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
+        elif self.opt_in:
             phases += [
                 Phase("grace signal delivered to the trainer", "trainer output",
                       self._trainer_probe(r"signal received (\S+) at step=(\d+)")),
@@ -574,10 +618,24 @@ class Drill:
             pending = self.phases_for(node)
             self.report.phases.extend(pending)
             self._watch(pending)
+            self._measure_lost_steps()
         finally:
             self._collect_logs()
             subprocess.run(["scancel", self.report.job_id], env=self.env, capture_output=True, timeout=30)
         return self.report
+
+    def _measure_lost_steps(self) -> None:
+        """Lost steps from the trainers' own output: the newest step completed before the restart minus
+        the step resumed from (None when no restart was seen)."""
+        from autoheal_lab.lostwork import resumes
+
+        self.tail.poll()
+        found = resumes("\n".join(line for _, line in self.tail.lines))
+        if found and found[0].resumed:
+            r = found[0]
+            self.report.lost_steps = r.lost
+            self.report.notes.append(f"lost steps (trainer output): newest step before the restart "
+                                     f"{max(r.before.values())}, resumed from step {min(r.resumed.values())}")
 
     def _watch(self, phases: List[Phase]) -> None:
         watch(phases, self.phase_timeout, before_tick=self.tail.poll)
@@ -794,9 +852,9 @@ def render_timeline(report: DrillReport) -> str:
     lines.append(f"fault -> drain: {fmt(tot['fault_to_drain_s'])}   fault -> job running again: "
                  f"{fmt(tot['fault_to_job_running_again_s'])}   fault -> replacement in service: "
                  f"{fmt(tot['fault_to_replacement_in_service_s'])}")
-    if data.get("hot_spare"):
-        lines.append(f"hot spare: fault -> training resumed (trainer output): {fmt(tot['fault_to_trainer_resumed_s'])}"
-                     f" (no requeue)")
+    lost = "n/a" if data.get("lost_steps") is None else str(data["lost_steps"])
+    lines.append(f"fault -> training resumed (trainer output): {fmt(tot['fault_to_trainer_resumed_s'])}   "
+                 f"lost steps: {lost}" + ("   (hot spare: no requeue)" if data.get("hot_spare") else ""))
     for note in data["notes"]:
         lines.append(f"note: {note}")
     if data["ok"]:

@@ -326,3 +326,33 @@ def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_pa
     drill.saved_step = 15
     with pytest.raises(Contradiction, match="resumed from step 14"):
         drill._swap_start_probe()()
+
+
+def test_fault_reaches_job_aims_at_the_gpu_the_rank_on_the_node_holds_and_measures_lost_steps(tmp_path):
+    from autoheal_lab.drill import OutputTail, render_timeline
+
+    drill = Drill(_FakeLab(tmp_path), fault_reaches_job=True)
+    drill.workdir.mkdir(parents=True)
+    script = drill._script().read_text()
+    assert "#SBATCH --gres=gpu:1" in script and "srun -l " in script
+    assert "--device lab --collective --timestamps" in script
+    drill.tail = OutputTail(tmp_path / "job.out")
+    t = "autoheal-trainer: "
+    drill.tail.lines = [(1.0, f"1: {t}device lab gpus=1")]
+    assert not drill._aim_at_rank_on("gpu2")  # the rank has not said where it runs yet
+    drill.tail.lines += [(1.1, f"0: {t}device lab gpus=0"),
+                         (1.2, f"1: {t}start step=0 resumed_from=none restart=0 host=gpu2 rank=1 world=2 steps=9 "
+                               "reason=none"),
+                         (1.3, f"0: {t}start step=0 resumed_from=none restart=0 host=gpu1 rank=0 world=2 steps=9 "
+                               "reason=none")]
+    assert drill._aim_at_rank_on("gpu2") and drill.gpu == 1
+    assert drill._aim_at_rank_on("gpu1") and drill.gpu == 0
+    (tmp_path / "job.out").write_text("")  # poll() reads from here; the lines below are what it saw before
+    drill.tail.offset = 0
+    drill.tail.lines += [(2.0, f"0: {t}step=12 time=2.0"), (2.0, f"1: {t}step=11 time=2.0"),
+                         (9.0, f"0: {t}start step=10 resumed_from=/c/ckpt-10 restart=1 host=gpu1 rank=0"),
+                         (9.0, f"1: {t}start step=10 resumed_from=/c/ckpt-10 restart=1 host=gpu3 rank=1")]
+    drill._measure_lost_steps()
+    assert drill.report.lost_steps == 2 and drill.report.to_dict()["lost_steps"] == 2
+    assert "lost steps: 2" in render_timeline(drill.report)
+    assert Drill.PROGRESS_RX.search("step=15 time=1796276514.618").group(1) == "15"

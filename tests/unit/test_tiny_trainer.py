@@ -15,6 +15,7 @@ import pytest
 
 import autoheal.sbatch_helpers
 from autoheal.sbatch_helpers import checkpoint as ck
+from autoheal.sbatch_helpers.progress import HEARTBEAT_DIR
 
 EXAMPLES = Path(autoheal.sbatch_helpers.__file__).parent / "examples"
 TINY = EXAMPLES / "tiny_trainer.py"
@@ -160,10 +161,12 @@ def test_other_ranks_never_write(tmp_path):
     r = run(["--steps", 12, "--step-seconds", 0, "--checkpoint-every", 5], env=env)
     assert r.returncode == 0
     assert "rank=1 world=2" in r.stdout and "checkpoint saved" not in r.stdout
-    assert not tmp_path.exists() or os.listdir(tmp_path) == []
+    # only its heartbeat (every rank has one, for the runner's hang detection), never a checkpoint
+    assert [n for n in os.listdir(tmp_path) if n != HEARTBEAT_DIR] == []
+    assert os.listdir(tmp_path / HEARTBEAT_DIR) == ["rank-1"]
     rc, out, _ = run_until_signal(["--steps", 100, "--step-seconds", 0.03], signal.SIGUSR2, 3, env=env)
     assert rc == 99 and "checkpoint=rank0 exit=99" in out
-    assert not tmp_path.exists() or os.listdir(tmp_path) == []
+    assert [n for n in os.listdir(tmp_path) if n != HEARTBEAT_DIR] == []
 
 
 def test_preempt_without_checkpoint_dir_exits_98(tmp_path):
