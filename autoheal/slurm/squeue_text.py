@@ -1,4 +1,6 @@
-"""Job listings from ``squeue``'s text formats, filtered by Slurm: for Slurm 22.05, whose ``squeue --json``
+"""Job listings from ``squeue``'s text formats, filtered by Slurm, on every version (``cli_backend.
+job_read_format``). 26.05's ``squeue --json`` applies the filters but prints about 19 kB per job: the JSON
+of 10,000 pending jobs is 188 MB and 15 s, the text 18 MB and 1.6 s. Slurm 22.05's ``squeue --json``
 ignores every filter (``--states``, ``-w``, ``-j``, ``-u``: observed on 22.05.8, it prints every job in
 slurmctld's memory with every field). Under a flood of 10,000 held jobs carrying 4 kB of user text each
 that is 70 MB of JSON, 4.5-5.5 s and 620 MB of RSS for squeue alone (lab, 2026-12-01), on every guard
