@@ -3,8 +3,9 @@
 Every call is an argv list with a timeout. Output formats by version: node lists come from
 ``sinfo --json`` on 22.05 (``scontrol --json`` does not exist there) and ``scontrol --json show node``
 on 23.02+. Jobs: Slurm filters them (``--states``, ``-w``, ``-j``) so a flood of other users' jobs is
-never formatted, read or parsed: with ``squeue --json`` on 23.02+, whose JSON honours the filters, and
-on 22.05, whose JSON ignores them all, with the token-delimited text formats of ``squeue_text``.
+never formatted, read or parsed, and which of squeue's outputs a read uses is ``job_read_format``'s
+choice: listings read the token-delimited text formats of ``squeue_text`` on every version, one job the
+JSON where its filters work (23.02+).
 """
 
 from __future__ import annotations
@@ -21,6 +22,24 @@ from autoheal.slurm.model import Job, JobUpdate, Node, SlurmVersion
 
 if TYPE_CHECKING:
     from autoheal.config.core_sections import SlurmSection
+
+TEXT = "text"
+JSON = "json"
+
+
+def job_read_format(version: SlurmVersion, one_job: bool) -> str:
+    """Which of squeue's outputs a job read uses: ``TEXT`` (``squeue_text``) or ``JSON``.
+
+    Listings (``one_job`` false) read text on every version. 22.05's ``squeue --json`` ignores every
+    filter (the whole cluster: 70 MB under a 10,000-job flood); 23.02+ applies them, but the pending list
+    is then the flood itself, and 26.05's JSON of it gave no answer within the adapter's 3 s (the text:
+    well inside; docs/slurm-versions.md, "Job listings under a flood"). One job (``get_job``) reads the
+    JSON on 23.02+: its ``-j`` makes it one record, and only the JSON carries ``submit_line`` (the
+    ``--signal`` given on the sbatch command line, which jobside reads from it); 22.05 reads text.
+    """
+    if one_job and version.at_least(23, 2):
+        return JSON
+    return TEXT
 
 
 class CliSlurm(SlurmAdapter):
@@ -114,6 +133,11 @@ class CliSlurm(SlurmAdapter):
         """Whether ``squeue --json`` applies squeue's filters (23.02+; 22.05 prints every job)."""
         return self.version().at_least(23, 2)
 
+    def _unfiltered(self) -> List[str]:
+        """The filter of a listing without one: every job the JSON of this version listed (22.05's every
+        job slurmctld remembers; 23.02+ applies squeue's default state filter to JSON and text alike)."""
+        return [] if self._json_filters() else ["--states=all"]
+
     def _filters(self, node: Optional[str], states: Optional[List[str]], job_ids: Optional[List[str]]) -> List[str]:
         args = []
         if states:
@@ -141,37 +165,37 @@ class CliSlurm(SlurmAdapter):
 
     def _resolve_reasons(self, jobs: List[Job]) -> List[Job]:
         """Jobs held by requeuehold, or by an admin since: only the JSON record says which, and on 22.05
-        that is the whole job list (its JSON ignores -j). Read only while such a job exists (the guard
-        releases it within seconds), with a timeout of its own: under a flood it takes several seconds
-        (70 MB at 10,000 jobs). If it fails, those jobs stay unresolved (``requeue_held`` false: not
-        released this time, never wrongly) and the rest of the listing stands."""
+        that is the whole job list (its JSON ignores -j; 23.02+ reads only those jobs). Read only while
+        such a job exists (the guard releases it within seconds), with a timeout of its own: on 22.05
+        under a flood it takes several seconds (70 MB at 10,000 jobs). If it fails, those jobs stay
+        unresolved (``requeue_held`` false: not released this time, never wrongly) and the rest of the
+        listing stands."""
+        # 23.02+: those jobs' records only (-j works there)
+        ids = [j.raw_id for j in jobs if squeue_text.needs_reason(j)]
+        only = ["--states=all", "-j", ",".join(ids)] if self._json_filters() else []
         try:
-            text = self.run("squeue", "--json", timeout=max(60.0, 6 * self.timeout))
+            text = self.run("squeue", "--json", *only, timeout=max(60.0, 6 * self.timeout))
             exact = {j.raw_id: j for j in parse.jobs_from_json(text, "squeue --json")}
         except SlurmError:
             return jobs
         return [exact.get(j.raw_id, j) if squeue_text.needs_reason(j) else j for j in jobs]
 
     def list_jobs(self, node: Optional[str] = None, states: Optional[List[str]] = None) -> List[Job]:
-        filters = self._filters(node, states, None)
-        if self._json_filters():
-            jobs = parse.jobs_from_json(self._read("squeue", "--json", *filters), "squeue --json")
-        else:
-            # no filter: every job slurmctld remembers, as 22.05's JSON listed them
-            jobs = self._text_jobs(filters or ["--states=all"])
+        filters = self._filters(node, states, None) or self._unfiltered()
+        jobs = self._jobs(filters, one_job=False)
         # squeue -w also matches pending jobs that asked for the node: filter_jobs keeps real allocations
         return filter_jobs(jobs, node, states)
 
+    def _jobs(self, filters: List[str], one_job: bool) -> List[Job]:
+        if job_read_format(self.version(), one_job) == JSON:
+            return parse.jobs_from_json(self._read("squeue", "--json", *filters), "squeue --json")
+        return self._text_jobs(filters)
+
     def get_job(self, job_id: str) -> Job:
-        # --states=all: 23.02+ squeue applies its default state filter to --json (24.11: `squeue --json -j ID`
-        # of a job that just COMPLETED/FAILED lists no job at all). 22.05's JSON ignores -j and prints every
-        # job: its text formats with -j read the one job (squeue_text)
+        # --states=all (_filters): 23.02+ squeue applies its default state filter (24.11: `squeue --json -j
+        # ID` of a job that just COMPLETED/FAILED lists no job at all)
         try:
-            if self._json_filters():
-                jobs = parse.jobs_from_json(self._read("squeue", "--json", "--states=all", "-j", str(job_id)),
-                                            "squeue --json")
-            else:
-                jobs = self._text_jobs(self._filters(None, None, [str(job_id)]))
+            jobs = self._jobs(self._filters(None, None, [str(job_id)]), one_job=True)
         except SlurmNotFound:
             raise SlurmNotFound(f"job {job_id} not found") from None
         for job in jobs:

@@ -65,6 +65,15 @@ class PyslurmSlurm(SlurmAdapter):
             raise SlurmError(f"pyslurm {what}: {msg}") from None
 
     def version(self) -> SlurmVersion:
+        # The Slurm its libslurm headers say (``slurm_api_version()``: (26, 5, 5)), not pyslurm's own
+        # release: a pyslurm 25.11.2 built by hand against 26.05 (docs/slurm-versions.md) has
+        # ``__version__`` 25.11.2, and ``pyslurm.version`` is a module there, not a function.
+        api = getattr(self.ps, "slurm_api_version", None)
+        if callable(api):
+            parts = api()
+            if isinstance(parts, tuple) and len(parts) == 3:
+                major, minor, patch = (int(p) for p in parts)
+                return SlurmVersion(major, minor, patch, text=f"{major}.{minor}.{patch}")
         return SlurmVersion.parse(str(getattr(self.ps, "version", lambda: "")() if callable(
             getattr(self.ps, "version", None)) else getattr(self.ps, "__version__", "")))
 

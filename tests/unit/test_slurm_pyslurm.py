@@ -125,6 +125,17 @@ def test_version_config_ping():
     assert PyslurmSlurm(module=bad).ping() is False
 
 
+def test_version_is_libslurms_not_pyslurms_own_release():
+    # what pyslurm 25.11.2 built against 26.05.5 answered (forky chroot, 2026-12-03): version a module,
+    # __version__ its own release, slurm_api_version() the Slurm it was compiled for
+    fake, _ = make_fake()
+    fake.version = types.ModuleType("pyslurm.version")
+    fake.__version__ = "25.11.2"
+    fake.slurm_api_version = lambda: (26, 5, 5)
+    version = PyslurmSlurm(module=fake).version()
+    assert str(version) == "26.05.5" and version.at_least(26, 5)
+
+
 def test_node_writes():
     fake, calls = make_fake()
     slurm = PyslurmSlurm(module=fake)
