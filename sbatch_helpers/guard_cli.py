@@ -65,9 +65,10 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
 
         journal = Journal.from_config(cfg)
         notifier = Notifier.from_config(cfg, journal)
+    say = lambda text: click.echo(text, err=once)  # noqa: E731  (--once: stdout is the report)
     g = Guard(slurm, journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
-              prune_after=prune_after,
-              say=lambda text: click.echo(text, err=once))  # --once: stdout is the report
+              prune_after=prune_after, say=say, intents=_intents(cfg, dry_run, say),
+              list_running=bool(textfile_dir))
     if once:
         try:
             results = g.pass_once()
@@ -94,3 +95,13 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
     run_forever(g, interval, stopping.is_set, sleep=stopping.wait, metrics=metrics)
     if notifier is not None:
         notifier.flush(5.0)
+
+
+def _intents(cfg, dry_run: bool, say):  # type: ignore[no-untyped-def]
+    """Where the guard keeps its requeue intents: ``guard/`` beside the journal (the guard writes there
+    already); in memory with --dry-run, which acts on nothing."""
+    from pathlib import Path
+
+    from autoheal.sbatch_helpers.guard_intent import IntentStore
+
+    return IntentStore(None if dry_run else Path(cfg.journal.path).parent / "guard", say=say)

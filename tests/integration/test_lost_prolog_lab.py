@@ -82,6 +82,7 @@ def test_the_guard_requeues_a_job_whose_prolog_a_slurmd_crash_lost(healing_lab):
         wait_for(lambda: slurm.get_node(NODE).responding, 60, f"{NODE}'s new slurmd to answer")
         first = slurm.get_job(job)
         assert _in_prolog(first) and first.restart_count == 0, first  # Slurm by itself does not move it
+        print(f"lost prolog lab: job {job} listed as {first.state} ({first.state_reason})")
         requeued = wait_for(lambda: (lambda j: j if j.restart_count >= 1 else None)(slurm.get_job(job)),
                             GUARD_BOUND, "the guard's requeue of the job its prolog never released")
         assert requeued.comment.startswith("autoheal: requeued after xid 79")  # a plain job's comment: kept
