@@ -3,8 +3,9 @@
 With ``PrologFlags=Alloc`` slurmctld sends the prolog's launch to the job's nodes once, at the allocation,
 and starts the batch script when every node has said the prolog ended. Soak seed 12 (CI) allocated trainer
 job 4 on gpu1 140 ms before the soak killed gpu1's slurmd: the restarted slurmd never heard of the job, and
-Slurm 22.05 leaves a CONFIGURING job out of its "missing from node" purge, so the job stayed RUNNING with
-reason Prolog on a responding gpu1 for the 3.5 minutes left. Here the same moment is made deterministic:
+it registered within BatchStartTimeout + MessageTimeout of the allocation, too early for slurmctld's "missing
+from node" purge (docs/admin-guard.md has the source lines), so the job stayed RUNNING with reason Prolog on
+a responding gpu1 for the 3.5 minutes left. Here the same moment is made deterministic:
 the node's prolog is slow (it waits while a file exists, as a site's prolog mounting a file system may),
 and the node's slurmd is killed while it runs; the orphaned prolog then ends, unreported.
 

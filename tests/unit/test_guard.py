@@ -216,8 +216,8 @@ def test_a_release_before_the_eligible_time_still_gets_its_schedule_later():
 
 
 # ---- a lost prolog (soak seed 12: trainer job 4 allocated gpu1 140 ms before its slurmd was killed, RUNNING
-# with reason Prolog on a responding gpu1 for the rest of the soak: Slurm 22.05 sends the prolog's launch once
-# and leaves a CONFIGURING job out of its "missing from node" purge)
+# with reason Prolog on a responding gpu1 for the rest of the soak: Slurm sends the prolog's launch once, and
+# its "missing from node" purge comes only at a registration later than BatchStartTimeout after the allocation)
 WAITING = ("autoheal-runner restarts=1 last=autoheal-drain@gpu4 step=179 resumed=none nodes=gpu4 state=requeued "
            "excl=gpu4")
 
