@@ -112,7 +112,8 @@ class GuardAction:
 
     def to_dict(self) -> Dict[str, object]:
         return {"action": self.kind, "job": self.job_id, "exclusions": list(self.exclusions),
-                "autoheal_exclusions": list(self.ours), "removed": list(self.removed), "why": self.why}
+                "autoheal_exclusions": list(self.ours), "removed": list(self.removed), "why": self.why,
+                "restart_count": self.restart_count}
 
 
 @dataclass
@@ -486,6 +487,9 @@ class Guard:
             except SlurmNotFound:
                 job = None
             result = outcome(intent, job)
+            if result is IntentOutcome.REQUEUED and self._recorded(intent):
+                self.intents.drop(intent)  # killed after its record, before the intent went: all was done
+                continue
             if result is IntentOutcome.REQUEUED:
                 action = GuardAction(REQUEUE, intent.job_id, (), (), (), intent.comment or "",
                                      intent.why, intent.restart_count)
@@ -494,6 +498,13 @@ class Guard:
             self.say(f"autoheal guard: job {intent.job_id}: an earlier requeue intent was not carried out "
                      f"({result.value}); dropped")
             self.intents.drop(intent)
+
+    def _recorded(self, intent: RequeueIntent) -> bool:
+        """Whether the journal already has this requeue (read only for an intent a killed guard left)."""
+        if self.journal is None:
+            return False
+        return any(rec.evidence.get("restart_count") == intent.restart_count
+                   for rec in self.journal.read(job=intent.job_id, events=["guard-requeue"]))
 
     def _record(self, action: GuardAction, note: str = "") -> None:
         if action.kind == REQUEUE:

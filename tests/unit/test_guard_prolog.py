@@ -165,7 +165,7 @@ def test_a_comment_waiting_for_slurmctld_is_written_by_the_next_pass(tmp_path):
     assert slurm.count("requeue") == 1 and guard.intents.pending() == []
 
 
-@pytest.mark.parametrize("instant", ["intent", "requeue", "comment", "record"])
+@pytest.mark.parametrize("instant", ["intent", "requeue", "comment", "record", "drop"])
 def test_a_guard_killed_at_any_instant_is_finished_by_the_next_one_without_a_second_requeue(tmp_path, instant):
     slurm = stuck()
     journal = Journal(tmp_path / "j.jsonl", fsync=False)
@@ -181,6 +181,8 @@ def test_a_guard_killed_at_any_instant_is_finished_by_the_next_one_without_a_sec
     store = IntentStore(tmp_path / "intents", say=lambda s: None)
     if instant == "intent":
         store.add = lambda intent: (_ for _ in ()).throw(Killed())
+    if instant == "drop":  # after the record, before the intent is removed
+        store.drop = lambda intent: (_ for _ in ()).throw(Killed())
     slurm.before = kill_before
     first = guard_for(slurm, tmp_path, [1100.0], journal=KillingJournal(tmp_path / "j.jsonl", fsync=False)
                       if instant == "record" else journal)
