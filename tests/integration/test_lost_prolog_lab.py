@@ -56,6 +56,16 @@ def _prolog_running(job_id: str) -> bool:
     return False
 
 
+def _diagnosis(lab, slurm, job: str) -> str:
+    log = lab.root / "log" / "guard.log"
+    tail = log.read_text().splitlines()[-20:] if log.exists() else ["(no guard.log)"]
+    node = slurm.get_node(NODE)
+    show = subprocess.run(["scontrol", "-o", "show", "job", job], env=lab.slurm_env(), capture_output=True,
+                          text=True, timeout=20).stdout
+    return ("guard.log tail:\n" + "\n".join(tail) + f"\n{NODE} slurmd_start_time={node.slurmd_start_time} "
+            f"listed={slurm.get_job(job)}\nscontrol -o show job: {show[:1500]}")
+
+
 def test_the_guard_requeues_a_job_whose_prolog_a_slurmd_crash_lost(healing_lab):
     from autoheal_lab import procs
 
@@ -86,8 +96,11 @@ def test_the_guard_requeues_a_job_whose_prolog_a_slurmd_crash_lost(healing_lab):
         first = slurm.get_job(job)
         assert _in_prolog(first) and first.restart_count == 0, first  # Slurm by itself does not move it
         print(f"lost prolog lab: job {job} listed as {first.state} ({first.state_reason})")
-        requeued = wait_for(lambda: (lambda j: j if j.restart_count >= 1 else None)(slurm.get_job(job)),
-                            GUARD_BOUND, "the guard's requeue of the job its prolog never released")
+        try:
+            requeued = wait_for(lambda: (lambda j: j if j.restart_count >= 1 else None)(slurm.get_job(job)),
+                                GUARD_BOUND, "the guard's requeue of the job its prolog never released")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{_diagnosis(lab, slurm, job)}") from None
         assert requeued.comment.startswith("autoheal: requeued after xid 79")  # a plain job's comment: kept
         log = (lab.root / "log" / "guard.log").read_text()
         assert f"job {job}: requeued, its prolog lost" in log, log[-2000:]
