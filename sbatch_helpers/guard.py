@@ -90,6 +90,12 @@ PROLOG_STATES = ("RUNNING", "CONFIGURING")
 #: PrologFlags under which slurmctld runs the prolog at the allocation and waits for its end (Contain and
 #: RunInJob imply Alloc: read_config.c); NoHold makes it not wait (node_scheduler.c launch_prolog).
 ALLOC_FLAGS = frozenset({"alloc", "contain", "runinjob"})
+#: A slurmd start in the very second of the allocation (Slurm keeps whole seconds: lab, slurmd killed and
+#: back 0.4 s after the allocation) may have come before it (a healthy long prolog) or after it (lost): such
+#: a job is taken as lost only after this many times the bound, so a stuck job is not left for good and a
+#: healthy prolog gets five minutes.
+SAME_SECOND_WAIT = 5
+
 #: The Slurm releases whose source was read for the rule (docs/admin-guard.md): the case exists in each.
 PROLOG_READ = ((22, 5), (24, 11), (26, 5))
 #: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
@@ -196,24 +202,29 @@ def _prolog_suspect(job: Job, nodes: Mapping[str, Node]) -> bool:
     if not (is_runner_comment(job.comment) or is_ours(job.comment)):
         return False
     since = job.start_time or job.eligible_time
-    return since is not None and bool(_restarted_after(job, nodes, since))
+    return since is not None and bool(_restarted_after(job, nodes, since, same_second=True))
 
 
-def _restarted_after(job: Job, nodes: Mapping[str, Node], since: int) -> List[str]:
+def _restarted_after(job: Job, nodes: Mapping[str, Node], since: int, same_second: bool = False) -> List[str]:
+    """The job's answering nodes whose slurmd started after ``since`` (``same_second``: or in its second)."""
     return [n for n in job.nodes if n in nodes and nodes[n].responding
-            and (nodes[n].slurmd_start_time or 0) > since]
+            and ((nodes[n].slurmd_start_time or 0) > since
+                 or (same_second and (nodes[n].slurmd_start_time or 0) == since))]
 
 
-def lost_prolog(job: Job, nodes: Mapping[str, Node], start_time: Optional[int] = None) -> List[str]:
+def lost_prolog(job: Job, nodes: Mapping[str, Node], start_time: Optional[int] = None,
+                same_second: bool = False) -> List[str]:
     """The nodes of an autoheal job waiting for its prolog whose slurmd (re)started after the job's
     allocation, answering: the prolog's end can never come from them (see the module docstring).
     ``start_time``: the allocation as Slurm gave it for this job (``job.start_time`` when the listing
     has it). Unknown: []. The EligibleTime is never taken for it (a slurmd restarted while the job still
-    waited in the queue would make a healthy job's long prolog look lost)."""
+    waited in the queue would make a healthy job's long prolog look lost). ``same_second``: a slurmd
+    started in the allocation's own second counts too (Slurm gives both in whole seconds, so which came
+    first is not known: the caller waits longer before taking it as lost)."""
     if not _prolog_suspect(job, nodes):
         return []
     since = start_time if start_time is not None else job.start_time
-    return [] if since is None else _restarted_after(job, nodes, since)
+    return [] if since is None else _restarted_after(job, nodes, since, same_second)
 
 
 def prolog_overdue(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
@@ -238,6 +249,10 @@ def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings:
         if now - seen[key] < after:
             continue
         restarted = lost_prolog(job, nodes, sightings.start_times.get(key))
+        why = "restarted after the allocation"
+        if not restarted and now - seen[key] >= after * SAME_SECOND_WAIT:
+            restarted = lost_prolog(job, nodes, sightings.start_times.get(key), same_second=True)
+            why = "restarted in the allocation's second (whole seconds: order unknown, so waited longer)"
         if not restarted:
             continue  # allocated after its nodes' slurmd started, or Slurm could not say when: never act
         st = CommentState.parse(job.comment) if is_runner_comment(job.comment) else None
@@ -246,7 +261,7 @@ def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings:
         actions.append(GuardAction(REQUEUE, job.job_id, tuple(job.excluded_nodes), (), (),
                                    st.render() if st is not None else job.comment,
                                    f"in Prolog for {now - seen[key]:.0f}s on {','.join(restarted)}, whose slurmd "
-                                   f"restarted after the allocation: the prolog's end will never come",
+                                   f"{why}: the prolog's end will never come",
                                    job.restart_count))
     sightings.in_prolog = seen
     sightings.start_times = {k: v for k, v in sightings.start_times.items() if k in seen}

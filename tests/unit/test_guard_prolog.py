@@ -97,6 +97,32 @@ def test_the_start_time_is_asked_only_for_suspects_past_the_bound(tmp_path):
     assert slurm.jobs["4"].state == "PENDING" and slurm.jobs["4"].restart_count == 2
 
 
+def test_a_slurmd_start_in_the_allocations_own_second_is_taken_as_lost_only_after_five_bounds(tmp_path):
+    # Regression (lab, 22.05): the slurmd killed and back 0.4 s after the allocation has the job's StartTime
+    # as its start, to the second; a strict "after" left the job in Prolog for good.
+    slurm = stuck(start_time=1000, slurmd_started=1000)
+    clock = [1001.0]
+    guard = guard_for(slurm, tmp_path, clock)
+    for now in (1001.0, 1070.0, 1200.0, 1300.0):  # one bound, and up to just under five: a long prolog waits
+        clock[0] = now
+        assert guard.pass_once() == []
+    assert changes(slurm) == []
+    clock[0] = 1301.5
+    [res] = guard.pass_once()
+    assert res.done and res.action.kind == REQUEUE and "allocation's second" in res.action.why
+    assert slurm.jobs["4"].restart_count == 2
+
+
+def test_a_slurmd_started_the_second_before_the_allocation_is_never_taken_as_lost(tmp_path):
+    slurm = stuck(start_time=1000, slurmd_started=999)
+    clock = [1001.0]
+    guard = guard_for(slurm, tmp_path, clock)
+    for now in (1001.0, 1100.0, 1400.0, 2000.0):
+        clock[0] = now
+        assert guard.pass_once() == []
+    assert changes(slurm) == []
+
+
 @pytest.mark.parametrize("answer", [None, SlurmError("scontrol: garbled")])
 def test_an_unknown_start_time_is_never_acted_on(tmp_path, answer):
     slurm = stuck(start_time=1000, slurmd_started=1007)
