@@ -84,6 +84,11 @@ def test_the_guard_requeues_a_job_whose_prolog_a_slurmd_crash_lost(healing_lab):
         job = res.stdout.strip().split(";")[0]
         wait_for(lambda: _in_prolog(slurm.get_job(job)), 30, f"job {job} allocated {NODE}, waiting for its prolog")
         wait_for(lambda: _prolog_running(job), 30, f"job {job}'s prolog running on {NODE}")
+        # Slurm keeps whole seconds: a slurmd back in the allocation's own second is ambiguous, and the guard
+        # waits five bounds for it (test_guard_prolog); this test is about the plain case, a later second
+        allocated = slurm.job_start_time(job)
+        assert allocated is not None
+        time.sleep(max(0.0, allocated + 1.05 - time.time()))
         rec = lab.records()[f"slurmd-{NODE}"]
         os.kill(rec.pid, signal.SIGKILL)  # a crash while the prolog runs
         procs._reap(rec.pid)
