@@ -28,13 +28,17 @@ this small controller-side loop does, every ``interval`` seconds:
 
 * **requeue** (a lost prolog): with ``PrologFlags=Alloc`` slurmctld sends the prolog's launch to the nodes
   once, at the allocation (never resent), and starts the batch script only when every node says the
-  prolog ended. A slurmd killed in that moment (or restarted while the prolog ran) never says so: the
-  restarted slurmd knows nothing of the job, and Slurm 22.05 leaves a job in CONFIGURING out of its
-  "missing from node" purge, so the job stays RUNNING with reason ``Prolog`` on a node that answers, for
-  good (lab soak seed 12: trainer job 4 allocated gpu1 140 ms before its slurmd was killed, in Prolog
-  for the remaining 3.5 minutes of the soak). An autoheal job in Prolog whose nodes' slurmd started after
-  its allocation (its start time; its EligibleTime where the listing does not give it), seen so for
-  ``lost_prolog_after`` seconds, is requeued: its batch script never ran, so no work is lost.
+  prolog ended. Only slurmd's own thread that ran the prolog says so: a slurmd killed in that moment (or
+  restarted while the prolog ran) never does, and the restarted slurmd knows nothing of the job.
+  slurmctld requeues a batch job missing from its node only at a registration that comes more than
+  BatchStartTimeout + MessageTimeout after the allocation, so a slurmd back within that window leaves
+  the job RUNNING with reason ``Prolog`` on a node that answers, for good (lab soak seed 12: trainer job 4
+  allocated gpu1 140 ms before its slurmd was killed, in Prolog for the remaining 3.5 minutes of the
+  soak). Slurm 22.05, 24.11 and 26.05 alike, with RunInJob too (docs/admin-guard.md names the source
+  lines). An autoheal job in Prolog whose nodes' slurmd started after its allocation (its StartTime,
+  read from Slurm for that job alone when the listing lacks it; never guessed), seen so for
+  ``lost_prolog_after`` seconds, is requeued: its batch script never ran, so no work is lost. The
+  requeue comes first and its comment after, with an intent on disk in between (``guard_intent``).
 
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
@@ -47,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound
+from autoheal.errors import SlurmError, SlurmJobFinished, SlurmJobNotPending, SlurmNotFound, SlurmUnavailable
 from autoheal.reasons import is_ours
 from autoheal.strenum import StrEnum
 
@@ -56,7 +60,7 @@ if TYPE_CHECKING:
     from autoheal.notify import Notifier
     from autoheal.sbatch_helpers.guard_metrics import GuardMetrics
     from autoheal.slurm.base import SlurmAdapter
-    from autoheal.slurm.model import Job, Node
+    from autoheal.slurm.model import Job, Node, SlurmVersion
 from autoheal.sbatch_helpers.comment import (
     CommentState,
     is_runner_comment,
@@ -64,6 +68,7 @@ from autoheal.sbatch_helpers.comment import (
     plan_exclusions,
     split_nodes,
 )
+from autoheal.sbatch_helpers.guard_intent import IntentOutcome, IntentStore, RequeueIntent, outcome
 
 
 class GuardKind(StrEnum):
@@ -78,8 +83,21 @@ class GuardKind(StrEnum):
 RELEASE, PRUNE, SCHEDULE, REQUEUE = GuardKind.RELEASE, GuardKind.PRUNE, GuardKind.SCHEDULE, GuardKind.REQUEUE
 #: Slurm's reason for a job whose prolog has not ended yet (PrologFlags=Alloc: its batch script waits).
 PROLOG_REASON = "Prolog"
-#: States a job waiting for its prolog is listed in: RUNNING in the JSON, CONFIGURING in squeue's text.
+#: States a job waiting for its prolog is listed in. launch_prolog sets only the reason (WAIT_PROLOG), so
+#: it is RUNNING (lab, 22.05 text listing: "RUNNING (Prolog)"); CONFIGURING is kept for a job whose nodes
+#: also boot. No ``--states`` filter selects jobs in Prolog alone: the running jobs are listed.
 PROLOG_STATES = ("RUNNING", "CONFIGURING")
+#: PrologFlags under which slurmctld runs the prolog at the allocation and waits for its end (Contain and
+#: RunInJob imply Alloc: read_config.c); NoHold makes it not wait (node_scheduler.c launch_prolog).
+ALLOC_FLAGS = frozenset({"alloc", "contain", "runinjob"})
+#: A slurmd start in the very second of the allocation (Slurm keeps whole seconds: lab, slurmd killed and
+#: back 0.4 s after the allocation) may have come before it (a healthy long prolog) or after it (lost): such
+#: a job is taken as lost only after this many times the bound, so a stuck job is not left for good and a
+#: healthy prolog gets five minutes.
+SAME_SECOND_WAIT = 5
+
+#: The Slurm releases whose source was read for the rule (docs/admin-guard.md): the case exists in each.
+PROLOG_READ = ((22, 5), (24, 11), (26, 5))
 #: Comment states that mean "the runner held this job and did not finish": requeueing (it died, the
 #: intent is all it left) and requeue-failed (it gave up after its retry budget, e.g. slurmctld away).
 UNFINISHED = ("requeueing", "requeue-failed")
@@ -92,14 +110,16 @@ class GuardAction:
     kind: GuardKind
     job_id: str
     exclusions: Tuple[str, ...]  # the whole ExcNodeList to set (the user's own first)
-    ours: Tuple[str, ...]  # autoheal's part of it, recorded in the comment
+    ours: Tuple[str, ...]  # autoheal exclusions kept, recorded in the comment
     removed: Tuple[str, ...]  # autoheal exclusions dropped because the node is healthy again
     comment: str  # the job comment after the action
     why: str
+    restart_count: int = 0  # the job's restart count when planned (a requeue's intent names it)
 
     def to_dict(self) -> Dict[str, object]:
         return {"action": self.kind, "job": self.job_id, "exclusions": list(self.exclusions),
-                "autoheal_exclusions": list(self.ours), "removed": list(self.removed), "why": self.why}
+                "autoheal_exclusions": list(self.ours), "removed": list(self.removed), "why": self.why,
+                "restart_count": self.restart_count}
 
 
 @dataclass
@@ -111,6 +131,8 @@ class Sightings:
     healthy_since: Dict[str, float] = field(default_factory=dict)
     scheduled: Set[Tuple[str, int]] = field(default_factory=set)  # (job, restart) already nudged
     in_prolog: Dict[Tuple[str, int], float] = field(default_factory=dict)  # (job, restart) -> first seen lost
+    #: (job, restart) -> its StartTime as Slurm gave it for that job alone (None: Slurm could not say)
+    start_times: Dict[Tuple[str, int], Optional[int]] = field(default_factory=dict)
 
     def stable_view(self, nodes: Mapping[str, Node], now: float, prune_after: float) -> Dict[str, Node]:
         """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
@@ -172,18 +194,46 @@ def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, n
     return actions
 
 
-def lost_prolog(job: Job, nodes: Mapping[str, Node]) -> List[str]:
-    """The nodes of an autoheal job waiting for its prolog whose slurmd (re)started after the job's
-    allocation, answering: the prolog's end can never come from them (see the module docstring)."""
+def _prolog_suspect(job: Job, nodes: Mapping[str, Node]) -> bool:
+    """An autoheal job in Prolog with an answering node whose slurmd started after its EligibleTime: only
+    a suspect (the EligibleTime of a job that waited in the queue is long before its allocation)."""
     if job.state not in PROLOG_STATES or job.state_reason != PROLOG_REASON:
-        return []
+        return False
     if not (is_runner_comment(job.comment) or is_ours(job.comment)):
-        return []
+        return False
     since = job.start_time or job.eligible_time
-    if since is None:
-        return []
+    return since is not None and bool(_restarted_after(job, nodes, since, same_second=True))
+
+
+def _restarted_after(job: Job, nodes: Mapping[str, Node], since: int, same_second: bool = False) -> List[str]:
+    """The job's answering nodes whose slurmd started after ``since`` (``same_second``: or in its second)."""
     return [n for n in job.nodes if n in nodes and nodes[n].responding
-            and (nodes[n].slurmd_start_time or 0) > since]
+            and ((nodes[n].slurmd_start_time or 0) > since
+                 or (same_second and (nodes[n].slurmd_start_time or 0) == since))]
+
+
+def lost_prolog(job: Job, nodes: Mapping[str, Node], start_time: Optional[int] = None,
+                same_second: bool = False) -> List[str]:
+    """The nodes of an autoheal job waiting for its prolog whose slurmd (re)started after the job's
+    allocation, answering: the prolog's end can never come from them (see the module docstring).
+    ``start_time``: the allocation as Slurm gave it for this job (``job.start_time`` when the listing
+    has it). Unknown: []. The EligibleTime is never taken for it (a slurmd restarted while the job still
+    waited in the queue would make a healthy job's long prolog look lost). ``same_second``: a slurmd
+    started in the allocation's own second counts too (Slurm gives both in whole seconds, so which came
+    first is not known: the caller waits longer before taking it as lost)."""
+    if not _prolog_suspect(job, nodes):
+        return []
+    since = start_time if start_time is not None else job.start_time
+    return [] if since is None else _restarted_after(job, nodes, since, same_second)
+
+
+def prolog_overdue(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
+                   after: float) -> List[Job]:
+    """The suspects seen for ``after`` seconds whose StartTime the listing lacks and nobody looked up yet:
+    the guard asks Slurm for these few alone (``SlurmAdapter.job_start_time``), then plans."""
+    return [j for j in jobs if j.start_time is None and _prolog_suspect(j, nodes)
+            and (j.job_id, j.restart_count) not in sightings.start_times
+            and now - sightings.in_prolog.get((j.job_id, j.restart_count), now) >= after]
 
 
 def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
@@ -192,22 +242,53 @@ def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings:
     actions: List[GuardAction] = []
     seen: Dict[Tuple[str, int], float] = {}
     for job in jobs:
-        restarted = lost_prolog(job, nodes)
-        if not restarted:
+        if not _prolog_suspect(job, nodes):
             continue
         key = (job.job_id, job.restart_count)
         seen[key] = sightings.in_prolog.get(key, now)
         if now - seen[key] < after:
             continue
+        restarted = lost_prolog(job, nodes, sightings.start_times.get(key))
+        why = "restarted after the allocation"
+        if not restarted and now - seen[key] >= after * SAME_SECOND_WAIT:
+            restarted = lost_prolog(job, nodes, sightings.start_times.get(key), same_second=True)
+            why = "restarted in the allocation's second (whole seconds: order unknown, so waited longer)"
+        if not restarted:
+            continue  # allocated after its nodes' slurmd started, or Slurm could not say when: never act
         st = CommentState.parse(job.comment) if is_runner_comment(job.comment) else None
         if st is not None:
             st.guard = "requeued"
         actions.append(GuardAction(REQUEUE, job.job_id, tuple(job.excluded_nodes), (), (),
                                    st.render() if st is not None else job.comment,
                                    f"in Prolog for {now - seen[key]:.0f}s on {','.join(restarted)}, whose slurmd "
-                                   f"restarted after the allocation: the prolog's end will never come"))
+                                   f"{why}: the prolog's end will never come",
+                                   job.restart_count))
     sightings.in_prolog = seen
+    sightings.start_times = {k: v for k, v in sightings.start_times.items() if k in seen}
     return actions
+
+
+@dataclass(frozen=True)
+class PrologScope:
+    """Whether the lost-prolog rule can apply on this cluster, and why (printed once by the guard)."""
+
+    applies: bool
+    why: str
+
+
+def lost_prolog_scope(version: Optional[SlurmVersion], prolog_flags: Optional[str]) -> PrologScope:
+    """Pure: the rule by Slurm version and PrologFlags (``scontrol show config``; None: not known)."""
+    if prolog_flags is not None:
+        flags = {f.strip().lower() for f in prolog_flags.split(",") if f.strip() and f.strip() != "(null)"}
+        if "nohold" in flags:
+            return PrologScope(False, "PrologFlags has NoHold: slurmctld does not wait for the prolog")
+        if not flags & ALLOC_FLAGS:
+            return PrologScope(False, f"PrologFlags={prolog_flags or '(null)'}: no prolog at the allocation, "
+                                      f"so no job waits in Prolog")
+    if version is not None and (version.major, version.minor) > PROLOG_READ[-1]:
+        return PrologScope(True, f"Slurm {version}: newer than the releases read for the rule (up to "
+                                 f"26.05); kept on, it acts only on a StartTime before the slurmd restart")
+    return PrologScope(True, "a batch job's prolog end is reported only by the slurmd that ran it")
 
 
 def _wants_schedule(job: Job, sightings: Sightings, now: float) -> bool:
@@ -260,9 +341,14 @@ class Guard:
     def __init__(self, slurm: SlurmAdapter, journal: Optional[Journal] = None, notifier: Optional[Notifier] = None,
                  release_after: float = 5.0, dry_run: bool = False,
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = print,
-                 prune_after: float = 30.0, lost_prolog_after: Optional[float] = 60.0):
+                 prune_after: float = 30.0, lost_prolog_after: Optional[float] = 60.0,
+                 intents: Optional[IntentStore] = None, prolog_every: Optional[float] = None,
+                 list_running: bool = False):
         self.slurm = slurm
         self.lost_prolog_after = lost_prolog_after
+        #: seconds between the looks for lost prologs (a listing of every running job, the costly part
+        #: of a pass on a big cluster): a quarter of the bound, so a lost prolog is acted on within 1.25x it
+        self.prolog_every = (lost_prolog_after or 0) / 4 if prolog_every is None else prolog_every
         self.prune_after = prune_after
         self.journal = journal
         self.notifier = notifier
@@ -270,29 +356,76 @@ class Guard:
         self.dry_run = dry_run
         self.clock = clock
         self.say = say
+        self.intents = intents if intents is not None else IntentStore(say=say)
+        #: list the running jobs on every pass (the metrics' hot-spare swaps need them)
+        self.list_running = list_running
         self.sightings = Sightings()
+        self.scope: Optional[PrologScope] = None
+        self._last_look: Optional[float] = None
         self.last_jobs: Sequence[Job] = ()
         #: the running jobs of the same call (the metrics' hot-spare swaps): one squeue a pass
         self.last_running: Sequence[Job] = ()
 
     def pass_once(self) -> List[GuardResult]:
         """One pass. SlurmUnavailable propagates (the caller waits and tries again)."""
-        # running jobs too: a job waiting for a lost prolog is RUNNING (CONFIGURING in the text listing)
-        listed = self.slurm.list_jobs(states=["PENDING", "RUNNING", "CONFIGURING"])
+        if not self.dry_run:
+            self._finish_intents()
+        look = self._prolog_look_due(self.clock())
+        # a job waiting for a lost prolog is RUNNING: only on a look (or for the metrics) are those listed
+        extra = ["RUNNING", "CONFIGURING"] if look or self.list_running else []
+        listed = self.slurm.list_jobs(states=["PENDING", *extra])
         jobs = [j for j in listed if j.state == "PENDING"]
         self.last_running = [j for j in listed if j.state == "RUNNING"]
         self.last_jobs = jobs  # for the metrics (guard_metrics.requeued_waiting)
-        prolog = [j for j in listed if j.state in PROLOG_STATES and j.state_reason == PROLOG_REASON]
+        prolog = [j for j in listed if j.state in PROLOG_STATES and j.state_reason == PROLOG_REASON] if look else []
+        now = self.clock()
+        if look:
+            self._last_look = now
         if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs + prolog):
             self.sightings.forget_except([])
-            self.sightings.in_prolog.clear()
+            if look:
+                self.sightings.in_prolog.clear()
+                self.sightings.start_times.clear()
             return []
         nodes = {n.name: n for n in self.slurm.list_nodes()}
-        actions = plan(jobs + prolog, nodes, self.sightings, self.clock(), self.release_after, self.prune_after,
-                       self.lost_prolog_after)
+        after = self.lost_prolog_after if look else None
+        if after is not None:
+            self._look_up_start_times(prolog_overdue(prolog, nodes, self.sightings, now, after))
+        actions = plan(jobs + prolog, nodes, self.sightings, now, self.release_after, self.prune_after, after)
         if self.dry_run:
             return [GuardResult(a, False, "dry run") for a in actions]
         return [self.execute(a) for a in actions]
+
+    def _prolog_look_due(self, now: float) -> bool:
+        if self.lost_prolog_after is None or not self._prolog_scope().applies:
+            return False
+        return self._last_look is None or now - self._last_look >= self.prolog_every
+
+    def _prolog_scope(self) -> PrologScope:
+        """The rule's scope, read once from Slurm (version, PrologFlags); unknown while Slurm does not say."""
+        if self.scope is not None:
+            return self.scope
+        try:
+            flags = self.slurm.show_config().get("PrologFlags")
+            scope = lost_prolog_scope(self.slurm.version(), flags)
+        except SlurmError as exc:
+            return PrologScope(True, f"PrologFlags not known yet ({exc})")
+        self.scope = scope
+        self.say(f"autoheal guard: lost-prolog rule {'on' if scope.applies else 'off'}: {scope.why}")
+        return scope
+
+    def _look_up_start_times(self, jobs: Sequence[Job]) -> None:
+        """StartTime of each job, one ``scontrol show job`` each (a few jobs at most: the overdue suspects)."""
+        for job in jobs:
+            key = (job.job_id, job.restart_count)
+            try:
+                self.sightings.start_times[key] = self.slurm.job_start_time(job.raw_id or job.job_id)
+            except SlurmNotFound:
+                self.sightings.start_times[key] = None  # gone: nothing to requeue
+            except SlurmUnavailable:
+                raise
+            except SlurmError as exc:  # unknown this pass (never acted on); asked again next look
+                self.say(f"autoheal guard: job {job.job_id}: cannot read its start time: {exc}")
 
     def execute(self, action: GuardAction) -> GuardResult:
         job_id = action.job_id
@@ -319,25 +452,78 @@ class Guard:
         return GuardResult(action, True)
 
     def _requeue(self, action: GuardAction) -> GuardResult:
-        """The comment first (``guard=requeued``: the next run's runner and the metrics see why), then the
-        requeue; a job that started or ended meanwhile is left as it is."""
+        """Intent on disk, then the requeue, then the comment (``guard=requeued``: the next run's runner
+        and the metrics see why) and the record (``_finish_requeue``): the comment never claims a requeue
+        that failed, and a guard killed in between leaves the intent for the next pass to finish."""
         from autoheal.errors import SlurmJobAlreadyPending
 
+        intent = RequeueIntent(action.job_id, action.restart_count,
+                               action.comment if is_runner_comment(action.comment) else None, action.why)
         try:
-            if action.comment:
-                self.slurm.set_job_comment(action.job_id, action.comment)
+            self.intents.add(intent)
+        except OSError as exc:  # no record of the intent: better not act than act unrecorded
+            self.say(f"autoheal guard: job {action.job_id}: requeue not done: cannot record its intent: {exc}")
+            return GuardResult(action, False, f"cannot record the intent: {exc}")
+        try:
             self.slurm.requeue(action.job_id)
         except (SlurmNotFound, SlurmJobFinished, SlurmJobAlreadyPending):
+            self.intents.drop(intent)
             return GuardResult(action, False, "job is gone")
-        except SlurmError as exc:
+        except SlurmUnavailable as exc:  # its answer lost: it may have happened; the next pass looks
+            self.say(f"autoheal guard: job {action.job_id}: requeue unanswered: {exc}")
+            return GuardResult(action, False, str(exc))
+        except SlurmError as exc:  # refused: nothing happened
+            self.intents.drop(intent)
             self.say(f"autoheal guard: job {action.job_id}: {action.kind} failed: {exc}")
             return GuardResult(action, False, str(exc))
-        self._record(action)
-        return GuardResult(action, True)
+        return GuardResult(action, True, self._finish_requeue(intent, action))
 
-    def _record(self, action: GuardAction) -> None:
+    def _finish_requeue(self, intent: RequeueIntent, action: GuardAction) -> str:
+        """The comment and the record of a requeue that happened; the intent is dropped when both are done
+        (or the comment cannot be written: the record says so). slurmctld away: kept, the next pass ends it."""
+        note = ""
+        if intent.comment is not None:
+            try:
+                self.slurm.set_job_comment(intent.job_id, intent.comment)
+            except SlurmUnavailable as exc:
+                self.say(f"autoheal guard: job {intent.job_id}: requeued; its comment waits for slurmctld: {exc}")
+                return "requeued; comment not written yet"
+            except SlurmError as exc:
+                note = f"its comment could not be written ({exc})"
+        self._record(action, note)
+        self.intents.drop(intent)
+        return note
+
+    def _finish_intents(self) -> None:
+        """The requeue intents a killed guard (or an unanswered requeue) left: finish or drop each."""
+        for intent in self.intents.pending():
+            try:
+                job: Optional[Job] = self.slurm.get_job(intent.job_id)
+            except SlurmNotFound:
+                job = None
+            result = outcome(intent, job)
+            if result is IntentOutcome.REQUEUED and self._recorded(intent):
+                self.intents.drop(intent)  # killed after its record, before the intent went: all was done
+                continue
+            if result is IntentOutcome.REQUEUED:
+                action = GuardAction(REQUEUE, intent.job_id, (), (), (), intent.comment or "",
+                                     intent.why, intent.restart_count)
+                self._finish_requeue(intent, action)
+                continue
+            self.say(f"autoheal guard: job {intent.job_id}: an earlier requeue intent was not carried out "
+                     f"({result.value}); dropped")
+            self.intents.drop(intent)
+
+    def _recorded(self, intent: RequeueIntent) -> bool:
+        """Whether the journal already has this requeue (read only for an intent a killed guard left)."""
+        if self.journal is None:
+            return False
+        return any(rec.evidence.get("restart_count") == intent.restart_count
+                   for rec in self.journal.read(job=intent.job_id, events=["guard-requeue"]))
+
+    def _record(self, action: GuardAction, note: str = "") -> None:
         if action.kind == REQUEUE:
-            message = f"job {action.job_id}: requeued, its prolog lost ({action.why})"
+            message = f"job {action.job_id}: requeued, its prolog lost ({action.why}){'; ' + note if note else ''}"
             event, severity = "guard-requeue", "action"
         elif action.kind == RELEASE:
             message = (f"job {action.job_id}: released after an interrupted requeue ({action.why})"
@@ -363,10 +549,11 @@ def run_forever(guard: Guard, interval: float, stop: Callable[[], bool],
                 sleep: Callable[[float], object] = time.sleep, metrics: Optional[GuardMetrics] = None) -> None:
     """Pass after pass until ``stop()``; a controller that does not answer is waited out with backoff.
     With ``metrics``, its textfile is written after every pass (the heartbeat) and once more at the end."""
-    from autoheal.errors import SlurmUnavailable
     from autoheal.sbatch_helpers.guard_metrics import requeued_waiting
 
     pause = interval
+    if metrics is not None:
+        guard.list_running = True  # the hot-spare swaps are seen in the running jobs
     while not stop():
         result, done = "ok", []
         try:

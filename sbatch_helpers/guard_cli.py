@@ -47,27 +47,16 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
     Holds placed by users or admins are never touched. It also removes autoheal's exclusions of
     nodes that are healthy again, so a pending job never waits on a list that only grows, and
     asks slurmctld to schedule a job autoheal requeued as soon as it is eligible again, instead
-    of at the next backfill cycle (an update with the same ExcNodeList; once per requeue).
+    of at the next backfill cycle (an update with the same ExcNodeList; once per requeue). A job
+    left in Prolog by a slurmd restart after its allocation (PrologFlags=Alloc) is requeued.
 
     \b
     Run one on the slurmctld host:   autoheal guard            (a daemon; stop with SIGTERM)
     See what it would do:            autoheal guard --once --dry-run
     """
-    from autoheal.sbatch_helpers.guard import Guard, describe, pending_ids, run_forever
-    from autoheal.slurm import get_adapter
+    from autoheal.sbatch_helpers.guard import describe, pending_ids, run_forever
 
-    cfg = load_cfg(config_path)
-    slurm = get_adapter(cfg)
-    journal = notifier = None
-    if not dry_run:
-        from autoheal.journal import Journal
-        from autoheal.notify import Notifier
-
-        journal = Journal.from_config(cfg)
-        notifier = Notifier.from_config(cfg, journal)
-    g = Guard(slurm, journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
-              prune_after=prune_after,
-              say=lambda text: click.echo(text, err=once))  # --once: stdout is the report
+    g, notifier = _build(load_cfg(config_path), once, dry_run, release_after, prune_after, textfile_dir)
     if once:
         try:
             results = g.pass_once()
@@ -94,3 +83,34 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
     run_forever(g, interval, stopping.is_set, sleep=stopping.wait, metrics=metrics)
     if notifier is not None:
         notifier.flush(5.0)
+
+
+def _build(cfg, once: bool, dry_run: bool, release_after: float, prune_after: float,  # type: ignore[no-untyped-def]
+           textfile_dir: Optional[str]):
+    """The guard and its notifier (None with --dry-run, which records nothing)."""
+    from autoheal.sbatch_helpers.guard import Guard
+    from autoheal.slurm import get_adapter
+
+    journal = notifier = None
+    if not dry_run:
+        from autoheal.journal import Journal
+        from autoheal.notify import Notifier
+
+        journal = Journal.from_config(cfg)
+        notifier = Notifier.from_config(cfg, journal)
+
+    def say(text: str) -> None:
+        click.echo(text, err=once)  # --once: stdout is the report
+
+    g = Guard(get_adapter(cfg), journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
+              prune_after=prune_after, say=say, intents=_intents(cfg, dry_run, say), list_running=bool(textfile_dir))
+    return g, notifier
+
+def _intents(cfg, dry_run: bool, say):  # type: ignore[no-untyped-def]
+    """Where the guard keeps its requeue intents: ``guard/`` beside the journal (the guard writes there
+    already); in memory with --dry-run, which acts on nothing."""
+    from pathlib import Path
+
+    from autoheal.sbatch_helpers.guard_intent import IntentStore
+
+    return IntentStore(None if dry_run else Path(cfg.journal.path).parent / "guard", say=say)

@@ -190,7 +190,7 @@ def test_schedule_rewrites_the_same_exclusions_and_leaves_the_comment(tmp_path):
     assert res.done and res.action.kind == SCHEDULE
     assert slurm.writes() == [("update_job", "5", {"ExcNodeList": "gpu2"})]
     assert slurm.jobs["5"].comment == job.comment and slurm.jobs["5"].excluded_nodes == ("gpu2",)
-    assert list(journal.read()) == [] and "schedule it now" in said[0]  # a nudge, not an action to record
+    assert list(journal.read()) == [] and any("schedule it now" in t for t in said)  # a nudge, not an action to record
     assert guard.pass_once() == [] and len(slurm.writes()) == 1
 
 
@@ -216,8 +216,8 @@ def test_a_release_before_the_eligible_time_still_gets_its_schedule_later():
 
 
 # ---- a lost prolog (soak seed 12: trainer job 4 allocated gpu1 140 ms before its slurmd was killed, RUNNING
-# with reason Prolog on a responding gpu1 for the rest of the soak: Slurm 22.05 sends the prolog's launch once
-# and leaves a CONFIGURING job out of its "missing from node" purge)
+# with reason Prolog on a responding gpu1 for the rest of the soak: Slurm sends the prolog's launch once, and
+# its "missing from node" purge comes only at a registration later than BatchStartTimeout after the allocation)
 WAITING = ("autoheal-runner restarts=1 last=autoheal-drain@gpu4 step=179 resumed=none nodes=gpu4 state=requeued "
            "excl=gpu4")
 
@@ -234,7 +234,8 @@ def test_a_job_whose_prolog_its_restarted_slurmd_never_ran_is_requeued_with_a_re
     slurm, _nodes = in_prolog(slurmd_started=1007)  # killed at the allocation (1000), back 7 s later
     journal = Journal(tmp_path / "j.jsonl", fsync=False)
     clock = [1010.0]
-    guard = Guard(slurm, journal=journal, lost_prolog_after=60, clock=lambda: clock[0], say=lambda s: None)
+    guard = Guard(slurm, journal=journal, lost_prolog_after=60, clock=lambda: clock[0], say=lambda s: None,
+                  prolog_every=0)
     assert guard.pass_once() == [] and slurm.writes() == []  # first sighting
     clock[0] = 1069.0
     assert guard.pass_once() == []
@@ -270,15 +271,15 @@ def test_a_prolog_still_running_or_on_a_slurmd_that_started_before_the_job_is_le
     assert lost_prolog(running, nodes) == []
 
 
-def test_the_text_listing_configuring_without_a_start_time_is_judged_by_the_eligible_time():
-    # 22.05's squeue text: state CONFIGURING, no start time; EligibleTime is before the allocation
-    slurm, nodes = in_prolog(slurmd_started=1007, state="CONFIGURING", start_time=None, eligible_time=990)
-    assert lost_prolog(slurm.jobs["4"], nodes) == ["gpu1"]
-    slurm, nodes = in_prolog(slurmd_started=980, state="CONFIGURING", start_time=None, eligible_time=990)
+def test_without_a_start_time_the_eligible_time_only_makes_a_suspect_never_a_verdict():
+    # 22.05's text listing: no start time. A slurmd restart after EligibleTime says nothing about the
+    # allocation (a job that waited in the queue was allocated long after it): never requeued on it alone
+    slurm, nodes = in_prolog(slurmd_started=1007, start_time=None, eligible_time=990)
     assert lost_prolog(slurm.jobs["4"], nodes) == []
-    [act] = plan(list(slurm.jobs.values()), dict(nodes, gpu1=Node("gpu1", "MIXED", slurmd_start_time=1007)),
-                 Sightings(), now=1100.0, release_after=5, lost_prolog_after=0)
-    assert act.kind == REQUEUE
+    assert lost_prolog(slurm.jobs["4"], nodes, start_time=1000) == ["gpu1"]  # allocated before the restart
+    assert lost_prolog(slurm.jobs["4"], nodes, start_time=1050) == []  # allocated after it
+    assert plan(list(slurm.jobs.values()), nodes, Sightings(), now=1100.0, release_after=5,
+                lost_prolog_after=0) == []
 
 
 def test_a_lost_prolog_job_that_ended_meanwhile_is_left_alone():
