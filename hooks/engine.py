@@ -307,8 +307,13 @@ def _remember_drain(ctx: Context, failure: C.CheckResult, out: Outcome, current:
         # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
         if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
                 or rec.get("reason") != (out.reason or current):
-            st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
-                           "check": failure.check, "gpu": failure.gpu}
+            now = time.time()
+            # ``opened``: when this drain began, kept while the node stays drained for faults (a reworded
+            # reason, a climb to replace). xid-watch ties its fault episode to it: a drain opened since is
+            # a new fault whose jobs are told that fault, not the one of an episode it missed the end of
+            opened = rec.get("opened") if rec and not new_episode and rec.get("opened") else now
+            st["drain"] = {"reason": out.reason or current, "time": now, "source": ctx.source,
+                           "check": failure.check, "gpu": failure.gpu, "opened": opened}
         st["passes"] = 0
 
 

@@ -88,6 +88,7 @@ if TYPE_CHECKING:
         action: str
         gpu: Optional[int]
         preswap: str  # the sign a pre-emptive swap drained for (hooks.preswap)
+        opened: float  # when the node was drained for this fault episode (kept across rewordings)
 
     class Fault(TypedDict, total=False):
         """An open fault awaiting a repair rung (one per check and GPU)."""
@@ -131,6 +132,7 @@ if TYPE_CHECKING:
         since: float
         reason: str
         under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
+        drain_opened: float  # the ``opened`` of the drain record it was opened for (absent: none on record)
 
     class RequeueFault(TypedDict, total=False):
         """A "requeue"-policy XID whose jobs are still to be found (``jobs`` None: all on the node)."""
