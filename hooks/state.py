@@ -25,6 +25,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
@@ -203,13 +204,14 @@ def empty() -> NodeStateData:
 # ---- the one load and save -------------------------------------------------------------------------
 
 class StateCorrupt(AutohealError, ValueError):
-    """The state file is not a JSON object (a disk error, a hand edit gone wrong). A CLI reading the state
+    """The state file is not a JSON object, or not one of the node state's shape (a disk error, a hand edit
+    gone wrong, a hostile write; see ``_check_shape`` and ``_upgrade``). A CLI reading the state
     (``autoheal node history``) says so in one line and exits 2 (could not tell)."""
 
 
 def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
     """The state a file's bytes hold: today's layout and the older ones, every key present (missing ones
-    empty, unknown ones kept). Raises StateCorrupt when the bytes are not a JSON object."""
+    empty, unknown ones kept). Raises StateCorrupt when the bytes are not a JSON object of that shape."""
     try:
         data = json.loads(raw)
     except ValueError as exc:  # UnicodeDecodeError is one too
@@ -218,7 +220,8 @@ def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
         raise StateCorrupt(f"{where}: not a JSON object but {type(data).__name__}")
     state = empty()
     cast(Dict[str, Any], state).update(data)
-    _upgrade(cast(Dict[str, Any], state))
+    _check_shape(cast(Dict[str, Any], state), where)
+    _upgrade(cast(Dict[str, Any], state), where)
     return state
 
 
@@ -226,29 +229,95 @@ def dump(state: NodeStateData) -> bytes:
     return json.dumps(state, sort_keys=True, default=str).encode()
 
 
-def _upgrade(st: Dict[str, Any]) -> None:
+#: The container each top-level key holds (None allowed where ``empty()`` has None), and, for the lists
+#: and maps of records, that every element is a record (a JSON object). Checked by ``load``: a file whose
+#: shape is wrong (a disk error, a hand edit, a hostile write) is a ``StateCorrupt`` (kept aside, said),
+#: never a TypeError in some hook later, on every run, with the file never replaced.
+_SHAPE: Dict[str, Tuple[type, bool]] = {
+    "kmsg": (dict, False), "recent_xids": (list, True), "app_xids": (dict, False), "last_result": (dict, False),
+    "last_pass": (dict, False), "unknown_runs": (dict, False), "drain": (dict, False), "faults": (list, True),
+    "ladder": (dict, True), "gpu_pci": (dict, False), "counters": (dict, False), "job_baseline": (dict, True),
+    "repaired": (dict, False), "foreign_noted": (dict, False), "polled_faults": (dict, True),
+    "app_jobs": (dict, True), "history": (list, True), "reboot_requested": (dict, False),
+    "pending_drain": (dict, False), "episode": (dict, False), "requeue_faults": (list, True),
+    "job_actions": (dict, True),
+}
+#: The records whose whole value may be None (the others are a list or a map, None read as empty).
+_OPTIONAL = frozenset({"last_result", "last_pass", "drain", "reboot_requested", "pending_drain", "episode"})
+
+
+def _check_shape(st: Dict[str, Any], where: str) -> None:
+    """Raise StateCorrupt unless every known top-level key holds its kind of value (see ``_SHAPE``); a
+    null list or map reads as empty. Unknown keys are kept as they are (a newer hook's)."""
+    for key, (kind, of_records) in _SHAPE.items():
+        val = st.get(key)
+        if val is None:
+            if key not in _OPTIONAL:
+                st[key] = kind()
+            continue
+        if not isinstance(val, kind):
+            raise StateCorrupt(f"{where}: {key} is a {type(val).__name__}, not a {kind.__name__}")
+        if of_records and not all(isinstance(v, dict) for v in (val.values() if kind is dict else val)):
+            raise StateCorrupt(f"{where}: {key} holds a value that is not a record")
+    for key in ("version", "passes"):
+        if not _is_number(st.get(key)):
+            raise StateCorrupt(f"{where}: {key} is {_show(st.get(key))}, not a number")
+
+
+def _is_number(val: Any) -> bool:
+    """A finite JSON number of a sane size (never a bool, a string, inf or a 400-digit integer)."""
+    if isinstance(val, bool) or not isinstance(val, (int, float)):
+        return False
+    return abs(val) < 1e18 if isinstance(val, int) else val == val and abs(val) < 1e18
+
+
+def _show(val: Any) -> str:
+    """A value for a one-line error: its type and at most 40 characters of it."""
+    return f"{type(val).__name__} {json.dumps(val, default=str)[:40]}"
+
+
+#: A Slurm job id as xid-watch keyed it: ``1234``, or ``1234_5`` for an array task.
+_LEGACY_JOB = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,8})?")
+
+
+def _legacy_field(job: str, info: Dict[str, Any], key: str, ok: Any, where: str) -> Any:
+    """Field ``key`` of an old ``requeues`` entry, when ``ok(value)``; else StateCorrupt."""
+    val = info.get(key)
+    if not ok(val):
+        raise StateCorrupt(f"{where}: old requeues entry of job {job[:40]!r}: {key} is {_show(val)}")
+    return val
+
+
+def _upgrade(st: Dict[str, Any], where: str = STATE_FILE) -> None:
     """Older layouts, read into today's. An xid-watch before the job side kept its pending requeues in
     ``requeues`` ({job: {xid, gpu, note, deadline}}): each becomes a job action in its grace stage, under a
-    requeue fault of its own, so the requeue still comes at that deadline after an upgrade."""
+    requeue fault of its own, so the requeue still comes at that deadline after an upgrade. An entry with
+    odd values (a job id that is no Slurm job id, a deadline that is no finite number, a note that is no
+    text, an entry that is no record) makes the file a StateCorrupt: kept aside and said, never a
+    traceback, never a requeue of a job nobody named."""
     old = st.pop("requeues", None)
-    if not old or not isinstance(old, dict):
+    if not old:
         return
+    if not isinstance(old, dict):
+        raise StateCorrupt(f"{where}: old requeues is {_show(old)}, not a record")
     from autoheal.hooks.jobside import GRACE, requeue_note  # only for an old file: the hooks start fast
 
-    actions = st["job_actions"] = st.get("job_actions") or {}
-    st["requeue_faults"] = st.get("requeue_faults") or []
+    actions = st["job_actions"]
     for job, info in old.items():
-        if not isinstance(info, dict):
-            continue
-        fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
+        if not _LEGACY_JOB.fullmatch(job) or not isinstance(info, dict):
+            raise StateCorrupt(f"{where}: old requeues entry {job[:40]!r} is {_show(info)}")
+        xid = _legacy_field(job, info, "xid", lambda v: v is None or (_is_number(v) and isinstance(v, int)), where)
+        gpu = _legacy_field(job, info, "gpu", lambda v: v is None or (_is_number(v) and isinstance(v, int)), where)
+        note = _legacy_field(job, info, "note", lambda v: v is None or isinstance(v, str), where) or ""
+        deadline = float(_legacy_field(job, info, "deadline", lambda v: v is None or _is_number(v), where) or 0)
+        fid = f"legacy-{xid}-{gpu}"
         key = f"{job}@{fid}"
         if key in actions:
             continue
-        deadline = float(info.get("deadline", 0))
-        actions[key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
-                        "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
+        actions[key] = {"job": job, "fault": fid, "stage": GRACE, "runner": None,
+                        "note": requeue_note(note), "detail": "", "created": deadline,
                         "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
-        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [str(job)]})
+        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [job]})
 
 
 class NodeState:
@@ -273,13 +342,14 @@ class NodeState:
         self._unsaved: Optional[NodeStateData] = None  # our view while the disk does not take it
         self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
         self._replaced = ""  # the corrupt file this store replaced, if it did (told in every ``trouble``)
+        self._corrupt_why = ""  # what was wrong with it (StateCorrupt's words, for the one-line report)
 
     def read(self) -> NodeStateData:
         if self._unsaved is not None:
             return copy.deepcopy(self._unsaved)
         state, corrupt = self._read_disk()
         if corrupt is not None:
-            self.trouble = f"state {self.path} is not a JSON object: going on from an empty state"
+            self.trouble = f"state {self.path} is corrupt ({self._corrupt_why}): going on from an empty state"
         return state
 
     def _read_disk(self) -> Tuple[NodeStateData, Optional[bytes]]:
@@ -292,9 +362,10 @@ class NodeState:
             return empty(), None        # state (the lock or the write then says why it fails)
         try:
             return load(raw, str(self.path)), None
-        except StateCorrupt:
+        except StateCorrupt as exc:
             if not self.fallback:
                 raise
+            self._corrupt_why = str(exc).replace(f"{self.path}: ", "", 1)
             return empty(), raw
 
     @contextlib.contextmanager
@@ -331,7 +402,8 @@ class NodeState:
             self._unsaved = None
             self._base = {}
             if corrupt is not None:  # said by this process's report (a hook's run) that replaced it
-                self._replaced = (f"state {self.path} was not a JSON object: kept as {self.dir / CORRUPT_FILE}, "
+                self._replaced = (f"state {self.path} was corrupt ({self._corrupt_why}): kept as "
+                                  f"{self.dir / CORRUPT_FILE}, "
                                   f"started over from an empty state")
             self.trouble = self._replaced
 
