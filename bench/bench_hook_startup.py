@@ -7,7 +7,8 @@ round, so a machine that is busy is equally busy for all of them:
 
 * ``python -c pass``: this interpreter's start, the floor under any Python hook;
 * LBNL NHC with four checks (its own config), when ``nhc`` is installed (``--nhc PATH``; Debian 12 has no
-  package of it);
+  package of it: install it from its source, github mej/nhc: ``nhc`` to /usr/sbin, ``scripts/*.nhc`` to
+  /etc/nhc/scripts, ``helpers/*`` to /usr/libexec/nhc);
 * ``bash, 4 NHC-style checks``: bash doing what NHC's four commonest checks do (``check_fs_mount_rw /``,
   ``check_hw_cpuinfo``, ``check_hw_physmem``, ``check_ps_service``: read /proc/mounts, /proc/cpuinfo,
   /proc/meminfo and one ``ps`` listing, parsed in bash loops), without NHC's driver and its function
@@ -36,7 +37,7 @@ from typing import Dict, List, Tuple
 #: The four checks, in NHC's own configuration syntax (``* || check ...``) and as bash without NHC.
 NHC_CONF = """\
 * || check_fs_mount_rw -f /
-* || check_hw_cpuinfo {cpus}
+* || check_hw_cpuinfo {sockets}
 * || check_hw_physmem 1kB 1PB
 * || check_ps_service -u root init
 """
@@ -76,6 +77,14 @@ def node_env(tmp: Path) -> Dict[str, str]:
                 SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_USER="bench", SLURM_JOB_NODELIST="n1")
 
 
+def sockets() -> int:
+    """CPU sockets as NHC's ``check_hw_cpuinfo`` counts them (its first argument is sockets, not CPUs:
+    distinct ``physical id`` lines, else one per processor)."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    ids = {ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("physical id")}
+    return len(ids) or sum(1 for ln in lines if ln.startswith("processor")) or 1
+
+
 def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
     cpus = os.cpu_count() or 1
     pid1 = Path("/proc/1/comm").read_text().strip()
@@ -84,7 +93,7 @@ def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
     out = {"python -c pass": [sys.executable, "-c", "pass"]}
     if nhc:
         conf = tmp / "nhc.conf"
-        conf.write_text(NHC_CONF.format(cpus=cpus).replace("init", pid1))
+        conf.write_text(NHC_CONF.format(sockets=sockets()).replace("init", pid1))
         out["LBNL NHC, 4 checks"] = [nhc, "-c", str(conf), "MARK_OFFLINE=0", "NHC_RM=none"]
     out["bash, 4 NHC-style checks"] = ["bash", str(script)]
     for hook in ("healthcheck", "prolog", "epilog"):
