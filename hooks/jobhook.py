@@ -170,7 +170,7 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
     drained = False
     try:
         act = drain_for(ctx, failure)
-        drained = act.get("outcome") in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME,
+        drained = act.outcome in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME,
                                          nodeops.SKIPPED_FOREIGN)
     except SlurmError as exc:
         print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)

@@ -432,11 +432,11 @@ class JobSide:
                 self.ctx.record(Event.ERROR, check=failure.check, action="drain", severity="error",
                                 message=f"cannot drain for {failure.text}: {exc}; retrying")
             return None
-        drained = act.get("outcome") in ("drained", "reason-updated")
+        drained = act.outcome in ("drained", "reason-updated")
         from autoheal import nodeops
 
         # kept someone else's drain: the fault stays ours to drain when theirs ends (see check)
-        self._kept_foreign = failure if act.get("outcome") == nodeops.SKIPPED_FOREIGN else None
+        self._kept_foreign = failure if act.outcome == nodeops.SKIPPED_FOREIGN else None
         with self.ctx.store.locked() as st:
             st["pending_drain"] = None
             if drained and pend.get("since"):  # fault seen -> drain made (the dashboard's "fault -> drain")

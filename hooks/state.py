@@ -250,15 +250,17 @@ def _check_shape(st: Dict[str, Any], where: str) -> None:
     """Raise StateCorrupt unless every known top-level key holds its kind of value (see ``_SHAPE``); a
     null list or map reads as empty. Unknown keys are kept as they are (a newer hook's)."""
     for key, (kind, of_records) in _SHAPE.items():
-        val = st.get(key)
+        val: Any = st.get(key)
         if val is None:
             if key not in _OPTIONAL:
                 st[key] = kind()
             continue
         if not isinstance(val, kind):
             raise StateCorrupt(f"{where}: {key} is a {type(val).__name__}, not a {kind.__name__}")
-        if of_records and not all(isinstance(v, dict) for v in (val.values() if kind is dict else val)):
-            raise StateCorrupt(f"{where}: {key} holds a value that is not a record")
+        if of_records:
+            items: List[Any] = list(val.values()) if isinstance(val, dict) else list(val)
+            if not all(isinstance(v, dict) for v in items):
+                raise StateCorrupt(f"{where}: {key} holds a value that is not a record")
     for key in ("version", "passes"):
         if not _is_number(st.get(key)):
             raise StateCorrupt(f"{where}: {key} is {_show(st.get(key))}, not a number")
