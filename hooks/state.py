@@ -264,6 +264,28 @@ def _check_shape(st: Dict[str, Any], where: str) -> None:
     for key in ("version", "passes"):
         if not _is_number(st.get(key)):
             raise StateCorrupt(f"{where}: {key} is {_show(st.get(key))}, not a number")
+    _check_numbers(st, where)
+
+
+def _check_numbers(st: Dict[str, Any], where: str) -> None:
+    """Raise StateCorrupt when a record (one level down: a fault, a job action, the drain, the kernel-log
+    cursor, ...) holds something other than a number or null in a field the hooks read as a number."""
+    for key, (_kind, of_records) in _SHAPE.items():
+        val: Any = st.get(key)
+        if not val or not (of_records or key in _OPTIONAL or key == "kmsg"):
+            continue
+        records: List[Any] = (list(val.values()) if isinstance(val, dict) else val) if of_records else [val]
+        for rec in records:
+            for name in _NUMBERS.intersection(rec):
+                if rec[name] is not None and not _is_number(rec[name]):
+                    raise StateCorrupt(f"{where}: {key}: {name} is {_show(rec[name])}, not a number")
+
+
+#: Fields of the records that the hooks read as numbers (``float(rec.get("time", 0))``): present, each is a
+#: number or null, so a hand edit or a torn value is a StateCorrupt at the load, not a ValueError later.
+_NUMBERS = frozenset({"time", "since", "deadline", "next_try", "created", "signalled_at", "grace_end", "tries",
+                      "count", "noted", "dups", "opened", "drain_opened", "usec", "max_seq", "inode", "offset",
+                      "first", "last", "requeue_tried"})
 
 
 def _is_number(val: Any) -> bool:

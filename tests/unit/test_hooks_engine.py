@@ -263,3 +263,25 @@ def test_the_first_drain_names_the_rung_the_site_policy_and_the_ladder_decide(tm
     assert dbe.action == C.RESET
     engine.drain_for(ctx, dbe)
     assert ctx.slurm.calls == [("drain", "autoheal: replace: " + dbe.text)]
+
+
+def test_actions_are_typed_values_and_print_the_json_they_always_printed():
+    """Issue 24 section 2: a hook's actions are one typed value (kind and outcome read as attributes, no
+    dict keys between the parts); ``autoheal check --json`` keeps the keys each kind always had."""
+    from autoheal.hooks.actions import Action, Kind
+
+    drain = Action(Kind.DRAIN, "drained", "autoheal: xid 79 on GPU 1 of n1", previous_reason="")
+    assert drain.to_dict() == {"action": "drain", "outcome": "drained", "reason": "autoheal: xid 79 on GPU 1 of n1",
+                               "previous_reason": "", "dry_run": False}
+    rung = Action(Kind(C.RESET.value), "ok", gpu=2, check="ecc")
+    assert rung.kind is Kind.RESET and rung.kind == C.RESET and rung.rung
+    assert rung.to_dict() == {"action": "reset-gpu", "outcome": "ok", "gpu": 2, "check": "ecc", "dry_run": False}
+    waiting = Action(Kind.RESUME, "waiting: cooldown", "autoheal: ecc: GPU 1 of n1")
+    assert waiting.to_dict() == {"action": "resume", "outcome": "waiting: cooldown",
+                                 "reason": "autoheal: ecc: GPU 1 of n1"}
+    accepted = Action(Kind.ACCEPT_RESUME, "node resumed by someone else", "r", faults=["xid 79"], stale_result=True)
+    assert accepted.to_dict()["faults"] == ["xid 79"] and accepted.to_dict()["stale_result"] is True
+    import json
+
+    assert json.loads(json.dumps(engine.Pass(node="n1", actions=[drain, rung]).to_dict()))["actions"][1] == \
+        rung.to_dict()  # JSON-ready: the enum prints as its word

@@ -224,6 +224,12 @@ ODD_TODAY = {
     "version-a-list": {"version": [1]},
     "episode-a-number": {"episode": 5},
     "kmsg-a-list": {"kmsg": [["seq", 41]]},
+    # one level down: fields the hooks read with float()/int() on every run
+    "kmsg-seq-a-word": {"kmsg": {"boot_id": "b", "max_seq": "forty-one"}},
+    "drain-time-a-word": {"drain": {"reason": "autoheal: xid 79", "time": "yesterday"}},
+    "fault-since-a-list": {"faults": [{"check": "xid", "since": [1]}]},
+    "action-deadline-huge": {"job_actions": {"7@x": {"job": "7", "deadline": 10 ** 400}}},
+    "recent-xid-time-nested": {"recent_xids": [{"xid": 79, "time": {"a": {"b": [None]}}}]},
 }
 
 
@@ -237,7 +243,7 @@ def test_a_key_of_the_wrong_kind_is_a_corrupt_state(tmp_path, data):
     with store.locked() as st:
         st["passes"] = 1
     assert (tmp_path / S.CORRUPT_FILE).read_bytes() == raw and "kept as" in store.trouble
-    assert f"was corrupt ({next(iter(data))} " in store.trouble  # the one line names what was wrong
+    assert f"was corrupt ({next(iter(data))}" in store.trouble  # the one line names what was wrong
 
 
 def test_null_lists_and_maps_read_as_empty_and_good_old_values_still_upgrade():
