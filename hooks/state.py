@@ -34,7 +34,9 @@ from autoheal.errors import AutohealError
 if TYPE_CHECKING:
     from typing import TypedDict
 
+    from autoheal.hooks.checks import ResultDict
     from autoheal.hooks.ladder import Rung
+    from autoheal.hooks.xids import CursorDict
 
 STATE_FILE = "state.json"
 #: Where a state file that is not JSON (a disk error, a hand edit) is kept for its admin when the hooks
@@ -72,7 +74,7 @@ if TYPE_CHECKING:
         time: float
         status: str
         source: str
-        results: List[Dict[str, Any]]  # CheckResult.to_dict() of the results that were not OK
+        results: List[ResultDict]  # of the results that were not OK
 
     class LastPass(TypedDict, total=False):
         time: float
@@ -121,7 +123,7 @@ if TYPE_CHECKING:
     class PendingDrain(TypedDict, total=False):
         """A drain slurmctld did not take yet: retried until it does."""
 
-        failure: Dict[str, Any]  # CheckResult.to_dict()
+        failure: ResultDict
         since: float
         tries: int
         next_try: float
@@ -132,7 +134,7 @@ if TYPE_CHECKING:
         id: str
         since: float
         reason: str
-        under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
+        under_foreign: ResultDict  # our fault kept behind someone else's drain
         drain_opened: float  # the ``opened`` of the drain record it was opened for (absent: none on record)
 
     class RequeueFault(TypedDict, total=False):
@@ -164,11 +166,27 @@ if TYPE_CHECKING:
         requested: Any  # the signal the job asked for (WarnSignal fields), or None
         requeue_tried: float
 
+    class PolledFault(TypedDict, total=False):
+        """A hard fault xid-watch's health poll acted on (one detection record per fault, not per poll)."""
+
+        check: str
+        gpu: Optional[int]
+        reason: str
+        since: float
+
+    class AppJob(TypedDict, total=False):
+        """A job's application XIDs on this node (hooks.xid_jobs): counts per XID, those it was told of."""
+
+        xids: Dict[str, int]
+        told: List[int]
+        first: float
+        last: float
+
     class NodeStateData(TypedDict):
         """The whole file; ``load`` fills in every key."""
 
         version: int
-        kmsg: Dict[str, Any]                        # LogCursor.to_dict()
+        kmsg: CursorDict                            # LogCursor.to_dict()
         recent_xids: List[RecentXid]
         app_xids: Dict[str, List[float]]            # gpu -> times of ignored (application) XIDs
         last_result: Optional[LastResult]
@@ -183,8 +201,8 @@ if TYPE_CHECKING:
         job_baseline: Dict[str, Dict[str, int]]     # job id -> {gpu: ecc dbe} (prolog -> epilog)
         repaired: Dict[str, float]                  # "gpu3"/"node" -> last repair (ends the XID dedupe window)
         foreign_noted: Dict[str, str]               # fault key -> foreign reason already journalled as "skipped"
-        polled_faults: Dict[str, Any]               # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
-        app_jobs: Dict[str, Any]                    # job -> its application XIDs (hooks.xid_jobs)
+        polled_faults: Dict[str, PolledFault]       # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
+        app_jobs: Dict[str, AppJob]                 # job -> its application XIDs (hooks.xid_jobs)
         history: List[HistoryEntry]                 # faults and returns to service, kept across repairs
         reboot_requested: Optional[RebootRequest]   # the reboot we asked for, until the node is back
         # xid-watch's job side (autoheal.hooks.jobside)
@@ -258,7 +276,8 @@ def _check_shape(st: Dict[str, Any], where: str) -> None:
         if not isinstance(val, kind):
             raise StateCorrupt(f"{where}: {key} is a {type(val).__name__}, not a {kind.__name__}")
         if of_records:
-            items: List[Any] = list(val.values()) if isinstance(val, dict) else list(val)
+            got: Any = st[key]  # (mypy narrowed ``val`` to object above)
+            items: List[Any] = list(got.values()) if isinstance(got, dict) else list(got)
             if not all(isinstance(v, dict) for v in items):
                 raise StateCorrupt(f"{where}: {key} holds a value that is not a record")
     for key in ("version", "passes"):
