@@ -29,26 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List, Mapping, Optional, Tuple
 
-BASE_ENV = "AUTOHEAL_MEMTIER_BASE"
-DEFAULT_BASE = "/dev/shm"
+# where the folders are: its own small module, so the epilog of a job that never used the tier looks for
+# them without importing this one
+from autoheal.memtier_base import BASE_ENV, DEFAULT_BASE, base_dir, user_dir, user_ids  # noqa: F401
+
 PIDFILE = "agent.pid"
 _JOB_RE = re.compile(r"^[0-9]{1,12}$")
-_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-def base_dir(node: str, environ: Optional[Mapping[str, str]] = None) -> Path:
-    """The node's memory folder (``/dev/shm`` unless ``AUTOHEAL_MEMTIER_BASE`` says otherwise)."""
-    env = os.environ if environ is None else environ
-    template = env.get(BASE_ENV, "").strip() or DEFAULT_BASE
-    if "{node}" in template:
-        if not _NODE_RE.match(node or ""):
-            raise ValueError(f"node name {node!r} is not usable in a path")
-        template = template.replace("{node}", node)
-    return Path(template)
-
-
-def user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -> Path:
-    return base_dir(node, environ) / f"autoheal-memtier-{int(uid)}"
 
 
 def job_dir(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -218,15 +204,6 @@ def keep_for_restart(facts: Optional[JobFacts], run_restarts: Optional[int]) -> 
     if state in RESTART_STATES:
         return True
     return run_restarts is not None and restarts > run_restarts
-
-
-def user_ids(node: str, environ: Optional[Mapping[str, str]] = None) -> List[int]:
-    """The uids that have a memory folder on this node (one listing of ``/dev/shm``)."""
-    try:
-        names = os.listdir(base_dir(node, environ))
-    except (OSError, ValueError):
-        return []
-    return sorted(int(n[17:]) for n in names if n.startswith("autoheal-memtier-") and n[17:].isdigit())
 
 
 def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], Optional[JobFacts]],

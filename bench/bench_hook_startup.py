@@ -7,7 +7,8 @@ round, so a machine that is busy is equally busy for all of them:
 
 * ``python -c pass``: this interpreter's start, the floor under any Python hook;
 * LBNL NHC with four checks (its own config), when ``nhc`` is installed (``--nhc PATH``; Debian 12 has no
-  package of it);
+  package of it: install it from its source, github mej/nhc: ``nhc`` to /usr/sbin, ``scripts/*.nhc`` to
+  /etc/nhc/scripts, ``helpers/*`` to /usr/libexec/nhc);
 * ``bash, 4 NHC-style checks``: bash doing what NHC's four commonest checks do (``check_fs_mount_rw /``,
   ``check_hw_cpuinfo``, ``check_hw_physmem``, ``check_ps_service``: read /proc/mounts, /proc/cpuinfo,
   /proc/meminfo and one ``ps`` listing, parsed in bash loops), without NHC's driver and its function
@@ -16,7 +17,10 @@ round, so a machine that is busy is equally busy for all of them:
 Prints the median wall time, CPU time and peak memory of each over ``--runs`` rounds (and the machine's
 load). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML).
 
-    python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--json]
+    python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--plain DIR ...] [--json]
+
+``--plain DIR`` (repeatable) adds the hooks of a plain install (``pip install --no-deps --target DIR``
+of a commit) run with ``python -S``, as a node runs them: two commits side by side in one run.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from typing import Dict, List, Tuple
 #: The four checks, in NHC's own configuration syntax (``* || check ...``) and as bash without NHC.
 NHC_CONF = """\
 * || check_fs_mount_rw -f /
-* || check_hw_cpuinfo {cpus}
+* || check_hw_cpuinfo {sockets}
 * || check_hw_physmem 1kB 1PB
 * || check_ps_service -u root init
 """
@@ -76,6 +80,14 @@ def node_env(tmp: Path) -> Dict[str, str]:
                 SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_USER="bench", SLURM_JOB_NODELIST="n1")
 
 
+def sockets() -> int:
+    """CPU sockets as NHC's ``check_hw_cpuinfo`` counts them (its first argument is sockets, not CPUs:
+    distinct ``physical id`` lines, else one per processor)."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    ids = {ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("physical id")}
+    return len(ids) or sum(1 for ln in lines if ln.startswith("processor")) or 1
+
+
 def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
     cpus = os.cpu_count() or 1
     pid1 = Path("/proc/1/comm").read_text().strip()
@@ -84,7 +96,7 @@ def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
     out = {"python -c pass": [sys.executable, "-c", "pass"]}
     if nhc:
         conf = tmp / "nhc.conf"
-        conf.write_text(NHC_CONF.format(cpus=cpus).replace("init", pid1))
+        conf.write_text(NHC_CONF.format(sockets=sockets()).replace("init", pid1))
         out["LBNL NHC, 4 checks"] = [nhc, "-c", str(conf), "MARK_OFFLINE=0", "NHC_RM=none"]
     out["bash, 4 NHC-style checks"] = ["bash", str(script)]
     for hook in ("healthcheck", "prolog", "epilog"):
@@ -115,18 +127,39 @@ def run_once(argv: List[str], env: Dict[str, str], rss_file: Path) -> Tuple[floa
     return wall, usage.ru_utime + usage.ru_stime, rss
 
 
-def measure(runs: int = 21, nhc: str = "") -> dict:
+def installs(dirs: List[str], env: Dict[str, str]) -> Tuple[Dict[str, List[str]], Dict[str, Dict[str, str]]]:
+    """The three hooks of each plain install in ``dirs`` (``pip install --no-deps --target DIR .`` of some
+    commit), run as a node runs them: ``python -S``, that install first on the path, then this
+    interpreter's site-packages for pynvml & co. Two versions side by side in the same run are the
+    before/after of a change, on a machine that is equally busy for both."""
+    import site
+
+    cmds: Dict[str, List[str]] = {}
+    envs: Dict[str, Dict[str, str]] = {}
+    if dirs:
+        cmds["python -S -c pass"] = [sys.executable, "-S", "-c", "pass"]
+    for d in dirs:
+        for hook in ("healthcheck", "prolog", "epilog"):
+            name = f"{hook} [{Path(d).name}]"
+            cmds[name] = [sys.executable, "-S", "-m", f"autoheal.hooks.{hook}"]
+            envs[name] = dict(env, PYTHONPATH=os.pathsep.join([str(Path(d).resolve()), *site.getsitepackages()]))
+    return cmds, envs
+
+
+def measure(runs: int = 21, nhc: str = "", plain: Tuple[str, ...] = ()) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-hook-startup-"))
     try:
         env = node_env(tmp)
         cmds = commands(tmp, nhc)
-        for argv in cmds.values():  # warm: .pyc files written, the fake library paged in
-            run_once(argv, env, tmp / "rss")
+        more, envs = installs(list(plain), env)
+        cmds.update(more)
+        for name, argv in cmds.items():  # warm: .pyc files written, the fake library paged in
+            run_once(argv, envs.get(name, env), tmp / "rss")
         samples: Dict[str, List[Tuple[float, float, float]]] = {k: [] for k in cmds}
         load0 = os.getloadavg()[0]
         for _ in range(runs):  # interleaved: each round runs every command once
             for name, argv in cmds.items():
-                samples[name].append(run_once(argv, env, tmp / "rss"))
+                samples[name].append(run_once(argv, envs.get(name, env), tmp / "rss"))
         load1 = os.getloadavg()[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -141,9 +174,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=21, help="interleaved rounds (medians over them)")
     ap.add_argument("--nhc", default=shutil.which("nhc") or "", help="LBNL NHC's nhc, if installed")
+    ap.add_argument("--plain", action="append", default=[], metavar="DIR",
+                    help="also time the hooks of a plain install in DIR with python -S (repeat: two commits "
+                    "side by side)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    res = measure(args.runs, args.nhc)
+    res = measure(args.runs, args.nhc, tuple(args.plain))
     if args.json:
         print(json.dumps(res))
         return
@@ -153,7 +189,7 @@ def main() -> None:
     base = next((n for n in ("LBNL NHC, 4 checks", "bash, 4 NHC-style checks") if n in rows), "")
     for name, r in rows.items():
         ratio = f"  {r['wall_ms'] / rows[base]['wall_ms']:.2f}x {base}" if base and name not in (base,) else ""
-        print(f"{name:<26} wall {r['wall_ms']:7.1f} ms  cpu {r['cpu_ms']:7.1f} ms  rss {r['rss_mib']:5.1f} MiB{ratio}")
+        print(f"{name:<30} wall {r['wall_ms']:7.1f} ms  cpu {r['cpu_ms']:7.1f} ms  rss {r['rss_mib']:5.1f} MiB{ratio}")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,27 @@ reset-gpu, reboot-node or replace-node. Checks can be disabled and re-thresholde
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
 from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.reasons import Reason, gpu_where, parse_body
 from autoheal.strenum import StrEnum
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class ResultDict(TypedDict, total=False):
+        """``CheckResult.to_dict()``: a result as the node state and ``--json`` keep it (the reason as its
+        text). For mypy only: at run time the plain dict ``asdict`` made."""
+
+        check: str
+        status: str
+        reason: str
+        action: str
+        gpu: Optional[int]
+        evidence: Dict[str, Any]  # the check's own readings: an open JSON object
 
 
 class Status(StrEnum):
@@ -84,16 +98,16 @@ class CheckResult:
         """The result's one readable line (the drain reason's body after ``autoheal: ``)."""
         return self.reason.body()
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> ResultDict:
         """The JSON form (the node state's ``last_result``, ``--json``): the reason as its text."""
         out = asdict(self)
         out["reason"] = self.text
-        return out
+        return cast("ResultDict", out)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> CheckResult:
+    def from_dict(cls, d: ResultDict) -> CheckResult:
         """A result read back from JSON (``to_dict``'s form; the reason text parsed once, by the core)."""
-        fields = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        fields: Dict[str, Any] = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if fields.get("status") in _STATUSES:
             fields["status"] = Status(fields["status"])
         if fields.get("action") in _ACTIONS:

@@ -55,7 +55,7 @@ def check(node: Optional[str], no_drain: bool, dry_run: bool, verbose: bool, cle
     else:
         click.echo(p.summary())
         for a in p.actions:
-            click.echo(f"  {a.get('action')}: {a.get('outcome')} {a.get('reason') or ''}".rstrip())
+            click.echo(f"  {a.kind}: {a.outcome} {a.reason}".rstrip())
         for e in p.errors:
             click.echo(f"  error: {e}", err=True)
     ctx.close()  # pending notifications get a bounded moment, never longer
@@ -64,19 +64,19 @@ def check(node: Optional[str], no_drain: bool, dry_run: bool, verbose: bool, cle
 
 
 def _clear(ctx: Context, gpu: Optional[int], dry_run: bool, as_json: bool) -> None:
-    from autoheal.hooks.engine import clear_faults
+    from autoheal.hooks.clearing import clear_faults
 
     out = clear_faults(ctx, gpu=gpu, dry_run=dry_run)
     if as_json:
-        print_json(out)
+        print_json(out.to_dict())
         return
     verb = "would clear" if dry_run else "cleared"
     where = f"GPU {gpu} of {ctx.node}" if gpu is not None else ctx.node
     from autoheal.hooks.state import ladder_label
 
-    click.echo(f"{where}: {verb} {out['faults']} open fault(s); ladder counts of: "
-               f"{', '.join(ladder_label(k, ctx.node) for k in out['ladder']) or 'none'}")
-    for f in out["cleared"]["faults"]:
+    click.echo(f"{where}: {verb} {len(out.faults)} open fault(s); ladder counts of: "
+               f"{', '.join(ladder_label(k, ctx.node) for k in sorted(out.ladder)) or 'none'}")
+    for f in out.faults:
         click.echo(f"  {f.get('reason', '')}")
 
 

@@ -23,9 +23,23 @@ from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, rea
 from autoheal.reasons import parse_body
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
     from autoheal.nodeops import Outcome
     from autoheal.slurm.model import Node
+
+    class Note(TypedDict):
+        """A journal record an XID judge leaves for its caller (``ctx.record(Event.DETECTION, **note)``):
+        a repeat of a fault already handled, said at most once a minute. Typed for mypy only: at run time
+        a plain dict, as ``record`` takes its fields (the hooks start fast: issue 24 section 6)."""
+
+        check: str
+        severity: str
+        outcome: str
+        message: str
+        evidence: Dict[str, Any]
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
@@ -38,7 +52,7 @@ class Pass:
     node: str
     status: C.Status = C.UNKNOWN
     results: List[C.CheckResult] = field(default_factory=list)
-    actions: List[Dict[str, Any]] = field(default_factory=list)
+    actions: List[Action] = field(default_factory=list)
     errors: List[str] = field(default_factory=list)
     exit_code: int = EXIT_UNKNOWN
     sample: Optional[NodeSample] = None
@@ -49,7 +63,7 @@ class Pass:
     def to_dict(self, verbose: bool = False) -> Dict[str, Any]:
         res = [r.to_dict() for r in self.results if verbose or r.status != C.OK]
         return {"node": self.node, "status": self.status, "exit_code": self.exit_code, "results": res,
-                "actions": self.actions, "errors": self.errors,
+                "actions": [a.to_dict() for a in self.actions], "errors": self.errors,
                 "gpus": None if self.sample is None else self.sample.count}
 
     def summary(self) -> str:
@@ -63,7 +77,7 @@ REPEAT_NOTE_SECONDS = 60.0
 
 
 def xid_results(ctx: Context, st: S.NodeStateData, events: List[XidEvent], pci_map: Dict[str, int],
-                now: float, notes: Optional[List[Dict[str, Any]]] = None) -> List[C.CheckResult]:
+                now: float, notes: Optional[List[Note]] = None) -> List[C.CheckResult]:
     """Judge new XIDs once each: dedupe against recent ones (other sources, companion events), count
     application XIDs per GPU, open a fault for every drain-class XID.
 
@@ -109,7 +123,7 @@ def xid_results(ctx: Context, st: S.NodeStateData, events: List[XidEvent], pci_m
 
 
 def _seen_again(ctx: Context, dup: S.RecentXid, ev: XidEvent, gpu: Optional[int], pci_full: str, now: float,
-                notes: Optional[List[Dict[str, Any]]]) -> Optional[C.CheckResult]:
+                notes: Optional[List[Note]]) -> Optional[C.CheckResult]:
     """An XID judged within the dedupe window: the other source's copy (silent; judged once more only for
     an application XID whose process the kernel log names), or a repeat (a note at most once a minute)."""
     sources = dup.setdefault("sources", [])
@@ -134,7 +148,7 @@ def _seen_again(ctx: Context, dup: S.RecentXid, ev: XidEvent, gpu: Optional[int]
 
 
 def _count_open_fault(same: S.Fault, ev: XidEvent, gpu: Optional[int], now: float,
-                      notes: Optional[List[Dict[str, Any]]]) -> None:
+                      notes: Optional[List[Note]]) -> None:
     """The fault this XID opened is still open (no repair since): the same XID again is that fault with a
     count, not a second drain, ladder step or notification (issue 22: 672 XID 45s on 3 nodes in 3 hours
     were 672 fatal events)."""
@@ -175,7 +189,7 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
             if not g.pci and g.index in by_index:
                 g.pci = by_index[g.index] + ".0"
         results = C.judge_sample(sample, ctx.hooks, expected)
-        notes: List[Dict[str, Any]] = []
+        notes: List[Note] = []
         events: List[XidEvent] = []
         xres: List[C.CheckResult] = []
         if read_log and ctx.hooks.kernel_log and "xid" not in off:
@@ -229,10 +243,11 @@ def _escalate_unknown(ctx: Context, st: S.NodeStateData, results: List[C.CheckRe
 
 # ---- Slurm side --------------------------------------------------------------------------------------
 
-def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Dict[str, Any]:
+def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Action:
     """Drain with ``autoheal: <failure>``; keep an existing drain of ours (no reason churn) and never
     touch someone else's. Raises SlurmUnavailable when slurmctld does not answer."""
     from autoheal import nodeops
+    from autoheal.hooks.actions import Action, Kind
     from autoheal.reasons import (
         Origin,
         Reason,
@@ -272,8 +287,7 @@ def drain_for(ctx: Context, failure: C.CheckResult, dry_run: bool = False) -> Di
         out = nodeops.Outcome(ctx.node, nodeops.SKIPPED_SAME, current, current, dry_run)
     else:
         out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
-    act = {"action": "drain", "outcome": out.action, "reason": out.reason, "previous_reason": out.previous_reason,
-           "dry_run": dry_run}
+    act = Action(Kind.DRAIN, out.action, out.reason, dry_run, previous_reason=out.previous_reason)
     if not dry_run and out.action in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME) \
             and is_ours(out.reason or current):
         _remember_drain(ctx, failure, out, current, new_episode)
@@ -307,8 +321,13 @@ def _remember_drain(ctx: Context, failure: C.CheckResult, out: Outcome, current:
         # and forgot the drain, and the node stayed drained for good (soak seed 2, gpu4).
         if not rec or is_preswap(rec.get("reason")) or out.action == nodeops.DRAINED \
                 or rec.get("reason") != (out.reason or current):
-            st["drain"] = {"reason": out.reason or current, "time": time.time(), "source": ctx.source,
-                           "check": failure.check, "gpu": failure.gpu}
+            now = time.time()
+            # ``opened``: when this drain began, kept while the node stays drained for faults (a reworded
+            # reason, a climb to replace). xid-watch ties its fault episode to it: a drain opened since is
+            # a new fault whose jobs are told that fault, not the one of an episode it missed the end of
+            opened = float(rec.get("opened") or now) if rec and not new_episode else now
+            st["drain"] = {"reason": out.reason or current, "time": now, "source": ctx.source,
+                           "check": failure.check, "gpu": failure.gpu, "opened": opened}
         st["passes"] = 0
 
 
@@ -326,7 +345,7 @@ def _note_foreign(ctx: Context, failure: C.CheckResult, out: Outcome) -> None:
                    severity="info", evidence=failure.evidence)
 
 
-def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Dict[str, Any]]:
+def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Action]:
     """Resume a drain we made after N consecutive passes and the cooldown; forget it if someone else
     changed the node meanwhile."""
     st = ctx.store.read()
@@ -334,6 +353,7 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
     if not ours:
         return None
     from autoheal import nodeops
+    from autoheal.hooks.actions import Action, Kind
     from autoheal.reasons import strip_reason_suffix
 
     node = ctx.slurm.get_node(ctx.node)
@@ -346,14 +366,14 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             if not (node.drain or node.down):
                 S.mark_repaired(st2, None, now)
                 lemon.note_return(st2, now, "back in service (an admin's resume or a reboot)")
-        return {"action": "forget-drain", "outcome": "node no longer carries our drain", "reason": current}
+        return Action(Kind.FORGET_DRAIN, "node no longer carries our drain", current)
     if lemon.is_lemon(current):
-        return {"action": "resume", "outcome": "never: a lemon is not returned automatically", "reason": current}
+        return Action(Kind.RESUME, "never: a lemon is not returned automatically", current)
     if st.get("passes", 0) < ctx.hooks.resume_after_passes:
-        return {"action": "resume", "outcome": f"waiting: {st.get('passes', 0)} of "
-                f"{ctx.hooks.resume_after_passes} passes", "reason": current}
+        return Action(Kind.RESUME, f"waiting: {st.get('passes', 0)} of {ctx.hooks.resume_after_passes} passes",
+                      current)
     if now - float(ours.get("time", 0)) < ctx.hooks.resume_cooldown:
-        return {"action": "resume", "outcome": "waiting: cooldown", "reason": current}
+        return Action(Kind.RESUME, "waiting: cooldown", current)
     out = nodeops.resume(ctx.slurm, ctx.node, dry_run=dry_run)
     if out.changed:
         with ctx.store.locked() as st2:
@@ -362,10 +382,10 @@ def maybe_resume(ctx: Context, now: float, dry_run: bool = False) -> Optional[Di
             lemon.note_return(st2, now, "resumed by autoheal")
         ctx.record(Event.RESUME, action="resume", outcome=out.action, message=f"healthy again after: {current}",
                    severity="action")
-    return {"action": "resume", "outcome": out.action, "reason": current, "dry_run": dry_run}
+    return Action(Kind.RESUME, out.action, current, dry_run)
 
 
-def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Dict[str, Any]]:
+def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Action]:
     """The node we drained is back in service, and we did not resume it: an admin did (``scontrol
     update state=resume``, ``autoheal node resume``), perhaps after putting their own reason over ours.
     Their resume is authoritative for what we remembered: the open faults our drain stood for (opened
@@ -389,12 +409,14 @@ def accept_resume(ctx: Context, now: Optional[float] = None) -> Optional[Dict[st
     return forget_behind_drain(ctx, time.time() if now is None else now)
 
 
-def forget_behind_drain(ctx: Context, now: float, expect: Optional[S.Drain] = None) -> Optional[Dict[str, Any]]:
+def forget_behind_drain(ctx: Context, now: float, expect: Optional[S.Drain] = None) -> Optional[Action]:
     """``accept_resume``'s work once the caller knows the node we drained is back in service and we did
     not resume it: forget our drain record, the faults opened before it and a failing result; the
     node counts as repaired now. Also used by xid-watch's health poll, which sees a new fault on such a
     node before any hook has run. ``expect``: only that record (one written since is a new drain). Returns
     what was forgotten, or None when no such record of ours is left."""
+    from autoheal.hooks.actions import Action, Kind
+
     with ctx.store.locked() as st2:
         ours = st2.get("drain")
         if not ours or (expect is not None and ours != expect):  # another hook took care of it meanwhile
@@ -409,17 +431,17 @@ def forget_behind_drain(ctx: Context, now: float, expect: Optional[S.Drain] = No
         st2["passes"] = 0
         S.mark_repaired(st2, None, now)  # back in service: the same XID again is a new fault
         lemon.note_return(st2, now, "resumed by someone else")
-    out = {"action": "accept-resume", "outcome": "node resumed by someone else", "reason": ours.get("reason", ""),
-           "faults": [f.get("reason", "") for f in forgotten], "stale_result": stale}
+    out = Action(Kind.ACCEPT_RESUME, "node resumed by someone else", ours.get("reason", ""),
+                 faults=[f.get("reason", "") for f in forgotten], stale_result=stale)
     if forgotten or stale:
         ctx.record(Event.RESUME, check=ours.get("check") or "", action="accept-resume", outcome="record forgotten",
-                   severity="info", evidence={"faults": out["faults"], "drain": ours.get("reason", "")},
+                   severity="info", evidence={"faults": out.faults, "drain": ours.get("reason", "")},
                    message=f"{ctx.node} was resumed (not by autoheal) while drained for: {ours.get('reason', '')}; "
                    f"forgot {len(forgotten)} open fault(s) behind that drain, the GPUs are checked live again")
     return out
 
 
-def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Dict[str, Any]]:
+def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run: bool = False) -> List[Action]:
     """Climb the recovery ladder for failures, only once the node is drained by us and idle."""
     st = ctx.store.read()
     if not st.get("drain"):
@@ -429,7 +451,7 @@ def maybe_repair(ctx: Context, results: List[C.CheckResult], now: float, dry_run
         return []
     if lemon.is_lemon(node.reason):  # retired: a replacement or a human, never another repair cycle
         return []
-    done: List[Dict[str, Any]] = []
+    done: List[Action] = []
     # one repair per GPU per pass: an ECC fault fails ecc, remapped-rows, recovery-action and xid at once,
     # and one reset covers them all (four resets would also read as four recurrences)
     per_gpu: Dict[Optional[int], C.CheckResult] = {}
@@ -459,18 +481,19 @@ def first_rung(ctx: Context, st: S.NodeStateData, r: C.CheckResult, now: float) 
                      can_reboot=ctx.hooks.reboot_enabled)
 
 
-def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, dry_run: bool) -> Dict[str, Any]:
+def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, dry_run: bool) -> Action:
     """Run one rung of the ladder for ``r``; what was done, for the pass's actions."""
-    act: Dict[str, Any] = {"action": rung, "gpu": r.gpu, "check": r.check, "dry_run": dry_run}
+    from autoheal.hooks.actions import Action, Kind
+
     if dry_run:
-        act["outcome"] = "dry-run"
+        outcome = "dry-run"
     elif rung == C.RESET:
-        act["outcome"] = _reset_gpu(ctx, r, now)
+        outcome = _reset_gpu(ctx, r, now)
     elif rung == C.REBOOT:
-        act["outcome"] = _request_reboot(ctx, r, now)
+        outcome = _request_reboot(ctx, r, now)
     else:
-        act["outcome"] = _ask_replacement(ctx, r, now)
-    return act
+        outcome = _ask_replacement(ctx, r, now)
+    return Action(Kind(rung.value), outcome, dry_run=dry_run, gpu=r.gpu, check=r.check)
 
 
 def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
@@ -659,7 +682,6 @@ __all__ = [
     "EXIT_UNKNOWN",
     "Pass",
     "accept_resume",
-    "clear_faults",
     "drain_for",
     "health_pass",
     "maybe_repair",
@@ -668,41 +690,3 @@ __all__ = [
     "observe",
     "xid_results",
 ]
-
-
-def clear_faults(ctx: Context, gpu: Optional[int] = None, dry_run: bool = False) -> Dict[str, Any]:
-    """Forget open faults and recovery-ladder counts (all, or one GPU's) after an admin repaired the
-    node by hand, so the next fault starts again at the cheapest rung. Our drain record is kept: the
-    healthcheck still resumes the node once it passes. Returns what was (or would be) cleared."""
-    def pick(st: S.NodeStateData) -> Dict[str, Any]:
-        keys = None if gpu is None else {S.ladder_key(gpu)}
-        return {
-            "faults": [f for f in st.get("faults", []) if gpu is None or f.get("gpu") == gpu],
-            "ladder": {k: v for k, v in st.get("ladder", {}).items() if keys is None or k in keys},
-            "unknown_runs": {k: v for k, v in st.get("unknown_runs", {}).items() if gpu is None or k == str(gpu)},
-            "app_xids": {k: v for k, v in st.get("app_xids", {}).items() if gpu is None or k == str(gpu)},
-            "reboot_requested": st.get("reboot_requested") if gpu is None else None,
-        }
-
-    if dry_run:
-        cleared = pick(ctx.store.read())
-    else:
-        with ctx.store.locked() as st:
-            cleared = pick(st)
-            st["faults"] = [f for f in st.get("faults", []) if f not in cleared["faults"]]
-            st["ladder"] = {k: v for k, v in st["ladder"].items() if k not in cleared["ladder"]}
-            st["unknown_runs"] = {k: v for k, v in st["unknown_runs"].items() if k not in cleared["unknown_runs"]}
-            st["app_xids"] = {k: v for k, v in st["app_xids"].items() if k not in cleared["app_xids"]}
-            if gpu is None:
-                st["reboot_requested"] = None
-                st["last_result"] = None  # a stale failing result would make the prolog fail jobs
-            S.mark_repaired(st, gpu, time.time())  # repaired by hand: the same XID back is a new fault
-    out = {"node": ctx.node, "gpu": gpu, "dry_run": dry_run, "faults": len(cleared["faults"]),
-           "ladder": sorted(cleared["ladder"]), "cleared": cleared}
-    if not dry_run and (cleared["faults"] or cleared["ladder"] or cleared["unknown_runs"]
-                        or cleared["reboot_requested"]):
-        ctx.record(Event.CLEAR_FAULTS, action="clear-faults", outcome="cleared", severity="action",
-                   message=f"admin cleared {len(cleared['faults'])} open fault(s) and the ladder counts of "
-                   f"{', '.join(S.ladder_label(k, ctx.node) for k in sorted(cleared['ladder'])) or 'nothing'}",
-                   evidence={"gpu": gpu, "faults": [f.get("reason", "") for f in cleared["faults"]]})
-    return out

@@ -120,13 +120,15 @@ def _job_records(ctx: Context) -> None:
 
 def _memory_tier(ctx: Context, job: str) -> None:
     """Kill the job's memory-tier agent and free its copies in node memory unless Slurm requeued it
-    (``autoheal/memtier_files.py``). Costs one lstat for the jobs that never asked for the tier."""
-    from autoheal import memtier_files
-    from autoheal.errors import SlurmError, SlurmNotFound
+    (``autoheal/memtier_files.py``). Costs one listing of the memory folder for the jobs that never asked
+    for the tier: the cleanup's module is imported only when some user has a memory folder here."""
+    from autoheal import memtier_base
 
     uid = os.environ.get("SLURM_JOB_UID", "")
-    if not uid.isdigit() or not memtier_files.user_ids(ctx.node):
+    if not uid.isdigit() or not memtier_base.user_ids(ctx.node):
         return
+    from autoheal import memtier_files
+    from autoheal.errors import SlurmError, SlurmNotFound
 
     def facts_of(job_id: str) -> Optional[memtier_files.JobFacts]:
         try:
@@ -168,7 +170,7 @@ def _fail(ctx: Context, kind: str, job: str, failure: C.CheckResult) -> bool:
     drained = False
     try:
         act = drain_for(ctx, failure)
-        drained = act.get("outcome") in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME,
+        drained = act.outcome in (nodeops.DRAINED, nodeops.REASON_UPDATED, nodeops.SKIPPED_SAME,
                                          nodeops.SKIPPED_FOREIGN)
     except SlurmError as exc:
         print(f"autoheal-{kind}: could not drain: {exc}", file=sys.stderr)

@@ -293,8 +293,14 @@ class JobSide:
 
         fault_drain = drained and not (ours is None and is_preswap(node.reason))
         with self.ctx.store.locked() as st:
+            missed = self._end_missed_episode(st) if fault_drain else None
             ep, closed, redrain = self._follow_drain(st, node, ours, fault_drain, now)
             unresolved = [f for f in st.get("requeue_faults") or [] if f.get("jobs") is None]
+        if missed is not None:
+            self.ctx.record(Event.RESUME, check="xid", action="job-side", outcome="fault over", severity="info",
+                            message=f"{node_name} was back in service and is drained for a new fault: the "
+                            "earlier fault episode closed" + (f"; {missed} pending job action(s) dropped"
+                                                              if missed > 0 else ""))
         if redrain:  # at once, before the scheduler hands the node a job
             self.ctx.record(Event.DETECTION, check="xid", action="drain", outcome="after someone else's drain",
                             severity="info", message=f"{node_name}: the drain our fault waited behind has ended")
@@ -328,6 +334,9 @@ class JobSide:
             if not ep:
                 reason = ours.text if ours is not None else node.reason
                 ep = st["episode"] = {"id": f"drain-{now:.3f}", "since": now, "reason": reason}
+                opened = (st.get("drain") or {}).get("opened")
+                if opened:
+                    ep["drain_opened"] = float(opened)
             if ours is not None and self._kept_foreign is ours:
                 ep["under_foreign"] = ours.to_dict()
         elif not fault_drain and ep:
@@ -345,6 +354,28 @@ class JobSide:
             st["reboot_requested"] = None
             S.mark_repaired(st, None, now)
         return ep, closed, redrain
+
+    def _end_missed_episode(self, st: S.NodeStateData) -> Optional[int]:
+        """The open episode belongs to an earlier drain than the one on record: the node was back in service
+        (resumed, rebooted) and drained again for a new fault between two looks of this loop. That episode
+        is over; its job actions go (the new fault's episode gives the jobs still running the new fault's
+        signal and comment). Kept, the new fault's jobs were told the old one (lab: a grace signal "after:
+        xid 48 ... double-bit ECC" on a node drained for XID 74). Returns the actions dropped, or None when
+        the episode stands. An episode or record from before ``opened`` existed is never judged stale.
+        The repair itself is not marked here: its moment is unknown, and marking it now would end the
+        dedupe window of the XID that made the new drain."""
+        ep = st.get("episode")
+        opened = (st.get("drain") or {}).get("opened")
+        if not ep or not ep.get("drain_opened") or not opened or float(opened) == float(ep["drain_opened"]):
+            return None
+        actions = st.get("job_actions") or {}
+        mine = [k for k, a in actions.items() if a.get("fault") == ep.get("id")]
+        dropped = sum(1 for k in mine if actions[k].get("stage") != DONE)
+        for k in mine:
+            actions.pop(k)
+        st["episode"] = None
+        st["foreign_noted"] = {}
+        return dropped
 
     def _find_jobs(self, node: Node, drained: bool, now: float) -> bool:
         """The jobs still running on the node get their job action (the episode's, a requeue fault's
@@ -401,11 +432,11 @@ class JobSide:
                 self.ctx.record(Event.ERROR, check=failure.check, action="drain", severity="error",
                                 message=f"cannot drain for {failure.text}: {exc}; retrying")
             return None
-        drained = act.get("outcome") in ("drained", "reason-updated")
+        drained = act.outcome in ("drained", "reason-updated")
         from autoheal import nodeops
 
         # kept someone else's drain: the fault stays ours to drain when theirs ends (see check)
-        self._kept_foreign = failure if act.get("outcome") == nodeops.SKIPPED_FOREIGN else None
+        self._kept_foreign = failure if act.outcome == nodeops.SKIPPED_FOREIGN else None
         with self.ctx.store.locked() as st:
             st["pending_drain"] = None
             if drained and pend.get("since"):  # fault seen -> drain made (the dashboard's "fault -> drain")

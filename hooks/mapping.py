@@ -22,13 +22,27 @@ import os
 import stat
 from typing import TYPE_CHECKING, List, Mapping, Optional, Tuple
 
-from autoheal.slurm.parse import gpu_indices as parse_indices
-from autoheal.slurm.parse import job_gpus_from_show_job as indices_from_show_job
-
 if TYPE_CHECKING:
     from autoheal.slurm.base import SlurmAdapter
 
 __all__ = ["add_job", "indices_from_show_job", "job_gpus", "parse_indices", "remove_job"]
+
+
+# Slurm's parsers, imported when called: ``autoheal.slurm.parse`` brings the Slurm model with it (6 ms of
+# every prolog's and epilog's start, measured 2026-12-03), and most runs never parse a GPU list (the
+# epilog only removes the job; a prolog without a mapping dir writes nothing).
+def parse_indices(text: str) -> List[int]:
+    """``autoheal.slurm.parse.gpu_indices``: ``0,2-3`` -> [0, 2, 3]; anything malformed -> []."""
+    from autoheal.slurm.parse import gpu_indices
+
+    return gpu_indices(text)
+
+
+def indices_from_show_job(text: str, node: str) -> List[int]:
+    """``autoheal.slurm.parse.job_gpus_from_show_job``: the GPU indices ``scontrol show job -d`` gives."""
+    from autoheal.slurm.parse import job_gpus_from_show_job
+
+    return job_gpus_from_show_job(text, node)
 
 
 def job_gpus(env: Mapping[str, str], node: str, slurm: SlurmAdapter, timeout: float) -> List[int]:

@@ -27,10 +27,10 @@ from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 
 if TYPE_CHECKING:
+    from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
     from autoheal.runner_comment import CommentState
 
-ACTION = "preswap-drain"
 #: Order in which signs name the drain (the most telling first).
 _ORDER = ("remap-pending", "nvlink", "pcie", "xid", "ecc-rate", "thermal")
 ECC_RATE_XID = 92
@@ -159,7 +159,7 @@ def eligible(jobs: Iterable[Any], node: str, marker: str) -> Tuple[List[str], st
 
 
 def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[float] = None,
-                  dry_run: bool = False) -> Optional[Dict[str, Any]]:
+                  dry_run: bool = False) -> Optional[Action]:
     """Drain for a warning sign when the node runs only hot-spare jobs that can swap it out, or keep such
     a drain while a sign is left. None: no sign, a real fault beside it, or a node not eligible: the
     caller goes on as without this module (also when slurmctld does not answer the looks; the drain
@@ -175,6 +175,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     # Slurm's modules only now: a pass without a warning sign (nearly all of them) never pays for them
     from autoheal import nodeops
     from autoheal.errors import SlurmError
+    from autoheal.hooks.actions import Action, Kind
     from autoheal.reasons import Origin, Reason, is_preswap, strip_reason_suffix
 
     try:
@@ -182,7 +183,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
         current = strip_reason_suffix(node.reason)
         if node.drain or node.down:
             if is_preswap(current):  # drained for a sign already: keep it while a sign is left
-                return {"action": ACTION, "outcome": "kept", "reason": current, "signs": [s.text for s in found]}
+                return Action(Kind.PRESWAP_DRAIN, "kept", current, signs=[s.text for s in found])
             return None  # someone's drain (or our fault drain) is there: today's path
         ids, _why = eligible(ctx.slurm.list_jobs(node=ctx.node), ctx.node, h.runner_comment)
     except SlurmError:
@@ -194,8 +195,7 @@ def maybe_preswap(ctx: Context, results: Sequence[C.CheckResult], now: Optional[
     sign = found[0]
     reason = Reason(Origin.PRESWAP, detail=sign.text).render()
     out = nodeops.drain(ctx.slurm, ctx.node, reason, dry_run=dry_run)
-    act = {"action": ACTION, "outcome": out.action, "reason": out.reason, "jobs": ids,
-           "signs": [s.text for s in found], "dry_run": dry_run}
+    act = Action(Kind.PRESWAP_DRAIN, out.action, out.reason, dry_run, jobs=ids, signs=[s.text for s in found])
     if out.action not in (nodeops.DRAINED, nodeops.REASON_UPDATED):
         return None  # not drained after all (someone drained it meanwhile): today's path
     if dry_run:

@@ -25,6 +25,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
@@ -33,7 +34,9 @@ from autoheal.errors import AutohealError
 if TYPE_CHECKING:
     from typing import TypedDict
 
+    from autoheal.hooks.checks import ResultDict
     from autoheal.hooks.ladder import Rung
+    from autoheal.hooks.xids import CursorDict
 
 STATE_FILE = "state.json"
 #: Where a state file that is not JSON (a disk error, a hand edit) is kept for its admin when the hooks
@@ -71,7 +74,7 @@ if TYPE_CHECKING:
         time: float
         status: str
         source: str
-        results: List[Dict[str, Any]]  # CheckResult.to_dict() of the results that were not OK
+        results: List[ResultDict]  # of the results that were not OK
 
     class LastPass(TypedDict, total=False):
         time: float
@@ -88,6 +91,7 @@ if TYPE_CHECKING:
         action: str
         gpu: Optional[int]
         preswap: str  # the sign a pre-emptive swap drained for (hooks.preswap)
+        opened: float  # when the node was drained for this fault episode (kept across rewordings)
 
     class Fault(TypedDict, total=False):
         """An open fault awaiting a repair rung (one per check and GPU)."""
@@ -119,7 +123,7 @@ if TYPE_CHECKING:
     class PendingDrain(TypedDict, total=False):
         """A drain slurmctld did not take yet: retried until it does."""
 
-        failure: Dict[str, Any]  # CheckResult.to_dict()
+        failure: ResultDict
         since: float
         tries: int
         next_try: float
@@ -130,7 +134,8 @@ if TYPE_CHECKING:
         id: str
         since: float
         reason: str
-        under_foreign: Dict[str, Any]  # CheckResult.to_dict() of our fault kept behind someone else's drain
+        under_foreign: ResultDict  # our fault kept behind someone else's drain
+        drain_opened: float  # the ``opened`` of the drain record it was opened for (absent: none on record)
 
     class RequeueFault(TypedDict, total=False):
         """A "requeue"-policy XID whose jobs are still to be found (``jobs`` None: all on the node)."""
@@ -161,11 +166,27 @@ if TYPE_CHECKING:
         requested: Any  # the signal the job asked for (WarnSignal fields), or None
         requeue_tried: float
 
+    class PolledFault(TypedDict, total=False):
+        """A hard fault xid-watch's health poll acted on (one detection record per fault, not per poll)."""
+
+        check: str
+        gpu: Optional[int]
+        reason: str
+        since: float
+
+    class AppJob(TypedDict, total=False):
+        """A job's application XIDs on this node (hooks.xid_jobs): counts per XID, those it was told of."""
+
+        xids: Dict[str, int]
+        told: List[int]
+        first: float
+        last: float
+
     class NodeStateData(TypedDict):
         """The whole file; ``load`` fills in every key."""
 
         version: int
-        kmsg: Dict[str, Any]                        # LogCursor.to_dict()
+        kmsg: CursorDict                            # LogCursor.to_dict()
         recent_xids: List[RecentXid]
         app_xids: Dict[str, List[float]]            # gpu -> times of ignored (application) XIDs
         last_result: Optional[LastResult]
@@ -180,8 +201,8 @@ if TYPE_CHECKING:
         job_baseline: Dict[str, Dict[str, int]]     # job id -> {gpu: ecc dbe} (prolog -> epilog)
         repaired: Dict[str, float]                  # "gpu3"/"node" -> last repair (ends the XID dedupe window)
         foreign_noted: Dict[str, str]               # fault key -> foreign reason already journalled as "skipped"
-        polled_faults: Dict[str, Any]               # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
-        app_jobs: Dict[str, Any]                    # job -> its application XIDs (hooks.xid_jobs)
+        polled_faults: Dict[str, PolledFault]       # "<check>:<gpu>" -> hard fault xid-watch's health poll acted on
+        app_jobs: Dict[str, AppJob]                 # job -> its application XIDs (hooks.xid_jobs)
         history: List[HistoryEntry]                 # faults and returns to service, kept across repairs
         reboot_requested: Optional[RebootRequest]   # the reboot we asked for, until the node is back
         # xid-watch's job side (autoheal.hooks.jobside)
@@ -201,13 +222,14 @@ def empty() -> NodeStateData:
 # ---- the one load and save -------------------------------------------------------------------------
 
 class StateCorrupt(AutohealError, ValueError):
-    """The state file is not a JSON object (a disk error, a hand edit gone wrong). A CLI reading the state
+    """The state file is not a JSON object, or not one of the node state's shape (a disk error, a hand edit
+    gone wrong, a hostile write; see ``_check_shape`` and ``_upgrade``). A CLI reading the state
     (``autoheal node history``) says so in one line and exits 2 (could not tell)."""
 
 
 def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
     """The state a file's bytes hold: today's layout and the older ones, every key present (missing ones
-    empty, unknown ones kept). Raises StateCorrupt when the bytes are not a JSON object."""
+    empty, unknown ones kept). Raises StateCorrupt when the bytes are not a JSON object of that shape."""
     try:
         data = json.loads(raw)
     except ValueError as exc:  # UnicodeDecodeError is one too
@@ -216,7 +238,8 @@ def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
         raise StateCorrupt(f"{where}: not a JSON object but {type(data).__name__}")
     state = empty()
     cast(Dict[str, Any], state).update(data)
-    _upgrade(cast(Dict[str, Any], state))
+    _check_shape(cast(Dict[str, Any], state), where)
+    _upgrade(cast(Dict[str, Any], state), where)
     return state
 
 
@@ -224,29 +247,120 @@ def dump(state: NodeStateData) -> bytes:
     return json.dumps(state, sort_keys=True, default=str).encode()
 
 
-def _upgrade(st: Dict[str, Any]) -> None:
+#: The container each top-level key holds (None allowed where ``empty()`` has None), and, for the lists
+#: and maps of records, that every element is a record (a JSON object). Checked by ``load``: a file whose
+#: shape is wrong (a disk error, a hand edit, a hostile write) is a ``StateCorrupt`` (kept aside, said),
+#: never a TypeError in some hook later, on every run, with the file never replaced.
+_SHAPE: Dict[str, Tuple[type, bool]] = {
+    "kmsg": (dict, False), "recent_xids": (list, True), "app_xids": (dict, False), "last_result": (dict, False),
+    "last_pass": (dict, False), "unknown_runs": (dict, False), "drain": (dict, False), "faults": (list, True),
+    "ladder": (dict, True), "gpu_pci": (dict, False), "counters": (dict, False), "job_baseline": (dict, True),
+    "repaired": (dict, False), "foreign_noted": (dict, False), "polled_faults": (dict, True),
+    "app_jobs": (dict, True), "history": (list, True), "reboot_requested": (dict, False),
+    "pending_drain": (dict, False), "episode": (dict, False), "requeue_faults": (list, True),
+    "job_actions": (dict, True),
+}
+#: The records whose whole value may be None (the others are a list or a map, None read as empty).
+_OPTIONAL = frozenset({"last_result", "last_pass", "drain", "reboot_requested", "pending_drain", "episode"})
+
+
+def _check_shape(st: Dict[str, Any], where: str) -> None:
+    """Raise StateCorrupt unless every known top-level key holds its kind of value (see ``_SHAPE``); a
+    null list or map reads as empty. Unknown keys are kept as they are (a newer hook's)."""
+    for key, (kind, of_records) in _SHAPE.items():
+        val: Any = st.get(key)
+        if val is None:
+            if key not in _OPTIONAL:
+                st[key] = kind()
+            continue
+        if not isinstance(val, kind):
+            raise StateCorrupt(f"{where}: {key} is a {type(val).__name__}, not a {kind.__name__}")
+        if of_records:
+            got: Any = st[key]  # (mypy narrowed ``val`` to object above)
+            items: List[Any] = list(got.values()) if isinstance(got, dict) else list(got)
+            if not all(isinstance(v, dict) for v in items):
+                raise StateCorrupt(f"{where}: {key} holds a value that is not a record")
+    for key in ("version", "passes"):
+        if not _is_number(st.get(key)):
+            raise StateCorrupt(f"{where}: {key} is {_show(st.get(key))}, not a number")
+    _check_numbers(st, where)
+
+
+def _check_numbers(st: Dict[str, Any], where: str) -> None:
+    """Raise StateCorrupt when a record (one level down: a fault, a job action, the drain, the kernel-log
+    cursor, ...) holds something other than a number or null in a field the hooks read as a number."""
+    for key, (_kind, of_records) in _SHAPE.items():
+        val: Any = st.get(key)
+        if not val or not (of_records or key in _OPTIONAL or key == "kmsg"):
+            continue
+        records: List[Any] = (list(val.values()) if isinstance(val, dict) else val) if of_records else [val]
+        for rec in records:
+            for name in _NUMBERS.intersection(rec):
+                if rec[name] is not None and not _is_number(rec[name]):
+                    raise StateCorrupt(f"{where}: {key}: {name} is {_show(rec[name])}, not a number")
+
+
+#: Fields of the records that the hooks read as numbers (``float(rec.get("time", 0))``): present, each is a
+#: number or null, so a hand edit or a torn value is a StateCorrupt at the load, not a ValueError later.
+_NUMBERS = frozenset({"time", "since", "deadline", "next_try", "created", "signalled_at", "grace_end", "tries",
+                      "count", "noted", "dups", "opened", "drain_opened", "usec", "max_seq", "inode", "offset",
+                      "first", "last", "requeue_tried"})
+
+
+def _is_number(val: Any) -> bool:
+    """A finite JSON number of a sane size (never a bool, a string, inf or a 400-digit integer)."""
+    if isinstance(val, bool) or not isinstance(val, (int, float)):
+        return False
+    return abs(val) < 1e18 if isinstance(val, int) else val == val and abs(val) < 1e18
+
+
+def _show(val: Any) -> str:
+    """A value for a one-line error: its type and at most 40 characters of it."""
+    return f"{type(val).__name__} {json.dumps(val, default=str)[:40]}"
+
+
+#: A Slurm job id as xid-watch keyed it: ``1234``, or ``1234_5`` for an array task.
+_LEGACY_JOB = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,8})?")
+
+
+def _legacy_field(job: str, info: Dict[str, Any], key: str, ok: Any, where: str) -> Any:
+    """Field ``key`` of an old ``requeues`` entry, when ``ok(value)``; else StateCorrupt."""
+    val = info.get(key)
+    if not ok(val):
+        raise StateCorrupt(f"{where}: old requeues entry of job {job[:40]!r}: {key} is {_show(val)}")
+    return val
+
+
+def _upgrade(st: Dict[str, Any], where: str = STATE_FILE) -> None:
     """Older layouts, read into today's. An xid-watch before the job side kept its pending requeues in
     ``requeues`` ({job: {xid, gpu, note, deadline}}): each becomes a job action in its grace stage, under a
-    requeue fault of its own, so the requeue still comes at that deadline after an upgrade."""
+    requeue fault of its own, so the requeue still comes at that deadline after an upgrade. An entry with
+    odd values (a job id that is no Slurm job id, a deadline that is no finite number, a note that is no
+    text, an entry that is no record) makes the file a StateCorrupt: kept aside and said, never a
+    traceback, never a requeue of a job nobody named."""
     old = st.pop("requeues", None)
-    if not old or not isinstance(old, dict):
+    if not old:
         return
+    if not isinstance(old, dict):
+        raise StateCorrupt(f"{where}: old requeues is {_show(old)}, not a record")
     from autoheal.hooks.jobside import GRACE, requeue_note  # only for an old file: the hooks start fast
 
-    actions = st["job_actions"] = st.get("job_actions") or {}
-    st["requeue_faults"] = st.get("requeue_faults") or []
+    actions = st["job_actions"]
     for job, info in old.items():
-        if not isinstance(info, dict):
-            continue
-        fid = f"legacy-{info.get('xid')}-{info.get('gpu')}"
+        if not _LEGACY_JOB.fullmatch(job) or not isinstance(info, dict):
+            raise StateCorrupt(f"{where}: old requeues entry {job[:40]!r} is {_show(info)}")
+        xid = _legacy_field(job, info, "xid", lambda v: v is None or (_is_number(v) and isinstance(v, int)), where)
+        gpu = _legacy_field(job, info, "gpu", lambda v: v is None or (_is_number(v) and isinstance(v, int)), where)
+        note = _legacy_field(job, info, "note", lambda v: v is None or isinstance(v, str), where) or ""
+        deadline = float(_legacy_field(job, info, "deadline", lambda v: v is None or _is_number(v), where) or 0)
+        fid = f"legacy-{xid}-{gpu}"
         key = f"{job}@{fid}"
         if key in actions:
             continue
-        deadline = float(info.get("deadline", 0))
-        actions[key] = {"job": str(job), "fault": fid, "stage": GRACE, "runner": None,
-                        "note": requeue_note(str(info.get("note", ""))), "detail": "", "created": deadline,
+        actions[key] = {"job": job, "fault": fid, "stage": GRACE, "runner": None,
+                        "note": requeue_note(note), "detail": "", "created": deadline,
                         "deadline": deadline, "tries": 0, "next_try": 0.0, "outcome": ""}
-        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [str(job)]})
+        st["requeue_faults"].append({"id": fid, "reason": "", "since": 0, "jobs": [job]})
 
 
 class NodeState:
@@ -271,13 +385,14 @@ class NodeState:
         self._unsaved: Optional[NodeStateData] = None  # our view while the disk does not take it
         self._base: Dict[str, Any] = {}  # what the disk held when we fell back (to tell our changes)
         self._replaced = ""  # the corrupt file this store replaced, if it did (told in every ``trouble``)
+        self._corrupt_why = ""  # what was wrong with it (StateCorrupt's words, for the one-line report)
 
     def read(self) -> NodeStateData:
         if self._unsaved is not None:
             return copy.deepcopy(self._unsaved)
         state, corrupt = self._read_disk()
         if corrupt is not None:
-            self.trouble = f"state {self.path} is not a JSON object: going on from an empty state"
+            self.trouble = f"state {self.path} is corrupt ({self._corrupt_why}): going on from an empty state"
         return state
 
     def _read_disk(self) -> Tuple[NodeStateData, Optional[bytes]]:
@@ -290,9 +405,10 @@ class NodeState:
             return empty(), None        # state (the lock or the write then says why it fails)
         try:
             return load(raw, str(self.path)), None
-        except StateCorrupt:
+        except StateCorrupt as exc:
             if not self.fallback:
                 raise
+            self._corrupt_why = str(exc).replace(f"{self.path}: ", "", 1)
             return empty(), raw
 
     @contextlib.contextmanager
@@ -329,7 +445,8 @@ class NodeState:
             self._unsaved = None
             self._base = {}
             if corrupt is not None:  # said by this process's report (a hook's run) that replaced it
-                self._replaced = (f"state {self.path} was not a JSON object: kept as {self.dir / CORRUPT_FILE}, "
+                self._replaced = (f"state {self.path} was corrupt ({self._corrupt_why}): kept as "
+                                  f"{self.dir / CORRUPT_FILE}, "
                                   f"started over from an empty state")
             self.trouble = self._replaced
 

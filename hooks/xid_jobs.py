@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import os
 import re
-from typing import TYPE_CHECKING, Any, Dict, Final, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, Final, List, Optional, Tuple
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -151,13 +152,27 @@ def comment_for(r: C.CheckResult, job: str, count: int = 1) -> str:
                        + "; the node stays in service", max_len=MAX_COMMENT_LEN)
 
 
+@dataclass(frozen=True)
+class Attributed:
+    """What ``attribute`` did with one application XID: the job it named ("" for none) and how it found
+    it, that job's count of this XID on the node, and whether the job was told in its comment."""
+
+    xid: int
+    gpu: Optional[int]
+    job: str
+    how: str
+    count: int
+    told: bool
+
+
 def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent],
-              gpu_jobs: Any = None, now: float = 0.0, proc: str = PROC) -> List[Dict[str, Any]]:
+              gpu_jobs: Optional[Callable[[int], Optional[List[str]]]] = None, now: float = 0.0,
+              proc: str = PROC) -> List[Attributed]:
     """Name the job of every application XID among ``results`` (judged from ``events``, same order
     and XID), journal it against that job and tell the job once. ``gpu_jobs(gpu)``: the jobs the GPU's
     mapping names (None: no mapping). Returns what was done (for the caller and tests). Slurm not
     answering only loses the comment, never the record."""
-    done: List[Dict[str, Any]] = []
+    done: List[Attributed] = []
     apps = app_results(results)
     if not apps:
         return done
@@ -180,16 +195,13 @@ def attribute(ctx: Context, results: List[C.CheckResult], events: List[XidEvent]
             with ctx.store.locked() as st:
                 count, tell = remember(st, job, xid, now, int(getattr(ctx.hooks, "app_xid_repeat", 0) or 0))
         r.evidence["job_xid_count"] = count
-        out = {"xid": xid, "gpu": r.gpu, "job": job, "how": how, "count": count, "told": False}
-        if job and tell:
-            out["told"] = _tell(ctx, job, r, count)
+        told = _tell(ctx, job, r, count) if job and tell else False
         msg = f"{r.text}: " + (f"raised by job {job} ({how})" if job else how) + \
             ": the application's XID (NVIDIA: restart the application); the node stays in service"
-        extra: Dict[str, Any] = {"time": now} if now else {}
         ctx.record(Event.APP_XID, check="xid", job_ids=[job] if job else [], severity="info", action=r.action,
                    outcome="attributed" if job else "unattributed", message=msg, evidence=dict(r.evidence),
-                   **extra)
-        done.append(out)
+                   **({"time": now} if now else {}))
+        done.append(Attributed(xid, r.gpu, job, how, count, told))
     return done
 
 

@@ -40,6 +40,7 @@ from autoheal.hooks.xids import LogCursor, XidEvent, read_kernel_log
 
 if TYPE_CHECKING:
     from autoheal.hooks.context import Context
+    from autoheal.hooks.engine import Note
 
 METRICS_FILE = "autoheal_xid_watch.prom"
 #: Seconds between rewrites of the textfile when nothing changed: its heartbeat line is how Prometheus
@@ -381,7 +382,7 @@ class XidWatch:
 
         now = time.time() if now is None else now
         self._refresh_repairs(events, now)
-        notes: List[Dict[str, Any]] = []
+        notes: List[Note] = []
         with self.ctx.store.locked() as st:
             results = xid_results(self.ctx, st, events, dict(st.get("gpu_pci", {})), now, notes)
             for r in results:

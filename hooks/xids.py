@@ -11,9 +11,21 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
+
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    class CursorDict(TypedDict, total=False):
+        """``LogCursor.to_dict()``, as the node state keeps it (``kmsg``); for mypy only."""
+
+        boot_id: str
+        max_seq: int
+        inode: int
+        offset: int
+        path: str
 
 # The default policy is NVIDIA's Xid catalog through one rule per resolution bucket
 # (autoheal.hooks.xid_catalog, read on first use); hooks.xid_policy overrides it per XID.
@@ -150,12 +162,12 @@ class LogCursor:
     rejected: List[str] = field(default_factory=list, compare=False)
     rejected_count: int = field(default=0, compare=False)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> CursorDict:
         return {"boot_id": self.boot_id, "max_seq": self.max_seq, "inode": self.inode, "offset": self.offset,
                 "path": self.path}
 
     @classmethod
-    def from_dict(cls, d: Optional[Dict[str, Any]]) -> LogCursor:
+    def from_dict(cls, d: Optional[CursorDict]) -> LogCursor:
         d = d or {}
         return cls(str(d.get("boot_id", "")), int(d.get("max_seq", -1)), int(d.get("inode", 0)),
                    int(d.get("offset", 0)), str(d.get("path", "")))

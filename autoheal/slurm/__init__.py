@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Tuple
-
-from autoheal.slurm.base import SlurmAdapter
-from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 if TYPE_CHECKING:
     from autoheal.config import Config
     from autoheal.config.core_sections import SlurmSection
+    from autoheal.slurm.base import SlurmAdapter
+    from autoheal.slurm.model import Job, Node, SlurmVersion, parse_state
 
 __all__ = ["Job", "Node", "SlurmAdapter", "SlurmVersion", "backend_notes", "get_adapter", "parse_state"]
+_FROM_MODEL = ("Job", "Node", "SlurmVersion", "parse_state")
+
+
+def __getattr__(name: str) -> Any:
+    """The package's re-exports, imported on first use (PEP 562): a module of the package used alone (the
+    epilog's ``hostlist`` for the job's node list) must not bring the adapter and the Slurm model with it,
+    5 ms of every epilog's start (issue 24 section 6)."""
+    if name == "SlurmAdapter":
+        from autoheal.slurm.base import SlurmAdapter
+
+        return SlurmAdapter
+    if name in _FROM_MODEL:
+        from autoheal.slurm import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend_notes(section: SlurmSection, scontrol_found: Optional[bool] = None) -> List[Tuple[str, str]]:

@@ -125,7 +125,7 @@ def test_healthcheck_after_an_admin_resume_does_not_drain_the_node_again(lab):
     p = engine.health_pass(lab, now=1000.0)
     assert p.exit_code == engine.EXIT_OK, p.to_dict()
     assert lab.slurm.writes("drain") == [] and lab.slurm.writes("set_reason") == []
-    assert [a["action"] for a in p.actions] == ["accept-resume"]
+    assert [a.kind for a in p.actions] == ["accept-resume"]
 
 
 def test_healthcheck_while_still_drained_keeps_the_fault(lab):
@@ -159,5 +159,5 @@ def test_a_drain_record_left_by_a_technicians_resume_is_replaced_by_the_next_dra
     with lab.store.locked() as st:
         st["passes"] = 99
         st["drain"]["time"] = 0.0  # past the cool-down
-    assert engine.maybe_resume(lab, now=1e10)["outcome"] == "resumed"
+    assert engine.maybe_resume(lab, now=1e10).outcome == "resumed"
     assert not lab.slurm.node.drain

@@ -60,3 +60,20 @@ def test_prolog_still_exits_1_on_a_fault_even_with_our_drain_in_place(node):
     node.source = "prolog"
     assert jobhook.run("prolog") == 1  # the one way to have Slurm requeue the job off this node
     assert node.slurm.node.reason.startswith(LOST)
+
+
+def test_the_epilogs_job_identity_brings_no_slurm_adapter_or_model():
+    """Every epilog reads the job's node list (job_records.JobIdentity.from_env, autoheal.slurm.hostlist);
+    the package's eager re-exports made that import the adapter and the Slurm model (5 ms of each epilog's
+    start). Its re-exports are still there for whoever asks for them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom autoheal.job_records import JobIdentity\n"
+            "who = JobIdentity.from_env({'SLURM_JOB_ID': '7', 'SLURM_JOB_UID': '0', 'SLURM_JOB_NODELIST': 'n[1-2]'})\n"
+            "print(list(who.nodes), sorted(m for m in sys.modules if m.startswith('autoheal.slurm')))\n"
+            "from autoheal.slurm import Job, SlurmAdapter\nprint(Job.__module__, SlurmAdapter.__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["['n1', 'n2'] ['autoheal.slurm', 'autoheal.slurm.hostlist']",
+                                       "autoheal.slurm.model autoheal.slurm.base"]

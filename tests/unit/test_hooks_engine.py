@@ -11,7 +11,7 @@ import pytest
 
 from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import checks as C
-from autoheal.hooks import engine
+from autoheal.hooks import clearing, engine
 from autoheal.hooks import state as S
 from autoheal.reasons import parse_body
 from autoheal.slurm.model import Node
@@ -49,19 +49,19 @@ def ecc_fault(gpu=2):
 def test_one_reset_per_gpu_per_pass(tmp_path):
     ctx = make_ctx(tmp_path)
     done = engine.maybe_repair(ctx, ecc_fault(2) + ecc_fault(4), now=1000.0)
-    assert sorted((a["action"], a["gpu"]) for a in done) == [("reset-gpu", 2), ("reset-gpu", 4)]
+    assert sorted((a.kind, a.gpu) for a in done) == [("reset-gpu", 2), ("reset-gpu", 4)]
     st = ctx.store.read()
     assert [len(st["ladder"][k]["reset"]) for k in ("gpu2", "gpu4")] == [1, 1]
     # the same fault seen again after that reset climbs to a reboot, once for the node
     done = engine.maybe_repair(ctx, ecc_fault(2), now=1100.0)
-    assert [a["action"] for a in done] == ["reboot-node"] and len(ctx.slurm.reboots) == 1
+    assert [a.kind for a in done] == ["reboot-node"] and len(ctx.slurm.reboots) == 1
 
 
 def test_heaviest_rung_first(tmp_path):
     ctx = make_ctx(tmp_path)
     results = ecc_fault(1) + [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 3)]
     done = engine.maybe_repair(ctx, results, now=1000.0)
-    assert [a["action"] for a in done] == ["reboot-node"]  # covers GPU 1 too
+    assert [a.kind for a in done] == ["reboot-node"]  # covers GPU 1 too
 
 
 def test_passes_are_serialised(tmp_path):
@@ -94,15 +94,16 @@ def test_clear_faults_all_or_one_gpu(tmp_path):
         S.record_rung(st, 1, "reset", 1.0)
         S.record_rung(st, 2, "reboot", 1.0)
         st["unknown_runs"] = {"1": 2}
-    dry = engine.clear_faults(ctx, gpu=1, dry_run=True)
-    assert dry["faults"] == 1 and dry["ladder"] == ["gpu1"] and not ctx.records
+    dry = clearing.clear_faults(ctx, gpu=1, dry_run=True)
+    assert len(dry.faults) == 1 and list(dry.ladder) == ["gpu1"] and not ctx.records
+    assert dry.to_dict()["faults"] == 1 and dry.to_dict()["ladder"] == ["gpu1"]  # the --json it always printed
     assert len(ctx.store.read()["faults"]) == 2  # dry run changed nothing
-    engine.clear_faults(ctx, gpu=1)
+    clearing.clear_faults(ctx, gpu=1)
     st = ctx.store.read()
     assert [f["gpu"] for f in st["faults"]] == [2] and list(st["ladder"]) == ["gpu2"] and st["unknown_runs"] == {}
     assert ctx.records and ctx.records[-1][0] == "clear-faults"
     assert ctx.records[-1][1]["message"].endswith("the ladder counts of GPU 1 of n1")  # never a bare "gpu1"
-    engine.clear_faults(ctx)
+    clearing.clear_faults(ctx)
     st = ctx.store.read()
     assert st["faults"] == [] and st["ladder"] == {} and st["drain"]  # our drain record stays: resume still works
 
@@ -130,7 +131,7 @@ def test_fault_on_a_node_drained_for_a_k8s_cordon_replaces_the_reason(tmp_path):
         st.pop("drain", None)
     fault = C.CheckResult("xid", C.FAIL, parse_body("xid 79 gpu 3 (0000:3b:00.0): fallen off the bus"), C.REPLACE, 3)
     act = engine.drain_for(ctx, fault)
-    assert act["outcome"] == "reason-updated"
+    assert act.outcome == "reason-updated"
     # the fault's rung (XID 79: replace) is in the reason that replaces the cordon's
     assert ctx.slurm.calls == [("set_reason", "autoheal: replace: xid 79 gpu 3 (0000:3b:00.0): fallen off the bus")]
     assert ctx.store.read()["drain"]["reason"].startswith("autoheal: replace: xid 79")
@@ -141,7 +142,7 @@ def test_fault_on_our_own_health_drain_keeps_the_reason(tmp_path):
     ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
     fault = C.CheckResult("xid", C.FAIL, parse_body("xid 48 on GPU 3 of n1 (0000:3b:00.0): double-bit ECC error"),
                           C.RESET, 3)
-    assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
+    assert engine.drain_for(ctx, fault).outcome == "skipped: already drained with this reason"
     assert ctx.slurm.calls == []
 
 
@@ -153,9 +154,9 @@ def test_a_replace_rung_fault_on_our_lower_rung_drain_says_replace_at_once_and_o
     ctx.slurm = RecordingSlurm("autoheal: ecc: gpu 2: 1 uncorrectable ECC errors")
     xid = "xid 79 on GPU 3 of n1 (0000:3b:00.0): fallen off the bus"
     fault = C.CheckResult("xid", C.FAIL, parse_body(xid), C.REPLACE, 3)
-    assert engine.drain_for(ctx, fault)["outcome"] == "reason-updated"
+    assert engine.drain_for(ctx, fault).outcome == "reason-updated"
     assert ctx.slurm.calls == [("set_reason", "autoheal: replace: " + xid)]
-    assert engine.drain_for(ctx, fault)["outcome"] == "skipped: already drained with this reason"
+    assert engine.drain_for(ctx, fault).outcome == "skipped: already drained with this reason"
     assert len(ctx.slurm.calls) == 1 and [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
 
 
@@ -173,13 +174,13 @@ def test_xid_79_goes_straight_to_replace_once_the_node_is_idle(tmp_path):
     assert engine.maybe_repair(ctx, results, now=1000.0) == []  # the job is still there: nothing yet
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), "autoheal: " + xid)
     done = engine.maybe_repair(ctx, results, now=1030.0)
-    assert [(a["action"], a["outcome"]) for a in done] == [("replace-node", "reason-updated")]
+    assert [(a.kind, a.outcome) for a in done] == [("replace-node", "reason-updated")]
     assert ctx.slurm.calls == [("set_reason", "autoheal: replace: " + xid)] and ctx.slurm.reboots == []
     # issue 27: the wait that starts is said once, with who acts and what to run after the repair
     waits = [kw for ev, kw in ctx.records if ev == "awaiting-replacement"]
     assert len(waits) == 1 and "a person" in waits[0]["message"] and "--clear-faults" in waits[0]["message"]
     # the next health checks ask nothing more: no reset, no reboot, no second reason change
-    assert [a["outcome"] for a in engine.maybe_repair(ctx, results, now=1060.0)] == ["already asked"]
+    assert [a.outcome for a in engine.maybe_repair(ctx, results, now=1060.0)] == ["already asked"]
     assert len(ctx.slurm.calls) == 1 and ctx.slurm.reboots == []
     assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}
     assert [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
@@ -192,18 +193,18 @@ def test_second_reboot_class_fault_gets_a_new_reboot_once_the_first_is_over(tmp_
     already requested": the node stayed drained for good. Slurm's own flags now tell when it is over."""
     ctx = make_ctx(tmp_path)
     lost = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 3)]
-    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1000.0)] == ["requested"]
+    assert [a.outcome for a in engine.maybe_repair(ctx, lost, now=1000.0)] == ["requested"]
     lost = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 4)]  # (GPU 3 again would climb to replace)
     # Slurm shows the request: a pass for another GPU waits for it
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN", "REBOOT_REQUESTED"}), ctx.slurm.node.reason)
-    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1001.0)] == ["waiting: reboot already requested"]
+    assert [a.outcome for a in engine.maybe_repair(ctx, lost, now=1001.0)] == ["waiting: reboot already requested"]
     # just made, not visible in Slurm yet: still waiting
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), ctx.slurm.node.reason)
-    assert [a["outcome"] for a in engine.maybe_repair(ctx, lost, now=1002.0)] == ["waiting: reboot already requested"]
+    assert [a.outcome for a in engine.maybe_repair(ctx, lost, now=1002.0)] == ["waiting: reboot already requested"]
     # the reboot is over (no flag), the boot id unchanged; a new fault on another GPU: a new reboot
     other = [C.CheckResult("gpu-lost", C.FAIL, parse_body("lost"), C.REBOOT, 5)]
     done = engine.maybe_repair(ctx, other, now=1100.0)
-    assert [(a["action"], a["outcome"]) for a in done] == [("reboot-node", "requested")]
+    assert [(a.kind, a.outcome) for a in done] == [("reboot-node", "requested")]
     assert len(ctx.slurm.reboots) == 2
 
 
@@ -230,14 +231,14 @@ def test_the_first_drain_of_an_xid_79_carries_the_replace_rung(tmp_path):
     fault = C.judge_xid(XidEvent(79, gpu=3), gpu=3, pci="0000:3b:00.0", node="n1")
     assert fault.status == C.FAIL and fault.action == C.REPLACE
     act = engine.drain_for(ctx, fault)
-    assert act["outcome"] == "drained"
+    assert act.outcome == "drained"
     assert ctx.slurm.calls == [("drain", "autoheal: replace: " + fault.text)]
     assert Reason.parse(ctx.slurm.node.reason).rung is Origin.REPLACE  # what the sync reads
     assert ctx.store.read()["drain"]["reason"] == ctx.slurm.node.reason  # resumable as our drain
     assert set(ctx.store.read()["ladder"]["gpu3"]) == {"replace"}
     assert [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
     ctx.slurm.node = Node("n1", "IDLE", frozenset({"DRAIN"}), ctx.slurm.node.reason)  # the job left
-    assert [a["outcome"] for a in engine.maybe_repair(ctx, [fault], now=2000.0)] == ["already asked"]
+    assert [a.outcome for a in engine.maybe_repair(ctx, [fault], now=2000.0)] == ["already asked"]
     assert len(ctx.slurm.calls) == 1 and [ev for ev, _ in ctx.records].count("awaiting-replacement") == 1
 
 
@@ -262,3 +263,25 @@ def test_the_first_drain_names_the_rung_the_site_policy_and_the_ladder_decide(tm
     assert dbe.action == C.RESET
     engine.drain_for(ctx, dbe)
     assert ctx.slurm.calls == [("drain", "autoheal: replace: " + dbe.text)]
+
+
+def test_actions_are_typed_values_and_print_the_json_they_always_printed():
+    """Issue 24 section 2: a hook's actions are one typed value (kind and outcome read as attributes, no
+    dict keys between the parts); ``autoheal check --json`` keeps the keys each kind always had."""
+    from autoheal.hooks.actions import Action, Kind
+
+    drain = Action(Kind.DRAIN, "drained", "autoheal: xid 79 on GPU 1 of n1", previous_reason="")
+    assert drain.to_dict() == {"action": "drain", "outcome": "drained", "reason": "autoheal: xid 79 on GPU 1 of n1",
+                               "previous_reason": "", "dry_run": False}
+    rung = Action(Kind(C.RESET.value), "ok", gpu=2, check="ecc")
+    assert rung.kind is Kind.RESET and rung.kind == C.RESET and rung.rung
+    assert rung.to_dict() == {"action": "reset-gpu", "outcome": "ok", "gpu": 2, "check": "ecc", "dry_run": False}
+    waiting = Action(Kind.RESUME, "waiting: cooldown", "autoheal: ecc: GPU 1 of n1")
+    assert waiting.to_dict() == {"action": "resume", "outcome": "waiting: cooldown",
+                                 "reason": "autoheal: ecc: GPU 1 of n1"}
+    accepted = Action(Kind.ACCEPT_RESUME, "node resumed by someone else", "r", faults=["xid 79"], stale_result=True)
+    assert accepted.to_dict()["faults"] == ["xid 79"] and accepted.to_dict()["stale_result"] is True
+    import json
+
+    assert json.loads(json.dumps(engine.Pass(node="n1", actions=[drain, rung]).to_dict()))["actions"][1] == \
+        rung.to_dict()  # JSON-ready: the enum prints as its word

@@ -501,3 +501,60 @@ def test_a_requeued_jobs_comment_names_the_fault_not_the_nodes_rung():
     assert requeue_note("autoheal: " + fault) == want
     assert requeue_note(fault) == want  # a pending drain's fault text
     assert requeue_note("") == "autoheal: requeued after a GPU fault"
+
+
+XID48 = C.CheckResult("xid", C.FAIL, parse_body("xid 48 on GPU 1 of n1 (0000:3b:00.0): double-bit ECC"),
+                      C.RESET, 1, {"xid": 48})
+XID74 = C.CheckResult("xid", C.FAIL, parse_body("xid 74 on GPU 2 of n1 (0000:5e:00.0): NVLink error"),
+                      C.RESET, 2, {"xid": 74})
+
+
+def _signal_messages(ctx, job):
+    return [kw["message"] for kw in events(ctx, "signal") if kw["job_ids"] == [job]]
+
+
+def test_a_second_fault_after_a_resume_xid_watch_did_not_see_names_the_second_fault(tmp_path):
+    """Lab run: XID 48 drained the node and its job got its grace signal; the node was resumed and the
+    next case's XID 74 came before xid-watch looked at Slurm again. The episode of the first fault was
+    still open in the node state, so the new job's grace signal (and its requeue comment) named
+    "xid 48 double-bit ECC" while the node was drained for XID 74."""
+    ctx = make_ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("7")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID48, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert "xid 48" in _signal_messages(ctx, "7")[0]
+    ctx.slurm.jobs.clear()  # job 7 ended on its signal; the node is repaired and resumed
+    ctx.slurm.resume("n1")
+    ctx.slurm.add_job("8")
+    with ctx.store.locked() as st:  # xid-watch's next look at Slurm is this fault's
+        J.request_drain(st, XID74, 130.0)
+    js.step(now=130.0, urgent=True)
+    assert ctx.slurm.node.reason == "autoheal: " + XID74.text
+    msgs = _signal_messages(ctx, "8")
+    assert len(msgs) == 1 and "xid 74 on GPU 2" in msgs[0] and "xid 48" not in msgs[0], msgs
+    st = ctx.store.read()
+    assert st["episode"]["reason"] == XID74.text
+    note = st["job_actions"]["8@" + st["episode"]["id"]]["note"]
+    assert note == "autoheal: requeued after " + XID74.text
+
+
+def test_a_second_fault_drained_by_the_healthcheck_after_an_unseen_resume_names_the_second_fault(tmp_path):
+    """The same with the second drain made by another hook (the healthcheck's drain_for): xid-watch
+    finds the node drained and must not take that drain for the first fault's episode."""
+    from autoheal.hooks.engine import drain_for
+
+    ctx = make_ctx(tmp_path, grace_signal="USR1")
+    ctx.slurm.add_job("7")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID48, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    ctx.slurm.jobs.clear()
+    ctx.slurm.resume("n1")
+    ctx.slurm.add_job("8")
+    drain_for(ctx, XID74)  # the healthcheck, between two looks of xid-watch
+    js.step(now=130.0)
+    msgs = _signal_messages(ctx, "8")
+    assert len(msgs) == 1 and "xid 74 on GPU 2" in msgs[0] and "xid 48" not in msgs[0], msgs

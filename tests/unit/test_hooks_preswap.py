@@ -153,7 +153,7 @@ def test_health_pass_drains_with_the_preemptive_reason_and_sends_nothing_else(tm
     monkeypatch.setattr(engine, "observe", observe)
     p = engine.health_pass(ctx)
     assert slurm.calls == [("drain", "autoheal: pre-emptive swap: row remap pending on GPU 0 of n1")]
-    assert p.actions[0]["action"] == "preswap-drain" and p.actions[0]["jobs"] == ["7"]
+    assert p.actions[0].kind == "preswap-drain" and p.actions[0].jobs == ["7"]
     assert is_preswap(slurm.node.reason) and ctx.store.read()["drain"]["reason"] == slurm.node.reason
     assert [e for e, _ in ctx.records] == ["drain"] and "next checkpoint" in ctx.records[0][1]["message"]
     # the next pass keeps it (no reason churn, no fault drain over it); the ladder waits for an idle node
@@ -249,7 +249,7 @@ def test_the_prolog_or_epilog_drain_of_a_sign_keeps_the_preemptive_reason(tmp_pa
     reason = "autoheal: pre-emptive swap: row remap pending on GPU 0 of n1"
     slurm = Slurm([], reason=reason, flags={"DRAIN"})
     ctx, _ = ctx_for(tmp_path, slurm, [])
-    assert engine.drain_for(ctx, pending_remap())["outcome"].startswith("skipped")
+    assert engine.drain_for(ctx, pending_remap()).outcome.startswith("skipped")
     assert slurm.calls == []
 
 

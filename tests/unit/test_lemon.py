@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from autoheal.config.hooks_section import HooksSection
 from autoheal.hooks import checks as C
-from autoheal.hooks import engine, lemon
+from autoheal.hooks import clearing, engine, lemon
 from autoheal.hooks import state as S
 from autoheal.hooks.xids import XidEvent
 from autoheal.slurm.model import Node
@@ -66,7 +66,7 @@ def test_a_node_repaired_badly_three_times_ends_a_lemon_and_stays_out(tmp_path):
     ctx = ctx_for(tmp_path, slurm)
     for xid in (79, 48):
         act, _ = fault(ctx, xid)
-        assert act["outcome"] == "drained" and not lemon.is_lemon(slurm.get_node("n1").reason)
+        assert act.outcome == "drained" and not lemon.is_lemon(slurm.get_node("n1").reason)
         back_in_service(ctx, slurm)
     act, results = fault(ctx, 79)
     reason = slurm.get_node("n1").reason
@@ -78,7 +78,7 @@ def test_a_node_repaired_badly_three_times_ends_a_lemon_and_stays_out(tmp_path):
         st["passes"] = 10
         st["faults"] = []
     out = engine.maybe_resume(ctx, time.time() + 3600)
-    assert out["outcome"].startswith("never") and slurm.get_node("n1").drain
+    assert out.outcome.startswith("never") and slurm.get_node("n1").drain
     # the sync asks for a replacement: the reason says so (sync.remediate_reasons)
     from sync_helpers import sync_cfg
 
@@ -95,7 +95,7 @@ def test_history_survives_clear_faults_and_a_new_process(tmp_path):
     ctx = ctx_for(tmp_path, slurm)
     fault(ctx, 79)
     back_in_service(ctx, slurm)
-    engine.clear_faults(ctx)  # the admin's "repaired by hand"
+    clearing.clear_faults(ctx)  # the admin's "repaired by hand"
     again = ctx_for(tmp_path, slurm)  # after a reboot: a new process reads the same state dir
     events = [e["event"] for e in lemon.history(again.store.read())]
     assert events == ["fault", "returned"]

@@ -344,3 +344,32 @@ def test_node_address_comes_from_slurms_nodeaddr():
     assert node_from_json({"name": "n1", "state": ["IDLE"], "address": "127.0.0.11"}).address == "127.0.0.11"
     line = "NodeName=gpu2 Arch=x86_64 CPUTot=2 NodeAddr=127.0.0.11 NodeHostName=localhost State=IDLE Partitions=gpu"
     assert node_from_oneliner(line).address == "127.0.0.11"
+
+
+@pytest.mark.parametrize("with_folder", [False, True], ids=["no-memory-folder", "a-users-memory-folder"])
+def test_the_epilog_imports_the_tiers_cleanup_only_when_a_memory_folder_exists(tmp_path, with_folder):
+    """Issue 24 section 6: every epilog of every job looked for memory folders through the cleanup's
+    module; a job that never used the tier (nearly all) now pays one listing of the memory folder."""
+    if with_folder:
+        (tmp_path / "n1" / f"autoheal-memtier-{os.getuid()}").mkdir(parents=True)
+    code = ("import sys, types\nfrom autoheal.hooks import jobhook\n"
+            "slurm = types.SimpleNamespace(get_job=lambda j: types.SimpleNamespace(state='COMPLETED', "
+            "restart_count=0))\n"
+            "jobhook._memory_tier(types.SimpleNamespace(node='n1', slurm=slurm), '77')\n"
+            "print('autoheal.memtier_files' in sys.modules, 'autoheal.memtier_base' in sys.modules)")
+    env = dict(os.environ, **{memtier_files.BASE_ENV: str(tmp_path / "{node}")}, SLURM_JOB_UID=str(os.getuid()))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [str(with_folder), "True"]
+
+
+def test_the_epilog_removing_a_job_from_the_dcgm_mapping_imports_no_slurm_parser(tmp_path):
+    """hooks.mapping imported Slurm's parsers (and with them the Slurm model: 6 ms) for every prolog and
+    epilog; only a GPU list to parse needs them."""
+    code = ("import sys\nfrom autoheal.hooks import mapping\n"
+            f"mapping.remove_job({str(tmp_path / 'map')!r}, '7', {str(tmp_path / 'state')!r})\n"
+            "print(sorted(m for m in sys.modules if m.startswith('autoheal.slurm')))\n"
+            "print(mapping.parse_indices('0,2-3'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "[0, 2, 3]"]

@@ -4,6 +4,7 @@ before its job side, and a file that is not JSON (kept aside, said once, never s
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -69,7 +70,7 @@ def test_a_corrupt_file_is_a_clear_error_and_its_bytes_are_kept(tmp_path, raw):
         S.NodeState(str(tmp_path)).read()
     # the hooks (fallback) go on from an empty state, say so, and keep the bytes before replacing the file
     store = S.NodeState(str(tmp_path), fallback=True)
-    assert store.read() == S.empty() and "is not a JSON object" in store.trouble
+    assert store.read() == S.empty() and "is corrupt (" in store.trouble
     with store.locked() as st:
         assert st == S.empty()
         st["passes"] = 1
@@ -160,3 +161,98 @@ def test_a_symlink_planted_as_the_state_is_never_read_nor_kept(tmp_path):
         st["passes"] = 1
     assert store.trouble == "" and not (tmp_path / "node" / S.CORRUPT_FILE).exists()
     assert not (tmp_path / "node" / S.STATE_FILE).is_symlink() and target.read_text() == "root's file\n"
+
+
+def _entry(**fields):
+    return {"xid": 79, "gpu": 3, "note": "autoheal: xid 79 on GPU 3 of gpu1", "deadline": 1700000500.0, **fields}
+
+
+#: Old-layout files with odd values: each was a ValueError, TypeError, OverflowError or AttributeError out
+#: of ``_upgrade`` (a traceback in every hook, the file never replaced), or silently dropped.
+ODD_OLD = {
+    "deadline-a-string": {"requeues": {"12": _entry(deadline="1700000500")}},
+    "deadline-a-word": {"requeues": {"12": _entry(deadline="soon")}},
+    "deadline-a-list": {"requeues": {"12": _entry(deadline=[1700000500])}},
+    "deadline-huge-int": {"requeues": {"12": _entry(deadline=10 ** 400)}},
+    "deadline-infinite": {"requeues": {"12": _entry(deadline=float("inf"))}},
+    "deadline-nan": {"requeues": {"12": _entry(deadline=float("nan"))}},
+    "deadline-a-bool": {"requeues": {"12": _entry(deadline=True)}},
+    "xid-a-dict": {"requeues": {"12": _entry(xid={"a": [1, {"b": None}]})}},
+    "xid-a-float": {"requeues": {"12": _entry(xid=79.5)}},
+    "gpu-a-string": {"requeues": {"12": _entry(gpu="3; rm -rf /")}},
+    "note-a-number": {"requeues": {"12": _entry(note=12)}},
+    "note-nested": {"requeues": {"12": _entry(note=[["x"], {"y": [None]}])}},
+    "entry-a-list": {"requeues": {"12": [79, 3]}},
+    "entry-none": {"requeues": {"12": None}},
+    "job-not-a-job-id": {"requeues": {"12; scancel -u root": _entry()}},
+    "job-with-a-newline": {"requeues": {"12\n": _entry()}},
+    "requeues-a-list": {"requeues": [{"12": _entry()}]},
+    "requeues-a-string": {"requeues": "12"},
+    "job-actions-a-list": {"requeues": {"12": _entry()}, "job_actions": [1, 2]},
+    "requeue-faults-a-dict": {"requeues": {"12": _entry()}, "requeue_faults": {"a": {}}},
+}
+
+
+@pytest.mark.parametrize("data", list(ODD_OLD.values()), ids=list(ODD_OLD))
+def test_an_old_layout_with_odd_values_is_a_corrupt_state_never_a_traceback(tmp_path, data):
+    raw = json.dumps(data).encode()  # inf and nan as json writes them (Infinity, NaN)
+    with pytest.raises(S.StateCorrupt, match="state.json"):
+        S.load(raw, str(tmp_path / S.STATE_FILE))
+    (tmp_path / S.STATE_FILE).write_bytes(raw)
+    store = S.NodeState(str(tmp_path), fallback=True)  # the hooks: the documented corrupt-file path
+    assert store.read() == S.empty()
+    assert re.search(r"is corrupt \((old requeues|job_actions is|requeue_faults is) ", store.trouble), store.trouble
+    with store.locked() as st:
+        assert st == S.empty()
+    assert (tmp_path / S.CORRUPT_FILE).read_bytes() == raw
+    assert S.load((tmp_path / S.STATE_FILE).read_bytes()) == S.empty()
+
+
+#: Today's layout with a key of the wrong kind: the hooks read these with .get() and iterate or index
+#: them, so each was a TypeError/AttributeError in a later hook, on every run.
+ODD_TODAY = {
+    "faults-a-dict": {"faults": {"check": "xid"}},
+    "faults-of-strings": {"faults": ["xid 79"]},
+    "drain-a-string": {"drain": "autoheal: xid 79"},
+    "drain-a-list": {"drain": [1]},
+    "job-actions-of-numbers": {"job_actions": {"7@x": 3}},
+    "ladder-of-lists": {"ladder": {"gpu1": [1.0]}},
+    "recent-xids-a-string": {"recent_xids": "79"},
+    "passes-a-string": {"passes": "2"},
+    "passes-none": {"passes": None},
+    "passes-huge": {"passes": 10 ** 400},
+    "version-a-list": {"version": [1]},
+    "episode-a-number": {"episode": 5},
+    "kmsg-a-list": {"kmsg": [["seq", 41]]},
+    # one level down: fields the hooks read with float()/int() on every run
+    "kmsg-seq-a-word": {"kmsg": {"boot_id": "b", "max_seq": "forty-one"}},
+    "drain-time-a-word": {"drain": {"reason": "autoheal: xid 79", "time": "yesterday"}},
+    "fault-since-a-list": {"faults": [{"check": "xid", "since": [1]}]},
+    "action-deadline-huge": {"job_actions": {"7@x": {"job": "7", "deadline": 10 ** 400}}},
+    "recent-xid-time-nested": {"recent_xids": [{"xid": 79, "time": {"a": {"b": [None]}}}]},
+}
+
+
+@pytest.mark.parametrize("data", list(ODD_TODAY.values()), ids=list(ODD_TODAY))
+def test_a_key_of_the_wrong_kind_is_a_corrupt_state(tmp_path, data):
+    raw = json.dumps(data).encode()
+    with pytest.raises(S.StateCorrupt, match=r"state.json: \w+"):
+        S.load(raw, str(tmp_path / S.STATE_FILE))
+    (tmp_path / S.STATE_FILE).write_bytes(raw)
+    store = S.NodeState(str(tmp_path), fallback=True)
+    with store.locked() as st:
+        st["passes"] = 1
+    assert (tmp_path / S.CORRUPT_FILE).read_bytes() == raw and "kept as" in store.trouble
+    assert f"was corrupt ({next(iter(data))}" in store.trouble  # the one line names what was wrong
+
+
+def test_null_lists_and_maps_read_as_empty_and_good_old_values_still_upgrade():
+    """What is not odd stays readable: a null list or map (an older hook wrote None) is empty, an old
+    entry with null fields, an array task's id and an integer deadline upgrade as before."""
+    st = S.load(json.dumps({"faults": None, "job_actions": None, "requeue_faults": None, "counters": None,
+                            "drain": None, "passes": 0,
+                            "requeues": {"12_3": _entry(xid=None, gpu=None, note=None, deadline=1700000500)}}))
+    assert st["faults"] == [] and st["counters"] == {} and st["drain"] is None
+    action = st["job_actions"]["12_3@legacy-None-None"]
+    assert action["deadline"] == 1700000500.0 and action["job"] == "12_3"
+    assert st["requeue_faults"] == [{"id": "legacy-None-None", "reason": "", "since": 0, "jobs": ["12_3"]}]

@@ -40,7 +40,7 @@ def test_xid_79_is_replaced_only_when_the_hooks_say_so(tmp_path, policy, replace
     slurm, kube, cfg, clock = world()
     ctx = hooks_ctx(tmp_path, slurm, xid_policy={"79": policy} if policy else {})
     failure, done = xid79_through_the_hooks(ctx, 1000.0)
-    assert [a["action"] for a in done] == [{None: C.REPLACE, "reset": C.RESET, "reboot": C.REBOOT}[policy]]
+    assert [a.kind for a in done] == [{None: C.REPLACE, "reset": C.RESET, "reboot": C.REBOOT}[policy]]
     r = recon(slurm, kube, cfg, clock)
     for _ in range(4):
         assert r.run_pass().ok

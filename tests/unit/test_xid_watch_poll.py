@@ -190,7 +190,7 @@ def test_polled_fault_drains_like_the_healthcheck_and_moves_the_job_once(tmp_pat
     # the healthcheck then finds the node drained by us for it: no reason churn, no record
     calls = len(ctx.slurm.calls)
     act = engine.drain_for(ctx, C.worst_failure(judge(bad)))
-    assert act["outcome"] == nodeops.SKIPPED_SAME and not ctx.slurm.writes("set_reason")
+    assert act.outcome == nodeops.SKIPPED_SAME and not ctx.slurm.writes("set_reason")
     assert len(ctx.slurm.calls) == calls + 1 and len(ctx.records) == len(dets) + 2  # + drain + requeue records
 
 
@@ -243,7 +243,7 @@ def test_a_resume_the_poll_sees_first_forgets_the_faults_behind_our_drain_as_the
     assert [r.check for r in new] == ["gpu-lost"]
     assert ctx.slurm.node.reason.startswith("autoheal: gpu-lost: GPU 1 of n1")
     # the healthcheck that follows judges the live GPU, not the forgotten XID: no other reason
-    assert engine.drain_for(ctx, C.worst_failure(judge(lost)))["outcome"] == nodeops.SKIPPED_SAME
+    assert engine.drain_for(ctx, C.worst_failure(judge(lost))).outcome == nodeops.SKIPPED_SAME
     assert not ctx.store.read()["faults"]
 
 

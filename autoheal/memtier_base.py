@@ -1,0 +1,44 @@
+"""Where the peer-memory checkpoint tier keeps its folders on a node (``autoheal/memtier_files.py`` has the
+layout and root's cleanup, and re-exports these).
+
+Its own small module because the epilog of every job asks ``user_ids`` first and imports the cleanup only
+when a memory folder exists: most jobs never use the tier, and the epilog's start is paid on every node
+after every job.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+BASE_ENV = "AUTOHEAL_MEMTIER_BASE"
+DEFAULT_BASE = "/dev/shm"
+USER_DIR_PREFIX = "autoheal-memtier-"
+_NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def base_dir(node: str, environ: Optional[Mapping[str, str]] = None) -> Path:
+    """The node's memory folder (``/dev/shm`` unless ``AUTOHEAL_MEMTIER_BASE`` says otherwise)."""
+    env = os.environ if environ is None else environ
+    template = env.get(BASE_ENV, "").strip() or DEFAULT_BASE
+    if "{node}" in template:
+        if not _NODE_RE.match(node or ""):
+            raise ValueError(f"node name {node!r} is not usable in a path")
+        template = template.replace("{node}", node)
+    return Path(template)
+
+
+def user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -> Path:
+    return base_dir(node, environ) / f"{USER_DIR_PREFIX}{int(uid)}"
+
+
+def user_ids(node: str, environ: Optional[Mapping[str, str]] = None) -> List[int]:
+    """The uids that have a memory folder on this node (one listing of ``/dev/shm``)."""
+    try:
+        names = os.listdir(base_dir(node, environ))
+    except (OSError, ValueError):
+        return []
+    cut = len(USER_DIR_PREFIX)
+    return sorted(int(n[cut:]) for n in names if n.startswith(USER_DIR_PREFIX) and n[cut:].isdigit())
