@@ -136,8 +136,10 @@ def _judge(text: str, rank: str, kind: str, memory: bool = False, victim: str = 
     run0 = text.split(" restart=1 ")[0]
     if EVIDENCE[kind]:
         assert re.search(rf"^{rank}: autoheal-trainer: {EVIDENCE[kind]}", run0, re.M), run0[-3000:]
-    # nobody saved after the fault: the broken rank cannot, its peer is blocked in the collective
-    assert not re.search(r"preempted step=\d+ state=\S+ checkpoint=/", run0), run0[-3000:]
+    # The broken rank cannot save; its peer usually blocks in the collective first, but a grace signal that
+    # reaches it between collectives lets it save (data-parallel: rank 0's replica is enough), as a real
+    # healthy rank may: either way the job resumes from the newest save (a save on the signal prints
+    # "checkpoint saved" too)
     saved = [int(s) for s in re.findall(r"checkpoint saved step=(\d+)", run0)]
     (resume, *_more) = resumes(text)
     assert len(set(resume.resumed.values())) == 1, resume  # data-parallel ranks start from one step
