@@ -616,7 +616,7 @@ class Runner(HotSpareRun):
         sig_name = signal.Signals(signum).name
         waited = self._stop_child(child, signum, sig_name, deadline_hit)
         job = self._job()
-        nodes = self._nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        nodes = self._nodes(self._run_nodes(job))
         state = job.state if job else "RUNNING"
         action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
         cause = causes.classify_interrupt(signal_name=sig_name, grace_signal=self.opts.signal, now=self.clock(),
@@ -718,12 +718,21 @@ class Runner(HotSpareRun):
                     quiet=round(decision.quiet, 1))
         self.end_step(child)
         job = self._job()
-        nodes = self._settled_nodes(list(job.nodes) if job and job.nodes else self.job_nodes)
+        nodes = self._settled_nodes(self._run_nodes(job))
         job = self._job() or job
         state = job.state if job else "RUNNING"
         action = causes.interrupt_action(state, job.restart_count if job else None, self.ident.restart_count)
         cause = causes.classify_hang(nodes, decision.why)
         return self._conclude(child, job, nodes, cause, action, decision.quiet)
+
+    def _run_nodes(self, job: Optional[Job]) -> List[str]:
+        """The nodes this run held: the job's allocation while it is still this run's (a hot spare may have
+        resized it), else the run's own list. Slurm may have requeued and restarted the job elsewhere by
+        the time we look (a node DOWN after its slurmd died): the new allocation says nothing of the node
+        that stopped this run (lab, SlurmdTimeout 15 s: the watchdog's cause lost its node)."""
+        if job and job.nodes and job.restart_count == self.ident.restart_count:
+            return list(job.nodes)
+        return list(self.job_nodes)
 
     def _settled_nodes(self, names: Sequence[str]) -> List[Node]:
         """The run's nodes once none is NOT_RESPONDING without being DOWN yet (up to NODE_SETTLE_BUDGET

@@ -282,3 +282,25 @@ def test_a_hot_spare_swap_stops_a_hung_step_without_waiting_the_grace(tmp_path):
     assert runner.hang_decision is not None and runner.hang_decision.verdict == "hung-after-fault"
     assert waited < 60 and not child.group_alive
     assert [c for c in slurm.calls if c[0] == "signal"] == [("signal", "42.1", "KILL", False, False)]
+
+
+def test_a_job_slurm_already_restarted_elsewhere_still_names_the_node_that_stopped_this_run(tmp_path):
+    # Lab (SlurmdTimeout 15 s): gpu2's slurmd died, Slurm marked it DOWN and requeued the job onto gpu1,gpu3
+    # before the watchdog fired; the runner read the new allocation and recorded a hang with no node.
+    runner, slurm, journal = make(tmp_path, watchdog=2)
+    ckdir = tmp_path / "ck"
+
+    def slurm_moves_the_job():
+        deadline = time.monotonic() + 20
+        while not (ckdir / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slurm.nodes = [Node("gpu1", "MIXED"), Node("gpu2", "DOWN", frozenset({"NOT_RESPONDING"}),
+                                                   reason="Not responding"), Node("gpu3", "MIXED")]
+        slurm.job = replace(slurm.job, nodes=("gpu1", "gpu3"), restart_count=1)
+
+    threading.Thread(target=slurm_moves_the_job, daemon=True).start()
+    runner.run([sys.executable, "-c", BLOCKED])
+    rec = _requeue_record(journal)
+    assert rec.evidence["cause"] == "hang" and rec.evidence["node"] == "gpu2", rec.evidence
+    assert "last=hang@gpu2" in slurm.job.comment, slurm.job.comment
+    assert not any(c[0] in ("requeue", "requeuehold") for c in slurm.calls)  # Slurm requeued it already
