@@ -339,14 +339,16 @@ class JobSide:
                     ep["drain_opened"] = float(opened)
             if ours is not None and self._kept_foreign is ours:
                 ep["under_foreign"] = ours.to_dict()
+                ep.setdefault("under_foreign_at", now)
         elif not fault_drain and ep:
             closed = self._close_episode(st, ep, now)
-            if ep.get("under_foreign"):
+            kept = ep.get("under_foreign")
+            if kept and not _repaired_since(st, kept, ep.get("under_foreign_at")):
                 # The fault came while someone else's drain (an admin's maintenance) was on the node, and
                 # that drain has ended: their resume says nothing of our fault, so drain for it now. Closing
                 # the episode alone put the node back in service with the fault, and the scheduler gave it
                 # a job before the next check (CI soak seed 12: a DBE, a hot-spare job that gave up).
-                request_drain(st, C.CheckResult.from_dict(ep["under_foreign"]), now)
+                request_drain(st, C.CheckResult.from_dict(kept), now)
                 redrain = True
             ep = None
         elif not (node.drain or node.down) and st.get("reboot_requested"):
@@ -773,3 +775,19 @@ def _requeue_disabled(exc: Exception) -> bool:
     from autoheal.errors import SlurmRequeueDisabled
 
     return isinstance(exc, SlurmRequeueDisabled)
+
+
+def _repaired_since(st: S.NodeStateData, kept: C.ResultDict, since: Optional[float]) -> bool:
+    """Pure: the GPU of a fault kept behind someone else's drain was repaired on record after
+    the fault was kept (a reset of that GPU): the fault is gone, draining for
+    it again took a healthy node out (CI soak seed 12: Slurm's "Duplicate jobid" drain, a DBE on GPU 2 kept
+    behind it, the prolog's drain, the healthcheck's reset and resume; xid-watch then drained gpu3 again
+    for the DBE the reset had cleared, and it stayed drained). No time on record (older state): not known;
+    a node-wide fault is never taken as repaired here (the node's return to service is their resume)."""
+    if since is None:
+        return False
+    gpu = kept.get("gpu")
+    if not isinstance(gpu, int) or isinstance(gpu, bool):
+        return False  # node-wide: the node's own "repair" may be just their resume, which says nothing of it
+    # the GPU's own repair only (its reset): the node's return to service is their resume, not a repair
+    return float((st.get("repaired") or {}).get(S.ladder_key(gpu), 0) or 0) > float(since)

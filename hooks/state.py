@@ -135,6 +135,7 @@ if TYPE_CHECKING:
         since: float
         reason: str
         under_foreign: ResultDict  # our fault kept behind someone else's drain
+        under_foreign_at: float  # when it was first kept behind it
         drain_opened: float  # the ``opened`` of the drain record it was opened for (absent: none on record)
 
     class RequeueFault(TypedDict, total=False):
@@ -303,8 +304,8 @@ def _check_numbers(st: Dict[str, Any], where: str) -> None:
 #: Fields of the records that the hooks read as numbers (``float(rec.get("time", 0))``): present, each is a
 #: number or null, so a hand edit or a torn value is a StateCorrupt at the load, not a ValueError later.
 _NUMBERS = frozenset({"time", "since", "deadline", "next_try", "created", "signalled_at", "grace_end", "tries",
-                      "count", "noted", "dups", "opened", "drain_opened", "usec", "max_seq", "inode", "offset",
-                      "first", "last", "requeue_tried"})
+                      "count", "noted", "dups", "opened", "drain_opened", "under_foreign_at", "usec", "max_seq",
+                      "inode", "offset", "first", "last", "requeue_tried"})
 
 
 def _is_number(val: Any) -> bool:

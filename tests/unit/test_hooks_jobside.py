@@ -474,6 +474,26 @@ def test_a_fault_seen_under_an_admins_drain_is_drained_for_the_moment_theirs_end
     assert ctx.store.read()["episode"]  # ours now, with its own episode
 
 
+def test_a_fault_kept_behind_someone_elses_drain_and_repaired_meanwhile_is_not_drained_for_again(tmp_path):
+    """CI soak seed 12 (later run): Slurm drained gpu3 "Duplicate jobid", a DBE on GPU 2 was kept behind it;
+    the prolog drained for the DBE, the healthcheck reset GPU 2 and resumed the node; xid-watch then drained
+    the healthy node again for the DBE the reset had cleared, and it stayed drained to the end."""
+    from autoheal.hooks import state as S
+
+    ctx = make_ctx(tmp_path)
+    ctx.slurm.drain("n1", "Duplicate jobid")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+    js = side(ctx)
+    js.step(now=100.0, urgent=True)
+    assert ctx.slurm.node.reason == "Duplicate jobid"
+    with ctx.store.locked() as st:
+        S.mark_repaired(st, XID79.gpu, 120.0)  # the GPU's reset, after the fault was kept
+    ctx.slurm.resume("n1")
+    js.step(now=150.0, force=True)
+    assert not ctx.slurm.node.drain and ctx.store.read()["episode"] is None
+
+
 def test_an_admins_resume_of_our_drain_still_ends_the_fault(tmp_path):
     """The other side of it: an admin's resume of *our* drain is their decision (accept_resume), not
     drained again."""
