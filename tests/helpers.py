@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 
 
@@ -114,6 +116,101 @@ def wait_epilogs_done(env, node: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and completing():
         time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def module_lab(tmp_path_factory, name: str, **up):
+    """A lab for one test module (``Lab.up(install=False, **up)``), torn down by PID at the end, also when
+    its start fails half way (the daemons it started then are still stopped)."""
+    from conftest import _require_slurm
+
+    from autoheal_lab.cluster import Lab
+
+    _require_slurm()
+    lab = Lab(tmp_path_factory.mktemp(name))
+    try:
+        lab.up(install=False, **up)
+        yield lab
+    finally:
+        lab.down()
+
+
+class JobLab:
+    """A running module lab with what the job tests use: its layout, Slurm env, CLI adapter, journal."""
+
+    def __init__(self, lab):
+        from autoheal.config import load_config
+        from autoheal.journal import Journal
+        from autoheal.slurm.cli_backend import CliSlurm
+
+        self.lab = lab
+        self.layout = lab.layout()
+        self.env = lab.slurm_env()
+        self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
+        self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
+
+    def clear_node(self, node: str) -> None:
+        """``node``'s fake GPUs healthy, the hooks' fault record cleared (else the next prolog sees the
+        XID again) and Slurm's drain or DOWN resumed."""
+        import subprocess
+        import sys
+
+        from autoheal_lab.gpus import inject
+
+        for gpu in range(self.layout.gpus):
+            inject(self.lab, node, gpu, "clear")
+        subprocess.run([sys.executable, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
+                       env=dict(self.env, **self.lab.node_env(node)), capture_output=True, timeout=30)
+        n = self.slurm.get_node(node)
+        if n.drain or n.down:
+            self.slurm.resume(node)
+
+
+class FakeSlurm:
+    """The SlurmAdapter methods the sbatch runner uses, recording writes (the runner's unit tests)."""
+
+    def __init__(self, job, nodes, node_script=None):
+        self.job = job
+        self.nodes = list(nodes)
+        self.node_script = list(node_script or [])  # node lists returned by the next list_nodes calls
+        self.calls = []
+
+    def get_job(self, job_id):
+        return self.job
+
+    def list_nodes(self):
+        if self.node_script:
+            self.nodes = self.node_script.pop(0)
+        return self.nodes
+
+    def job_steps(self, job_id):
+        return [(f"{job_id}.batch", "batch"), (f"{job_id}.extern", "extern"), (f"{job_id}.0", "autoheal-memtier"),
+                (f"{job_id}.1", "python")]
+
+    def signal_job(self, job_id, sig, batch=False, full=False):
+        self.calls.append(("signal", job_id, sig, batch, full))
+
+    def requeue(self, job_id, hold=False):
+        self.calls.append(("requeuehold" if hold else "requeue", job_id))
+        self.job = dataclasses.replace(self.job, state="PENDING", restart_count=self.job.restart_count + 1)
+
+    def release(self, job_id):
+        self.calls.append(("release", job_id))
+
+    def update_job(self, job_id, update):
+        fields = update.scontrol_fields()
+        self.calls.append(("update", job_id, fields))
+        if "ExcNodeList" in fields:
+            self.job = dataclasses.replace(self.job, excluded_nodes=tuple(fields["ExcNodeList"].split(",")))
+
+    def set_job_comment(self, job_id, comment):
+        self.calls.append(("comment", job_id, comment))
+        self.job = dataclasses.replace(self.job, comment=comment)
+
+    def set_excluded_nodes(self, job_id, nodes):
+        from autoheal.slurm.model import JobUpdate
+
+        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
 
 
 def helm_or_skip() -> str:

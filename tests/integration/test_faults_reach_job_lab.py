@@ -24,12 +24,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import cancel_job, wait_for, wait_text
+from helpers import JobLab, cancel_job, module_lab, wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.sbatch_helpers.examples.tiny_trainer import expected_final_state
-from autoheal.slurm.cli_backend import CliSlurm
-from autoheal_lab.cluster import Lab
 from autoheal_lab.gpus import inject
 from autoheal_lab.lostwork import resumes
 
@@ -42,13 +40,7 @@ START = r"^(\d+): autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=
 MEASURED = {}
 
 
-class FaultLab:
-    def __init__(self, lab: Lab):
-        self.lab = lab
-        self.layout = lab.layout()
-        self.env = lab.slurm_env()
-        self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
-
+class FaultLab(JobLab):
     def submit(self, workdir: Path, memory_every: int = 0) -> tuple:
         """Submit the 2-rank job; return (job id, output file, victim node, victim rank, victim GPU)
         once a durable checkpoint exists and training is past it."""
@@ -81,24 +73,13 @@ class FaultLab:
         if not rec or not procs.is_alive(rec):
             self.lab.start_slurmd(node)
         wait_for(lambda: self.slurm.get_node(node).responding, 60, f"{node} responding")
-        for gpu in range(self.layout.gpus):
-            inject(self.lab, node, gpu, "clear")
-        subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
-                       env=dict(self.env, **self.lab.node_env(node)), capture_output=True, timeout=30)
-        n = self.slurm.get_node(node)
-        if n.drain or n.down:
-            self.slurm.resume(node)
+        self.clear_node(node)
         wait_for(lambda: not self.slurm.get_node(node).drain, 30, f"{node} back in service")
 
 
 @pytest.fixture(scope="module")
 def flab(tmp_path_factory):
-    from conftest import _require_slurm
-
-    _require_slurm()
-    lab = Lab(tmp_path_factory.mktemp("faultslab"))
-    try:
-        lab.up(nodes=3, gpus=2, spares=0, hooks=True, xid_watch=True, install=False,
+    with module_lab(tmp_path_factory, "faultslab", nodes=3, gpus=2, spares=0, hooks=True, xid_watch=True,
                # KillWait=5: after a node is killed, Slurm completes the requeued job only once KillWait is
                # over (the dead node's part of the step never reports; "completion process took 123
                # seconds" with the recommended 120 s, after the runner had ended the blocked rank in
@@ -106,12 +87,10 @@ def flab(tmp_path_factory):
                # runner's hang detection ends the blocked ranks at once whatever KillWait is.
                extra_conf=["SlurmdTimeout=10", "KillWait=5"],
                # the blocked ranks cannot save anyway: a short grace keeps the file quick
-               hooks_conf={"grace_seconds": 3.0})
+               hooks_conf={"grace_seconds": 3.0}) as lab:
         yield FaultLab(lab)
-    finally:
-        lab.down()
-        if MEASURED:
-            print(f"\nlost steps measured: {MEASURED}")
+    if MEASURED:
+        print(f"\nlost steps measured: {MEASURED}")
 
 
 def _break(flab: FaultLab, kind: str, node: str, gpu: int) -> None:

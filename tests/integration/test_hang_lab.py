@@ -19,11 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cancel_job, wait_for, wait_text
-
-from autoheal.journal import Journal
-from autoheal.slurm.cli_backend import CliSlurm
-from autoheal_lab.cluster import Lab
+from helpers import JobLab, cancel_job, module_lab, wait_for, wait_text
 
 PY = sys.executable
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED")
@@ -48,16 +44,7 @@ print(f"rank {rank} done", flush=True)
 """
 
 
-class HangLab:
-    def __init__(self, lab: Lab):
-        from autoheal.config import load_config
-
-        self.lab = lab
-        self.layout = lab.layout()
-        self.env = lab.slurm_env()
-        self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
-        self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
-
+class HangLab(JobLab):
     def submit(self, wd: Path, *wrapper_args: str, wait_for: str = "") -> str:
         (wd / "rank.py").write_text(RANK)
         (wd / "job.sh").write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {wd}/out-%j.txt\n"
@@ -78,18 +65,11 @@ class HangLab:
 
 @pytest.fixture(scope="module")
 def hlab(tmp_path_factory):
-    from conftest import _require_slurm
-
-    _require_slurm()
-    lab = Lab(tmp_path_factory.mktemp("hanglab"))
-    try:
-        # SlurmdTimeout=15: the slurmd-killed test waits for the node to go DOWN (the lab's usual 60 s was most
-        # of this file's time); KillWait=5: Slurm completes a job with a dead node only after it
-        lab.up(nodes=3, gpus=1, spares=0, hooks=False, xid_watch=False, install=False,
-               extra_conf=["SlurmdTimeout=15", "KillWait=5"])
+    # SlurmdTimeout=15: the slurmd-killed test waits for the node to go DOWN (the lab's usual 60 s was most
+    # of this file's time); KillWait=5: Slurm completes a job with a dead node only after it
+    with module_lab(tmp_path_factory, "hanglab", nodes=3, gpus=1, spares=0, hooks=False, xid_watch=False,
+                    extra_conf=["SlurmdTimeout=15", "KillWait=5"]) as lab:
         yield HangLab(lab)
-    finally:
-        lab.down()
 
 
 def _restart_delay(text: str, blocked_line: str) -> float:

@@ -15,14 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cancel_job, wait_for, wait_text
+from helpers import JobLab, cancel_job, module_lab, wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.config import load_config
-from autoheal.journal import Journal
-from autoheal.slurm.cli_backend import CliSlurm
 from autoheal_lab import wiring
-from autoheal_lab.cluster import Lab
 from autoheal_lab.gpus import inject
 
 TRAINER = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
@@ -30,16 +27,7 @@ PY = sys.executable
 SWAP_START = r"autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=0 host=(\S+) .*reason=hot-spare-swap"
 
 
-class HsLab:
-    def __init__(self, lab: Lab):
-        from autoheal.config import load_config
-
-        self.lab = lab
-        self.layout = lab.layout()
-        self.env = lab.slurm_env()
-        self.slurm = CliSlurm(slurm_conf=str(self.layout.slurm_conf), env=self.env)
-        self.journal = Journal(load_config(self.layout.autoheal_conf).journal.path)
-
+class HsLab(JobLab):
     def submit(self, workdir: Path, *extra: str) -> tuple:
         script = workdir / "job.sh"
         script.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {workdir}/out.txt\n"
@@ -62,14 +50,8 @@ class HsLab:
         self.heal(nodes)
 
     def heal(self, nodes) -> None:
-        for node in nodes:  # heal: GPUs, the hooks' fault record (else the next prolog sees the XID), Slurm
-            for gpu in range(self.layout.gpus):
-                inject(self.lab, node, gpu, "clear")
-            subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
-                           env=dict(self.env, **self.lab.node_env(node)), capture_output=True, timeout=30)
-            n = self.slurm.get_node(node)
-            if n.drain or n.down:
-                self.slurm.resume(node)
+        for node in nodes:
+            self.clear_node(node)
         wait_for(lambda: all(not self.slurm.get_node(n).drain for n in nodes), 30, "healed nodes back in service")
 
     def guard_metrics(self) -> dict:
@@ -88,19 +70,12 @@ class HsLab:
 
 @pytest.fixture(scope="module")
 def hslab(tmp_path_factory):
-    from conftest import _require_slurm
-
-    _require_slurm()
-    lab = Lab(tmp_path_factory.mktemp("hotsparelab"))
-    try:
-        lab.up(nodes=4, gpus=2, spares=0, hooks=True, xid_watch=True, install=False,
-               extra_conf=["SlurmdTimeout=10"])
+    with module_lab(tmp_path_factory, "hotsparelab", nodes=4, gpus=2, spares=0, hooks=True, xid_watch=True,
+                    extra_conf=["SlurmdTimeout=10"]) as lab:
         # the guard writing its textfile (issue 26: hot-spare swaps by result, fault -> running again)
         lab.start_controller_daemon("guard", [*wiring.guard_argv(""), "--textfile-dir",
                                               str(lab.root / "guard-metrics")])
         yield HsLab(lab)
-    finally:
-        lab.down()
 
 
 def _resumed_at_checkpoint(text: str, starts: list) -> int:

@@ -13,56 +13,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import FakeSlurm
 
 from autoheal.config import Config
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers import progress
 from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.wrapper import WrapperOptions, runner_argv
-from autoheal.slurm.model import Job, JobUpdate, Node
-
-
-class FakeSlurm:
-    def __init__(self, job: Job, nodes, node_script=None):
-        self.job = job
-        self.nodes = list(nodes)
-        self.node_script = list(node_script or [])  # node lists returned by the next list_nodes calls
-        self.calls = []
-
-    def get_job(self, job_id):
-        return self.job
-
-    def list_nodes(self):
-        if self.node_script:
-            self.nodes = self.node_script.pop(0)
-        return self.nodes
-
-    def job_steps(self, job_id):
-        return [(f"{job_id}.batch", "batch"), (f"{job_id}.extern", "extern"), (f"{job_id}.0", "autoheal-memtier"),
-                (f"{job_id}.1", "python")]
-
-    def signal_job(self, job_id, sig, batch=False, full=False):
-        self.calls.append(("signal", job_id, sig, batch, full))
-
-    def requeue(self, job_id, hold=False):
-        self.calls.append(("requeuehold" if hold else "requeue", job_id))
-        self.job = replace(self.job, state="PENDING", restart_count=self.job.restart_count + 1)
-
-    def release(self, job_id):
-        self.calls.append(("release", job_id))
-
-    def update_job(self, job_id, update):
-        fields = update.scontrol_fields()
-        self.calls.append(("update", job_id, fields))
-        if "ExcNodeList" in fields:
-            self.job = replace(self.job, excluded_nodes=tuple(fields["ExcNodeList"].split(",")))
-
-    def set_job_comment(self, job_id, comment):
-        self.calls.append(("comment", job_id, comment))
-        self.job = replace(self.job, comment=comment)
-
-    def set_excluded_nodes(self, job_id, nodes):
-        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
+from autoheal.slurm.model import Job, Node
 
 
 @pytest.fixture(autouse=True)

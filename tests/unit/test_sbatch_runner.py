@@ -10,47 +10,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import FakeSlurm
 
 from autoheal.journal import Journal
 from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.sbatch_helpers.comment import merged_exclusions
-from autoheal.slurm.model import Job, JobUpdate, Node
-
-
-class FakeSlurm:
-    """The SlurmAdapter methods the runner uses, recording writes."""
-
-    def __init__(self, job: Job, nodes):
-        self.job = job
-        self.nodes = list(nodes)
-        self.calls = []
-
-    def get_job(self, job_id):
-        return self.job
-
-    def list_nodes(self):
-        return self.nodes
-
-    def requeue(self, job_id, hold=False):
-        self.calls.append(("requeuehold" if hold else "requeue", job_id))
-        self.job = replace(self.job, state="PENDING", restart_count=self.job.restart_count + 1)
-
-    def release(self, job_id):
-        self.calls.append(("release", job_id))
-
-    def update_job(self, job_id, update):
-        fields = update.scontrol_fields()
-        self.calls.append(("update", job_id, fields))
-        if "ExcNodeList" in fields:
-            self.job = replace(self.job, excluded_nodes=tuple(fields["ExcNodeList"].split(",")))
-
-    def set_job_comment(self, job_id, comment):
-        self.calls.append(("comment", job_id, comment))
-        self.job = replace(self.job, comment=comment)
-
-    def set_excluded_nodes(self, job_id, nodes):
-        self.update_job(job_id, JobUpdate(excluded_nodes=tuple(nodes)))
+from autoheal.slurm.model import Job, Node
 
 
 @pytest.fixture(autouse=True)
