@@ -14,20 +14,27 @@ before a save) looks at the hardware as CUDA would meet it:
   the trainer's collective hangs, as NCCL's does;
 - a hung GPU (``hang_ms``): the call takes that long.
 
+:meth:`FakeDevice.collective` runs a trainer's real collective (torch's gloo ``all_reduce``, DDP's
+gradient reduction inside ``backward()``) as NCCL would meet it: over a link that is down it never
+completes, and a peer that is gone (gloo notices the closed connection and raises at once; NCCL does
+not) leaves the rank blocked until the process group's timeout, with the grace signals held pending.
+
 It reads only the fake hardware (the state file and its NVML event queue), never autoheal's own state
 (drain reasons, journal, hook state): a trainer must find out about a fault the way a real one does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import resource
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, TypeVar
 
 from autoheal_lab.fakenvml import state as gstate
 
@@ -45,6 +52,25 @@ class DeviceError(RuntimeError):
 
 class DeviceLost(DeviceError):
     """The GPU is gone (fallen off the bus): every call on it fails, nothing can be copied off it."""
+
+
+class CollectiveTimeout(DeviceError):
+    """A collective did not complete within the process group's timeout (NCCL's watchdog then aborts)."""
+
+
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def signals_held(signals: Sequence[int]) -> Iterator[None]:
+    """Hold ``signals`` pending in this thread while inside: a Python handler does not run while the main
+    thread waits inside NCCL's C++ code, so a grace signal is noticed only once the collective returns."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals)) if signals else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 class Health(enum.Enum):
@@ -166,6 +192,30 @@ class FakeDevice:
     def links_ok(self) -> bool:
         """False when a GPU's NVLink is down: a collective over it never completes."""
         return all(v.health is not Health.LINK_DOWN for v in self._call("NCCL collective"))
+
+    def collective(self, call: Callable[[], T], timeout: float, signals: Sequence[int] = (),
+                   peer_errors: tuple = (RuntimeError,), clock: Callable[[], float] = time.monotonic) -> T:
+        """Run ``call`` (a real collective among the ranks) as NCCL would: with a link down it never
+        completes; if it fails with one of ``peer_errors`` (gloo's "Connection closed by peer" when a
+        peer died) the rank still waits out ``timeout`` first, as NCCL does not notice a dead peer. A
+        GPU call that fails (:class:`DeviceError`) is raised as it is. After the wait:
+        :class:`CollectiveTimeout`."""
+        with signals_held(signals):
+            deadline = clock() + timeout
+            if not self.links_ok():
+                raise self._wait_out(deadline, clock, "NVLink down", timeout)
+            try:
+                return call()
+            except DeviceError:
+                raise
+            except peer_errors as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise self._wait_out(deadline, clock, f"peer gone ({first[:200]})", timeout) from None
+
+    def _wait_out(self, deadline: float, clock: Callable[[], float], why: str, timeout: float) -> CollectiveTimeout:
+        """Block until ``deadline`` (one C call in NCCL: nothing else of the rank runs); the error to raise."""
+        self._sleep(max(0.0, deadline - clock()))
+        return CollectiveTimeout(f"{why}: no progress within {timeout:g} s")
 
     def describe(self) -> str:
         return ",".join(str(g) for g in self.gpus)

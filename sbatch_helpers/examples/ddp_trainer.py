@@ -6,6 +6,12 @@ is computed inside the step from ``MASTER_ADDR``/``MASTER_PORT`` or the step's n
 right when a requeued job lands on other nodes. All ranks agree at each step boundary whether a
 preemption signal arrived (an all-reduce of the flag), so they stop together; rank 0 saves with
 ``mgr.saving()`` + ``torch.save``. Output lines and exit codes match tiny_trainer.py (README.md).
+
+``--device lab`` (the autoheal lab only) runs every step on the step's fake GPUs
+(``autoheal_lab.fakedevice``): the forward pass, the backward pass and the optimizer step are GPU calls,
+and the collectives (DDP's gradient all-reduce inside ``backward()``, the preemption flag, the barriers)
+behave as NCCL's: a lab fault reaches the rank as on real hardware. Without it (the default, and on a
+real cluster) nothing of the lab is imported.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from typing import Any, Optional, Tuple
 try:
     from autoheal.sbatch_helpers import checkpoint as ck
     from autoheal.sbatch_helpers import preempt
+    from autoheal.sbatch_helpers import progress as hb
 except ImportError:  # running from a source checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import checkpoint as ck  # type: ignore[no-redef]
     import preempt  # type: ignore[no-redef]
+    import progress as hb  # type: ignore[no-redef]
 
 try:
     import torch
@@ -52,6 +60,10 @@ MODEL_FILE = "model.pt"
 def say(text: str) -> None:
     sys.stdout.write(f"autoheal-trainer: {text}\n")
     sys.stdout.flush()
+
+
+def _word(value: str) -> str:
+    return re.sub(r"\s+", "_", value.strip()) or "none"
 
 
 def first_host(nodelist: str) -> Optional[str]:
@@ -90,10 +102,53 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=os.environ.get("AUTOHEAL_CHECKPOINT_DIR") or None)
     p.add_argument("--keep", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300.0, help="process group timeout, seconds")
+    p.add_argument("--device", choices=("none", "lab"), default="none",
+                   help="lab: run each step on the step's fake GPUs (autoheal_lab.fakedevice): a lab fault reaches "
+                        "the rank as on real hardware (default none: CPU only)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1 or args.keep < 1:
         p.error("--steps >= 0, --checkpoint-every >= 1 and --keep >= 1 are required")
     return args
+
+
+class _NoDevice:
+    """The default: CPU only, no GPU calls; the collective is just the call. ``--device lab`` puts a
+    fakedevice.FakeDevice, which has the same methods, in its place."""
+
+    def step(self) -> None:
+        pass
+
+    def copy_to_host(self) -> None:
+        pass
+
+    def collective(self, call, timeout: float, signals=()):
+        return call()
+
+    def describe(self) -> str:
+        return "none"
+
+
+DEVICE: Any = _NoDevice()
+DEVICE_ERRORS: tuple = ()  # the device's error types (set by _open_device)
+COLLECTIVE_TIMEOUT = 300.0  # --timeout: how long a collective may block (the process group's timeout)
+
+
+def _open_device(args: argparse.Namespace) -> None:
+    """``--device lab``: the step's fake GPUs (imported only then: a real cluster never imports the lab)."""
+    global DEVICE, DEVICE_ERRORS, COLLECTIVE_TIMEOUT
+    COLLECTIVE_TIMEOUT = args.timeout
+    if args.device == "lab":
+        from autoheal_lab import fakedevice
+
+        DEVICE_ERRORS = (fakedevice.DeviceError,)
+        DEVICE = fakedevice.FakeDevice.from_env()
+        say(f"device lab gpus={DEVICE.describe()}")
+
+
+def collective(call):
+    """A collective among the ranks (gloo here, NCCL on GPUs), as the device meets it (``--device lab``:
+    a link down hangs it, a dead peer blocks it until the timeout, as NCCL's)."""
+    return DEVICE.collective(call, COLLECTIVE_TIMEOUT, signals=preempt.default_signals())
 
 
 def batch(step: int, rank: int, world: int):
@@ -159,14 +214,20 @@ def main(argv: Optional[list] = None) -> int:
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     restart = os.environ.get("AUTOHEAL_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or "0"
     preempt.on_preempt()
-
-    addr, port = rendezvous(world)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
-        timeout=timedelta(seconds=args.timeout),
-    )
-    code = _train(args, rank, world, host, restart)
-    dist.barrier()  # leave together: a rank tearing down early makes gloo abort its peers
+    progress = {"step": 0}
+    try:
+        _open_device(args)
+        addr, port = rendezvous(world)
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+            timeout=timedelta(seconds=args.timeout),
+        )
+        code = _train(args, rank, world, host, restart, progress)
+        collective(dist.barrier)  # leave together: a rank tearing down early makes gloo abort its peers
+    except DEVICE_ERRORS as exc:  # an uncaught CUDA error (or NCCL's watchdog) ends the rank without saving
+        kind = "collective failed" if type(exc).__name__ == "CollectiveTimeout" else "device error"
+        say(f"{kind} step={progress['step']} error={_word(str(exc))} exit={EXIT_CRASH}")
+        return EXIT_CRASH
     dist.destroy_process_group()
     return code
 
@@ -175,7 +236,7 @@ def _resume(mgr: Any, rank: int, model: Any, opt: Any) -> Tuple[Any, int]:
     """Every rank loads the checkpoint rank 0 chose (the newest valid one): (it, its step), or (None, 0)."""
     found = pick_resume(mgr) if rank == 0 else None
     chosen = torch.tensor([found.step if found else -1], dtype=torch.long)
-    dist.broadcast(chosen, src=0)  # every rank resumes from rank 0's choice
+    collective(lambda: dist.broadcast(chosen, src=0))  # every rank resumes from rank 0's choice
     if chosen.item() < 0:
         return found, 0
     if rank != 0 or found is None:  # rank 0 chose `found` (never None here)
@@ -189,6 +250,7 @@ def _resume(mgr: Any, rank: int, model: Any, opt: Any) -> Tuple[Any, int]:
 def _save(mgr: Any, rank: int, world: int, model: Any, opt: Any, step: int) -> Optional[Path]:
     """Rank 0 saves model and optimiser at ``step``; every rank waits for it (a barrier)."""
     if rank == 0 and mgr is not None:
+        DEVICE.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
         meta = {"trainer": "ddp", "world_size": world, "state": state_digest(model.module)}
         with mgr.saving(step, meta) as tmp:
             torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step},
@@ -197,17 +259,51 @@ def _save(mgr: Any, rank: int, world: int, model: Any, opt: Any, step: int) -> O
         say(f"checkpoint saved step={step} path={path}")
     else:
         path = None
-    dist.barrier()
+    collective(dist.barrier)
     return path
 
 
-def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: str) -> int:
+def _train_step(model: Any, opt: Any, step: int, rank: int, world: int) -> float:
+    """One step: forward, backward (DDP all-reduces the gradients inside it: the collective), update;
+    each is a GPU call on the rank's device. Returns the loss."""
+    x, y = batch(step, rank, world)
+    opt.zero_grad()
+    DEVICE.step()  # the forward pass's kernels
+    out = torch.nn.functional.mse_loss(model(x), y)
+    collective(out.backward)
+    DEVICE.step()  # the optimizer's kernels
+    opt.step()
+    return out.item()
+
+
+def _agree_preempted() -> bool:
+    """Whether any rank got the grace signal (an all-reduce of the flag): the ranks stop together."""
+    flag = torch.tensor([1 if preempt.preempt_requested() else 0])
+    collective(lambda: dist.all_reduce(flag, op=dist.ReduceOp.MAX))
+    return bool(flag.item())
+
+
+def _preempted(mgr: Any, rank: int, step: int, saved_step: Optional[int], save) -> int:
+    """Every rank agreed that a grace signal came: rank 0 saves (unless this step is saved already)."""
+    sig = preempt.received_signal()
+    say(f"signal received {preempt.signal_name(sig) if sig else 'peer'} at step={step}")
+    if saved_step != step:
+        path = save()
+    else:
+        path = mgr.directory / ck.checkpoint_name(step) if (mgr and rank == 0) else None
+    code = EXIT_PREEMPTED if (path or rank != 0) else EXIT_PREEMPTED_NOT_SAVED
+    say(f"preempted step={step} checkpoint={path or ('rank0' if rank else 'none')} exit={code}")
+    return code
+
+
+def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: str, progress: dict) -> int:
     mgr = ck.CheckpointManager(args.checkpoint_dir, keep=args.keep, rank=rank) if args.checkpoint_dir else None
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
     found, step = _resume(mgr, rank, model, opt)
+    progress["step"] = step
     say(
         f"start step={step} resumed_from={found.path if found else 'none'} restart={restart} host={host} rank={rank} "
         f"world={world} steps={args.steps}"
@@ -219,29 +315,16 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
     loss = float("nan")
     saved_step = step if found else None
     while step < args.steps:
-        x, y = batch(step, rank, world)
-        opt.zero_grad()
-        out = torch.nn.functional.mse_loss(model(x), y)
-        out.backward()
-        opt.step()
-        loss = out.item()
+        loss = _train_step(model, opt, step, rank, world)
         step += 1
+        progress["step"] = step
+        hb.heartbeat(step)  # the runner's hang detection: this rank made progress (a no-op outside autoheal sbatch)
         if rank == 0:
             say(f"step={step} loss={loss:.6f}")
         if args.step_seconds:
             time.sleep(args.step_seconds)
-        flag = torch.tensor([1 if preempt.preempt_requested() else 0])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        if flag.item():
-            sig = preempt.received_signal()
-            say(f"signal received {preempt.signal_name(sig) if sig else 'peer'} at step={step}")
-            if saved_step != step:
-                path = save()
-            else:
-                path = mgr.directory / ck.checkpoint_name(step) if (mgr and rank == 0) else None
-            code = EXIT_PREEMPTED if (path or rank != 0) else EXIT_PREEMPTED_NOT_SAVED
-            say(f"preempted step={step} checkpoint={path or ('rank0' if rank else 'none')} exit={code}")
-            return code
+        if _agree_preempted():
+            return _preempted(mgr, rank, step, saved_step, save)
         if step % args.checkpoint_every == 0 and step < args.steps:
             save()
             saved_step = step
@@ -253,9 +336,10 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
 
 if __name__ == "__main__":
     exit_code = main()
-    if exit_code in (EXIT_PREEMPTED, EXIT_PREEMPTED_NOT_SAVED):
+    if exit_code in (EXIT_PREEMPTED, EXIT_PREEMPTED_NOT_SAVED, EXIT_CRASH):
         # Preempted: the checkpoint is on disk (fsync'd, renamed, marker last) and the process group is
-        # gone. Skip the interpreter's teardown of torch: seconds on a busy node (3-4 s measured on the
+        # gone (crashed: nothing left to tear down matters, and tearing down a group whose peer is gone
+        # can block). Skip the interpreter's teardown of torch: seconds on a busy node (3-4 s measured on the
         # lab), during which torchrun, srun and the autoheal runner wait for this process before the
         # job can be requeued.
         sys.stdout.flush()

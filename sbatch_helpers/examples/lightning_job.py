@@ -17,6 +17,15 @@ Settings that matter:
 - ``#SBATCH --requeue --open-mode=append``.
 - ``report_progress(step)`` after each checkpoint when the job runs under ``autoheal sbatch`` (it is a
   no-op otherwise), so the runner's no-progress rule sees Lightning's checkpoints.
+- a regular checkpoint too (``--checkpoint-every-epochs``, a ``ModelCheckpoint`` into ``<root>/checkpoints``),
+  resumed from when it is newer than the last ``hpc_ckpt``: a GPU that fell off the bus (XID 79) fails the
+  next step before the handler could copy the weights off it, so no ``hpc_ckpt`` is written then and the
+  job (requeued by ``autoheal sbatch``) resumes from the regular one. Lightning only resumes an ``hpc_ckpt``
+  by itself; without a regular checkpoint it would start again from step 0.
+
+``--device lab`` (the autoheal lab only) makes each step's forward, backward and optimizer step and each
+save a "GPU call" on the step's fake GPUs (``autoheal_lab.fakedevice``), so a lab fault reaches the job as
+on real hardware; without it (the default, and on a real cluster) nothing of the lab is imported.
 
 Not run by the default CI (no torch there): ``pytest -m torch`` runs it on the lab where torch and
 lightning are installed (tests/integration/test_frameworks_torch.py); ``--help`` needs only Python.
@@ -25,15 +34,61 @@ lightning are installed (tests/integration/test_frameworks_torch.py); ``--help``
 from __future__ import annotations
 
 import argparse
+import glob
+import hashlib
 import os
 import signal
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, List, Optional
+
+CHECKPOINTS = "checkpoints"  # the regular checkpoints, under the root dir
 
 
-def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0):
+class _NoDevice:
+    """The default: CPU only, no GPU calls (``--device lab`` puts a fakedevice.FakeDevice in its place)."""
+
+    def step(self) -> None:
+        pass
+
+    def copy_to_host(self) -> None:
+        pass
+
+
+def open_device(kind: str) -> Any:
+    """``lab``: the step's fake GPUs (imported only then: a real cluster never imports the lab)."""
+    if kind != "lab":
+        return _NoDevice()
+    from autoheal_lab import fakedevice
+
+    dev = fakedevice.FakeDevice.from_env()
+    print(f"lightning-job: device lab gpus={dev.describe()}", flush=True)
+    return dev
+
+
+def resume_path(root_dir: str) -> Optional[str]:
+    """The checkpoint to resume from: the newest regular one if it is newer than every ``hpc_ckpt``
+    (None otherwise: Lightning picks its newest ``hpc_ckpt`` by itself, or starts from scratch)."""
+    regular = glob.glob(os.path.join(root_dir, CHECKPOINTS, "*.ckpt"))
+    hpc = glob.glob(os.path.join(root_dir, "hpc_ckpt_*.ckpt"))
+    if not regular:
+        return None
+    newest = max(regular, key=os.path.getmtime)
+    return newest if not hpc or os.path.getmtime(newest) > max(os.path.getmtime(h) for h in hpc) else None
+
+
+def state_digest(module: Any) -> str:
+    """A digest of the weights: a resumed run must end with an uninterrupted run's."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        h.update(name.encode())
+        h.update(",".join(float(v).hex() for v in t.detach().cpu().flatten().tolist()).encode())
+    return h.hexdigest()[:16]
+
+
+def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0, every_epochs: int = 1, device: Any = None):
     import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.environments import SLURMEnvironment
 
     report_progress: Optional[Callable[[int], object]]
@@ -62,9 +117,31 @@ def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0):
         def on_save_checkpoint(self, trainer, pl_module, checkpoint):
             print(f"lightning-job: checkpoint global_step={trainer.global_step}", flush=True)
 
+    dev = device if device is not None else _NoDevice()
+
+    class DeviceCalls(pl.Callback):
+        """Where a CUDA job meets its GPU: each forward, backward and optimizer step, and each save
+        (the weights come off the GPU first). First in the list: a failed copy means no checkpoint."""
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            dev.step()
+
+        def on_before_backward(self, trainer, pl_module, loss):
+            dev.step()
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            dev.step()
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            dev.copy_to_host()
+
+    callbacks: List[Any] = [DeviceCalls(), ReportProgress(), SayProgress()]
+    if every_epochs > 0:
+        callbacks.append(ModelCheckpoint(dirpath=os.path.join(root_dir, CHECKPOINTS), every_n_epochs=every_epochs,
+                                         save_top_k=1, save_on_train_epoch_end=True))
     return pl.Trainer(default_root_dir=root_dir, max_epochs=max_epochs, accelerator="auto",
                       plugins=[SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR2)],
-                      callbacks=[ReportProgress(), SayProgress()], enable_progress_bar=False)
+                      callbacks=callbacks, enable_progress_bar=False, logger=False)
 
 
 def main(argv=None) -> int:
@@ -74,6 +151,10 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=20)
     ap.add_argument("--step-seconds", type=float, default=0.0, help="extra sleep per training step (demos)")
     ap.add_argument("--log-every", type=int, default=50, help="print the step every N steps (0: never)")
+    ap.add_argument("--checkpoint-every-epochs", type=int, default=1,
+                    help="a regular checkpoint every N epochs into <root>/checkpoints (0: only Lightning's hpc_ckpt)")
+    ap.add_argument("--device", choices=("none", "lab"), default="none",
+                    help="lab: each step on the step's fake GPUs (the autoheal lab only; default none)")
     args = ap.parse_args(argv)
     import lightning.pytorch as pl
     import torch
@@ -95,9 +176,22 @@ def main(argv=None) -> int:
 
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(4096, 16, generator=gen), torch.randn(4096, 1, generator=gen))
-    trainer = build_trainer(args.root, args.epochs, args.log_every)
-    trainer.fit(Tiny(), DataLoader(data, batch_size=32))
-    print(f"lightning-job: done global_step={trainer.global_step}", flush=True)
+    torch.manual_seed(0)  # the same initial weights in every run
+    model = Tiny()
+    try:
+        device = open_device(args.device)
+        trainer = build_trainer(args.root, args.epochs, args.log_every, args.checkpoint_every_epochs, device)
+        ckpt = resume_path(args.root)
+        if ckpt:
+            print(f"lightning-job: resume from={ckpt}", flush=True)
+        trainer.fit(model, DataLoader(data, batch_size=32), ckpt_path=ckpt)
+    except RuntimeError as exc:
+        if type(exc).__module__ != "autoheal_lab.fakedevice":
+            raise
+        # a CUDA error ends the run without saving, as on real hardware (Lightning already said why)
+        print(f"lightning-job: device error {str(exc).splitlines()[0]}", flush=True)
+        return 1
+    print(f"lightning-job: done global_step={trainer.global_step} final_state={state_digest(model)}", flush=True)
     return 0
 
 

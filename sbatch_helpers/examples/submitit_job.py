@@ -26,6 +26,12 @@ Run it (the client waits for the result and prints it as JSON)::
 
 The lab test (tests/integration/test_frameworks_submitit.py) runs this file; its output lines
 (``submitted``, ``submitit-trainer: ...``, ``result``) are a contract.
+
+``--device lab`` (the autoheal lab only; submit with ``--gpus-per-node``) makes each step and the copy of
+the state before ``checkpoint()`` a "GPU call" on the step's fake GPUs (``autoheal_lab.fakedevice``), as
+a CUDA job meets its GPU: after XID 79 the next step fails and ``checkpoint()`` cannot copy the state off
+the GPU, so nothing is saved on the signal. submitit's only checkpoint is that one: the run is lost back
+to its start. Without ``--device`` (the default, and on a real cluster) nothing of the lab is imported.
 """
 
 from __future__ import annotations
@@ -66,9 +72,23 @@ class Trainer(submitit.helpers.Checkpointable):
     attributes are the checkpoint: keep the progress in ONE attribute (a signal handler runs between
     two statements, never inside one assignment)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: str = "none") -> None:
         self.progress: Tuple[int, int] = (0, 0)  # (step, state)
         self.runs: List[Dict[str, Any]] = []  # where each run started
+        self.device = device  # the kind only: the device itself is opened on the node, never pickled
+        self._dev: Any = None
+
+    def _gpu(self) -> Any:
+        """The step's GPUs (``--device lab``: the lab's fake ones, imported only then), else None."""
+        if self.device == "lab" and self._dev is None:
+            from autoheal_lab import fakedevice
+
+            self._dev = fakedevice.FakeDevice.from_env()
+            print(f"submitit-trainer: device lab gpus={self._dev.describe()}", flush=True)
+        return self._dev
+
+    def __getstate__(self) -> Dict[str, Any]:
+        return dict(self.__dict__, _dev=None)  # an open device belongs to one process on one node
 
     def __call__(self, steps: int, step_seconds: float) -> Dict[str, Any]:
         node = os.environ.get("SLURMD_NODENAME", "")
@@ -76,8 +96,11 @@ class Trainer(submitit.helpers.Checkpointable):
         self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))})
         print(f"submitit-trainer: start step={start} node={node} job={os.environ.get('SLURM_JOB_ID', '')}",
               flush=True)
+        dev = self._gpu()
         while self.progress[0] < steps:
             time.sleep(step_seconds)
+            if dev is not None:
+                dev.step()  # the step's kernels: after XID 79 this raises, as CUDA does
             step, state = self.progress
             self.progress = (step + 1, next_state(state, step))
             if self.progress[0] % 5 == 0:
@@ -86,6 +109,8 @@ class Trainer(submitit.helpers.Checkpointable):
         return {"step": self.progress[0], "final_state": self.progress[1], "runs": self.runs}
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        if self._dev is not None:
+            self._dev.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
         print(f"submitit-trainer: checkpoint step={self.progress[0]}", flush=True)
         report_progress(self.progress[0])  # into $AUTOHEAL_CHECKPOINT_DIR under `autoheal sbatch`
         return super().checkpoint(*args, **kwargs)  # resubmits this object, progress included
@@ -126,12 +151,17 @@ def main(argv=None) -> int:
     ap.add_argument("--via-autoheal-sbatch", action="store_true", help="submit through `autoheal sbatch`")
     ap.add_argument("--exclude", default="", help="sbatch --exclude")
     ap.add_argument("--wait", type=float, default=3600, help="seconds the client waits for the result")
+    ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node for the job (default 0: none)")
+    ap.add_argument("--device", choices=("none", "lab"), default="none",
+                    help="lab: each step on the job's fake GPUs (the autoheal lab only; default none)")
     args = ap.parse_args(argv)
     params: Dict[str, Any] = {}
     if args.exclude:
         params["exclude"] = args.exclude
+    if args.gpus_per_node:
+        params["gpus_per_node"] = args.gpus_per_node
     ex = autoheal_executor(args.folder, args.grace, args.via_autoheal_sbatch, **params)
-    job = ex.submit(Trainer(), args.steps, args.step_seconds)
+    job = ex.submit(Trainer(args.device), args.steps, args.step_seconds)
     print(f"submitted {job.job_id}", flush=True)
     deadline = time.monotonic() + args.wait
     while not job.done():  # done once the result pickle exists (sacct is not needed)

@@ -41,3 +41,59 @@ def test_torchrun_script_keeps_torchrun_alive_on_the_runners_signal():
     assert requested_signal(script=script) is None  # the runner adds B:USR2@grace itself
     assert "trap \"\" USR2; exec torchrun" in script
     assert (EXAMPLES / "ddp_trainer.py").exists()
+
+
+_NO_LAB = ("import sys, runpy\n"
+           "sys.modules['autoheal_lab'] = None  # a real cluster: importing the lab fails\n"
+           "sys.argv = [sys.argv[1], '--help']\n"
+           "try:\n"
+           "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+           "except SystemExit as exc:\n"
+           "    assert exc.code == 0, exc.code\n"
+           "assert sys.modules['autoheal_lab'] is None\n")
+
+
+@pytest.mark.parametrize("name", ["ddp_trainer.py", "lightning_job.py", "submitit_job.py", "tiny_trainer.py"])
+def test_the_recipes_run_where_the_lab_is_not_importable(name):
+    """The lab's device hook is opt-in (``--device lab``): a recipe never imports the lab otherwise."""
+    res = subprocess.run([sys.executable, "-c", _NO_LAB, str(EXAMPLES / name)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "--device {none,lab}" in res.stdout
+
+
+def _load(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name.replace(".py", ""), EXAMPLES / name)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_lightning_default_device_makes_no_gpu_call_and_imports_nothing_of_the_lab(monkeypatch):
+    monkeypatch.setitem(sys.modules, "autoheal_lab", None)
+    dev = _load("lightning_job.py").open_device("none")
+    dev.step()
+    dev.copy_to_host()
+
+
+def _touch(path: Path, mtime: float) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    os.utime(path, (mtime, mtime))
+
+
+def test_lightning_resumes_from_its_regular_checkpoint_only_when_it_is_newer_than_every_hpc_one(tmp_path):
+    lj = _load("lightning_job.py")
+    assert lj.resume_path(str(tmp_path)) is None  # nothing: Lightning starts from scratch
+    _touch(tmp_path / "hpc_ckpt_1.ckpt", 1000)
+    assert lj.resume_path(str(tmp_path)) is None  # only Lightning's own: it picks it by itself
+    _touch(tmp_path / "checkpoints" / "epoch=0-step=128.ckpt", 900)
+    assert lj.resume_path(str(tmp_path)) is None  # the hpc one (the signal's) is newer
+    _touch(tmp_path / "checkpoints" / "epoch=1-step=256.ckpt", 1100)
+    assert lj.resume_path(str(tmp_path)) == str(tmp_path / "checkpoints" / "epoch=1-step=256.ckpt")
+    _touch(tmp_path / "hpc_ckpt_2.ckpt", 1200)
+    assert lj.resume_path(str(tmp_path)) is None

@@ -150,3 +150,84 @@ def test_judge_reads_only_the_hardware():
     assert fd.judge(g, 0, late, 5).health is fd.Health.LINK_DOWN
     assert fd.judge(g, 0, late, 10).health is fd.Health.OK  # raised before the context was opened
     assert fd.judge(g, 1, late, 5).health is fd.Health.OK  # another GPU's event
+
+
+class Clock:
+    """A fake monotonic clock that the fake sleep advances."""
+
+    def __init__(self):
+        self.now = 100.0
+        self.slept = []
+
+    def sleep(self, seconds):
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_collective_runs_the_real_call_on_healthy_links(node):
+    clk = Clock()
+    dev = device(node, sleep=clk.sleep)
+    assert dev.collective(lambda: 42, timeout=600, clock=lambda: clk.now) == 42
+    assert clk.slept == []
+
+
+def test_collective_over_a_link_that_is_down_waits_out_the_timeout_without_calling(node):
+    clk = Clock()
+    dev = device(node, sleep=clk.sleep)
+    gstate.inject(node, 1, "nvlink-down")
+    called = []
+    with pytest.raises(fd.CollectiveTimeout, match="NVLink down: no progress within 600 s"):
+        dev.collective(lambda: called.append(1), timeout=600, clock=lambda: clk.now)
+    assert called == [] and clk.slept == [600.0]
+
+
+def test_a_peer_gone_is_not_noticed_early_as_gloo_would_but_waited_out_as_nccl_does(node):
+    clk = Clock()
+    dev = device(node, sleep=clk.sleep)
+
+    def gloo_allreduce():
+        clk.now += 2.0  # gloo noticed the closed connection after 2 s
+        raise RuntimeError("[pair.cc:598] Connection closed by peer [127.0.0.1]:4242\nmore")
+
+    with pytest.raises(fd.CollectiveTimeout, match=r"peer gone \(\[pair.cc:598\] Connection closed by peer"):
+        dev.collective(gloo_allreduce, timeout=300, clock=lambda: clk.now)
+    assert clk.slept == [298.0]  # the rest of the timeout, not a second more
+
+
+def test_a_gpu_call_failing_inside_the_collective_is_raised_as_it_is(node):
+    dev = device(node)
+
+    def lost():
+        raise fd.DeviceLost("CUDA error: kernel launch on GPU 1")
+
+    with pytest.raises(fd.DeviceLost):
+        dev.collective(lost, timeout=300)
+    other = device(node)
+    with pytest.raises(ValueError):  # not a peer error: not swallowed either
+        other.collective(lambda: int("x"), timeout=300)
+
+
+def test_collective_on_a_lost_gpu_fails_at_once(node):
+    clk = Clock()
+    dev = device(node, sleep=clk.sleep)
+    gstate.inject(node, 1, "xid", xid=79)
+    with pytest.raises(fd.DeviceLost):
+        dev.collective(lambda: 1, timeout=300, clock=lambda: clk.now)
+    assert clk.slept == []
+
+
+def test_collective_holds_the_grace_signal_pending_until_it_returns(node):
+    got = []
+    old = signal.signal(signal.SIGUSR2, lambda *_: got.append("handled"))
+    try:
+        dev = device(node)
+
+        def allreduce():
+            signal.pthread_kill(__import__("threading").main_thread().ident, signal.SIGUSR2)
+            got.append("returned")
+            return 1
+
+        dev.collective(allreduce, timeout=5, signals=(signal.SIGUSR2,))
+        assert got == ["returned", "handled"]
+    finally:
+        signal.signal(signal.SIGUSR2, old)
