@@ -1,26 +1,43 @@
 #!/usr/bin/env python3
-"""Lost steps and fault -> training resumed: durable-only vs the peer-memory tier, requeue vs hot spare.
+"""Lost steps and fault -> training resumed: durable-only vs the peer-memory tier, requeue vs hot spare,
+on faults that reach the job the way real ones do (issue 23).
 
-One lab (4 nodes, each with its own loopback address and memory, hooks, ``SlurmdTimeout=10``,
-``cred_expire=10``). Per case: submit a 2-node job (``--spare-nodes 1`` for the hot-spare cases) of the
-tiny trainer (0.1 s steps, ~100 bytes of state; its ranks are not coupled: the survivor trains on
-and saves past the fault, the lab's kindness that issue 23 section 1 removes) or a small real PyTorch
-MLP (~9 MB of model + Adam state, ranks coupled by a gloo all_reduce every step, when torch is
-installed), durable checkpoint every N steps, and with the memory tier also a
-memory copy every K steps; then kill -9 the non-batch node (its slurmd, its slurmstepds and every
-process on it; its memory wiped: ``Lab.crash_node``) and read the trainers' own output:
+One lab (4 nodes x 1 fake GPU, each node with its own loopback address and memory, hooks and xid-watch,
+``SlurmdTimeout=10``, ``KillWait=5``, ``cred_expire=10``). Per case: a 2-node job (``--spare-nodes 1``
+for the hot-spare cases; ``--grace 10 --hang-after-fault 5`` unless told) of
 
-- lost steps: the killed node's rank, last step it printed before the kill minus the step it resumed at;
-- fault -> resumed: from the kill to the first step line of that rank after its restart, split at srun's
-  "Node failure" line (slurmctld declared the node down: SlurmdTimeout's share); the bench reads the
-  output file every 20 ms, which is the resolution;
+- the tiny trainer with ``--device lab --collective --timestamps``: every step is a call on the step's
+  fake GPU and a real TCP allreduce between the ranks (a dead peer blocks the other, NCCL-like), or
+- a small real PyTorch MLP (``tiers_torch_trainer.py --device lab``: ~9 MB of model + Adam state, a gloo
+  ``all_reduce`` of the gradients every step, failing as NCCL does: blocked, signals pending),
+
+durable checkpoint every N steps, and with the memory tier also a memory copy every K steps. Then one
+fault on the GPU / node of the rank that is not on the batch host:
+
+- ``xid79``: XID 79 on its GPU: the rank's next GPU call fails, it cannot save; its peer blocks in the
+  next collective; xid-watch drains the node and sends the grace signal; the runner's hang detection
+  ends the blocked step;
+- ``node-killed``: ``kill -9`` of the node's slurmd, its slurmstepds and every process on it, its
+  memory wiped (``Lab.crash_node``); no signal comes: Slurm finds the node dead after SlurmdTimeout.
+
+Figures, from the evidence's own clocks where it has one:
+
+- lost steps: from the trainers' output (``autoheal_lab.lostwork``): the newest step a rank had printed
+  before the restart minus the step the ranks resumed from;
+- fault -> resumed: the trainer's own ``time=`` stamp on the first step of the restarted run minus the
+  fault's time;
+- fault -> step ended: when the runner's line "ending the step now" appeared (the bench reads the output
+  every 20 ms; the runner's own "N s after the signal" is shown next to it), for a step whose ranks
+  blocked after a fault signal; the target is the grace + 5 s;
 - save cost: the memory tier's per-save time as the torch trainer reports it (p50).
 
     python bench/bench_ckpt_tiers.py [--only tiny|torch] [--path requeue|hotspare] [--tier durable|memory]
-                                     [--json] [--k 1] [--n 20]
+                                     [--fault xid79|node-killed] [--json] [--k 1] [--n 20]
+                                     [--hang-after-fault 5]
 
-Needs root and Debian's Slurm (like ``autoheal lab up``). Targets: memory tier lost steps <= K; hot spare +
-memory tier fault -> resumed <= 3 s.
+Needs root and Debian's Slurm (like ``autoheal lab up``); torch for the torch cases. Targets (printed,
+not asserted): memory tier lost steps <= K; hot spare + memory tier fault -> resumed <= 3 s; a hang after
+a fault ended within the grace + 5 s.
 """
 
 from __future__ import annotations
@@ -34,84 +51,119 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from bench_requeue_resume import wait_for  # the benches' one poll-until helper (bench/ is on sys.path)
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab import lostwork
 from autoheal_lab.cluster import Lab
+from autoheal_lab.gpus import inject
 
 TINY = Path(sbh.__file__).parent / "examples" / "tiny_trainer.py"
 TORCH = Path(__file__).resolve().parent / "tiers_torch_trainer.py"
 START = re.compile(r"^(\d+): autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=(\d+) host=(\S+)", re.M)
+STEP = re.compile(r"^(\d+): autoheal-trainer: step=(\d+) time=([\d.]+)$", re.M)
+ENDED = re.compile(r"the job's ranks are hung: .*ending the step now \(([\d.]+)s after the signal")
+GRACE = 10
+FAULTS = ("xid79", "node-killed")
 
 
 class Bench:
-    def __init__(self, lab: Lab, k: int, n: int):
-        self.lab, self.k, self.n = lab, k, n
+    def __init__(self, lab: Lab, k: int, n: int, hang_after_fault: float):
+        self.lab, self.k, self.n, self.hang_after_fault = lab, k, n, hang_after_fault
         self.env = lab.slurm_env()
         self.slurm = CliSlurm(slurm_conf=str(lab.layout().slurm_conf), env=self.env)
 
     def script(self, root: Path, trainer: str, tier: str) -> Path:
-        prog = TINY if trainer == "tiny" else TORCH
-        args = f"--steps 100000 --checkpoint-every {self.n}" + (f" --memory-every {self.k}" if tier == "memory" else "")
-        args += " --step-seconds 0.1" if trainer == "tiny" else " --step-seconds 0.05"
+        args = f"--steps 100000 --checkpoint-every {self.n} --device lab"
+        args += f" --memory-every {self.k}" if tier == "memory" else ""
+        if trainer == "tiny":  # MASTER_ADDR: every lab node is this machine, rank 0's node is reachable here
+            run = f"export MASTER_ADDR=127.0.0.1\nsrun -l {sys.executable} {TINY} {args} --step-seconds 0.1 " \
+                  f"--collective --timestamps\n"
+        else:
+            run = f"srun -l {sys.executable} {TORCH} {args} --step-seconds 0.05\n"
         path = root / "job.sh"
-        path.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 -o {root}/out.txt\n"
-                        f"srun -l {sys.executable} {prog} {args}\n")
+        path.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 --gres=gpu:1 -o {root}/out.txt\n{run}")
         return path
 
-    def case(self, trainer: str, path: str, tier: str) -> Dict[str, object]:
-        root = Path(tempfile.mkdtemp(prefix=f"bench-tiers-{trainer}-{path}-{tier}-"))
+    def submit(self, root: Path, trainer: str, path: str, tier: str) -> Tuple[str, Path]:
         env = dict(self.env, **({"AUTOHEAL_MEMORY_TIER": "1"} if tier == "memory" else {}))
         extra = ["--spare-nodes", "1"] if path == "hotspare" else []
-        argv = [sys.executable, "-m", "autoheal.cli.main", "sbatch", "--grace", "30", *extra, "--parsable",
-                str(self.script(root, trainer, tier))]
+        argv = [sys.executable, "-m", "autoheal.cli.main", "sbatch", "--grace", str(GRACE), "--hang-after-fault",
+                f"{self.hang_after_fault:g}", *extra, "--parsable", str(self.script(root, trainer, tier))]
         res = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
         if res.returncode != 0:
             raise SystemExit(f"bench: sbatch failed: {res.stderr.strip()}")
-        jid = res.stdout.strip().split(";")[0]
-        out = root / "out.txt"
-        starts = wait_for(lambda: len(START.findall(_text(out))) >= 2 and START.findall(_text(out)), 120, "job start")
+        return res.stdout.strip().split(";")[0], root / "out.txt"
+
+    def case(self, trainer: str, path: str, tier: str, fault: str) -> Dict[str, object]:
+        root = Path(tempfile.mkdtemp(prefix=f"bench-tiers-{trainer}-{path}-{tier}-{fault}-"))
+        jid, out = self.submit(root, trainer, path, tier)
+        starts = wait_for(lambda: len(START.findall(_text(out))) >= 2 and START.findall(_text(out)), 150, "job start")
         job = self.slurm.get_job(jid)
         victim = next(n for n in job.nodes if n != job.batch_host and any(s[4] == n for s in starts))
         rank = next(s[0] for s in starts if s[4] == victim)
-        wait_for(lambda: _last_step(_text(out), rank) >= 3 * self.n + 5, 180, "training under way")
-        before_len = len(_text(out))
+        gpu = int(wait_for(lambda: re.search(rf"^{rank}: autoheal-trainer: device lab gpus=(\d+)", _text(out), re.M),
+                           30, "device line").group(1))
+        wait_for(lambda: _last_step(_text(out), rank) >= 2 * self.n + self.n // 2, 240, "training under way")
+        offset = len(_text(out))
         t_fault = time.time()
-        self.lab.crash_node(victim)
-        resumed_at, resumed_step, origin, restart_pos, detected_at = self._watch(out, rank, before_len, 240)
+        if fault == "xid79":
+            inject(self.lab, victim, gpu, "xid", xid=79)
+        else:
+            self.lab.crash_node(victim)
+        seen = self._watch(out, offset, 300)
         text = _text(out)
-        last = _last_step(text[:restart_pos], rank)  # the victim's lines that left the node before it died
-        saves = [float(m) for m in re.findall(rf"^{rank}: autoheal-trainer: memory saved .* ms=([\d.]+)", text, re.M)]
-        self._cleanup(jid, victim)
-        return {"trainer": trainer, "path": path, "tier": tier, "K": self.k if tier == "memory" else None, "N": self.n,
-                "lost_steps": last - resumed_step, "fault_to_resumed_s": round(resumed_at - t_fault, 2),
-                "fault_to_detected_s": round(detected_at - t_fault, 2) if detected_at else None,
-                "detected_to_resumed_s": round(resumed_at - detected_at, 2) if detected_at else None,
-                "resumed_from": origin, "save_ms_p50": round(statistics.median(saves), 1) if saves else None}
+        try:
+            resume = lostwork.resumes(text)[0]
+        finally:
+            self._cleanup(jid, victim)
+        restarted = [m for m in START.finditer(text) if m.start() >= offset]
+        first = next(m for m in STEP.finditer(text) if m.start() > max(r.start() for r in restarted))
+        saves = [float(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* ms=([\d.]+)", text, re.M)]
+        ended = seen.get("ended")
+        return {"trainer": trainer, "path": path, "tier": tier, "fault": fault, "K": self.k if tier == "memory"
+                else None, "N": self.n, "lost_steps": resume.lost, "resumed_step": min(resume.resumed.values()),
+                "fault_to_resumed_s": round(float(first.group(3)) - t_fault, 2),
+                "fault_to_step_ended_s": round(ended[0] - t_fault, 2) if ended else None,
+                "runner_waited_s": float(ended[1]) if ended else None,
+                "fault_to_node_down_s": round(seen["down"] - t_fault, 2) if "down" in seen else None,
+                "resumed_from": next(m.group(3) for m in restarted if m.group(1) == rank),
+                "requeued": any(m.group(4) != "0" for m in restarted),
+                "save_ms_p50": round(statistics.median(saves), 1) if saves else None}
 
-    def _watch(self, out: Path, rank: str, offset: int, timeout: float):
-        """(time the restarted rank's first step line appeared, the step it started at, where from, where
-        its start line is in the output)."""
+    def _watch(self, out: Path, offset: int, timeout: float) -> Dict[str, tuple]:
+        """Until both ranks printed a step of the restarted run: when the runner ended a blocked step (and
+        its own figure), when srun was told the node failed."""
         deadline = time.monotonic() + timeout
-        start_rx = re.compile(rf"^{rank}: autoheal-trainer: start step=(\d+) resumed_from=(\S+)", re.M)
-        detected_at = None
+        seen: Dict[str, tuple] = {}
         while time.monotonic() < deadline:
             tail = _text(out)[offset:]
-            if detected_at is None and "srun: error: Node failure on" in tail:
-                detected_at = time.time()  # srun was told by slurmctld: the node is DOWN
-            m = start_rx.search(tail)
-            if m and re.search(rf"^{rank}: autoheal-trainer: step=\d+$", tail[m.end():], re.M):
-                return time.time(), int(m.group(1)), m.group(2), offset + m.start(), detected_at
+            m = ENDED.search(tail)
+            if m and "ended" not in seen:
+                seen["ended"] = (time.time(), m.group(1))
+            if "down" not in seen and "srun: error: Node failure on" in tail:
+                seen["down"] = (time.time(),)
+            restart = list(START.finditer(tail))
+            if len(restart) >= 2 and len({s.group(1) for s in STEP.finditer(tail[restart[-1].end():])}) >= 2:
+                return {k: v if k == "ended" else v[0] for k, v in seen.items()}  # type: ignore[misc]
             time.sleep(0.02)
-        raise SystemExit(f"bench: rank {rank} did not resume within {timeout}s; see {out}")
+        raise SystemExit(f"bench: the job did not resume within {timeout}s; see {out}")
 
     def _cleanup(self, jid: str, victim: str) -> None:
+        """The job gone and the victim back in service: slurmd, GPU, the hooks' fault record, Slurm's drain."""
         subprocess.run(["scancel", jid], env=self.env, capture_output=True, timeout=30)
-        self.lab.start_slurmd(victim)
+        from autoheal_lab import procs
+
+        rec = self.lab.records().get(f"slurmd-{victim}")
+        if not rec or not procs.is_alive(rec):
+            self.lab.start_slurmd(victim)
         wait_for(lambda: self.slurm.get_node(victim).responding, 90, f"{victim} back")
+        inject(self.lab, victim, 0, "clear")
+        subprocess.run([sys.executable, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", victim],
+                       env=dict(self.env, **self.lab.node_env(victim)), capture_output=True, timeout=30)
         node = self.slurm.get_node(victim)
         if node.drain or node.down:
             self.slurm.resume(victim)
@@ -123,8 +175,8 @@ def _text(path: Path) -> str:
 
 
 def _last_step(text: str, rank: str) -> int:
-    steps = re.findall(rf"^{rank}: autoheal-trainer: step=(\d+)$", text, re.M)
-    return max(map(int, steps)) if steps else 0
+    steps = [int(m.group(2)) for m in STEP.finditer(text) if m.group(1) == rank]
+    return max(steps) if steps else 0
 
 
 def _torch_available() -> bool:
@@ -135,15 +187,22 @@ def _torch_available() -> bool:
     return True
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=("tiny", "torch"))
     p.add_argument("--k", type=int, default=1, help="memory copy every K steps (default 1)")
     p.add_argument("--n", type=int, default=20, help="durable checkpoint every N steps (default 20)")
     p.add_argument("--path", choices=("requeue", "hotspare"), help="only this recovery path")
     p.add_argument("--tier", choices=("durable", "memory"), help="only this tier")
+    p.add_argument("--fault", choices=FAULTS, help="only this fault")
+    p.add_argument("--hang-after-fault", type=float, default=5.0,
+                   help="the runner's --hang-after-fault (default 5 s; the grace is %d s)" % GRACE)
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
     trainers = [t for t in ("tiny", "torch") if args.only in (None, t)]
     if "torch" in trainers and not _torch_available():
         print("bench: torch not installed: torch cases skipped", file=sys.stderr)
@@ -152,29 +211,49 @@ def main(argv: Optional[List[str]] = None) -> int:
     lab = Lab(root)
     rows = []
     try:
-        lab.up(nodes=4, gpus=1, spares=0, hooks=True, xid_watch=False, install=False,
-               extra_conf=["SlurmdTimeout=10", f"AuthInfo=socket={root}/munge/munge.socket.2,cred_expire=10"])
-        bench = Bench(lab, args.k, args.n)
+        lab.up(nodes=4, gpus=1, spares=0, hooks=True, xid_watch=True, install=False,
+               extra_conf=["SlurmdTimeout=10", "KillWait=5",
+                           f"AuthInfo=socket={root}/munge/munge.socket.2,cred_expire=10"])
+        bench = Bench(lab, args.k, args.n, args.hang_after_fault)
         for trainer in trainers:
-            for path in [x for x in ("requeue", "hotspare") if args.path in (None, x)]:
-                for tier in [x for x in ("durable", "memory") if args.tier in (None, x)]:
-                    rows.append(bench.case(trainer, path, tier))
-                    if not args.json:
-                        print(_row(rows[-1]), flush=True)
+            for fault in [x for x in FAULTS if args.fault in (None, x)]:
+                for path in [x for x in ("requeue", "hotspare") if args.path in (None, x)]:
+                    for tier in [x for x in ("durable", "memory") if args.tier in (None, x)]:
+                        rows.append(bench.case(trainer, path, tier, fault))
+                        if not args.json:
+                            print(_row(rows[-1]), flush=True)
     finally:
         lab.down()
     if args.json:
         print(json.dumps(rows, indent=1))
+    else:
+        print(_targets(rows, args.k))
     return 0
 
 
 def _row(r: Dict[str, object]) -> str:
     tier = f"memory K={r['K']}" if r["tier"] == "memory" else f"durable N={r['N']}"
     save = f"  save p50 {r['save_ms_p50']} ms" if r["save_ms_p50"] is not None else ""
-    origin = str(r["resumed_from"]) if str(r["resumed_from"]).startswith("memory:") else "durable"
-    return (f"{r['trainer']:5} {r['path']:8} {tier:14} lost steps {r['lost_steps']:5}  fault->resumed "
-            f"{r['fault_to_resumed_s']:6.2f} s (fault->node declared down {r['fault_to_detected_s']} s, "
-            f"then ->resumed {r['detected_to_resumed_s']} s)  from {origin}{save}")
+    origin = str(r["resumed_from"]).split("@")[0] if str(r["resumed_from"]).startswith("memory:") else "durable"
+    ended = (f"  fault->step ended {r['fault_to_step_ended_s']} s (runner: {r['runner_waited_s']} s after "
+             f"the signal)" if r["fault_to_step_ended_s"] is not None else "")
+    down = f"  fault->srun told node down {r['fault_to_node_down_s']} s" if r["fault_to_node_down_s"] else ""
+    how = "requeued" if r["requeued"] else "same allocation"
+    return (f"{r['trainer']:5} {r['fault']:11} {r['path']:8} {tier:14} lost steps {r['lost_steps']:3} "
+            f"fault->resumed {r['fault_to_resumed_s']:6.2f} s ({how}, from {origin}){ended}{down}{save}")
+
+
+def _targets(rows: List[Dict[str, object]], k: int) -> str:
+    mem = [r for r in rows if r["tier"] == "memory"]
+    hot = [r for r in mem if r["path"] == "hotspare"]
+    ended = [r for r in rows if r["fault_to_step_ended_s"] is not None]
+    lines = [f"targets: memory tier lost steps <= K={k}: max {max((r['lost_steps'] for r in mem), default='-')}"
+             f" over {len(mem)} case(s)",
+             f"targets: hot spare + memory tier fault -> resumed <= 3 s: max "
+             f"{max((r['fault_to_resumed_s'] for r in hot), default='-')} s over {len(hot)} case(s)",
+             f"targets: hang after a fault ended within grace {GRACE} + 5 s: max "
+             f"{max((r['fault_to_step_ended_s'] for r in ended), default='-')} s over {len(ended)} case(s)"]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -293,3 +293,64 @@ def test_warning_sign_swaps_the_node_out_at_the_next_checkpoint(hslab, tmp_path)
         wait_text(out, rf"step={step + 5}$", 30)
     finally:
         hslab.cleanup(jid, [victim])
+
+
+def test_ranks_blocked_after_the_fault_are_ended_by_hang_detection_and_resume_on_the_spare(hslab, tmp_path):
+    """Issue 23: the fault reaches the job (``--device lab --collective``): XID 79 fails the next GPU call
+    of the rank on the victim's GPU (it cannot save), its peer on the batch host blocks in the next
+    allreduce with the grace signal held pending. The runner's hang detection ends the blocked step at
+    ``--hang-after-fault``, not at the end of the grace, and the job resumes on the spare inside its
+    allocation (no requeue) from the newest durable checkpoint, ending in an uninterrupted run's state.
+    Every record names the faulty node, never the spare."""
+    from autoheal.sbatch_helpers.examples.tiny_trainer import expected_final_state
+
+    steps, every = 60, 6
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 --gres=gpu:1 -o {tmp_path}/out.txt\n"
+                      "export MASTER_ADDR=127.0.0.1\n"  # every lab node is this machine
+                      f"srun -l {PY} {TRAINER} --steps {steps} --step-seconds 0.1 --checkpoint-every {every} "
+                      "--device lab --collective --timestamps\n")
+    res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--spare-nodes", "1", "--grace", "60",
+                          "--hang-after-fault", "3", "--parsable", str(script)], cwd=tmp_path, env=hslab.env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    jid = res.stdout.strip().split(";")[0]
+    out = tmp_path / "out.txt"
+    victim = spare = ""
+    try:
+        _, spare = wait_text(out, r"hot spares: steps run on (\S+); idle spare\(s\) (\S+)", 60)[0]
+        starts = wait_text(out, r"^(\d+): autoheal-trainer: start step=0 \S+ restart=0 host=(\S+) ", 60, count=2)
+        job = hslab.slurm.get_job(jid)
+        batch = job.batch_host
+        rank, victim = next((r, h) for r, h in starts if h != batch)
+        gpu = int(wait_text(out, rf"^{rank}: autoheal-trainer: device lab gpus=(\d+)$", 30)[0])
+        wait_text(out, rf"checkpoint saved step={every}", 60)
+        wait_text(out, rf"^{rank}: autoheal-trainer: step={every + 2} ", 30)  # between two durable saves
+        inject(hslab.lab, victim, gpu, "xid", xid=79)
+        swapped = wait_text(out, r"^(\d+): " + SWAP_START, 90, count=2)
+        wait_text(out, r"done step=\d+ final_state=", 120, count=2)
+        text = out.read_text()
+        run0 = text.split("reason=hot-spare-swap")[0]
+        assert re.search(rf"^{rank}: autoheal-trainer: device error step=\d+ error=\S+fallen_off_the_bus", run0,
+                         re.M), run0[-3000:]
+        # ended by hang detection (3 s), not by the 60 s grace
+        ended = re.search(r"the job's ranks are hung: .*ending the step now \(([\d.]+)s after the signal", text)
+        assert ended and float(ended.group(1)) < 60, text[-3000:]
+        assert {h for _, _, _, h in swapped} == {batch, spare}, swapped
+        saved = [int(s) for s in re.findall(r"checkpoint saved step=(\d+)", run0)]
+        assert {int(s) for _, s, _, _ in swapped} == {max(saved)}, (swapped, saved)
+        finals = re.findall(r"^(\d+): autoheal-trainer: done step=(\d+) final_state=(\d+)$", text, re.M)
+        assert sorted(finals) == [(r, str(steps), str(expected_final_state(steps))) for r in ("0", "1")], finals
+        job = hslab.slurm.get_job(jid)
+        assert job.restart_count == 0, job  # no requeue
+        assert not [r for r in hslab.journal.read(job=jid) if r.event in ("requeue", "job-requeue")], \
+            hslab.journal.read(job=jid)
+        recs = hslab.swap_records(jid)
+        assert len(recs) == 1 and recs[0].node == victim and recs[0].evidence["spare"] == spare, recs
+        blamed = [r for r in hslab.journal.read(job=jid) if r.node == spare]
+        assert not blamed, blamed
+        assert f"@{spare}" not in job.comment, job.comment
+        last = re.search(r"last=(\S+)", job.comment)
+        assert last is None or last.group(1).endswith(f"@{victim}"), job.comment
+    finally:
+        hslab.cleanup(jid, [victim] if victim else [])

@@ -262,3 +262,62 @@ def test_a_job_slurm_already_restarted_elsewhere_still_names_the_node_that_stopp
     assert rec.evidence["cause"] == "hang" and rec.evidence["node"] == "gpu2", rec.evidence
     assert "last=hang@gpu2" in slurm.job.comment, slurm.job.comment
     assert not any(c[0] in ("requeue", "requeuehold") for c in slurm.calls)  # Slurm requeued it already
+
+
+class HotSlurm(FakeSlurm):
+    """FakeSlurm with the hot-spare calls (a resize) and a 4-node cluster."""
+
+    def shrink_job(self, job_id, keep):
+        self.calls.append(("shrink", job_id, list(keep)))
+        self.job = replace(self.job, nodes=tuple(keep))
+
+    def set_node_count(self, job_id, low, high):
+        self.calls.append(("numnodes", job_id, low, high))
+
+
+# Blocked like BLOCKED; a run started after a swap finds its job requeued under it (srun refused: exit 1).
+BLOCKED_THEN_REFUSED = """
+import os, sys
+if os.environ.get("AUTOHEAL_SWAP_COUNT"):
+    sys.exit(1)
+""" + BLOCKED
+
+
+def test_a_hot_spare_job_slurm_requeued_during_the_wait_blames_the_faulty_node_never_the_spare(tmp_path, monkeypatch):
+    # Lab, before hang detection ended blocked steps: XID 79 on gpu2 (active), grace signal, the runner chose
+    # to swap in the spare gpu3 and waited for the blocked ranks; meanwhile the job was requeued (xid-watch's
+    # own requeue at the end of its grace) and restarted on gpu1,gpu4. The runner "swapped" anyway (nothing
+    # of the new allocation to release), ran the script again, saw it fail, judged its sets (gpu1,gpu3
+    # active) by the new allocation: gpu3 "removed by Slurm", requeued and recorded last=node-failure@gpu3.
+    drained = Node("gpu2", "MIXED", frozenset({"DRAIN"}), reason="autoheal: replace: xid 79 on GPU 0")
+    nodes = [Node("gpu1", "MIXED"), drained, Node("gpu3", "IDLE"), Node("gpu4", "IDLE")]
+    runner, _, journal = make(tmp_path, nodes=nodes, hang_after_fault=60, grace=120, spare_nodes=1, active_nodes=2)
+    slurm = HotSlurm(replace(runner.slurm.job, nodes=("gpu1", "gpu2", "gpu3"), batch_host="gpu1"), nodes)
+    runner.slurm = slurm
+    ckdir = tmp_path / "ck"
+    signal_when_started(runner, ckdir)
+
+    def slurm_requeues_the_job():
+        deadline = time.monotonic() + 20
+        while runner.received is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the runner is waiting for the blocked step (its hang detection is 60 s away)
+        slurm.job = replace(slurm.job, nodes=("gpu1", "gpu4"), restart_count=1)
+        runner.child.signal(signal.SIGKILL)  # Slurm's requeue kills the steps
+
+    threading.Thread(target=slurm_requeues_the_job, daemon=True).start()
+    real_child = r.Child
+
+    def keep_child(*a, **kw):  # the test's handle on the step, for Slurm's kill
+        runner.child = real_child(*a, **kw)
+        return runner.child
+
+    monkeypatch.setattr(r, "Child", keep_child)
+    code = runner.run([sys.executable, "-c", BLOCKED_THEN_REFUSED])
+    recs = list(journal.read())
+    assert not [x for x in recs if x.node == "gpu3"], [(x.event, x.node, x.message) for x in recs]
+    assert "@gpu3" not in slurm.job.comment, slurm.job.comment
+    assert "last=autoheal-drain@gpu2" in slurm.job.comment, slurm.job.comment
+    assert code == r.EXIT_REQUEUED
+    assert not [x for x in recs if x.event == "job-hot-swap"], recs  # the job had moved on: no swap in it
+    assert not any(c[0] in ("requeue", "requeuehold", "shrink") for c in slurm.calls), slurm.calls
