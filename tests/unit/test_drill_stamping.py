@@ -176,3 +176,33 @@ def test_a_precise_effect_pulls_its_polled_cause_back_so_the_phases_stay_ordered
     assert got[4].at == FAULT + 21.2
     chain = [got[0], got[1], got[2]]
     assert [s.at for s in chain] == sorted(s.at for s in chain) and got[3].at <= got[4].at
+
+
+class _Kube:
+    prefix = "autoheal.io"
+
+    def __init__(self):
+        self.nodes = {"gpu2": {"metadata": {"name": "gpu2"}, "spec": {"unschedulable": True},
+                               "status": {"conditions": [{"type": "GPUHealthy", "status": "False", "reason": "XID79",
+                                                          "lastTransitionTime": "2027-01-15T08:00:00Z"}]}}}
+
+    def node(self, name):
+        return self.nodes.get(name)
+
+    def replacements(self):
+        return []
+
+
+def test_the_cordon_phase_is_not_stamped_by_the_conditions_earlier_time(tmp_path):
+    """Lab run 2026-12-03: with the sync's cordon record not yet written, the phase "GPUHealthy=False and
+    cordon" took the condition's lastTransitionTime (0.9 s) although the cordon came at 8.8 s."""
+    drill = Drill(_Lab(tmp_path), kube=False)
+    drill.kube_view = _Kube()
+    drill.report.fault_time = FAULT
+    probe = next(p for p in drill._kube_probes("gpu2") if p.name.startswith("Kubernetes: GPUHealthy")).probe
+    got = probe()
+    assert got.time is None and got.clock is Clock.POLLED  # the cordon has no time of its own here
+    _journal(drill, {"event": "remediation", "node": "gpu2", "time": FAULT + 8.25,
+                     "message": "Node gpu2 cordoned for replacement (Slurm gpu2)"})
+    got = probe()
+    assert got.clock is Clock.JOURNAL and got.time == FAULT + 8.25
