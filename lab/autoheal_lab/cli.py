@@ -236,17 +236,14 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, action, as_json) -> No
               "which asks for --signal=USR2@<grace> and requeues itself). Needs submitit installed.")
 @click.option("--hot-spare", is_flag=True, help="Submit with `autoheal sbatch --spare-nodes 1` (3 nodes, steps on "
               "2): the failed node is swapped for the spare inside the allocation, no requeue.")
-@click.option("--fault-reaches-job", is_flag=True, help="The trainers run on their steps' fake GPUs with a real "
-              "allreduce each step (tiny_trainer --device lab --collective) and the XID hits the GPU a rank holds: "
-              "that rank's next GPU call fails and its peer blocks in the collective, as on real hardware.")
 @click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False), help="Also draw the timeline as a PNG.")
 @click.option("--timeout", default=240.0, show_default=True, type=click.FloatRange(10, 3600),
               help="Seconds to wait for the phases before reporting the missing ones.")
 @json_option
 @handle_errors
-def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, fault_reaches_job, keep, plot_file,
-          timeout, as_json) -> None:
+def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, plot_file, timeout,
+          as_json) -> None:
     """The XID 79 drill: a GPU dies under a 2-node training job; every healing phase, timed.
 
     Starts the lab from a clean state (3 GPU nodes x 8 fake GPUs + 1 spare, the recommended slurm.conf,
@@ -254,13 +251,23 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, fault_re
     spare pool; where Go is missing to build it, the drill says so in one line and runs without it, the
     Kubernetes phases marked "not run"; a lab already up in --dir is restarted, since an earlier fault would
     change the story),
-    submits the example trainer with `autoheal sbatch`, waits for a checkpoint, injects XID 79 on one GPU
-    of one of the job's nodes, and stamps each phase from Slurm, the journal, the trainer's output and
+    submits the example trainer with `autoheal sbatch`, waits for a checkpoint, injects XID 79 on the GPU
+    one of its ranks holds, and stamps each phase from Slurm, the journal, the trainer's output and
     Kubernetes, each tied to this fault's node and job. The lab is torn down unless --keep, so drills
     can run again and again in one directory.
 
+    The fault reaches the job as on real hardware: the trainers run on their steps' fake GPUs with a real
+    allreduce each step (tiny_trainer --device lab --collective), so the broken rank's next GPU call
+    fails and it cannot save, and its peer blocks in the collective (--plain too: Slurm's requeue then
+    waits KillWait for the blocked rank). There is no kinder mode: the lab must not be kinder than the world.
+
+    Each phase is stamped from its evidence's own clock (the journal record, the trainer's time=, Slurm's
+    StartTime or reason time, a Kubernetes object's time) and the clock is printed next to it; "polled"
+    marks evidence with no time of its own (the poll's time).
+
     --submitit: the same timeline for a real submitit Checkpointable job (one node): the signal and
-    submitit's checkpoint are read from its log, the resumed step must be the one it pickled.
+    submitit's checkpoint are read from its log, the resumed step must be the one it pickled (its
+    trainer does not use the fake GPU yet: the report says fault_reaches_job false).
 
     Every drill reports the lost steps (the newest step before the restart minus the step resumed from,
     from the trainers' own output) next to fault -> training resumed.
@@ -275,9 +282,6 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, fault_re
         raise click.UsageError("--plain and --hot-spare exclude each other (hot spares need autoheal sbatch)")
     if submitit and hot_spare:
         raise click.UsageError("--submitit and --hot-spare exclude each other (the submitit drill runs one node)")
-    if fault_reaches_job and (submitit or plain):
-        raise click.UsageError("--fault-reaches-job runs the tiny trainer under autoheal sbatch: not with "
-                               "--submitit or --plain")
     if submitit:
         from autoheal_lab.drill_submitit import submitit_available
 
@@ -305,7 +309,7 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, fault_re
                                    kube_not_run=not_run).run()
         else:
             report = Drill(the_lab, opt_in=not plain, kube=not no_kube, phase_timeout=timeout,
-                           hot_spare=hot_spare, kube_not_run=not_run, fault_reaches_job=fault_reaches_job).run()
+                           hot_spare=hot_spare, kube_not_run=not_run).run()
         if restarted:
             report.notes.append(f"the lab in {the_lab.root} was up: restarted it from a clean state")
         if not_run:

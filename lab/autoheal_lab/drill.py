@@ -36,12 +36,15 @@ from autoheal.journal import Journal
 from autoheal.reasons import is_ours
 from autoheal_lab.cluster import Lab, LabError
 from autoheal_lab.gpus import inject
+from autoheal_lab.stamping import POLLED_NOTE, Clock, Evidence, Observation, pick, stamp_all
 
 POLL = 0.1
 #: With the fault reaching the job it is injected this many steps after the first checkpoint (the drill's
 #: trainer saves every 10).
 MID_INTERVAL = 5
 TRAINER = "autoheal-trainer: "
+#: the trainer's own clock at the end of its line (tiny_trainer --timestamps / --event-times)
+TRAINER_TIME_RX = re.compile(r"\stime=(\d+(?:\.\d+)?)\s*$")
 #: Exit code of a drill whose probe raised: it could not tell whether the loop worked.
 EXIT_DRILL_ERROR = 3
 #: Job states a requeued drill job must never reach (the trainer runs far longer than any drill).
@@ -60,12 +63,15 @@ class Waiting:
         return False
 
 
-Probe = Callable[[], Union[Tuple[float, str], Waiting, None]]
+Probe = Callable[[], Union[Evidence, Waiting, None]]
 
 
 @dataclass
 class Phase:
-    """One step of the loop: observed at ``at`` (epoch seconds) from ``source``, or missing/skipped."""
+    """One step of the loop: observed at ``at`` (epoch seconds) from ``source``, or missing/skipped.
+
+    ``at`` is decided from the evidence's own clock (``clock``; autoheal_lab.stamping), never earlier
+    than the fault or the phase it ``follows``; ``polled_at`` is when the drill's poll first saw it."""
 
     name: str
     source: str
@@ -79,6 +85,12 @@ class Phase:
     # polled only once this phase is observed: every probe costs a Slurm or API call, and polling all of
     # them each tick made one tick last 1-2 s under load, stamping early phases late
     after: Optional[Phase] = None
+    follows: Optional[Phase] = None  # the phase that causes this one (defaults to ``after``): it cannot come first
+    evidence: Optional[Evidence] = None
+    polled_at: Optional[float] = None
+    clock: str = ""  # whose clock ``at`` came from (stamping.Clock)
+    stamp_note: str = ""  # what the stamping adjusted (clamped, whole second, polled), "" when nothing
+    uncertainty: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -106,7 +118,7 @@ class DrillReport:
     kube: bool = True
     slurm_defaults: bool = False
     hot_spare: bool = False
-    fault_reaches_job: bool = False
+    fault_reaches_job: bool = True
     lost_steps: Optional[int] = None  # from the trainers' own output (autoheal_lab.lostwork)
     phases: List[Phase] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
@@ -136,6 +148,8 @@ class DrillReport:
 
     def totals(self) -> Dict[str, Optional[float]]:
         return {"fault_to_drain_s": self.since_fault("drained"),
+                "fault_to_grace_signal_s": self.since_fault("grace signal"),
+                "fault_to_requeued_s": self.since_fault("job requeued"),
                 "fault_to_job_running_again_s": self.since_fault("job running again"),
                 "fault_to_replacement_in_service_s": self.since_fault("spare node in service"),
                 "fault_to_trainer_resumed_s": self.since_fault("trainer restarted at the right step")}
@@ -149,6 +163,8 @@ class DrillReport:
             "errors": [f"{p.name}: {p.error}" for p in self.errors],
             "phases": [{"phase": p.name, "source": p.source, "detail": p.detail,
                         "seconds_after_fault": None if p.at is None else round(p.at - self.fault_time, 3),
+                        "clock": p.clock, "stamp_note": p.stamp_note, "uncertainty_s": round(p.uncertainty, 3),
+                        "polled_s": None if p.polled_at is None else round(p.polled_at - self.fault_time, 3),
                         "status": p.status,
                         **({"why": p.skipped or p.error or p.failed} if (p.skipped or p.error or p.failed) else {})}
                        for p in self.phases],
@@ -200,7 +216,7 @@ class Drill:
 
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
                  phase_timeout: float = 240.0, step_seconds: float = 0.1, hot_spare: bool = False,
-                 kube_not_run: str = "", fault_reaches_job: bool = False):
+                 kube_not_run: str = "", fault_reaches_job: bool = True):
         from autoheal.slurm.cli_backend import CliSlurm
 
         self.lab = lab
@@ -237,7 +253,9 @@ class Drill:
         trainer = Path(helpers.__file__).parent / "examples" / "tiny_trainer.py"
         ckpt = ["--checkpoint-every", "10"] if self.opt_in else []
         # the fault reaches the job: each rank on the GPU Slurm gave its step, a real allreduce per step
-        real = ["--device", "lab", "--collective", "--timestamps"] if self.fault_reaches_job else []
+        # (--event-times: every line carries the trainer's clock, the drill's stamp for that phase)
+        real = ["--device", "lab", "--collective", "--timestamps", "--event-times"] if self.fault_reaches_job \
+            else []
         cmd = " ".join(shlex.quote(a) for a in [sys.executable, str(trainer), "--steps", "100000",
                                                 "--step-seconds", str(self.step_seconds), *ckpt, *real])
         script = self.workdir / "train.sh"
@@ -316,17 +334,25 @@ class Drill:
     def _journal_probe(self, events: Tuple[str, ...], node: Optional[str] = None, job: Optional[str] = None,
                        match: str = "") -> Probe:
         def probe():
-            for rec in self.journal.read(node=node, job=job, since=self.report.fault_time - 0.5):
-                if rec.event in events and (not match or match in (rec.message + rec.action + rec.outcome)):
-                    return rec.time, f"{rec.event}: {rec.message or rec.outcome}"
-            return None
+            rec = self._journal_record(events, node=node, job=job, match=match)
+            return _stamp(f"{rec.event}: {rec.message or rec.outcome}", journal_time(rec)) if rec else None
         return probe
+
+    def _journal_record(self, events: Tuple[str, ...], node: Optional[str] = None, job: Optional[str] = None,
+                        match: str = ""):
+        """The first journal record of ``events`` since the fault (half a second of slack for the clock)."""
+        for rec in self.journal.read(node=node, job=job, since=self.report.fault_time - 0.5):
+            if rec.event in events and (not match or match in (rec.message + rec.action + rec.outcome)):
+                return rec
+        return None
 
     def _drained_probe(self, node: str) -> Probe:
         def probe():
             n = self.slurm.get_node(node)
             if n.drain and is_ours(n.reason):
-                return time.time(), f"{node} {n.state_text}: {n.reason}"
+                # when: xid-watch's drain record (sub-second), else Slurm's own reason time (whole seconds)
+                when = pick([journal_time(self._journal_record(("drain",), node=node)), slurm_time(n.reason_time)])
+                return _stamp(f"{node} {n.state_text}: {n.reason}", when)
             return Waiting(f"{node} {n.state_text}" + (f": {n.reason}" if n.reason else ""))
         return probe
 
@@ -338,21 +364,24 @@ class Drill:
             hit = self.tail.find(pattern, after=self.report.fault_time, start=start)
             if not hit:
                 return None
-            t, line, m = hit
+            _t, line, m = hit
             if check:
                 check(m)
-            return t, line.split(TRAINER, 1)[-1]
+            return trainer_evidence(_untimed(line.split(TRAINER, 1)[-1]), line)
         return probe
 
     def _requeued_probe(self) -> Probe:
         def probe():
-            return _stamp(judge_requeued(self.slurm.get_job(self.report.job_id), self.baseline_restarts))
+            verdict = judge_requeued(self.slurm.get_job(self.report.job_id), self.baseline_restarts)
+            # when: the runner's (or xid-watch's) journal record of the requeue; Slurm keeps no requeue time
+            return _stamp(verdict, journal_time(self._journal_record(("job-requeue", "requeue"),
+                                                                      job=self.report.job_id)) if verdict else None)
         return probe
 
     def _running_again_probe(self, bad: str) -> Probe:
         def probe():
             job = self.slurm.get_job(self.report.job_id)
-            return _stamp(judge_running_again(job, self.baseline_restarts, bad))
+            return _stamp(judge_running_again(job, self.baseline_restarts, bad), slurm_time(job.start_time))
         return probe
 
     def _restart_start_probe(self) -> Probe:
@@ -379,17 +408,17 @@ class Drill:
                 if self.resumed_step != 0:
                     raise Contradiction(f"a job that did not opt in resumed from step {self.resumed_step}")
                 detail = "restarted from step 0: the job did not opt in, so no checkpoint-resume"
-            return t, detail
+            return trainer_evidence(detail, line)
         return probe
 
     def _progress_probe(self) -> Probe:
         def probe():
             if self.resumed_step is None or not self.first_restart_line:
                 return None
-            for t, line in self.tail.lines[self.first_restart_line:]:
+            for _t, line in self.tail.lines[self.first_restart_line:]:
                 m = self.PROGRESS_RX.search(line.strip())
                 if m and int(m.group(1)) >= self.resumed_step + 5:
-                    return t, f"training reached step {m.group(1)}"
+                    return trainer_evidence(f"training reached step {m.group(1)}", line)
             return None
         return probe
 
@@ -403,7 +432,7 @@ class Drill:
             else:
                 seen = "autoheal: requeued" in job.comment
             if seen and recs:
-                return time.time(), f"job comment: {job.comment!r}; {len(recs)} journal records for the job"
+                return Evidence(f"job comment: {job.comment!r}; {len(recs)} journal records for the job")
             return Waiting(f"job comment {job.comment!r}; {len(recs)} journal records for the job since the fault")
         return probe
 
@@ -426,7 +455,7 @@ class Drill:
                 if cur == "failed":
                     raise Contradiction(f"remediation failed: {kube.annotation(node, 'remediation-reason')}")
                 if cur in order and order.index(cur) >= order.index(state):
-                    return time.time(), f"Node {node} remediation-state={cur}"
+                    return Evidence(f"Node {node} remediation-state={cur}")  # an annotation: no time of its own
                 return Waiting(f"Node {node} remediation-state={cur or '(none)'}")
             return probe
 
@@ -437,18 +466,28 @@ class Drill:
             cond = next((c for c in (n.get("status") or {}).get("conditions") or []
                          if c.get("type") == "GPUHealthy"), None)
             if cond and cond.get("status") == "False" and (n.get("spec") or {}).get("unschedulable"):
-                return time.time(), f"GPUHealthy=False ({cond.get('reason')}), Node cordoned"
+                # when: the sync's journal record of the cordon, which comes after the condition; the
+                # condition's own lastTransitionTime is not this phase's time (the cordon may follow it by
+                # seconds: 0.9 s vs 8.8 s in a lab run), so without the record the poll's time it is
+                cordon = self._journal_record(("remediation",), node=node, match="cordoned")
+                return _stamp(f"GPUHealthy=False ({cond.get('reason')}), Node cordoned", journal_time(cordon))
             return Waiting(f"Node {node}: GPUHealthy={(cond or {}).get('status', '-')}, "
                            f"unschedulable={bool((n.get('spec') or {}).get('unschedulable'))}")
 
         def replacement_requested():
-            req = find_request(kube.replacements(), kube.node(node), node, self.report.fault_time,
-                               kube.prefix)
+            crs = kube.replacements()
+            req = find_request(crs, kube.node(node), node, self.report.fault_time, kube.prefix)
             if req is None:
                 return Waiting(f"no replacement request for {node} since the fault")
             self.request = req
-            return time.time(), f"{req['kind']} {req['name']} for {node}" + (
-                f" (names {req['spare']})" if req["spare"] else "")
+            cr = next((c for c in crs if c["metadata"].get("name") == req["name"]), None)
+            created = kube_time((cr or {}).get("metadata", {}).get("creationTimestamp")) \
+                if req["kind"] == "NodeReplacement" else None
+            # when: the sync's journal record of the request (sub-second), else the object's creation time
+            when = pick([journal_time(self._journal_record(("remediation",), node=node,
+                                                           match="replacement requested")), created])
+            return _stamp(f"{req['kind']} {req['name']} for {node}" + (
+                f" (names {req['spare']})" if req["spare"] else ""), when)
 
         def spare_in_service():
             if self.request is None:
@@ -466,8 +505,7 @@ class Drill:
             if not verdict:
                 return verdict
             old = self.slurm.get_node(node)
-            return time.time(), (f"{verdict}; named by {self.request['kind']} {self.request['name']}; "
-                                 f"{node}: {old.reason}")
+            return Evidence(f"{verdict}; named by {self.request['kind']} {self.request['name']}; {node}: {old.reason}")
 
         return [
             Phase("Kubernetes: GPUHealthy=False condition and cordon", "kubernetes", unhealthy_and_cordoned),
@@ -478,32 +516,40 @@ class Drill:
         ]
 
     # ---- the run -----------------------------------------------------------------------------------
-    def phases_for(self, node: str) -> List[Phase]:
-        drained = Phase("drained in Slurm with an autoheal reason", "slurm", self._drained_probe(node))
-        phases = [
-            Phase("detected (XID 79 seen on the node)", "journal",
-                  self._journal_probe(("detection",), node=node)),
-            drained,
-        ]
-        if self.opt_in and self.fault_reaches_job:
+    def _job_side_phases(self, node: str, drained: Phase) -> List[Phase]:
+        """What the job sees of the fault: with the fault reaching it, the broken rank's GPU call fails and
+        nothing can be saved after it; the kind trainer (the submitit drill's) saves on the signal."""
+        if self.fault_reaches_job:
+            failed = Phase("the broken rank's GPU call failed", "trainer output",
+                           self._trainer_probe(r"device error step=(\d+) error=(\S+)"))
+            if not self.opt_in:
+                why = "the job did not opt in (plain sbatch): Slurm's requeue sends SIGTERM, no checkpoint"
+                return [failed, Phase("grace signal sent to the job", "journal", skipped=why),
+                        Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
             why = ("the fault reaches the job: the broken rank cannot save, its peer is blocked in the collective "
                    "with the signal held pending; it resumes from the last save before the fault")
-            phases += [Phase("the broken rank's GPU call failed", "trainer output",
-                             self._trainer_probe(r"device error step=(\d+) error=(\S+)")),
-                       Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
-        elif self.opt_in:
-            phases += [
-                Phase("grace signal delivered to the trainer", "trainer output",
-                      self._trainer_probe(r"signal received (\S+) at step=(\d+)")),
-                Phase("checkpoint saved after the signal", "trainer output", self._saved_probe()),
-            ]
-        else:
-            why = "the job did not opt in (plain sbatch): Slurm's requeue sends SIGTERM, no checkpoint"
-            phases += [Phase("grace signal delivered to the trainer", "trainer output", skipped=why),
-                       Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
+            return [failed,
+                    Phase("grace signal sent to the job", "journal",
+                          self._journal_probe(("signal",), job=self.report.job_id), follows=drained),
+                    Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
+        if self.opt_in:
+            signal = Phase("grace signal delivered to the trainer", "trainer output",
+                           self._trainer_probe(r"signal received (\S+) at step=(\d+)"), follows=drained)
+            return [signal, Phase("checkpoint saved after the signal", "trainer output", self._saved_probe(),
+                                  follows=signal)]
+        why = "the job did not opt in (plain sbatch): Slurm's requeue sends SIGTERM, no checkpoint"
+        return [Phase("grace signal delivered to the trainer", "trainer output", skipped=why),
+                Phase("checkpoint saved after the signal", "trainer output", skipped=why)]
+
+    def phases_for(self, node: str) -> List[Phase]:
+        detected = Phase("detected (XID 79 seen on the node)", "journal",
+                         self._journal_probe(("detection",), node=node))
+        drained = Phase("drained in Slurm with an autoheal reason", "slurm + journal", self._drained_probe(node),
+                        follows=detected)
+        phases = [detected, drained, *self._job_side_phases(node, drained)]
         if self.hot_spare:
             return phases + self._hot_spare_phases(node, drained)
-        requeued = Phase("job requeued", "slurm", self._requeued_probe(), after=drained)
+        requeued = Phase("job requeued", "slurm + journal", self._requeued_probe(), after=drained)
         phases.append(requeued)
         if self.kube:
             kube_phases = self._kube_probes(node)
@@ -516,10 +562,12 @@ class Drill:
                 phases.append(Phase(name, "kubernetes", skipped=self.kube_skip))
         running = Phase("job running again, away from the bad node", "slurm", self._running_again_probe(node),
                         after=requeued)
+        restarted = Phase("trainer restarted at the right step", "trainer output", self._restart_start_probe(),
+                          follows=running)
         phases += [
             running,
-            Phase("trainer restarted at the right step", "trainer output", self._restart_start_probe()),
-            Phase("training progressing past it", "trainer output", self._progress_probe()),
+            restarted,
+            Phase("training progressing past it", "trainer output", self._progress_probe(), follows=restarted),
             Phase("user-visible record (job comment, autoheal events)", "slurm + journal", self._record_probe(),
                   after=requeued),
         ]
@@ -540,10 +588,13 @@ class Drill:
             for name in ("Kubernetes: GPUHealthy=False condition and cordon", "opt-out label checked",
                          "pods evicted", "replacement requested", "spare node in service"):
                 phases.append(Phase(name, "kubernetes", skipped=self.kube_skip))
+        restarted = Phase("trainer restarted at the right step", "trainer output", self._swap_start_probe(),
+                          follows=released)
         phases += [
-            Phase("step restarted on the spare", "trainer output", self._swap_start_probe(on_spare=True)),
-            Phase("trainer restarted at the right step", "trainer output", self._swap_start_probe()),
-            Phase("training progressing past it", "trainer output", self._progress_probe()),
+            Phase("step restarted on the spare", "trainer output", self._swap_start_probe(on_spare=True),
+                  follows=released),
+            restarted,
+            Phase("training progressing past it", "trainer output", self._progress_probe(), follows=restarted),
             Phase("user-visible record (job comment, autoheal events)", "slurm + journal",
                   self._swap_record_probe(node), after=released),
         ]
@@ -559,8 +610,10 @@ class Drill:
                 raise Contradiction(f"job {job.job_id} ended {job.state}")
             if job.running and bad not in job.nodes:
                 n = self.slurm.get_node(bad)
-                return time.time(), (f"job {job.job_id} RUNNING on {','.join(job.nodes)} (restart "
-                                     f"{job.restart_count}); {bad} {n.state_text}")
+                # when: the runner's journal record of the swap (it writes it once the node is released)
+                return _stamp(f"job {job.job_id} RUNNING on {','.join(job.nodes)} (restart {job.restart_count}); "
+                              f"{bad} {n.state_text}",
+                              journal_time(self._journal_record(("job-hot-swap",), job=self.report.job_id)))
             return Waiting(f"job {job.job_id} {job.state} on {','.join(job.nodes)}")
         return probe
 
@@ -584,11 +637,11 @@ class Drill:
                 raise Contradiction(f"resumed from step {step}, but the checkpoint saved after the signal was "
                                     f"step {self.saved_step}")
             if on_spare:
-                return t, f"rank {m.group(4)} started on the spare {m.group(3)} at step {step}"
+                return trainer_evidence(f"rank {m.group(4)} started on the spare {m.group(3)} at step {step}", line)
             idx = self.tail.index_of(t, line)
             self.first_restart_line = self.first_restart_line or idx
             self.resumed_step = step
-            return t, f"resumed from step {step} ({m.group(2)})"
+            return trainer_evidence(f"resumed from step {step} ({m.group(2)})", line)
         return probe
 
     def _swap_record_probe(self, bad: str) -> Probe:
@@ -597,7 +650,7 @@ class Drill:
             recs = [r for r in self.journal.read(job=self.report.job_id)
                     if r.time >= self.report.fault_time - 0.5 and r.event == "job-hot-swap"]
             if recs and re.search(r"\bswaps=1\b", job.comment):
-                return time.time(), f"job comment: {job.comment!r}; journal: {recs[0].message}"
+                return Evidence(f"job comment: {job.comment!r}; journal: {recs[0].message}")
             return Waiting(f"job comment {job.comment!r}; {len(recs)} job-hot-swap journal records")
         return probe
 
@@ -615,9 +668,12 @@ class Drill:
                                             at=fault["time"], detail=fault["kernel_log"] or ""))
             if self.hot_spare:
                 self.report.notes.append(f"hot spare: steps on 2 of the job's 3 nodes, idle spare {self.spare}")
+            self.report.phases[0].evidence = Evidence("", fault["time"], Clock.INJECT)
+            self.report.phases[0].polled_at = fault["time"]
             pending = self.phases_for(node)
             self.report.phases.extend(pending)
             self._watch(pending)
+            restamp(self.report.phases, self.report.fault_time)
             self._measure_lost_steps()
         finally:
             self._collect_logs()
@@ -660,9 +716,38 @@ class Contradiction(Exception):
 
 
 
-def _stamp(verdict: Union[str, Waiting]) -> Union[Tuple[float, str], Waiting]:
-    """A judge's verdict as a probe result: a detail string is evidence seen now."""
-    return (time.time(), verdict) if isinstance(verdict, str) else verdict
+def _stamp(verdict: Union[str, Waiting], when: Optional[Evidence] = None) -> Union[Evidence, Waiting]:
+    """A judge's verdict as a probe result: a detail string is evidence, timed by ``when`` (the source's
+    own time for it) or else by the poll that saw it."""
+    if isinstance(verdict, Waiting):
+        return verdict
+    return Evidence(verdict, when.time, when.clock) if when is not None else Evidence(verdict)
+
+
+def _untimed(text: str) -> str:
+    return TRAINER_TIME_RX.sub("", text)
+
+
+def kube_time(ts: Optional[str]) -> Optional[Evidence]:
+    """A Kubernetes object's time (RFC 3339, whole seconds) as timing evidence; None when absent."""
+    created = _created({"metadata": {"creationTimestamp": ts}}) if ts else None
+    return Evidence("", created, Clock.KUBE) if created is not None else None
+
+
+def trainer_evidence(detail: str, line: str) -> Evidence:
+    """A trainer line as evidence: timed by the trainer's own ``time=`` (--timestamps, --event-times)
+    when the line has one."""
+    m = TRAINER_TIME_RX.search(line)
+    return Evidence(detail, float(m.group(1)), Clock.TRAINER) if m else Evidence(detail)
+
+
+def slurm_time(epoch: Optional[int]) -> Optional[Evidence]:
+    """A Slurm event time (whole seconds) as timing evidence; None when Slurm gave none."""
+    return Evidence("", float(epoch), Clock.SLURM) if epoch else None
+
+
+def journal_time(rec) -> Optional[Evidence]:
+    return Evidence("", float(rec.time), Clock.JOURNAL) if rec is not None and rec.time else None
 
 
 # ---- judges: pure decisions on recorded evidence (unit-tested without a lab) ---------------------------
@@ -771,6 +856,7 @@ def watch(phases: List[Phase], timeout: float, before_tick: Callable[[], None] =
                 hit = p.probe() if p.probe else None
             except Contradiction as exc:
                 p.at, p.failed = time.time(), str(exc)
+                p.polled_at, p.clock = p.at, Clock.POLLED.value
                 open_phases.remove(p)
                 continue
             except Exception as exc:
@@ -784,12 +870,30 @@ def watch(phases: List[Phase], timeout: float, before_tick: Callable[[], None] =
             if isinstance(hit, Waiting):
                 p.detail = f"last seen: {hit.note}"
             elif hit:
-                p.at, p.detail = hit
+                # at: provisional (the phases gated on this one need only know it was seen); restamp()
+                # decides it from the evidence's own clock once every phase is in
+                p.evidence, p.polled_at, p.detail = hit, time.time(), hit.detail
+                p.at = p.polled_at
                 open_phases.remove(p)
         sleep(poll)
     for p in open_phases:
         if p.last_error:
             p.error = f"probe kept failing until the deadline: {p.last_error}"
+
+
+def restamp(phases: List[Phase], fault_time: float) -> None:
+    """Each observed phase's time from its evidence's own clock (stamping.stamp_all): no earlier than the
+    fault or the phase it follows; a phase with no evidence time keeps its poll time, marked polled."""
+    index = {id(p): i for i, p in enumerate(phases)}
+    obs = []
+    for p in phases:
+        cause = p.follows or p.after
+        usable = p.evidence is not None and p.polled_at is not None and not p.failed
+        obs.append(Observation(p.name, p.evidence if usable else None, p.polled_at if usable else None,
+                               index.get(id(cause)) if cause is not None else None))
+    for p, st in zip(phases, stamp_all(fault_time, obs)):
+        if st is not None:
+            p.at, p.clock, p.stamp_note, p.uncertainty = st.at, st.clock.value, st.note, st.uncertainty
 
 
 class _KubeView:
@@ -831,7 +935,7 @@ class _KubeView:
 def render_timeline(report: DrillReport) -> str:
     """The human timeline: phase, time since fault, source of the evidence, then totals."""
     data = report.to_dict()
-    lines = [f"{'t+ (s)':>9}  {'phase':<55} {'source':<16} detail"]
+    lines = [f"{'t+ (s)':>9}  {'phase':<55} {'clock':<22} detail"]
     for p in data["phases"]:
         if p["status"] in ("skipped", "error"):
             t = p["status"].upper() if p["status"] == "error" else (
@@ -842,7 +946,11 @@ def render_timeline(report: DrillReport) -> str:
             t = f"{p['seconds_after_fault']:.2f}"
         detail = p.get("why") if p["status"] in ("skipped", "failed", "error") else p["detail"]
         flag = {"failed": "FAILED: ", "error": "DRILL ERROR: "}.get(p["status"], "")
-        lines.append(f"{t:>9}  {p['phase']:<55} {p['source']:<16} {flag}{detail}")
+        clock = p.get("clock") or p["source"]
+        if p.get("uncertainty_s"):
+            t = f"{t}±{p['uncertainty_s']:.1f}"
+        lines.append(f"{t:>9}  {p['phase']:<55} {clock:<22} {flag}{detail}"
+                     + (f" [{p['stamp_note']}]" if p.get("stamp_note") not in ("", None, POLLED_NOTE) else ""))
     tot = data["totals"]
 
     def fmt(v):
@@ -853,8 +961,13 @@ def render_timeline(report: DrillReport) -> str:
                  f"{fmt(tot['fault_to_job_running_again_s'])}   fault -> replacement in service: "
                  f"{fmt(tot['fault_to_replacement_in_service_s'])}")
     lost = "n/a" if data.get("lost_steps") is None else str(data["lost_steps"])
+    lines.append(f"fault -> grace signal: {fmt(tot['fault_to_grace_signal_s'])}   fault -> requeued: "
+                 f"{fmt(tot['fault_to_requeued_s'])}" + ("   (hot spare: no requeue)" if data.get("hot_spare") else ""))
     lines.append(f"fault -> training resumed (trainer output): {fmt(tot['fault_to_trainer_resumed_s'])}   "
-                 f"lost steps: {lost}" + ("   (hot spare: no requeue)" if data.get("hot_spare") else ""))
+                 f"lost steps: {lost} (trainer output)"
+                 + ("" if data.get("fault_reaches_job", True) else "   (kind trainer: the fault never reached it)"))
+    lines.append("clocks: each phase from its evidence's own time (journal, trainer clock, Slurm's and Kubernetes' "
+                 "whole-second event times, ± what is left open); 'polled': no time of its own, when the poll saw it")
     for note in data["notes"]:
         lines.append(f"note: {note}")
     if data["ok"]:

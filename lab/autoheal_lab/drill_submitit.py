@@ -20,6 +20,7 @@ from typing import List, Optional
 
 from autoheal_lab.cluster import Lab, LabError
 from autoheal_lab.drill import POLL, Contradiction, Drill, OutputTail, Phase, Probe, Waiting
+from autoheal_lab.stamping import Clock, Evidence
 
 TRAINER = "submitit-trainer: "
 #: The trainer runs far longer than any drill (a finished job would end the timeline early).
@@ -60,6 +61,25 @@ def start_client(env: dict, workdir: Path, folder: Path, steps: int, step_second
                    f"{out.read_text(errors='replace')[-800:]}")
 
 
+#: submitit's own log line time: ``submitit INFO (2026-12-03 06:22:33,123) - ...`` (local time, ms)
+_LOGGED_RX = re.compile(r"\((\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3})\)")
+
+
+def logged_evidence(detail: str, line: str) -> Evidence:
+    """A submitit log line as evidence, timed by submitit's logger (the local clock, milliseconds) when
+    the line carries its time; else by the poll that saw it."""
+    from datetime import datetime
+
+    m = _LOGGED_RX.search(line)
+    if not m:
+        return Evidence(detail)
+    try:
+        at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").timestamp() + int(m.group(2)) / 1000
+    except ValueError:
+        return Evidence(detail)
+    return Evidence(detail, at, Clock.TRAINER)
+
+
 class SubmititDrill(Drill):
     """The drill with a submitit job (one node) instead of the 2-node example trainer."""
 
@@ -68,7 +88,8 @@ class SubmititDrill(Drill):
     def __init__(self, lab: Lab, opt_in: bool = True, kube: bool = True, gpu: int = 3,
                  phase_timeout: float = 240.0, step_seconds: float = 0.1, kube_not_run: str = ""):
         super().__init__(lab, opt_in=opt_in, kube=kube, gpu=gpu, phase_timeout=phase_timeout,
-                         step_seconds=step_seconds, kube_not_run=kube_not_run)
+                         step_seconds=step_seconds, kube_not_run=kube_not_run,
+                         fault_reaches_job=False)  # submitit's trainer is a CPU process: the fault never reaches it
         self.client: Optional[subprocess.Popen] = None
         self.folder = self.workdir / "submitit"
 
@@ -120,10 +141,10 @@ class SubmititDrill(Drill):
             hit = self.tail.find(pattern, after=self.report.fault_time)
             if not hit:
                 return None
-            t, line, m = hit
+            _t, line, m = hit
             if check:
                 check(m)
-            return t, line.split(TRAINER, 1)[-1].strip()
+            return logged_evidence(line.split(TRAINER, 1)[-1].strip(), line)
         return probe
 
     def _checkpoint_probe(self) -> Probe:
@@ -149,7 +170,8 @@ class SubmititDrill(Drill):
             if self.saved_step is None or self.resumed_step != self.saved_step:
                 raise Contradiction(f"resumed from step {self.resumed_step}, but submitit's checkpoint after the "
                                     f"signal was step {self.saved_step}")
-            return t, f"resumed from step {self.resumed_step} on {m.group(2)} (submitit's pickled trainer)"
+            return logged_evidence(f"resumed from step {self.resumed_step} on {m.group(2)} (submitit's pickled "
+                                   f"trainer)", line)
         return probe
 
     def _record_probe(self) -> Probe:
@@ -165,7 +187,7 @@ class SubmititDrill(Drill):
                 seen = bool(signals)
                 what = f"journal: {signals[0].message}" if signals else ""
             if seen and recs:
-                return time.time(), f"{what}; {len(recs)} journal records for the job"
+                return Evidence(f"{what}; {len(recs)} journal records for the job")
             return Waiting(f"job comment {job.comment!r}; {len(recs)} journal records for the job since the fault")
         return probe
 

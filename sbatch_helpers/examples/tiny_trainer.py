@@ -181,7 +181,14 @@ class Collective:
         raise CollectiveTimeout(f"{why}: no progress within {self.timeout:g} s")
 
 
+#: --event-times: every line carries the trainer's own clock, so an observer (the lab's drill) can tell when
+#: a thing happened rather than when it got round to reading it
+EVENT_TIMES = False
+
+
 def say(text: str) -> None:
+    if EVENT_TIMES and " time=" not in text:
+        text = f"{text} time={time.time():.3f}"
     sys.stdout.write(f"autoheal-trainer: {text}\n")
     sys.stdout.flush()
 
@@ -215,6 +222,8 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
     p.add_argument("--collective-timeout", type=float, default=NCCL_TIMEOUT,
                    help=f"how long a collective may block before the rank gives up (default {NCCL_TIMEOUT:g}: NCCL's)")
     p.add_argument("--timestamps", action="store_true", help="add time=<epoch seconds> to each step line")
+    p.add_argument("--event-times", action="store_true",
+                   help="add time=<epoch seconds> to every line (start, device error, signal, checkpoint...)")
     args = p.parse_args(argv)
     if args.collective_timeout <= 0:
         p.error("--collective-timeout must be > 0")
@@ -375,7 +384,9 @@ def _train_step(args: argparse.Namespace, coll: Optional[Collective], step: int,
 
 
 def main(argv: Optional[list] = None) -> int:
+    global EVENT_TIMES
     args = parse_args(argv)
+    EVENT_TIMES = args.event_times
     rank, world = ck.env_rank(), ck.env_world_size()
     mgr = ck.CheckpointManager(args.checkpoint_dir, keep=args.keep, rank=rank) if args.checkpoint_dir else None
     if mgr is None:

@@ -25,7 +25,8 @@ def test_all_observed_or_skipped_is_ok_with_totals():
     rep = _report()
     data = rep.to_dict()
     assert data["ok"] is True
-    assert data["totals"] == {"fault_to_drain_s": 0.4, "fault_to_job_running_again_s": 13.5,
+    assert data["totals"] == {"fault_to_drain_s": 0.4, "fault_to_grace_signal_s": None, "fault_to_requeued_s": None,
+                              "fault_to_job_running_again_s": 13.5,
                               "fault_to_replacement_in_service_s": None, "fault_to_trainer_resumed_s": 14.0}
     assert [p["status"] for p in data["phases"]] == ["observed", "observed", "skipped", "observed", "observed"]
     text = render_timeline(rep)
@@ -69,9 +70,11 @@ from autoheal_lab.drill import (  # noqa: E402
     judge_requeued,
     judge_running_again,
     judge_spare,
+    restamp,
     watch,
 )
 from autoheal_lab.slurmconf import LabLayout  # noqa: E402
+from autoheal_lab.stamping import Clock, Evidence  # noqa: E402
 
 FAULT = 1_800_000_000.0
 
@@ -181,16 +184,18 @@ def test_an_idle_spare_from_before_is_not_in_service_until_this_nodes_request_na
     assert isinstance(spare.probe(), Waiting)  # no request yet: nothing counts
     assert isinstance(requested.probe(), Waiting)
     ev.crs = [_cr("gpu2", FAULT + 5)]
-    t_req, detail = requested.probe()
-    assert detail == "NodeReplacement gpu2 for gpu2"
+    req = requested.probe()
+    # stamped by the request's own creationTimestamp (Kubernetes, whole seconds), not by the poll
+    assert req.detail == "NodeReplacement gpu2 for gpu2" and req.time == FAULT + 5 and req.clock.value.startswith("kub")
     assert "names no replacement yet" in spare.probe().note
     ev.crs = [_cr("gpu2", FAULT + 5, "spare2")]
     ev.nodes["spare2"] = Node("spare2", "IDLE", frozenset({"DRAIN"}), "autoheal: spare: held")
     assert "spare2 IDLE+DRAIN" in spare.probe().note  # spare1 is idle, but it is not the one named
     ev.nodes["spare2"] = Node("spare2", "IDLE")
     ev.nodes["gpu2"] = Node("gpu2", "IDLE", frozenset({"DRAIN"}), "autoheal: retired: replaced by spare2")
-    t_spare, detail = spare.probe()
-    assert t_spare >= t_req
+    got = spare.probe()
+    assert got.time is None  # "in service" has no time of its own: the poll's
+    detail = got.detail
     assert detail.startswith("spare2 IDLE in Slurm with a Kubernetes Node; named by NodeReplacement gpu2")
     assert "retired: replaced by spare2" in detail
     ev.crs = [_cr("gpu2", FAULT + 5, "gpu9")]
@@ -224,7 +229,7 @@ def test_a_probe_that_raises_is_a_drill_error_not_a_missing_phase():
     def broken():
         raise KeyError("replacementNode")
 
-    rep = _watched(lambda: (1001.0, "seen"), broken)
+    rep = _watched(lambda: Evidence("seen", 1001.0, Clock.JOURNAL), broken)
     data = rep.to_dict()
     assert [p["status"] for p in data["phases"]] == ["observed", "error"]
     assert "KeyError" in data["phases"][1]["why"] and data["errors"]
@@ -246,7 +251,7 @@ def test_transient_read_failures_are_retried_and_an_error_only_if_they_last():
         calls.append(1)
         if len(calls) < 3:
             raise SlurmUnavailable("slurmctld did not answer")
-        return 1002.0, "seen after two failed reads"
+        return Evidence("seen after two failed reads")
 
     def down():
         raise SlurmUnavailable("slurmctld did not answer")
@@ -273,17 +278,18 @@ def test_a_phase_is_polled_only_after_the_phase_it_follows():
 
     def first():
         calls["first"] += 1
-        return (100.0, "seen") if calls["first"] >= 3 else Waiting("not yet")
+        return Evidence("seen", 100.0, Clock.JOURNAL) if calls["first"] >= 3 else Waiting("not yet")
 
     def second():
         calls["second"] += 1
-        return 101.0, "seen"
+        return Evidence("seen", 101.0, Clock.TRAINER)
 
     a = Phase("first", "slurm", first)
     b = Phase("second", "slurm", second, after=a)
     ticks = iter(range(100))
     watch([a, b], timeout=50, poll=0, clock=lambda: float(next(ticks)), sleep=lambda s: None)
-    assert a.at == 100.0 and b.at == 101.0
+    restamp([a, b], 0.0)
+    assert a.at == 100.0 and b.at == 101.0 and (a.clock, b.clock) == ("journal", "trainer clock")
     assert calls == {"first": 3, "second": 1}
 
 
@@ -311,7 +317,7 @@ def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_pa
     released = drill._released_probe("gpu2")
     assert isinstance(released(), Waiting)  # the bad node is still in the allocation
     jobs["7"] = Job("7", "RUNNING", ("gpu1", "gpu3"))
-    assert released()[1].startswith("job 7 RUNNING on gpu1,gpu3 (restart 0); gpu2 IDLE")
+    assert released().detail.startswith("job 7 RUNNING on gpu1,gpu3 (restart 0); gpu2 IDLE")
     jobs["7"] = Job("7", "PENDING", (), restart_count=1)
     with pytest.raises(Contradiction, match="requeued"):
         released()
@@ -319,10 +325,12 @@ def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_pa
     line = ("autoheal-trainer: start step=14 resumed_from=/c/ckpt-14 restart=0 host={} rank={} world=2 steps=9 "
             "reason=hot-spare-swap")
     drill.tail.lines = [(FAULT - 5, line.format("gpu2", 1).replace("hot-spare-swap", "none")),
-                        (FAULT + 1, line.format("gpu1", 0)), (FAULT + 1.1, line.format("gpu3", 1))]
+                        (FAULT + 1, line.format("gpu1", 0) + f" time={FAULT + 0.8:.3f}"),
+                        (FAULT + 1.1, line.format("gpu3", 1))]
     drill.saved_step = 14
-    assert drill._swap_start_probe(on_spare=True)() == (FAULT + 1.1, "rank 1 started on the spare gpu3 at step 14")
-    assert drill._swap_start_probe()() == (FAULT + 1, "resumed from step 14 (/c/ckpt-14)")
+    # the spare's line has no time of its own (poll); rank 0's carries the trainer's clock
+    assert drill._swap_start_probe(on_spare=True)() == Evidence("rank 1 started on the spare gpu3 at step 14")
+    assert drill._swap_start_probe()() == Evidence("resumed from step 14 (/c/ckpt-14)", FAULT + 0.8, Clock.TRAINER)
     drill.saved_step = 15
     with pytest.raises(Contradiction, match="resumed from step 14"):
         drill._swap_start_probe()()
@@ -331,11 +339,15 @@ def test_hot_spare_phases_release_without_requeue_and_resume_on_the_spare(tmp_pa
 def test_fault_reaches_job_aims_at_the_gpu_the_rank_on_the_node_holds_and_measures_lost_steps(tmp_path):
     from autoheal_lab.drill import OutputTail, render_timeline
 
-    drill = Drill(_FakeLab(tmp_path), fault_reaches_job=True)
+    drill = Drill(_FakeLab(tmp_path))  # the default: the fault reaches the job
+    assert drill.fault_reaches_job and drill.report.fault_reaches_job
     drill.workdir.mkdir(parents=True)
     script = drill._script().read_text()
     assert "#SBATCH --gres=gpu:1" in script and "srun -l " in script
-    assert "--device lab --collective --timestamps" in script
+    assert "--device lab --collective --timestamps --event-times" in script
+    plain = Drill(_FakeLab(tmp_path), opt_in=False)  # plain sbatch too: the world is not kinder to it
+    plain.workdir.mkdir(parents=True, exist_ok=True)
+    assert "--device lab --collective" in plain._script().read_text()
     drill.tail = OutputTail(tmp_path / "job.out")
     t = "autoheal-trainer: "
     drill.tail.lines = [(1.0, f"1: {t}device lab gpus=1")]

@@ -263,3 +263,21 @@ def test_a_new_job_with_an_old_job_id_starts_fresh_instead_of_resuming_the_old_j
                   env=clean_env(SLURM_JOB_ID="1", AUTOHEAL_SUBMIT_TOKEN="new0000000",
                                 AUTOHEAL_ALLOW_FOREIGN_CHECKPOINT="1"))
     assert "start step=600 " in allowed.stdout, allowed.stdout
+
+
+def test_event_times_put_the_trainers_own_clock_on_every_line(tmp_path):
+    """--event-times (the drill's): each line carries time=<epoch> from the trainer's clock, so the drill
+    stamps a checkpoint or a start from when it happened, not from when its poll read the output."""
+    before = time.time()
+    res = run(["--steps", "12", "--step-seconds", "0", "--checkpoint-every", "5", "--checkpoint-dir", tmp_path,
+               "--event-times"])
+    after = time.time()
+    assert res.returncode == 0, res.stderr
+    out = lines(res.stdout)
+    assert any(ln.startswith("start step=0 ") for ln in out) and any(ln.startswith("checkpoint saved") for ln in out)
+    stamps = [float(re.search(r" time=([\d.]+)$", ln).group(1)) for ln in out if not ln.startswith("warning")]
+    assert len(stamps) == len([ln for ln in out if not ln.startswith("warning")])  # every line, once
+    assert all(before - 0.01 <= t <= after + 0.01 for t in stamps) and stamps == sorted(stamps)
+    assert sum(ln.count(" time=") for ln in out) == len(out)
+    plain = lines(run(["--steps", "3", "--step-seconds", "0"]).stdout)
+    assert not any("time=" in ln for ln in plain)  # off by default: the example's output unchanged
