@@ -12,6 +12,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Optional
 
+from autoheal.lazyre import LazyPattern
+
 PREFIX = "autoheal: "
 #: Drains that mirror a Kubernetes cordon/taint/condition (written by ``autoheal sync``). The node side
 #: must not adopt these as its own health drains: a GPU fault found on such a node replaces the reason.
@@ -33,7 +35,7 @@ RUNNER_MARKER = "autoheal-runner"
 #: Between the runner's ``key=value`` state and the user's own ``--comment`` in a runner job comment.
 COMMENT_SEPARATOR = " | "
 
-_WS = re.compile(r"\s+")
+_WS = LazyPattern(r"\s+")
 
 
 def sanitize(text: str, max_len: int = MAX_REASON_LEN) -> str:
@@ -116,10 +118,10 @@ HEALTH_ORIGINS = (Origin.HEALTH, Origin.REBOOT, Origin.REPLACE, Origin.LEMON)
 _TAGGED = sorted((o for o in Origin if o.value and o is not Origin.REQUEUED), key=lambda o: -len(o.value))
 _NODE = r"[A-Za-z0-9][A-Za-z0-9._-]*"
 _WHERE = rf"(?:GPU (?P<gpu>\d+)|a GPU)(?: of (?P<node>{_NODE}))?(?: \((?P<pci>[^()]+)\))?"
-_XID_BODY = re.compile(rf"xid (?P<xid>\d+) on {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
-_KIND_BODY = re.compile(rf"(?P<kind>[a-z][a-z0-9-]*): {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
+_XID_BODY = LazyPattern(rf"xid (?P<xid>\d+) on {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
+_KIND_BODY = LazyPattern(rf"(?P<kind>[a-z][a-z0-9-]*): {_WHERE}(?:: (?P<detail>.+))?\Z", re.S)
 #: How older releases, admins and other tools name an XID in free text (``xid=79``, ``XID 79``, ``xid:79``).
-_LOOSE_XID = re.compile(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
+_LOOSE_XID = LazyPattern(r"\bxid[\s:=#-]*(\d+)", re.IGNORECASE)
 
 
 def gpu_where(gpu: Optional[int], node: str = "", pci: str = "") -> str:

@@ -7,7 +7,6 @@ Slurm that does not answer or an NVML that only says "unknown" never leads to a 
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
@@ -498,6 +497,8 @@ def _run_rung(ctx: Context, rung: C.CheckAction, r: C.CheckResult, now: float, d
 
 def _reset_gpu(ctx: Context, r: C.CheckResult, now: float) -> str:
     """Run hooks.reset_command for the GPU; a successful reset clears its faults."""
+    import subprocess  # only a reset runs a command: a healthy pass does not pay for the import
+
     argv = [a.replace("{node}", ctx.node).replace("{gpu}", str(r.gpu)) for a in ctx.hooks.reset_command]
     try:
         res = subprocess.run(argv, capture_output=True, text=True, timeout=ctx.hooks.reset_timeout,

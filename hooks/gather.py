@@ -1,9 +1,10 @@
-"""Read GPU state through pynvml once per run, with a time budget, into plain dataclasses.
+"""Read GPU state through NVML once per run, with a time budget, into plain dataclasses.
 
-One ``nvmlInit`` per process. The reads run in worker threads (one per GPU after init) and the caller
-waits at most ``budget`` seconds: a GPU (or the driver) that hangs is reported as not read
-(``GpuSample.error = "timeout"``), never as a hung hook. The judges in ``checks`` only see these
-dataclasses, so they are pure and unit-testable without NVML.
+The reads go through ``autoheal.hooks.nvml`` (the pass's few calls with pynvml's semantics, without
+pynvml's import cost: issue 24 section 6). One ``nvmlInit`` per process and binding. The reads run in
+worker threads (one per GPU after init) and the caller waits at most ``budget`` seconds: a GPU (or the
+driver) that hangs is reported as not read (``GpuSample.error = "timeout"``), never as a hung hook. The
+judges in ``checks`` only see these dataclasses, so they are pure and unit-testable without NVML.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Set
 
 CLOCKS_GPU_IDLE = 0x1
 FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -69,21 +70,22 @@ class NodeSample:
 
 
 _init_lock = threading.Lock()
-_initialised = False
+#: The bindings (module names) whose nvmlInit has succeeded in this process: xid-watch inits pynvml for
+#: its events and this module's binding for its polls; each must init its own library handle.
+_initialised: Set[str] = set()
 
 
-def _nvml() -> Any:  # pynvml has no type information
-    import pynvml  # imported lazily: the CLI's --help must not pay for it
+def _nvml() -> Any:
+    from autoheal.hooks import nvml  # imported lazily: the CLI's --help must not pay for ctypes
 
-    return pynvml
+    return nvml
 
 
 def _init(nv: Any) -> None:
-    global _initialised
     with _init_lock:
-        if not _initialised:
+        if nv.__name__ not in _initialised:
             nv.nvmlInit()
-            _initialised = True
+            _initialised.add(nv.__name__)
 
 
 def _err(nv: Any, exc: Exception) -> str:
@@ -92,9 +94,9 @@ def _err(nv: Any, exc: Exception) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _opt(fn: Callable[..., Any], *args: Any) -> Any:
-    """One optional read: None when unsupported; GPU-lost propagates."""
-    nv = _nvml()
+def _opt(nv: Any, fn: Callable[..., Any], *args: Any) -> Any:
+    """One optional read: None when unsupported; GPU-lost propagates. ``nv``: the binding ``fn`` is of
+    (its own NVMLError class: xid-watch reads through pynvml, the hooks through ``nvml``)."""
     try:
         return fn(*args)
     except nv.NVMLError as exc:
@@ -112,11 +114,11 @@ def _read_retired_pages(nv: Any, h: Any, sample: GpuSample) -> None:
     pages = 0
     for cause in (nv.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
                   nv.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR):
-        got = _opt(nv.nvmlDeviceGetRetiredPages, h, cause)
+        got = _opt(nv, nv.nvmlDeviceGetRetiredPages, h, cause)
         if got is not None:
             pages += len(got)
     sample.retired_pages = pages
-    pend = _opt(nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    pend = _opt(nv, nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
     sample.retired_pending = None if pend is None else bool(pend)
 
 
@@ -125,7 +127,7 @@ def _nvlinks_down(nv: Any, h: Any) -> Optional[List[int]]:
     down: List[int] = []
     supported = False
     for link in range(NVLINK_MAX_LINKS):
-        st = _opt(nv.nvmlDeviceGetNvLinkState, h, link)
+        st = _opt(nv, nv.nvmlDeviceGetNvLinkState, h, link)
         if st is None:
             if link == 0:
                 break
@@ -145,32 +147,32 @@ def read_gpu(nv: Any, index: int, sample: GpuSample, cheap: bool = False) -> Non
         bus = _text(pci.busId)
         # NVML: "00000000:3B:00.0" -> "0000:3b:00.0"
         sample.pci = bus.lower()[-12:] if len(bus) >= 12 else bus.lower()
-        sample.ecc_dbe_volatile = _opt(nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+        sample.ecc_dbe_volatile = _opt(nv, nv.nvmlDeviceGetTotalEccErrors, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                        nv.NVML_VOLATILE_ECC)
-        rows = _opt(nv.nvmlDeviceGetRemappedRows, h)
+        rows = _opt(nv, nv.nvmlDeviceGetRemappedRows, h)
         if rows is not None:
             sample.remap_uncorrectable, sample.remap_pending, sample.remap_failure = (
                 int(rows[1]), bool(rows[2]), bool(rows[3]))
         if cheap:
             sample.ok = True
             return
-        sample.name = _text(_opt(nv.nvmlDeviceGetName, h) or "")
-        pm = _opt(nv.nvmlDeviceGetPersistenceMode, h)
+        sample.name = _text(_opt(nv, nv.nvmlDeviceGetName, h) or "")
+        pm = _opt(nv, nv.nvmlDeviceGetPersistenceMode, h)
         sample.persistence = None if pm is None else bool(pm)
-        sample.temperature = _opt(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
+        sample.temperature = _opt(nv, nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU)
         if rows is None:  # pre-A100: page retirement instead of row remapping
             _read_retired_pages(nv, h, sample)
-        sample.pcie_gen = _opt(nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
-        sample.pcie_gen_max = _opt(nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
-        sample.pcie_width = _opt(nv.nvmlDeviceGetCurrPcieLinkWidth, h)
-        sample.pcie_width_max = _opt(nv.nvmlDeviceGetMaxPcieLinkWidth, h)
+        sample.pcie_gen = _opt(nv, nv.nvmlDeviceGetCurrPcieLinkGeneration, h)
+        sample.pcie_gen_max = _opt(nv, nv.nvmlDeviceGetMaxPcieLinkGeneration, h)
+        sample.pcie_width = _opt(nv, nv.nvmlDeviceGetCurrPcieLinkWidth, h)
+        sample.pcie_width_max = _opt(nv, nv.nvmlDeviceGetMaxPcieLinkWidth, h)
         sample.nvlinks_down = _nvlinks_down(nv, h)
         getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        sample.clock_events = _opt(getter, h)
+        sample.clock_events = _opt(nv, getter, h)
         if sample.clock_events is not None:
             sample.idle = bool(sample.clock_events & CLOCKS_GPU_IDLE)
-        fv = _opt(nv.nvmlDeviceGetFieldValues, h, [FI_RECOVERY_ACTION])
+        fv = _opt(nv, nv.nvmlDeviceGetFieldValues, h, [FI_RECOVERY_ACTION])
         if fv and fv[0].nvmlReturn == 0:
             sample.recovery_action = int(fv[0].value.uiVal)
         sample.ok = True

@@ -19,12 +19,13 @@ bytes): the XID parser matches NVIDIA's whole format from the first byte (``auto
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
+from autoheal.lazyre import LazyPattern
+
 #: ``<pri>,<seq>,<usec>,<flags>[,<more fields>];<message>`` (Documentation/ABI/testing/dev-kmsg).
-KMSG_RE = re.compile(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
+KMSG_RE = LazyPattern(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
 #: The kernel's own facility.
 KERNEL_FACILITY = 0
 

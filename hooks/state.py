@@ -25,11 +25,11 @@ import contextlib
 import copy
 import json
 import os
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 from autoheal.errors import AutohealError
+from autoheal.lazyre import LazyPattern
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -321,7 +321,7 @@ def _show(val: Any) -> str:
 
 
 #: A Slurm job id as xid-watch keyed it: ``1234``, or ``1234_5`` for an array task.
-_LEGACY_JOB = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,8})?")
+_LEGACY_JOB = LazyPattern(r"[0-9]{1,12}(?:_[0-9]{1,8})?")
 
 
 def _legacy_field(job: str, info: Dict[str, Any], key: str, ok: Any, where: str) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
+from autoheal.lazyre import LazyPattern
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -53,9 +54,9 @@ for _x in range(144, 151):
 # log "NVRM: Xid (0:0)[pid]: segfault ... in ...: 79, ..." (seen on this project's kernel), which a looser
 # pattern read as XID 79.
 _PCI = r"(?:[0-9a-fA-F]{1,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?"
-XID_RE = re.compile(r"NVRM: Xid \(((?:PCI:)?" + _PCI + r")(?: GPU-I:\d{1,3})?(?: GPU-CI:\d{1,3})?\): (\d{1,6}),")
+XID_RE = LazyPattern(r"NVRM: Xid \(((?:PCI:)?" + _PCI + r")(?: GPU-I:\d{1,3})?(?: GPU-CI:\d{1,3})?\): (\d{1,6}),")
 # "fallen off the bus" without an Xid line: "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."
-OFF_BUS_RE = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
+OFF_BUS_RE = LazyPattern(r"NVRM: GPU (?:at )?(?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.\d)?)"
                         r"[:\s].*fallen off the bus", re.IGNORECASE)
 
 

@@ -6,13 +6,13 @@ so several lab nodes can share one machine).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Dict, List
 
 from autoheal import signals
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
+from autoheal.lazyre import LazyPattern
 from autoheal.reasons import RUNNER_MARKER
 from autoheal.signals import SLURM_SIGNALS, UNCATCHABLE, SignalNameError
 
@@ -27,7 +27,7 @@ CHECK_NAMES = ("gpu-count", "gpu-lost", "xid", "ecc", "remapped-rows", "retired-
 GRACE_SIGNALS = tuple(s for s in SLURM_SIGNALS if s not in UNCATCHABLE)
 #: Warning signs that precede GPU failures, for the pre-emptive swap of hot-spare jobs (hooks/preswap.py).
 PRESWAP_SIGNS = ("remap-pending", "ecc-rate", "xid", "thermal", "pcie", "nvlink")
-_XID_KEY = re.compile(r"[1-9][0-9]{0,5}")
+_XID_KEY = LazyPattern(r"[1-9][0-9]{0,5}")
 
 
 def signal_name(value: str) -> str:

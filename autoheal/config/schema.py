@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 import typing
 import unicodedata
 from typing import Any, Callable, Dict, Iterable, Optional
 
 from autoheal.errors import ConfigError
+from autoheal.lazyre import LazyPattern
 
 Parser = Callable[[Any], Any]
 
@@ -46,7 +46,7 @@ def show(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+_BARE_KEY = LazyPattern(r"[A-Za-z0-9_-]+")
 
 
 def key_path(prefix: str, key: Any) -> str:

@@ -9,10 +9,10 @@ hold.
 
 from __future__ import annotations
 
-import re
 from typing import Callable, Optional
 
 from autoheal.config.schema import show
+from autoheal.lazyre import LazyPattern
 from autoheal.signals import signal_name
 
 #: Linux PATH_MAX (bytes, with the terminating NUL) and NAME_MAX (bytes per path component).
@@ -97,7 +97,7 @@ def plain_http_off_host(url: str) -> bool:
         return True
 
 
-_API_VERSION = re.compile(r"v\d{1,3}\.\d{1,3}\.\d{1,3}")
+_API_VERSION = LazyPattern(r"v\d{1,3}\.\d{1,3}\.\d{1,3}")
 
 
 def rest_api_version(value: str) -> str:
@@ -106,7 +106,7 @@ def rest_api_version(value: str) -> str:
     return value
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_ENV_NAME = LazyPattern(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def env_var_name(value: str) -> str:
@@ -143,13 +143,13 @@ def host_or_address(value: str) -> str:
     return value
 
 
-_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+_HOST_LABEL = LazyPattern(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 
 
 # ---- Kubernetes names: what the API server accepts (k8s.io/apimachinery/pkg/util/validation) ------------
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_LABEL = LazyPattern(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_NAME_PART = LazyPattern(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 def dns_label(value: str) -> str:
@@ -232,7 +232,7 @@ def taint_spec(value: str) -> str:
 
 _SELECTOR_VALUE = r"(?:(?:[A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
 _SELECTOR_KEY = r"(?:[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?"
-_REQUIREMENT = re.compile(
+_REQUIREMENT = LazyPattern(
     rf"\s*(?:!\s*{_SELECTOR_KEY}"                                  # !key
     rf"|{_SELECTOR_KEY}\s*(?:(?:==|=|!=)\s*{_SELECTOR_VALUE})?"      # key, key=v, key==v, key!=v
     rf"|{_SELECTOR_KEY}\s+(?:in|notin)\s*\(\s*{_SELECTOR_VALUE}(?:\s*,\s*{_SELECTOR_VALUE})*\s*\))\s*")

@@ -138,3 +138,73 @@ def test_hung_driver_init_is_unknown_within_the_budget(lib_dir, tmp_path):
     assert code == 2, out
     assert [r["status"] for r in out["results"] if r["check"] == "driver"] == ["unknown"]
     assert took < BUDGET + 3.0, took
+
+
+# The health pass reads through autoheal.hooks.nvml (ctypes, issue 24 section 6); xid-watch and anyone
+# else use the real pynvml. Both must read the same from the same library: every GpuSample field, the
+# NVML error texts, for each fault the lab can inject, a pre-Ampere GPU (retired pages instead of row
+# remapping, with pages of both causes) and GPUs whose features answer NOT_SUPPORTED.
+_BOTH_BINDINGS = r"""
+import json, sys
+from dataclasses import asdict
+import pynvml
+from autoheal.hooks import gather, nvml
+out = {}
+for name, nv in (("pynvml", pynvml), ("lean", nvml)):
+    try:
+        gather._init(nv)
+        count = nv.nvmlDeviceGetCount()
+        gpus = []
+        for i in range(count):
+            g = gather.GpuSample(index=i)
+            gather.read_gpu(nv, i, g)
+            gpus.append(asdict(g))
+        out[name] = {"driver": gather._text(nv.nvmlSystemGetDriverVersion()), "gpus": gpus}
+    except nv.NVMLError as exc:
+        out[name] = {"error": str(exc), "value": exc.value}
+print(json.dumps(out))
+"""
+
+
+def _pre_ampere(state, _klog):
+    with gstate.update_state(state) as s:
+        g = s.gpus[BROKEN]
+        g.arch, g.retired_pages_sbe, g.retired_pages_dbe, g.retired_pages_pending = "volta", 3, 2, True
+        s.gpus[2].unsupported = ["temperature", "nvlink", "pcie", "persistence_mode", "clocks_event_reasons",
+                                 "recovery_action", "ecc"]
+
+
+def _no_driver(state, _klog):
+    with gstate.update_state(state) as s:
+        s.driver_loaded = False
+
+
+BINDING_CASES = [("xid", inject("xid", xid=79))]
+BINDING_CASES += [(k, inject(k)) for k in ("ecc-dbe", "remap-failure", "remap-pending", "thermal", "lost",
+                                          "pcie-degraded", "nvlink-down")]
+BINDING_CASES += [("recovery-action", inject("recovery-action", action=gstate.RECOVERY_NONE + 2))]
+BINDING_CASES += [("pre-ampere", _pre_ampere), ("no-driver", _no_driver), ("healthy", None)]
+
+
+@pytest.mark.parametrize("setup", [s for _, s in BINDING_CASES], ids=[k for k, _ in BINDING_CASES])
+def test_the_lean_binding_reads_what_pynvml_reads(lib_dir, tmp_path, setup):
+    state, klog = tmp_path / "gpus.state", tmp_path / "kmsg.log"
+    gstate.write_state(state, gstate.default_state(NODE, GPUS))
+    klog.write_text("")
+    if setup:
+        setup(state, klog)
+    env = dict(os.environ, LD_LIBRARY_PATH=str(lib_dir), AUTOHEAL_FAKE_NVML_STATE=str(state))
+    res = subprocess.run([sys.executable, "-c", _BOTH_BINDINGS], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["lean"] == got["pynvml"]
+    if setup is _no_driver:
+        assert got["lean"] == {"error": "Driver Not Loaded", "value": 9}
+    else:
+        assert len(got["lean"]["gpus"]) == GPUS and all(g["uuid"] and g["pci"] for g in got["lean"]["gpus"]
+                                                         if not g["error"])
+    if setup is _pre_ampere:
+        broken = got["lean"]["gpus"][BROKEN]
+        assert (broken["retired_pages"], broken["retired_pending"], broken["remap_pending"]) == (5, True, None)
+        assert got["lean"]["gpus"][2]["temperature"] is None and got["lean"]["gpus"][2]["nvlinks_down"] is None
