@@ -179,17 +179,30 @@ def node_from_oneliner(line: str) -> Node:
     base, flags = parse_state(f.get("State", ""))
     reason = _null(f.get("Reason"))
     user = ""
+    when: Optional[int] = None
     m = re.search(r"\s*\[([^\[\]@]+)@([^\[\]]+)\]$", reason)
     if m:
         user = m.group(1)
+        when = _local_time(m.group(2))
         reason = reason[: m.start()].strip()
     try:
         cpus = int(f.get("CPUTot", "0"))
     except ValueError:
         cpus = 0
-    return Node(name=f["NodeName"], state=base, flags=flags, reason=reason, reason_user=user,
+    return Node(name=f["NodeName"], state=base, flags=flags, reason=reason, reason_user=user, reason_time=when,
                 gres=_null(f.get("Gres")), partitions=tuple(p for p in _null(f.get("Partitions")).split(",") if p),
                 cpus=cpus, address=_null(f.get("NodeAddr")))
+
+
+def _local_time(text: str) -> Optional[int]:
+    """Slurm's text time (``2026-12-03T08:40:01``, slurmctld's local time, whole seconds) as epoch seconds,
+    as the JSON output gives it (``reason_changed_at``); None for anything else (``Unknown``)."""
+    from datetime import datetime
+
+    try:
+        return int(datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp())
+    except ValueError:
+        return None
 
 
 def nodes_from_oneliners(text: str) -> List[Node]:

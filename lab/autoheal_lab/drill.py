@@ -45,6 +45,9 @@ MID_INTERVAL = 5
 TRAINER = "autoheal-trainer: "
 #: the trainer's own clock at the end of its line (tiny_trainer --timestamps / --event-times)
 TRAINER_TIME_RX = re.compile(r"\stime=(\d+(?:\.\d+)?)\s*$")
+#: How long a probe whose phase Slurm already shows waits for the journal record that times it to the
+#: millisecond (its writer records it just after Slurm took the change) before taking Slurm's whole second.
+JOURNAL_WAIT = 2.0
 #: Exit code of a drill whose probe raised: it could not tell whether the loop worked.
 EXIT_DRILL_ERROR = 3
 #: Job states a requeued drill job must never reach (the trainer runs far longer than any drill).
@@ -346,12 +349,20 @@ class Drill:
                 return rec
         return None
 
-    def _drained_probe(self, node: str) -> Probe:
+    def _drained_probe(self, node: str, record_wait: float = JOURNAL_WAIT) -> Probe:
+        seen: List[float] = []  # when the poll first saw the drain in Slurm
+
         def probe():
             n = self.slurm.get_node(node)
             if n.drain and is_ours(n.reason):
-                # when: xid-watch's drain record (sub-second), else Slurm's own reason time (whole seconds)
-                when = pick([journal_time(self._journal_record(("drain",), node=node)), slurm_time(n.reason_time)])
+                # when: xid-watch's drain record (sub-second), else Slurm's own reason time (whole seconds).
+                # xid-watch writes the record just after Slurm took the drain: wait a moment for it (the
+                # stamp is the evidence's time, so waiting costs no precision)
+                rec = self._journal_record(("drain",), node=node)
+                seen.append(time.monotonic())
+                if rec is None and seen[-1] - seen[0] < record_wait:
+                    return Waiting(f"{node} {n.state_text}: {n.reason} (waiting for xid-watch's journal record)")
+                when = pick([journal_time(rec), slurm_time(n.reason_time)])
                 return _stamp(f"{node} {n.state_text}: {n.reason}", when)
             return Waiting(f"{node} {n.state_text}" + (f": {n.reason}" if n.reason else ""))
         return probe
@@ -370,12 +381,20 @@ class Drill:
             return trainer_evidence(_untimed(line.split(TRAINER, 1)[-1]), line)
         return probe
 
-    def _requeued_probe(self) -> Probe:
+    def _requeued_probe(self, record_wait: float = JOURNAL_WAIT) -> Probe:
+        seen: List[float] = []
+
         def probe():
             verdict = judge_requeued(self.slurm.get_job(self.report.job_id), self.baseline_restarts)
-            # when: the runner's (or xid-watch's) journal record of the requeue; Slurm keeps no requeue time
-            return _stamp(verdict, journal_time(self._journal_record(("job-requeue", "requeue"),
-                                                                      job=self.report.job_id)) if verdict else None)
+            if not verdict:
+                return verdict
+            # when: the runner's (or xid-watch's) journal record of the requeue, written just after it (Slurm
+            # keeps no requeue time): waited for a moment, else the poll's time
+            rec = self._journal_record(("job-requeue", "requeue"), job=self.report.job_id)
+            seen.append(time.monotonic())
+            if rec is None and seen[-1] - seen[0] < record_wait:
+                return Waiting(f"{verdict} (waiting for the requeue's journal record)")
+            return _stamp(verdict, journal_time(rec))
         return probe
 
     def _running_again_probe(self, bad: str) -> Probe:

@@ -47,7 +47,8 @@ def test_drill_observes_every_phase_and_resumes_from_the_saved_step(kube_drill):
     # the phase it follows
     assert order == sorted(order), order
     clocks = {p["phase"]: p["clock"] for p in data["phases"] if p["status"] == "observed"}
-    assert clocks["drained in Slurm with an autoheal reason"] == "journal"  # xid-watch's record, not the poll
+    # xid-watch's record (or, were it late, Slurm's own reason time), never the poll
+    assert clocks["drained in Slurm with an autoheal reason"] in ("journal", "slurm event time")
     assert clocks["trainer restarted at the right step"] == "trainer clock"
     assert clocks["job running again, away from the bad node"] in ("slurm event time", "polled")
     assert set(clocks.values()) <= {"lab inject", "journal", "trainer clock", "slurm event time",

@@ -141,8 +141,10 @@ def test_the_probes_hand_over_their_sources_own_times(tmp_path):
     drill = Drill(_Lab(tmp_path), kube=False)
     drill.slurm = _Slurm()
     drill.report.job_id, drill.report.fault_time = "7", FAULT + 0.4
-    # no journal record: Slurm's whole-second reason time is the evidence
-    got = drill._drained_probe("gpu2")()
+    # no journal record yet: waits a moment for xid-watch's record, then takes Slurm's whole-second reason time
+    waiting = drill._drained_probe("gpu2")
+    assert "waiting for xid-watch's journal record" in waiting().note
+    got = drill._drained_probe("gpu2", record_wait=0)()
     assert got.clock is Clock.SLURM and got.time == FAULT and "MIXED+DRAIN" in got.detail
     _journal(drill, {"event": "drain", "node": "gpu2", "time": FAULT + 0.445, "message": "m"},
              {"event": "job-requeue", "node": "gpu2", "job_ids": ["7"], "time": FAULT + 5.4, "message": "rq"})
@@ -150,6 +152,9 @@ def test_the_probes_hand_over_their_sources_own_times(tmp_path):
     assert got.clock is Clock.JOURNAL and got.time == FAULT + 0.445  # sub-second beats Slurm's second
     got = drill._requeued_probe()()
     assert got.clock is Clock.JOURNAL and got.time == FAULT + 5.4
+    _journal(drill)  # no requeue record: a moment's wait for it, then the poll's time
+    assert "waiting for the requeue's journal record" in drill._requeued_probe()().note
+    assert drill._requeued_probe(record_wait=0)().clock is Clock.POLLED
     got = drill._running_again_probe("gpu2")()
     assert got.clock is Clock.SLURM and got.time == FAULT + 14  # the job's StartTime
     drill.tail = OutputTail(tmp_path / "job.out")

@@ -541,3 +541,22 @@ def test_2605_lab_version_and_show_config():
     assert conf["Epilog"] == "/var/lib/autoheal-lab/hooks/epilog.sh"
     assert conf["HealthCheckTimeout"] == "0 sec"  # unset: printed as 0, Slurm uses 60
     assert conf["SlurmctldParameters"] == "enable_expedited_requeue"
+
+
+def test_oneliner_reason_time_is_read_as_the_json_gives_it(monkeypatch):
+    """The text listing's ``[user@TIME]`` suffix carries the reason's time (slurmctld's local time): read
+    it, as the JSON's reason_changed_at is (it was split off and dropped, so 22.05's text path had none)."""
+    import time as _time
+
+    monkeypatch.setenv("TZ", "UTC")
+    _time.tzset()
+    try:
+        line = ("NodeName=gpu2 State=MIXED+DRAIN Reason=autoheal: xid 79 on GPU 0 of gpu2 [root@2026-12-03T08:40:01]")
+        node = parse.nodes_from_oneliners(line)[0]
+        assert node.reason == "autoheal: xid 79 on GPU 0 of gpu2" and node.reason_user == "root"
+        assert node.reason_time == 1796287201  # 2026-12-03T08:40:01Z
+        odd = parse.nodes_from_oneliners("NodeName=gpu2 State=IDLE Reason=maint [root@Unknown]")[0]
+        assert odd.reason == "maint" and odd.reason_time is None
+    finally:
+        monkeypatch.delenv("TZ")
+        _time.tzset()
