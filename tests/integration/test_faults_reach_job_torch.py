@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import cancel_job, wait_for, wait_text
+from helpers import cancel_job, module_lab, wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal_lab.gpus import inject
@@ -60,19 +60,12 @@ TIMES = {}
 
 @pytest.fixture(scope="module")
 def tlab(tmp_path_factory):
-    from conftest import _require_slurm
-
-    from autoheal_lab.cluster import Lab
-
-    _require_slurm()
-    lab = Lab(tmp_path_factory.mktemp("torchfaults"))
     try:
-        lab.up(nodes=3, gpus=2, spares=0, hooks=True, xid_watch=True, install=False,
-               extra_conf=["SlurmdTimeout=10", "KillWait=5"],  # why: test_faults_reach_job_lab.py's fixture
-               hooks_conf={"grace_seconds": 3.0})
-        yield FaultLab(lab)
+        with module_lab(tmp_path_factory, "torchfaults", nodes=3, gpus=2, spares=0, hooks=True, xid_watch=True,
+                        extra_conf=["SlurmdTimeout=10", "KillWait=5"],  # why: test_faults_reach_job_lab.py's fixture
+                        hooks_conf={"grace_seconds": 3.0}) as lab:
+            yield FaultLab(lab)
     finally:
-        lab.down()
         print(f"\nlost steps measured: {MEASURED}\nseconds per test: {TIMES}")
 
 
