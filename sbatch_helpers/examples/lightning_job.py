@@ -86,7 +86,8 @@ def state_digest(module: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0, every_epochs: int = 1, device: Any = None):
+def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0, every_epochs: int = 1, device: Any = None,
+                  accelerator: str = "auto"):
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.plugins.environments import SLURMEnvironment
@@ -139,7 +140,7 @@ def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0, every_epoc
     if every_epochs > 0:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(root_dir, CHECKPOINTS), every_n_epochs=every_epochs,
                                          save_top_k=1, save_on_train_epoch_end=True))
-    return pl.Trainer(default_root_dir=root_dir, max_epochs=max_epochs, accelerator="auto",
+    return pl.Trainer(default_root_dir=root_dir, max_epochs=max_epochs, accelerator=accelerator,
                       plugins=[SLURMEnvironment(auto_requeue=True, requeue_signal=signal.SIGUSR2)],
                       callbacks=callbacks, enable_progress_bar=False, logger=False)
 
@@ -155,7 +156,11 @@ def main(argv=None) -> int:
                     help="a regular checkpoint every N epochs into <root>/checkpoints (0: only Lightning's hpc_ckpt)")
     ap.add_argument("--device", choices=("none", "lab"), default="none",
                     help="lab: each step on the step's fake GPUs (the autoheal lab only; default none)")
+    ap.add_argument("--accelerator", default=None,
+                    help="Lightning's accelerator (default auto; cpu with --device lab: the lab's GPUs are fake, "
+                         "and its fake NVML makes a CUDA build of torch count them)")
     args = ap.parse_args(argv)
+    accelerator = args.accelerator or ("cpu" if args.device == "lab" else "auto")
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -180,7 +185,8 @@ def main(argv=None) -> int:
     model = Tiny()
     try:
         device = open_device(args.device)
-        trainer = build_trainer(args.root, args.epochs, args.log_every, args.checkpoint_every_epochs, device)
+        trainer = build_trainer(args.root, args.epochs, args.log_every, args.checkpoint_every_epochs, device,
+                                accelerator)
         ckpt = resume_path(args.root)
         if ckpt:
             print(f"lightning-job: resume from={ckpt}", flush=True)

@@ -104,7 +104,9 @@ def test_lightning_recipe_checkpoints_requeues_itself_and_resumes_elsewhere(torc
     _copy("lightning_job.py", tmp_path)
     # 3 epochs of 128 steps, paced so that the fault comes mid-training
     script = _copy("lightning_job.sbatch", tmp_path, [
-        ("lightning_job.py --root", "lightning_job.py --epochs 3 --step-seconds 0.05 --log-every 20 --root")])
+        # --accelerator cpu: the lab's fake NVML makes a CUDA build of torch (PyPI's) count its fake GPUs
+        ("lightning_job.py --root",
+         "lightning_job.py --epochs 3 --step-seconds 0.05 --log-every 20 --accelerator cpu --root")])
     res = subprocess.run(["sbatch", "--parsable", str(script)], env=_env(handle), capture_output=True, text=True,
                          timeout=30, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
