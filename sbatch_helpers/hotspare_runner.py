@@ -27,7 +27,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from autoheal.errors import SlurmError
 from autoheal.sbatch_helpers import causes
@@ -195,7 +195,7 @@ class HotSpareRun:
             self._preswap_next = now + 0.5
             return None
         job = self._job()
-        if job is None or self._moved_on(job) is not None:
+        if job is None or self._requeued_meanwhile(job):
             return None  # (requeued under this run: its signal or its step's end takes the requeued path)
         self._preswap = None
         # still drained for it (an admin may have resumed it; a fault reason means the fault path has it)
@@ -226,9 +226,8 @@ class HotSpareRun:
         redone = self.hot_verify(child, force=True)
         if redone is not None:
             return redone
-        moved = self._moved_on(self._job())
-        if moved is not None:
-            return moved(child)
+        if self._requeued_meanwhile(self._job()):
+            return self._requeued_path(child)
         found = self._fault_decision(trigger)
         if found is None:
             return None
@@ -251,21 +250,24 @@ class HotSpareRun:
             return self._hot_requeue(child, decision, job)
         return self._hot_swap(child, decision, job, trigger)
 
-    def _moved_on(self, job: Optional[Job]) -> Optional[Callable[[Child], int]]:
+    def _requeued_meanwhile(self, job: Optional[Job]) -> bool:
         """Slurm (or someone) requeued the job under this run (xid-watch's own requeue at the end of its
         grace, a node failure): its allocation now is the next run's, and a swap judged by it would take
         this run's active nodes missing from it for nodes Slurm removed (lab, before hang detection ended
-        blocked steps: the spare swapped in was recorded as the failed node, ``last=node-failure@gpu3``).
-        Returns the requeued-by-others path (the run's own nodes name the cause), or None."""
+        blocked steps: the spare swapped in was recorded as the failed node, ``last=node-failure@gpu3``)."""
         from autoheal.sbatch_helpers.runner import say
 
         if job is None or causes.interrupt_action(job.state, job.restart_count,
                                                   self.ident.restart_count) != "none-requeued":
-            return None
+            return False
         say(f"hot spares: job {self.ident.job_id} was requeued meanwhile (state {job.state}, restart "
             f"{job.restart_count}): no swap in an allocation that is no longer this run's")
+        return True
+
+    def _requeued_path(self, child: Child) -> int:
+        """The requeued-by-others path: the run's own nodes name the cause."""
         signum = self.received if self.received is not None else int(self.grace_sig)
-        return lambda child: self.interrupted(child, signum, deadline_hit=False)
+        return self.interrupted(child, signum, deadline_hit=False)
 
     def _fault_decision(self, trigger: str) -> Optional[Tuple[Job, List[str], hs.Decision]]:
         """(the job, its allocation, what to do) for a node problem among the job's nodes, or None.
@@ -404,9 +406,8 @@ class HotSpareRun:
     def _hot_swap(self, child: Child, decision: hs.Decision, job: Job, trigger: str) -> Union[str, int, None]:
         waited = self._stop_step(child)
         fresh = self._job() or job
-        moved = self._moved_on(fresh)  # requeued while the step was stopping: nothing left to swap in
-        if moved is not None:
-            return moved(child)
+        if self._requeued_meanwhile(fresh):  # requeued while the step was stopping: nothing left to swap in
+            return self._requeued_path(child)
         latest = self._resume_point(self.checkpoint_dir)
         step = self._progress_step(latest, self.checkpoint_dir)
         before = (self.hot, self.swaps)
