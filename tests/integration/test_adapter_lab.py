@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 import pytest
 from helpers import cancel_job, wait_for
@@ -144,12 +143,12 @@ def test_job_write_outcomes_are_typed(plain_lab):
 
 def test_signal_job_batch_shell(plain_lab, tmp_path):
     slurm = plain_lab.adapter()
-    marker = tmp_path / "got-usr2"
-    script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
+    marker, trapped = tmp_path / "got-usr2", tmp_path / "trapped"
+    script = f"trap 'touch {marker}; exit 0' USR2; touch {trapped}; while true; do sleep 0.2; done"
     job = _sbatch(plain_lab, "-N", "1", script=script)
     try:
         wait_for(lambda: slurm.get_job(job).running, 60, "job running")
-        time.sleep(0.5)  # let bash install its trap
+        wait_for(trapped.exists, 30, "the batch shell to install its trap")
         slurm.signal_job(job, "USR2", batch=True)
         wait_for(lambda: marker.exists(), timeout=15)
     finally:
@@ -243,8 +242,8 @@ def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
     if not rest.can_write:
         pytest.skip(f"slurmrestd {rest.api} has no job update endpoints (Slurm < 23.11): covered by the read test")
     cli = plain_lab.adapter()
-    marker = tmp_path / "got-usr2"
-    script = f"trap 'touch {marker}; exit 0' USR2; while true; do sleep 0.2; done"
+    marker, trapped = tmp_path / "got-usr2", tmp_path / "trapped"
+    script = f"trap 'touch {marker}; exit 0' USR2; touch {trapped}; while true; do sleep 0.2; done"
     job = _sbatch(plain_lab, "-N", "1", "-H", "--exclude", "spare1", script=script)
     try:
         rest.update_job(job, JobUpdate(excluded_nodes=("spare1", "gpu3")))
@@ -254,7 +253,7 @@ def test_rest_backend_job_writes(plain_lab, auth, tmp_path):
         rest.release(job)
         running = wait_for(lambda: (lambda j: j if j.running else None)(cli.get_job(job)), 60, "job running")
         assert "gpu3" not in running.nodes
-        time.sleep(0.5)  # let bash install its trap
+        wait_for(trapped.exists, 30, "the batch shell to install its trap")
         rest.signal_job(job, "USR2", batch=True)
         wait_for(lambda: marker.exists(), timeout=15, what="USR2 delivered to the batch shell")
     finally:

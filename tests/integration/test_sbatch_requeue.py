@@ -155,12 +155,13 @@ def _no_progress_scenario(sblab: SbLab, wd: Path) -> dict:
               "echo \"env restart=$AUTOHEAL_RESTART_COUNT resume=$AUTOHEAL_RESUME_FROM "
               "reason=$AUTOHEAL_REQUEUE_REASON\"\n"
               "trap '' USR2 TERM   # a script that ignores the grace signal and SIGTERM\n"
+              "echo \"ignoring restart=$AUTOHEAL_RESTART_COUNT\"\n"
               "sleep 600\n")
     jid = sblab.submit(wd, script, "--grace", "5", "--checkpoint-dir", str(ck))
     out = wd / f"out-{jid}.txt"
     for restart in (0, 1):
-        wait_text(out, rf"^env restart={restart} ", REQUEUE_WAIT)
-        time.sleep(0.5)  # let the runner's child start before the signal (the line above comes from it)
+        # the signal once the runner's child ignores it (it says so right after its trap)
+        wait_text(out, rf"^ignoring restart={restart}$", REQUEUE_WAIT)
         sblab.slurm.signal_job(jid, "USR2", batch=True)
     job = sblab.wait_job(jid, lambda j: j.state in FINISHED, REQUEUE_WAIT + 30, "the final state")
     return {"jid": jid, "job": job, "text": out.read_text(), "ck": ck}
