@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
+from typing import Dict, Optional
 
 import pytest
 
@@ -16,6 +18,9 @@ from autoheal.sbatch_helpers import memtier, memtier_launch
 from autoheal.sbatch_helpers import memtier_wire as wire
 from autoheal.sbatch_helpers.memtier_agent import Agent, _handler, _Server
 from autoheal.sbatch_helpers.memtier_store import CopyStore, StoreError, copy_name
+
+#: one epilog's memory-tier step in a fresh interpreter (a module mypy checks, not a -c string)
+PROBE = Path(__file__).resolve().parent.parent / "epilog_memtier_probe.py"
 
 KEY = wire.job_key("tok-a", "42")
 
@@ -302,7 +307,8 @@ def test_epilog_keeps_a_requeued_jobs_copies_and_frees_finished_ones(tmp_path):
     old.mkdir()
     running = memtier_files.job_dir("n1", os.geteuid(), "8", env)
     running.mkdir()
-    facts = {"42": ("COMPLETING", 1), "7": ("GONE", 0), "8": ("RUNNING", 0)}
+    facts: Dict[str, Optional[memtier_files.JobFacts]] = {"42": ("COMPLETING", 1), "7": ("GONE", 0),
+                                                           "8": ("RUNNING", 0)}
     done = memtier_files.epilog_cleanup("n1", os.geteuid(), "42", facts.get, env)
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["42", "8"], done
     facts["42"] = ("COMPLETING", 0)
@@ -352,13 +358,10 @@ def test_the_epilog_imports_the_tiers_cleanup_only_when_a_memory_folder_exists(t
     module; a job that never used the tier (nearly all) now pays one listing of the memory folder."""
     if with_folder:
         (tmp_path / "n1" / f"autoheal-memtier-{os.getuid()}").mkdir(parents=True)
-    code = ("import sys, types\nfrom autoheal.hooks import jobhook\n"
-            "slurm = types.SimpleNamespace(get_job=lambda j: types.SimpleNamespace(state='COMPLETED', "
-            "restart_count=0))\n"
-            "jobhook._memory_tier(types.SimpleNamespace(node='n1', slurm=slurm), '77')\n"
-            "print('autoheal.memtier_files' in sys.modules, 'autoheal.memtier_base' in sys.modules)")
     env = dict(os.environ, **{memtier_files.BASE_ENV: str(tmp_path / "{node}")}, SLURM_JOB_UID=str(os.getuid()))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    # the epilog's own context type and a Slurm adapter's, in a fresh interpreter (its sys.modules)
+    out = subprocess.run([sys.executable, str(PROBE), str(tmp_path / "state")], capture_output=True, text=True,
+                         timeout=60, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(with_folder), "True"]
 

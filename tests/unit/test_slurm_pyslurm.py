@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import pytest
 
@@ -15,69 +17,134 @@ class RPCError(Exception):
     pass
 
 
-def make_fake(nodes=(), jobs=(), fail=None):
-    calls = []
+@dataclass
+class PsNode:
+    """A ``pyslurm.Node`` as loaded (the attributes the backend reads; pyslurm leaves some None)."""
+
+    name: str
+    state: str = "IDLE"
+    reason: Optional[str] = None
+    reason_user: Optional[str] = None
+    reason_time: Optional[int] = None
+    configured_gres: Union[Dict[str, int], str, None] = None
+    partitions: Optional[List[str]] = None
+    address: Optional[str] = None
+    total_cpus: Optional[int] = None
+
+
+@dataclass
+class PsJob:
+    """A ``pyslurm.Job`` as loaded (``excluded_nodes`` is a list, or a string on some releases)."""
+
+    id: int
+    array_id: Optional[int] = None
+    array_task_id: Optional[int] = None
+    state: str = "PENDING"
+    allocated_nodes: Optional[str] = None
+    name: Optional[str] = None
+    user_name: Optional[str] = None
+    comment: Optional[str] = None
+    excluded_nodes: Union[List[str], str, None] = None
+    is_requeueable: bool = False
+    requeue_count: int = 0
+    batch_host: Optional[str] = None
+    end_time: Optional[int] = None
+    state_reason: Optional[str] = None
+
+
+Call = Tuple[Any, ...]
+
+
+def make_fake(nodes: Sequence[PsNode] = (), jobs: Sequence[PsJob] = (), fail: Optional[str] = None,
+              version: Any = lambda: "24.11.5", release: Optional[str] = None,
+              api_version: Optional[Callable[[], Tuple[int, int, int]]] = None,
+              ) -> Tuple[types.ModuleType, List[Call]]:
+    """A stand-in ``pyslurm`` module (a module, as the real one is) with the objects API the backend calls;
+    every write is appended to the returned list. ``fail``: every call raises ``RPCError(fail)``.
+    ``version``, ``release`` (``__version__``) and ``api_version`` (``slurm_api_version``): what pyslurm
+    releases say about the Slurm they were built for (None: the attribute is absent or None)."""
+    calls: List[Call] = []
 
     class Node:
-        def __init__(self, name=None, **changes):
+        def __init__(self, name: Optional[str] = None, **changes: Any) -> None:
             self.name, self.changes = name, changes
 
-        def modify(self, other):
+        def modify(self, other: Node) -> None:
             if fail:
                 raise RPCError(fail)
             calls.append(("node.modify", self.name, other.changes))
 
-    class Job:
-        def __init__(self, job_id):
-            self.id = job_id
-
-        def requeue(self, hold=False):
-            calls.append(("job.requeue", self.id, hold))
-
-        def release(self):
-            calls.append(("job.release", self.id))
-
-        def modify(self, desc):
-            calls.append(("job.modify", self.id, desc.fields))
-
-        def send_signal(self, signal, steps="children"):
-            calls.append(("job.send_signal", self.id, signal, steps))
-
     class JobSubmitDescription:
-        def __init__(self, **fields):
+        def __init__(self, **fields: Any) -> None:
             self.fields = fields
 
-    def load(items, key):
-        def _load():
-            if fail:
-                raise RPCError(fail)
-            return {getattr(i, key): i for i in items}
-        return _load
+    class Job:
+        def __init__(self, job_id: int) -> None:
+            self.id = job_id
 
-    conf = types.SimpleNamespace(to_dict=lambda: {"KillWait": 30, "ClusterName": "c"})
-    fake = types.SimpleNamespace(
-        RPCError=RPCError, Node=Node, Job=Job, JobSubmitDescription=JobSubmitDescription,
-        Nodes=types.SimpleNamespace(load=load(nodes, "name")), Jobs=types.SimpleNamespace(load=load(jobs, "id")),
-        slurmctld=types.SimpleNamespace(Config=types.SimpleNamespace(load=lambda: conf)),
-        version=lambda: "24.11.5")
+        def requeue(self, hold: bool = False) -> None:
+            calls.append(("job.requeue", self.id, hold))
+
+        def release(self) -> None:
+            calls.append(("job.release", self.id))
+
+        def modify(self, desc: JobSubmitDescription) -> None:
+            calls.append(("job.modify", self.id, desc.fields))
+
+        def send_signal(self, signal: str, steps: str = "children") -> None:
+            calls.append(("job.send_signal", self.id, signal, steps))
+
+    def loaded(items: Dict[Any, Any]) -> Dict[Any, Any]:
+        if fail:
+            raise RPCError(fail)
+        return items
+
+    class Nodes:
+        @staticmethod
+        def load() -> Dict[str, PsNode]:
+            return loaded({n.name: n for n in nodes})
+
+    class Jobs:
+        @staticmethod
+        def load() -> Dict[int, PsJob]:
+            return loaded({j.id: j for j in jobs})
+
+    class Config:
+        @staticmethod
+        def to_dict() -> Dict[str, Any]:
+            return {"KillWait": 30, "ClusterName": "c"}
+
+        @classmethod
+        def load(cls) -> type[Config]:
+            return cls
+
+    ctld = types.ModuleType("pyslurm.slurmctld")
+    vars(ctld).update(Config=Config)
+    fake = types.ModuleType("pyslurm")
+    vars(fake).update(RPCError=RPCError, Node=Node, Job=Job, JobSubmitDescription=JobSubmitDescription, Nodes=Nodes,
+                      Jobs=Jobs, slurmctld=ctld, version=version)
+    if release is not None:
+        vars(fake).update(__version__=release)
+    if api_version is not None:
+        vars(fake).update(slurm_api_version=api_version)
     return fake, calls
 
 
-def _node(**kw):
-    base = dict(name="gpu1", state="IDLE+DRAIN", reason="autoheal: xid 79", reason_user="root",
-                reason_time=1700000000, configured_gres={"gpu:h100": 8}, partitions=["gpu", "debug"],
-                total_cpus=64)
+def _node(**kw: Any) -> PsNode:
+    base: Dict[str, Any] = dict(name="gpu1", state="IDLE+DRAIN", reason="autoheal: xid 79", reason_user="root",
+                                reason_time=1700000000, configured_gres={"gpu:h100": 8},
+                                partitions=["gpu", "debug"], total_cpus=64)
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return PsNode(**base)
 
 
-def _job(**kw):
-    base = dict(id=130, array_id=123, array_task_id=4, state="running", allocated_nodes="gpu[1-2]",
-                name="train", user_name="alice", comment="autoheal-runner", excluded_nodes=["gpu7", "gpu9"],
-                is_requeueable=True, requeue_count=2, batch_host="gpu1", end_time=1800000000,
-                state_reason="None")
+def _job(**kw: Any) -> PsJob:
+    base: Dict[str, Any] = dict(id=130, array_id=123, array_task_id=4, state="running",
+                                allocated_nodes="gpu[1-2]", name="train", user_name="alice",
+                                comment="autoheal-runner", excluded_nodes=["gpu7", "gpu9"], is_requeueable=True,
+                                requeue_count=2, batch_host="gpu1", end_time=1800000000, state_reason="None")
     base.update(kw)
-    return types.SimpleNamespace(**base)
+    return PsJob(**base)
 
 
 def test_node_mapping():
@@ -118,9 +185,8 @@ def test_version_config_ping():
     assert str(slurm.version()) == "24.11.5"
     assert slurm.show_config() == {"KillWait": "30", "ClusterName": "c"}
     assert slurm.ping() is True
-    fake.version = None
-    fake.__version__ = "23.11.0"
-    assert str(slurm.version()) == "23.11.0"
+    old, _ = make_fake(version=None, release="23.11.0")
+    assert str(PyslurmSlurm(module=old).version()) == "23.11.0"
     bad, _ = make_fake(fail="Unable to contact slurm controller")
     assert PyslurmSlurm(module=bad).ping() is False
 
@@ -128,10 +194,8 @@ def test_version_config_ping():
 def test_version_is_libslurms_not_pyslurms_own_release():
     # what pyslurm 25.11.2 built against 26.05.5 answered (forky chroot, 2026-12-03): version a module,
     # __version__ its own release, slurm_api_version() the Slurm it was compiled for
-    fake, _ = make_fake()
-    fake.version = types.ModuleType("pyslurm.version")
-    fake.__version__ = "25.11.2"
-    fake.slurm_api_version = lambda: (26, 5, 5)
+    fake, _ = make_fake(version=types.ModuleType("pyslurm.version"), release="25.11.2",
+                        api_version=lambda: (26, 5, 5))
     version = PyslurmSlurm(module=fake).version()
     assert str(version) == "26.05.5" and version.at_least(26, 5)
 
