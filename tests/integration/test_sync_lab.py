@@ -95,6 +95,13 @@ def cordon(env, n, on=True):
         env["api"].patch_node(k8s_name(n), {"spec": {"unschedulable": on}})
 
 
+def node_patches(server):
+    """Node PATCHes the API server has answered (its audit log, whoever sent them)."""
+    from autoheal_lab.realkube import parse_audit
+
+    return len([r for r in parse_audit(server.cp.audit_log) if r["method"] == "PATCH" and "/nodes/" in r["path"]])
+
+
 def writes(server):
     return [r for r in list(server.requests) if r["method"] in ("POST", "PUT", "PATCH", "DELETE")
             and "/leases" not in r["path"]]
@@ -208,10 +215,16 @@ def test_api_faults_are_reported_then_retried(proxy_env):
         # carries the first one out a moment later: the same change, so nothing is left to do)
         slow = Reconciler(slurm, kube(env, timeout=1.0), sync_cfg())
         _flip(slurm, a)
-        proxy.rules.add(method="PATCH", path_regex=r"/nodes/", latency_ms=2500, times=1)
+        patched = node_patches(env["server"])
+        held = proxy.rules.add(method="PATCH", path_regex=r"/nodes/", latency_ms=2500, times=1)
+        passed = proxy.rules.add(method="PATCH", path_regex=r"/nodes/")  # no fault: counts the others
         res = slow.run_pass()
         assert res.errors and not res.read_error, res.summary()
-        time.sleep(2.0)  # let the held write land (not a timing assertion: the end state is checked)
+        # the held write has landed once the server has answered every Node PATCH the proxy passed on (its
+        # audit log has a record of each); the next pass then races nothing still in flight
+        wait_for(lambda: node_patches(env["server"]) >= patched + held.hits + passed.hits, 15,
+                 "the server to answer the held write")
+        proxy.rules.clear()
         assert slow.run_pass().ok
         _converged(slow)
         # a failed list read writes nothing at all
@@ -268,7 +281,6 @@ def test_leader_failover_without_double_writes(kube_env):
         slurm.drain(a, HEALTH)
         wait_for(lambda: any(t["key"] == "autoheal.io/gpu-unhealthy"
                              for t in knode(env, a)["spec"].get("taints") or []), 10, "taint from the leader")
-        time.sleep(0)  # let both loops run at least once more
         wait_for(lambda: d2.passes >= 2, 10, "replica-2 passes")
         assert d1.reconciler.writes and not d2.reconciler.writes  # the follower never wrote
         # the leader crashes (no lease release): replica-2 takes over within the lease duration
@@ -439,13 +451,19 @@ def test_a_replica_that_cannot_renew_its_lease_stops_writing_before_the_other_ta
         lost = wait_for(lambda: not d1.elector.is_leader() and time.monotonic(), 10, "replica-1 to step down")
         took = wait_for(lambda: d2.elector.is_leader() and time.monotonic(), 10, "replica-2 to take over")
         wait_for(lambda: d2.reconciler.writes, 10, "replica-2 writing")
-        time.sleep(1.0)  # replica-1 keeps running its loop meanwhile
+        # replica-1 keeps running its loop meanwhile: two more passes of it, so "no late write" is seen
+        # over passes it made as a follower, not over a loop that had not come round yet
+        passes = d1.passes
+        wait_for(lambda: d1.passes >= passes + 2, 10, "replica-1 to pass twice more")
         assert lost < took  # it stood down on its own, before the Lease could expire for the other
         late = [w for w in k1.writes if w[0] >= took]  # never two writers
         assert not late, late
         assert d1.passes > 0 and threads[0].is_alive() and not d1.elector.is_leader()
         k1.cut = False  # the partition heals: replica-2 keeps the Lease, replica-1 follows
-        time.sleep(2 * cfg.lease_duration_seconds / 3)
+        # replica-1 has read the Lease again (it names the holder it saw) in a round begun after the heal
+        rounds = d1.elector.rounds
+        wait_for(lambda: d1.elector.holder == "replica-2" and d1.elector.rounds >= rounds + 2, 15,
+                 "replica-1 to read the Lease after the partition healed")
         assert not d1.elector.is_leader() and d2.elector.is_leader()
         assert kube(env).get_lease("slurm", "partition-test")["spec"]["holderIdentity"] == "replica-2"
     finally:
