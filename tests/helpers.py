@@ -35,6 +35,93 @@ def wait_for(pred, timeout: float = 10.0, what: str = "condition", step: float =
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
+def xid_judged(root, node: str, xid: int, gpu: int, since: float) -> tuple:
+    """(sources, when) of xid-watch's judgements of ``xid`` on ``gpu`` since ``since`` (wall clock), read
+    from its dedupe records in the node state (``recent_xids``): the sources (``nvml``, ``kmsg``/``file``)
+    whose reports it judged (the other source's copy of one XID is added to that record's ``sources``) and
+    the time of the newest record (0 when none)."""
+    seen: set = set()
+    newest = 0.0
+    for r in node_state(root, node).get("recent_xids") or []:
+        if r.get("xid") == xid and r.get("gpu") == gpu and float(r.get("time") or 0) >= since:
+            seen.update(r.get("sources") or [])
+            newest = max(newest, float(r["time"]))
+    return seen, newest
+
+
+def wait_xid_judged_from_both_sources(root, node: str, xid: int, gpu: int, since: float,
+                                      timeout: float = 30.0) -> set:
+    """Wait until xid-watch has judged every report of one XID injected at ``since`` that it will get: the
+    kernel-log line, and the NVML event, or, when NVML does not tell it (an event set registered after the
+    event, or without the GPU, never delivers it: as with the real driver), a health poll of xid-watch's
+    (same process, same NVML) begun over a second after the kernel-log copy was judged, by when its event
+    thread, which waits on NVML all the time, would have handed a pending event on. After that nothing is
+    in flight that could still act on the XID."""
+    def settled():
+        seen, when = xid_judged(root, node, xid, gpu, since)
+        if not seen & {"kmsg", "file"}:
+            return None
+        if "nvml" in seen or xid_watch_metric(root, node, "health_poll_started_timestamp_seconds") > when + 1.0:
+            return seen
+        return None
+
+    try:
+        return wait_for(settled, timeout, f"xid {xid} on GPU {gpu} of {node} judged from every source", step=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; recent_xids: {node_state(root, node).get('recent_xids')}") from None
+
+
+def xid_watch_metric(root, node: str, name: str) -> float:
+    """One value xid-watch last wrote into its textfile (``<root>/metrics/<node>``: ``autoheal_xid_watch_``
+    + ``name``, the node's series); 0 when there is none yet."""
+    import re
+    from pathlib import Path
+
+    path = Path(root) / "metrics" / node / "autoheal_xid_watch.prom"
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0.0
+    m = re.search(rf"^autoheal_xid_watch_{re.escape(name)}\{{node=\"[^\"]*\"\}} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def xid_watch_beat(root, node: str) -> float:
+    """The heartbeat xid-watch last wrote into its textfile (wall clock, 0 when none). Its main loop writes
+    it right after a job-side step (housekeeping, at most every second)."""
+    return xid_watch_metric(root, node, "heartbeat_timestamp_seconds")
+
+
+def wait_xid_watch_looked_again(root, node: str, after: float, timeout: float = 30.0) -> float:
+    """Wait until xid-watch has run its job side again after ``after`` (wall clock, e.g. the time of a
+    journal record it wrote): its main loop writes the heartbeat right after each housekeeping job-side
+    step, so of two distinct heartbeats later than ``after`` the second follows a step that began after
+    ``after`` (the first may be the write that ends the very step that acted then). Returns that one."""
+    beats: set = set()
+
+    def second() -> float:
+        b = xid_watch_beat(root, node)
+        if b > after:
+            beats.add(b)
+        return max(beats) if len(beats) >= 2 else 0.0
+
+    return wait_for(second, timeout, f"xid-watch on {node} to look again after {after:.3f}", step=0.2)
+
+
+def rfc3339(text: str) -> float:
+    """An RFC 3339 time as Go writes it (``2026-12-03T14:05:01.123456789Z``, nanoseconds, or an offset) as
+    epoch seconds."""
+    import datetime
+    import re
+
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", text.strip())
+    if not m:
+        raise ValueError(f"not an RFC 3339 time: {text!r}")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    base = datetime.datetime.fromisoformat(m.group(1) + zone).timestamp()
+    return base + (float("0." + m.group(2)) if m.group(2) else 0.0)
+
+
 def node_state(root, node: str):
     """A lab node's state (``<root>/nodestate/<node>``) read as the hooks read it (``hooks.state.load``:
     every key present, older layouts upgraded); empty before the first hook wrote it."""

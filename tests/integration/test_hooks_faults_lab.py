@@ -13,8 +13,17 @@ import sys
 import time
 
 import pytest
-from helpers import cancel_all_jobs, cancel_job, wait_epilogs_done, wait_for, wait_node_idle
+from helpers import (
+    cancel_all_jobs,
+    cancel_job,
+    node_state,
+    wait_epilogs_done,
+    wait_for,
+    wait_node_idle,
+    wait_xid_watch_looked_again,
+)
 
+from autoheal.hooks.jobside import Stage
 from autoheal_lab import procs, wiring
 from autoheal_lab.gpus import inject
 
@@ -73,6 +82,12 @@ def run_hook(handle, node, module="autoheal.hooks.healthcheck"):
     return subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=60)
 
 
+def slurm_errors(handle, node):
+    """How many of xid-watch's looks at Slurm failed on ``node`` (its node state's counter; each failure
+    backs off before the next try)."""
+    return int((node_state(handle.layout.root, node).get("counters") or {}).get("slurm_errors_total", 0))
+
+
 def requeues_by_xid_watch(handle, job):
     return [r for r in journal(handle) if r["event"] == "requeue" and r["source"] == "xid-watch"
             and job in r["job_ids"]]
@@ -94,11 +109,13 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
     started = time.time()
     wait_for(lambda: saved.stat().st_mtime > started, 60, "slurmctld to save the running job", step=0.5)
     ctld = lab.records()["slurmctld"]
+    errors = slurm_errors(handle, "gpu1")
     procs.kill_pid(ctld.pid)
     inject(lab, "gpu1", 1, "xid", xid=79)
     wait_for(lambda: any(r["source"] == "xid-watch" and r["event"] == "detection" and r["node"] == "gpu1"
                          for r in journal(handle)), 15, "xid-watch to see the XID")
-    time.sleep(8)  # slurmctld stays down a while: xid-watch keeps the drain pending, retries with backoff
+    # slurmctld stays down until xid-watch, keeping the drain pending, has tried again after its backoff
+    wait_for(lambda: slurm_errors(handle, "gpu1") >= errors + 2, 30, "xid-watch to retry against the dead slurmctld")
     lab._start_slurmctld(lab.layout())
     # XID 79 starts at the replace rung: the first drain says so (the sync acts on it at once)
     wait_for(lambda: "Reason=autoheal: replace: xid 79 on GPU 1 of gpu1" in node_line(handle, "gpu1"), 60,
@@ -121,12 +138,15 @@ def test_controller_killed_or_stopped_at_the_fault_jobs_are_still_moved(lab_fact
     # only then: a USR2 before them would kill the batch shell)
     runner = submit(handle, "gpu2", "--comment=autoheal-runner restarts=0 state=running", script=script)
     ctld = lab.records()["slurmctld"]
+    errors = slurm_errors(handle, "gpu2")
     os.kill(ctld.pid, signal.SIGSTOP)
     try:
         inject(lab, "gpu2", 0, "xid", xid=48)
         wait_for(lambda: any(r["source"] == "xid-watch" and r["event"] == "detection" and r["node"] == "gpu2"
                              for r in journal(handle)), 30, "xid-watch to see the XID")
-        time.sleep(8)
+        # frozen until xid-watch's calls have timed out twice (its retry after the backoff too)
+        wait_for(lambda: slurm_errors(handle, "gpu2") >= errors + 2, 60,
+                 "xid-watch to retry against the stopped slurmctld")
     finally:
         os.kill(ctld.pid, signal.SIGCONT)
     wait_for(lambda: "Reason=autoheal: xid 48 on GPU 0 of gpu2" in node_line(handle, "gpu2"), 60,
@@ -179,8 +199,13 @@ def test_healthcheck_drains_first_and_the_job_is_still_requeued(lab):
         wait_for(lambda: restarts(lab, job) >= 1, 60, "xid-watch to requeue the job")
         # xid-watch journals its requeue once slurmctld has answered it, a moment after the restart count
         # went up (a CI run under load looked in between)
-        wait_for(lambda: requeues_by_xid_watch(lab, job), 15, "xid-watch's requeue record")
-        time.sleep(1)
+        first = wait_for(lambda: requeues_by_xid_watch(lab, job), 15, "xid-watch's requeue record")
+        # no second requeue: only once xid-watch has looked again (a job-side step after its record), with
+        # nothing of this job's left open in its state, is "one record" an answer and not a slow daemon
+        wait_xid_watch_looked_again(lab.layout.root, node, float(first[0]["time"]))
+        left = {k: a for k, a in (node_state(lab.layout.root, node).get("job_actions") or {}).items()
+                if a.get("job") == job and a.get("stage") != Stage.DONE}
+        assert not left, left
         assert len(requeues_by_xid_watch(lab, job)) == 1
     finally:
         if not procs.is_alive(lab.lab.records()[f"xid-watch-{node}"]):

@@ -9,7 +9,15 @@ import sys
 import time
 
 import pytest
-from helpers import cancel_all_jobs, cancel_job, node_state, wait_epilogs_done, wait_for, wait_node_idle
+from helpers import (
+    cancel_all_jobs,
+    cancel_job,
+    node_state,
+    wait_epilogs_done,
+    wait_for,
+    wait_node_idle,
+    wait_xid_judged_from_both_sources,
+)
 
 from autoheal_lab import procs, wiring
 from autoheal_lab.fakenvml import state as gstate
@@ -324,12 +332,12 @@ def test_ladder_reset_then_reboot_then_replace_and_clear_faults(lab):
         heal_node(lab, node)
 
 
-def _drained_for(handle, node, words):
-    """The node is drained with a reason naming ``words``, and a moment has passed: the other report of
-    the same XID (NVML event or kernel-log line) comes within a poll or two, and one that came after the
-    resume would be a new fault after a repair (an admin is never that fast)."""
+def _drained_for(handle, node, words, xid, gpu, since):
+    """The node is drained with a reason naming ``words``, and xid-watch has judged both reports of the
+    XID injected at ``since`` (NVML event and kernel-log line): one still in flight at the resume would be
+    judged a new fault after a repair (an admin is never that fast)."""
     wait_for(lambda: words in node_line(handle, node), 15, f"{node} drained for {words}")
-    time.sleep(2)
+    wait_xid_judged_from_both_sources(handle.layout.root, node, xid, gpu, since)
 
 
 def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still_drains(lab):
@@ -340,8 +348,9 @@ def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still
     node = "gpu1"
     job = ""
     try:
+        injected = time.time()
         inject(lab.lab, node, 3, "xid", xid=79)
-        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1")
+        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1", 79, 3, injected)
         for gpu in range(lab.layout.gpus):
             gstate.inject(lab.layout.gpu_state(node), gpu, "clear")
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
@@ -355,8 +364,9 @@ def test_admin_resume_without_clear_faults_runs_the_next_job_and_a_bad_gpu_still
         wait_node_idle(lab.env, node, 30)
 
         # the GPU is really bad this time: resumed all the same, the next job's prolog finds it lost
+        injected = time.time()
         inject(lab.lab, node, 3, "xid", xid=79)
-        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1")
+        _drained_for(lab, node, "Reason=autoheal: replace: xid 79 on GPU 3 of gpu1", 79, 3, injected)
         mark = len(journal(lab))
         subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], env=lab.env, timeout=10,
                        check=True)
