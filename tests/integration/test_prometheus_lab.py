@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("kubernetes")
 pytest.importorskip("yaml")
 
-from helpers import wait_for
+from helpers import rfc3339, wait_for
 
 from autoheal_lab import procs
 from autoheal_lab import prometheus as labprom
@@ -80,6 +80,25 @@ def wait_firing(base, alert, timeout, **labels):
     return wait_for(found, timeout, f"{alert} {labels} firing", step=0.2)
 
 
+def wait_evaluated_on_fresh_scrapes(base, since, scrapes=2, timeout=60):
+    """Wait until Prometheus has scraped every target ``scrapes`` times after ``since`` (its last scrape
+    that many intervals later: scrapes are at a fixed period) and every rule group was evaluated after
+    those scrapes (the timestamps Prometheus itself reports on /targets and /rules)."""
+    interval = float(labprom.SCRAPE_INTERVAL.rstrip("s"))
+
+    def done():
+        targets = labprom.api(base, "targets")["activeTargets"]
+        last = [rfc3339(t["lastScrape"]) for t in targets if t.get("health") == "up"]
+        if not last or len(last) != len(targets) or min(last) < since + (scrapes - 1) * interval:
+            return None
+        groups = labprom.api(base, "rules")["groups"]
+        evaluated = [rfc3339(g["lastEvaluation"]) for g in groups]
+        return bool(groups) and min(evaluated) > max(last) and min(evaluated)
+
+    return wait_for(done, timeout, f"{scrapes} scrapes of every target after {since:.3f} and a rule evaluation",
+                    step=0.2)
+
+
 def test_faults_on_the_lab_fire_their_alerts(prom_lab):
     base, lab = prom_lab.prom, prom_lab.lab
     # every target answers, and a healthy lab pages nobody
@@ -89,7 +108,9 @@ def test_faults_on_the_lab_fire_their_alerts(prom_lab):
     wait_for(lambda: len(labprom.query(base, "autoheal_xid_watch_heartbeat_timestamp_seconds")) == 3, 20,
              "3 xid-watch heartbeats")
     wait_for(lambda: labprom.query(base, "autoheal_sync_fleet_nodes"), 30, "the sync's fleet gauges")
-    time.sleep(3)  # a few evaluations of the healthy lab
+    # the rules evaluated on two fresh scrapes of every target (a rate() needs two samples; an alert
+    # would show pending from its first evaluation on), not "a few seconds, if Prometheus kept up"
+    wait_evaluated_on_fresh_scrapes(base, time.time())
     quiet = {a["labels"]["alertname"] for a in labprom.api(base, "alerts")["alerts"]}
     assert not quiet, f"alerts on a healthy lab: {quiet}"
 
@@ -150,7 +171,7 @@ def test_every_dashboard_panel_returns_data_after_the_faults(prom_lab):
     # and from the fault: slurmctld's stamp of xid-watch's drain of its node -> running again elsewhere
     wait_for(lambda: labprom.query(base, 'autoheal_guard_fault_to_running_seconds_count{path="requeue"} > 0'), 30,
              "the guard's fault -> running observation")
-    time.sleep(3)  # a few more scrapes for the rate() windows
+    wait_evaluated_on_fresh_scrapes(base, time.time())  # two more samples of every series for the rate()s
     empty, blank = [], []
     for panel in json.loads(labprom.product_file("autoheal-dashboard.json").read_text())["panels"]:
         numbers = []
