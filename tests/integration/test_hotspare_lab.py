@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import JobLab, cancel_job, module_lab, wait_for, wait_text
+from helpers import JobLab, cancel_job, module_lab, node_state, wait_for, wait_text, wait_xid_watch_looked_again
 
 import autoheal.sbatch_helpers as sbh
 from autoheal.config import load_config
+from autoheal.hooks.jobside import Stage
 from autoheal_lab import wiring
 from autoheal_lab.gpus import inject
 
@@ -86,6 +87,21 @@ def _resumed_at_checkpoint(text: str, starts: list) -> int:
     return step
 
 
+def _xid_watch_past_the_grace(hslab, node, jid, fault_at):
+    """Wait until xid-watch on ``node`` has decided on ``jid`` after the grace of the fault at ``fault_at``:
+    no action of its for the job is open (each one done after its grace: requeued, or "no longer runs
+    here"), and it looked again (a job-side step) after the grace ended. Only then does "not requeued"
+    mean something."""
+    grace = load_config(hslab.layout.autoheal_conf).hooks.grace_seconds
+
+    def open_actions():
+        actions = node_state(hslab.layout.root, node).get("job_actions") or {}
+        return {k: a for k, a in actions.items() if a.get("job") == jid and a.get("stage") != Stage.DONE}
+
+    wait_for(lambda: not open_actions(), grace + 60, f"xid-watch on {node} to be done with job {jid}")
+    wait_xid_watch_looked_again(hslab.layout.root, node, fault_at + grace)
+
+
 def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
     swapped, timed = 'autoheal_guard_hot_spare_swaps_total{result="swapped"}', \
         'autoheal_guard_fault_to_running_seconds_count{path="hot-spare"}'
@@ -118,8 +134,7 @@ def test_xid_on_active_node_swaps_in_the_spare_without_requeue(hslab, tmp_path):
         assert re.search(rf"nodes={batch},{spare} .*spares=none swaps=1", job.comment), job.comment
         wait_text(out, rf"step={step + 5}$", 30)
         # past xid-watch's grace for the drained node: the job swapped off it is not requeued for it too
-        grace = load_config(hslab.layout.autoheal_conf).hooks.grace_seconds
-        time.sleep(max(0.0, fault_at + grace + 5 - time.time()))
+        _xid_watch_past_the_grace(hslab, victim, jid, fault_at)
         job = hslab.slurm.get_job(jid)
         assert job.running and job.restart_count == 0, job
         assert not [r for r in hslab.journal.read(job=jid) if r.event in ("requeue", "job-requeue")], \
@@ -174,8 +189,7 @@ def test_slurmctld_killed_right_after_the_swap_restarts_without_it_and_the_runne
         redone = [r for r in hslab.journal.read(job=jid) if r.event == "job-hot-swap-redone"]
         assert len(redone) == 1 and redone[0].node == victim, redone
         # past xid-watch's grace: no requeue for the node the job was back on
-        grace = load_config(hslab.layout.autoheal_conf).hooks.grace_seconds
-        time.sleep(max(0.0, fault_at + grace + 15 - time.time()))
+        _xid_watch_past_the_grace(hslab, victim, jid, fault_at)
         job = hslab.slurm.get_job(jid)
         assert job.running and job.restart_count == 0 and set(job.nodes) == {batch, spare}, job
         assert not [r for r in hslab.journal.read(job=jid) if r.event in ("requeue", "job-requeue")], \

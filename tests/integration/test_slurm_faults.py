@@ -7,10 +7,12 @@ import signal
 import time
 
 import pytest
+from helpers import wait_for
 
 from autoheal import nodeops
 from autoheal.errors import SlurmError, SlurmUnavailable
 from autoheal.slurm.cli_backend import CliSlurm
+from autoheal_lab import procs
 
 
 def test_scontrol_missing_is_a_clear_error(tmp_path):
@@ -48,7 +50,8 @@ def test_hung_then_dead_slurmctld(lab_factory):
     # A dead controller: connection refused, typed error, quickly.
     handle.lab.records()  # still recorded
     os.kill(ctld.pid, signal.SIGKILL)
-    time.sleep(0.3)
+    # gone (its listening socket closed with it), not "0.3 s later"
+    wait_for(lambda: not procs.is_alive(ctld), 10, "slurmctld to die")
     with pytest.raises(SlurmUnavailable):
         slurm.get_node("gpu1")
     assert slurm.ping() is False
