@@ -197,7 +197,8 @@ class Trainer(submitit.helpers.Checkpointable):
         start = self.progress[0]
         self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                           "from": source})
-        say(f"start step={start} node={node} job={os.environ.get('SLURM_JOB_ID', '')} resumed_from={source}")
+        say(f"start step={start} node={node} job={os.environ.get('SLURM_JOB_ID', '')} resumed_from={source}",
+            timed=True)
         try:
             dev = self._gpu()
             while self.progress[0] < steps:

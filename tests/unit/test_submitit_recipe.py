@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("submitit")
 
-from autoheal.sbatch_helpers.examples import submitit_job as sj  # noqa: E402 (after the skip)
-from autoheal_lab import fakedevice  # noqa: E402
+from autoheal.sbatch_helpers.examples import submitit_job as sj
+from autoheal_lab import fakedevice
 
 
 class _Gpu:
