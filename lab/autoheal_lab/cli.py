@@ -232,8 +232,8 @@ def inject(lab_dir, node, gpu, xid, pid, proc_name, kind, action, as_json) -> No
 @click.option("--plain", is_flag=True, help="Submit with plain sbatch (the job does not opt in): it is still "
               "drained and requeued, but restarts from scratch.")
 @click.option("--submitit", is_flag=True, help="Run a real submitit Checkpointable job (the recipe in "
-              "sbatch_helpers/examples/submitit_job.py, through autoheal sbatch; with --plain as plain submitit, "
-              "which asks for --signal=USR2@<grace> and requeues itself). Needs submitit installed.")
+              "sbatch_helpers/examples/submitit_job.py on its step's fake GPU, through autoheal sbatch; with --plain "
+              "as plain submitit, which asks for --signal=USR2@<grace> and requeues itself). Needs submitit installed.")
 @click.option("--hot-spare", is_flag=True, help="Submit with `autoheal sbatch --spare-nodes 1` (3 nodes, steps on "
               "2): the failed node is swapped for the spare inside the allocation, no requeue.")
 @click.option("--keep", is_flag=True, help="Leave the lab up afterwards to explore.")
@@ -265,9 +265,10 @@ def drill(lab_dir, slurm_defaults, no_kube, plain, submitit, hot_spare, keep, pl
     StartTime or reason time, a Kubernetes object's time) and the clock is printed next to it; "polled"
     marks evidence with no time of its own (the poll's time).
 
-    --submitit: the same timeline for a real submitit Checkpointable job (one node): the signal and
-    submitit's checkpoint are read from its log, the resumed step must be the one it pickled (its
-    trainer does not use the fake GPU yet: the report says fault_reaches_job false).
+    --submitit: the same timeline for a real submitit Checkpointable job (one node, one fake GPU, the
+    XID on that GPU): its next step fails and submitit's on-signal checkpoint cannot copy the state off
+    the GPU, so the job (requeued through submitit's own handler) must resume from its last durable
+    checkpoint before the fault (one every 10 steps).
 
     Every drill reports the lost steps (the newest step before the restart minus the step resumed from,
     from the trainers' own output) next to fault -> training resumed.

@@ -1158,7 +1158,7 @@ def check_trainer_output(text: str, steps: int) -> List[tuple]:
 
 
 _SUB_START = re.compile(r"submitit-trainer: start step=(\d+) node=(\S*)")
-_SUB_CKPT = re.compile(r"submitit-trainer: checkpoint step=(\d+)")
+_SUB_CKPT = re.compile(r"submitit-trainer: checkpoint (?:saved )?step=(\d+)")  # on the signal, or durable
 _SUB_DONE = re.compile(r"submitit-trainer: done step=(\d+) final_state=(\d+)")
 _SUB_RESULT = re.compile(r"^result (\{.*\})\s*$", re.M)
 

@@ -145,6 +145,15 @@ def build_trainer(root_dir: str, max_epochs: int, log_every: int = 0, every_epoc
                       callbacks=callbacks, enable_progress_bar=False, logger=False)
 
 
+def device_error(exc: RuntimeError) -> int:
+    """A GPU call that failed ends the run without saving, as on real hardware (exit 1); any other
+    error is raised as it is."""
+    if type(exc).__module__ != "autoheal_lab.fakedevice":
+        raise exc
+    print(f"lightning-job: device error {str(exc).splitlines()[0]}", flush=True)
+    return 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Lightning job that checkpoints and requeues on SIGUSR2")
     ap.add_argument("--root", default=os.environ.get("CKPT_DIR", "lightning-runs"),
@@ -157,10 +166,20 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("none", "lab"), default="none",
                     help="lab: each step on the step's fake GPUs (the autoheal lab only; default none)")
     ap.add_argument("--accelerator", default=None,
-                    help="Lightning's accelerator (default auto; cpu with --device lab: the lab's GPUs are fake, "
-                         "and its fake NVML makes a CUDA build of torch count them)")
+                    help="Lightning's accelerator (default auto; cpu with --device lab, where the GPUs are fake)")
     args = ap.parse_args(argv)
     accelerator = args.accelerator or ("cpu" if args.device == "lab" else "auto")
+    try:
+        device = open_device(args.device)
+    except RuntimeError as exc:
+        return device_error(exc)
+    if args.device == "lab":
+        # torch is shown no CUDA device: the lab's GPUs exist only in its fake NVML, with no CUDA driver
+        # behind them. Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 on import, so torch counts GPUs
+        # through NVML, calls CUDA "available", and its first CUDA call (Lightning's isolate_rng saves the
+        # CUDA RNG states even with accelerator=cpu) fails with "Found no NVIDIA driver". A real node has
+        # both, and --device none leaves the environment alone. The fake device has read its GPUs already.
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     import lightning.pytorch as pl
     import torch
     from torch.utils.data import DataLoader, TensorDataset
@@ -184,7 +203,6 @@ def main(argv=None) -> int:
     torch.manual_seed(0)  # the same initial weights in every run
     model = Tiny()
     try:
-        device = open_device(args.device)
         trainer = build_trainer(args.root, args.epochs, args.log_every, args.checkpoint_every_epochs, device,
                                 accelerator)
         ckpt = resume_path(args.root)
@@ -192,11 +210,7 @@ def main(argv=None) -> int:
             print(f"lightning-job: resume from={ckpt}", flush=True)
         trainer.fit(model, DataLoader(data, batch_size=32), ckpt_path=ckpt)
     except RuntimeError as exc:
-        if type(exc).__module__ != "autoheal_lab.fakedevice":
-            raise
-        # a CUDA error ends the run without saving, as on real hardware (Lightning already said why)
-        print(f"lightning-job: device error {str(exc).splitlines()[0]}", flush=True)
-        return 1
+        return device_error(exc)
     print(f"lightning-job: done global_step={trainer.global_step} final_state={state_digest(model)}", flush=True)
     return 0
 

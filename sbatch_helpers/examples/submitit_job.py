@@ -11,6 +11,19 @@ What happens on a fault (XID 79 on the job's node, say):
    another node, unpickles the trainer and goes on from the checkpointed step.
 3. A job that neither exits nor requeues within ``hooks.grace_seconds`` is requeued by autoheal.
 
+That on-signal pickle is all submitit saves, and it needs the state copied off the GPU: a GPU that
+fell off the bus fails the next step first, and that copy too. So the trainer also keeps a durable
+checkpoint every ``--checkpoint-every`` steps (autoheal's checkpoint API: verified by size, checksum
+and owner on loading; ``$AUTOHEAL_CHECKPOINT_DIR`` under ``autoheal sbatch``, else
+``<folder>/<job id>_checkpoints``). On a GPU failure (``CUDA error``) it hands over to submitit's own
+handler (the preemption signal to itself): ``checkpoint()`` then pickles the last durable state, not
+the one it could not copy, and submitit requeues the job as on a preemption (at most
+``max_gpu_requeues`` times: a CUDA error of the job's own must not requeue it forever). Raising the
+error instead would end the job with submitit's error result, and the waiting client would report the
+run failed although Slurm (or autoheal) requeues it. A restart resumes from whichever is further: the
+pickle or the newest valid durable checkpoint. Work lost on XID 79: the steps since the last durable
+save.
+
 ``autoheal_executor()`` sets submitit up to match autoheal: ``signal_delay_s`` = the grace window
 (ask your admins for ``hooks.grace_seconds``; KillWait should be at least your checkpoint time, since
 submitit's own requeue starts Slurm's SIGTERM .. KillWait .. SIGKILL), ``--requeue``, and with
@@ -27,11 +40,10 @@ Run it (the client waits for the result and prints it as JSON)::
 The lab test (tests/integration/test_frameworks_submitit.py) runs this file; its output lines
 (``submitted``, ``submitit-trainer: ...``, ``result``) are a contract.
 
-``--device lab`` (the autoheal lab only; submit with ``--gpus-per-node``) makes each step and the copy of
-the state before ``checkpoint()`` a "GPU call" on the step's fake GPUs (``autoheal_lab.fakedevice``), as
-a CUDA job meets its GPU: after XID 79 the next step fails and ``checkpoint()`` cannot copy the state off
-the GPU, so nothing is saved on the signal. submitit's only checkpoint is that one: the run is lost back
-to its start. Without ``--device`` (the default, and on a real cluster) nothing of the lab is imported.
+``--device lab`` (the autoheal lab only; submit with ``--gpus-per-node``) makes each step, each durable
+save and the copy of the state in ``checkpoint()`` a "GPU call" on the step's fake GPUs
+(``autoheal_lab.fakedevice``), as a CUDA job meets its GPU: after XID 79 the next call fails. Without
+``--device`` (the default, and on a real cluster) nothing of the lab is imported.
 """
 
 from __future__ import annotations
@@ -40,9 +52,10 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import submitit
 
@@ -67,16 +80,59 @@ def expected_final_state(steps: int) -> int:
     return state
 
 
+#: submitit's preemption signal (its ``SUBMITIT_PREEMPT_SIGNAL``, USR2 by default): the one its handler
+#: checkpoints and requeues on
+PREEMPT_SIGNAL_ENV = "SUBMITIT_PREEMPT_SIGNAL"
+
+
+def preempt_signal(environ: Optional[Mapping[str, str]] = None) -> int:
+    env = os.environ if environ is None else environ
+    name = (env.get(PREEMPT_SIGNAL_ENV) or "USR2").strip().upper()
+    return int(getattr(signal, name if name.startswith("SIG") else "SIG" + name, signal.SIGUSR2))
+
+
+def is_gpu_failure(exc: BaseException) -> bool:
+    """A GPU that failed under the job, as CUDA reports it (``RuntimeError: CUDA error: ...``; the lab's
+    fake device raises the same). Not a CUDA out-of-memory error: that is the job's own, a requeue
+    would only meet it again."""
+    if type(exc).__module__ == "autoheal_lab.fakedevice":
+        return True
+    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc)
+
+
+def newer(pickled: Tuple[int, int], durable: Optional[Tuple[int, int]]) -> Tuple[str, Tuple[int, int]]:
+    """Where to resume: submitit's pickle (what ``checkpoint()`` saved on the signal) or the newest valid
+    durable checkpoint, whichever is further; the pickle on a tie (it is already loaded)."""
+    if durable is not None and durable[0] > pickled[0]:
+        return "durable", durable
+    return ("pickle" if pickled[0] else "none"), pickled
+
+
 class Trainer(submitit.helpers.Checkpointable):
     """A stand-in for a training loop. submitit pickles the whole object on checkpoint, so its
     attributes are the checkpoint: keep the progress in ONE attribute (a signal handler runs between
-    two statements, never inside one assignment)."""
+    two statements, never inside one assignment).
 
-    def __init__(self, device: str = "none") -> None:
+    Two checkpoints, because submitit's own cannot always be written: every ``checkpoint_every`` steps
+    a durable one (autoheal's checkpoint API: size, checksum, owner = this job), and submitit's pickle
+    on the preemption signal. A GPU that fell off the bus (XID 79) fails the next step, and the copy of
+    the state off it in ``checkpoint()``: then the pickle carries the last durable state, never the
+    state that could not be copied, and the job is requeued through submitit's own handler as on any
+    preemption. A restart resumes from whichever of the two is further."""
+
+    def __init__(self, device: str = "none", checkpoint_every: int = 10, checkpoint_dir: str = "",
+                 log_every: int = 5, max_gpu_requeues: int = 3) -> None:
         self.progress: Tuple[int, int] = (0, 0)  # (step, state)
+        self.saved: Tuple[int, int] = (0, 0)  # the last durable save (host memory: copied off the GPU)
         self.runs: List[Dict[str, Any]] = []  # where each run started
         self.device = device  # the kind only: the device itself is opened on the node, never pickled
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_dir = checkpoint_dir
+        self.log_every = log_every
+        #: requeues after a GPU failure left (a CUDA error that is the job's own would otherwise loop)
+        self.gpu_requeues_left = max_gpu_requeues
         self._dev: Any = None
+        self._mgr: Any = None
 
     def _gpu(self) -> Any:
         """The step's GPUs (``--device lab``: the lab's fake ones, imported only then), else None."""
@@ -84,36 +140,121 @@ class Trainer(submitit.helpers.Checkpointable):
             from autoheal_lab import fakedevice
 
             self._dev = fakedevice.FakeDevice.from_env()
-            print(f"submitit-trainer: device lab gpus={self._dev.describe()}", flush=True)
+            say(f"device lab gpus={self._dev.describe()}")
         return self._dev
 
+    def _store(self) -> Any:
+        """The durable checkpoints: ``checkpoint_dir``, else ``$AUTOHEAL_CHECKPOINT_DIR`` (``autoheal
+        sbatch``), else ``<submitit folder>/<job id>_checkpoints`` (one per job: a requeue keeps its id).
+        None without autoheal's checkpoint API or with ``checkpoint_every`` 0."""
+        if self._mgr is None and self.checkpoint_every > 0:
+            try:
+                from autoheal.sbatch_helpers import checkpoint as ck
+            except ImportError:
+                say("warning no durable checkpoints: autoheal is not installed where the job runs")
+                self.checkpoint_every = 0
+                return None
+            directory = self.checkpoint_dir or os.environ.get("AUTOHEAL_CHECKPOINT_DIR", "")
+            if not directory:
+                env = submitit.JobEnvironment()
+                directory = str(env.paths.folder / f"{env.job_id}_checkpoints")
+            self._mgr = ck.CheckpointManager(directory, keep=2)
+        return self._mgr
+
+    def _durable(self) -> Optional[Tuple[int, int]]:
+        """(step, state) of the newest valid durable checkpoint, or None."""
+        mgr = self._store()
+        found = mgr.latest_valid() if mgr is not None else None
+        for rejected in (mgr.rejections if mgr is not None else []):
+            say(f"warning skipped {rejected}")
+        if found is None:
+            return None
+        doc = json.loads(found.read_bytes().decode("utf-8"))
+        if doc.get("step") != found.step or not isinstance(doc.get("state"), int):
+            say(f"warning skipped {found.path}: not this trainer's state")
+            return None
+        return found.step, doc["state"]
+
+    def _save(self, dev: Any) -> None:
+        """A durable checkpoint of the current progress (the state comes off the GPU first)."""
+        if dev is not None:
+            dev.copy_to_host()
+        step, state = self.progress
+        path = self._store().save(step, json.dumps({"step": step, "state": state}).encode(), {"trainer": "submitit"})
+        self.saved = (step, state)
+        say(f"checkpoint saved step={step} path={path}")
+        report_progress(step)  # into $AUTOHEAL_CHECKPOINT_DIR under `autoheal sbatch`
+
     def __getstate__(self) -> Dict[str, Any]:
-        return dict(self.__dict__, _dev=None)  # an open device belongs to one process on one node
+        # an open device belongs to one process on one node; the store is opened again where it runs
+        return dict(self.__dict__, _dev=None, _mgr=None)
 
     def __call__(self, steps: int, step_seconds: float) -> Dict[str, Any]:
         node = os.environ.get("SLURMD_NODENAME", "")
+        source, self.progress = newer(self.progress, self._durable())
+        if source == "durable":
+            self.saved = self.progress
         start = self.progress[0]
-        self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0"))})
-        print(f"submitit-trainer: start step={start} node={node} job={os.environ.get('SLURM_JOB_ID', '')}",
-              flush=True)
-        dev = self._gpu()
-        while self.progress[0] < steps:
-            time.sleep(step_seconds)
-            if dev is not None:
-                dev.step()  # the step's kernels: after XID 79 this raises, as CUDA does
-            step, state = self.progress
-            self.progress = (step + 1, next_state(state, step))
-            if self.progress[0] % 5 == 0:
-                print(f"submitit-trainer: step={self.progress[0]}", flush=True)
-        print(f"submitit-trainer: done step={self.progress[0]} final_state={self.progress[1]}", flush=True)
+        self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+                          "from": source})
+        say(f"start step={start} node={node} job={os.environ.get('SLURM_JOB_ID', '')} resumed_from={source}",
+            timed=True)
+        try:
+            dev = self._gpu()
+            while self.progress[0] < steps:
+                time.sleep(step_seconds)
+                if dev is not None:
+                    dev.step()  # the step's kernels: after XID 79 this raises, as CUDA does
+                step, state = self.progress
+                self.progress = (step + 1, next_state(state, step))
+                if self.log_every and self.progress[0] % self.log_every == 0:
+                    say(f"step={self.progress[0]}", timed=True)
+                if self.checkpoint_every and self.progress[0] % self.checkpoint_every == 0:
+                    self._save(dev)
+        except Exception as exc:
+            if not is_gpu_failure(exc):
+                raise
+            self._gpu_failed(exc)
+        say(f"done step={self.progress[0]} final_state={self.progress[1]}")
         return {"step": self.progress[0], "final_state": self.progress[1], "runs": self.runs}
 
+    def _gpu_failed(self, exc: BaseException) -> None:
+        """The GPU failed under a step: requeue through submitit's own handler (the preemption signal to
+        this process), whose ``checkpoint()`` pickles the last durable state. Raising instead would end
+        the job with submitit's error result, and the client would report the run failed."""
+        say(f"device error step={self.progress[0]} error={type(exc).__name__} "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}", timed=True)
+        sig = preempt_signal()
+        if self.gpu_requeues_left <= 0 or not callable(signal.getsignal(sig)):
+            raise exc  # not under submitit, or too many GPU failures: the job's own error, reported as such
+        self.gpu_requeues_left -= 1
+        os.kill(os.getpid(), sig)
+        for _ in range(100):  # the handler runs at once (between two bytecodes, or ends the sleep): it exits
+            time.sleep(0.1)
+        raise exc  # only if the handler came back
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        # one requeue: a second signal (autoheal's, after a GPU failure handled above) while this one is
+        # handled would checkpoint and requeue again
+        signal.signal(preempt_signal(), signal.SIG_IGN)
         if self._dev is not None:
-            self._dev.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
-        print(f"submitit-trainer: checkpoint step={self.progress[0]}", flush=True)
+            try:
+                self._dev.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
+            except Exception as exc:
+                if not is_gpu_failure(exc):
+                    raise
+                say(f"checkpoint failed step={self.progress[0]} error={type(exc).__name__}: the state is on a "
+                    f"lost GPU; requeued with the last durable step={self.saved[0]}", timed=True)
+                self.progress = self.saved
+                return super().checkpoint(*args, **kwargs)
+        say(f"checkpoint step={self.progress[0]}")
         report_progress(self.progress[0])  # into $AUTOHEAL_CHECKPOINT_DIR under `autoheal sbatch`
         return super().checkpoint(*args, **kwargs)  # resubmits this object, progress included
+
+
+def say(text: str, timed: bool = False) -> None:
+    """One trainer line (``timed``: with the trainer's own clock, ``time=<epoch>``, at its end)."""
+    print(f"submitit-trainer: {text}" + (f" time={time.time():.3f}" if timed else ""), flush=True)
 
 
 class AutohealSlurmExecutor(submitit.SlurmExecutor):
@@ -154,6 +295,12 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node for the job (default 0: none)")
     ap.add_argument("--device", choices=("none", "lab"), default="none",
                     help="lab: each step on the job's fake GPUs (the autoheal lab only; default none)")
+    ap.add_argument("--checkpoint-every", type=int, default=10,
+                    help="a durable checkpoint every N steps (0: only submitit's pickle on the signal)")
+    ap.add_argument("--checkpoint-dir", default="",
+                    help="where the durable checkpoints go (shared filesystem; default $AUTOHEAL_CHECKPOINT_DIR "
+                         "under autoheal sbatch, else <folder>/<job id>_checkpoints)")
+    ap.add_argument("--log-every", type=int, default=5, help="print the step every N steps (0: never)")
     args = ap.parse_args(argv)
     params: Dict[str, Any] = {}
     if args.exclude:
@@ -161,7 +308,8 @@ def main(argv=None) -> int:
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
     ex = autoheal_executor(args.folder, args.grace, args.via_autoheal_sbatch, **params)
-    job = ex.submit(Trainer(args.device), args.steps, args.step_seconds)
+    trainer = Trainer(args.device, args.checkpoint_every, args.checkpoint_dir, args.log_every)
+    job = ex.submit(trainer, args.steps, args.step_seconds)
     print(f"submitted {job.job_id}", flush=True)
     deadline = time.monotonic() + args.wait
     while not job.done():  # done once the result pickle exists (sacct is not needed)

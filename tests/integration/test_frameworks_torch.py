@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import wait_for
+from helpers import wait_for, wait_text
 
 import autoheal.sbatch_helpers as sbh
 from autoheal_lab.gpus import inject
@@ -67,12 +67,12 @@ def _copy(name: str, dest: Path, changes=()) -> Path:
     return out
 
 
-def _fault_and_wait(handle, jid: str, out: Path, ready: str, timeout: float = 240.0) -> dict:
-    """XID 79 on the job's (first) node once ``ready`` is in its output; returns what happened."""
+def _fault_and_wait(handle, jid: str, out: Path, ready: str, timeout: float = 240.0, gpu: int = 1) -> dict:
+    """XID 79 on GPU ``gpu`` of the job's (first) node once ``ready`` is in its output; returns what happened."""
     wait_for(lambda: re.search(ready, _read(out)), 180, f"job {jid}: {ready!r}", step=0.3)
     job = _job(handle, jid)
     node = re.sub(r"\[.*", "", job["BatchHost"])
-    t0 = inject(handle.lab, node, 1, "xid", xid=79)["time"]
+    t0 = inject(handle.lab, node, gpu, "xid", xid=79)["time"]
     running_again = None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -102,18 +102,20 @@ def test_lightning_recipe_checkpoints_requeues_itself_and_resumes_elsewhere(torc
     pytest.importorskip("lightning")
     handle = torchlab
     _copy("lightning_job.py", tmp_path)
-    # 3 epochs of 128 steps, paced so that the fault comes mid-training
+    # 3 epochs of 128 steps, paced so that the fault comes mid-training; --device lab: the step's GPU is the
+    # lab's fake one (its steps and saves are GPU calls), the fault hits the node's other GPU
     script = _copy("lightning_job.sbatch", tmp_path, [
-        # --accelerator cpu: the lab's fake NVML makes a CUDA build of torch (PyPI's) count its fake GPUs
         ("lightning_job.py --root",
-         "lightning_job.py --epochs 3 --step-seconds 0.05 --log-every 20 --accelerator cpu --root")])
+         "lightning_job.py --epochs 3 --step-seconds 0.05 --log-every 20 --device lab --root")])
     res = subprocess.run(["sbatch", "--parsable", str(script)], env=_env(handle), capture_output=True, text=True,
                          timeout=30, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     jid = res.stdout.strip().split(";")[0]
     out = tmp_path / f"lightning-{jid}.out"
     try:
-        got = _fault_and_wait(handle, jid, out, r"lightning-job: global_step=40\b")
+        held = int(wait_text(out, r"^lightning-job: device lab gpus=(\d+)$", 180)[0])
+        # the node's other GPU: the job's own still works, so Lightning's hpc_ckpt on the signal can be written
+        got = _fault_and_wait(handle, jid, out, r"lightning-job: global_step=40\b", gpu=1 - held)
     finally:
         subprocess.run(["scancel", jid], env=handle.env, capture_output=True, timeout=20)
     text = _read(out)
@@ -127,7 +129,9 @@ def test_lightning_recipe_checkpoints_requeues_itself_and_resumes_elsewhere(torc
     assert restart == "1" and node != got["node"], starts
     assert resumed > 0 and resumed in saved, (resumed, saved)  # the hpc checkpoint Lightning saved on USR2
     assert "lightning-job: done global_step=384" in text, text[-2000:]
-    print(f"\nLIGHTNING: XID 79 on {got['node']} at global_step ~40; checkpoint on the signal at step {saved[0]}; "
+    assert "device error" not in text, text[-3000:]  # its own GPU was healthy throughout
+    print(f"\nLIGHTNING: XID 79 on GPU {1 - held} of {got['node']} (the job's GPU {held} healthy) at global_step ~40; "
+          f"checkpoint on the signal at step {saved[0]}; "
           f"resumed at global_step {resumed} on {node}; fault -> running again {got['running_again_s']:.1f} s; "
           f"final state {got['job']['JobState']} (restarts {got['job']['Restarts']})")
 

@@ -1,0 +1,135 @@
+"""The submitit recipe's durable checkpoint (sbatch_helpers/examples/submitit_job.py), without Slurm.
+
+A GPU that fell off the bus fails the next step and the copy of the state in ``checkpoint()``: the
+trainer then hands over to the preemption handler (here a stand-in for submitit's, which calls
+``checkpoint()`` and exits), whose pickle must hold the last durable state, never the one that could
+not be copied; the resumed trainer must end with an uninterrupted run's state.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+
+import pytest
+
+pytest.importorskip("submitit")
+
+from autoheal.sbatch_helpers.examples import submitit_job as sj
+from autoheal_lab import fakedevice
+
+
+class _Gpu:
+    """A device whose calls fail from the ``fail_at``-th step on (None: never), as after XID 79."""
+
+    def __init__(self, fail_at=None):
+        self.fail_at = fail_at
+        self.steps = 0
+        self.copies = 0
+
+    def _lost(self):
+        raise fakedevice.DeviceLost("CUDA error: kernel launch on GPU 0: XID 79: GPU has fallen off the bus")
+
+    def step(self):
+        self.steps += 1
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            self._lost()
+
+    def copy_to_host(self):
+        if self.fail_at is not None and self.steps >= self.fail_at:
+            self._lost()
+        self.copies += 1
+
+
+@pytest.fixture
+def preempt_handler():
+    """submitit's handler in small: ``checkpoint()``, keep what it would pickle, exit."""
+    sig = sj.preempt_signal({})
+    pickled = []
+
+    def handler(signum, frame):
+        pickled.append(pickle.dumps(trainer_of[0].checkpoint(*args_of[0]).function))
+        raise SystemExit(-1)
+
+    trainer_of, args_of = [], []
+    old = signal.signal(sig, handler)
+    try:
+        yield trainer_of, args_of, pickled
+    finally:
+        signal.signal(sig, old)
+
+
+def _trainer(tmp_path, dev, **kw):
+    t = sj.Trainer("lab", checkpoint_every=10, checkpoint_dir=str(tmp_path / "ckpt"), log_every=0, **kw)
+    t._dev = dev
+    return t
+
+
+def test_on_a_lost_gpu_the_pickle_holds_the_last_durable_state_and_the_resumed_run_ends_as_an_uninterrupted_one(
+        tmp_path, preempt_handler):
+    trainer_of, args_of, pickled = preempt_handler
+    t = _trainer(tmp_path, _Gpu(fail_at=16))
+    trainer_of.append(t)
+    args_of.append((30, 0.0))
+    with pytest.raises(SystemExit):
+        t(30, 0.0)
+    assert t._dev.steps == 16  # the 16th step failed: the GPU was gone, 15 steps done
+    resumed = pickle.loads(pickled[0])
+    assert resumed.progress == resumed.saved and resumed.progress[0] == 10  # not the 15 it could not copy
+    assert resumed.gpu_requeues_left == 2
+    resumed._dev = _Gpu()
+    result = resumed(30, 0.0)
+    assert result["step"] == 30 and result["final_state"] == sj.expected_final_state(30)
+    assert [r["start"] for r in result["runs"]] == [0, 10] and result["runs"][1]["from"] == "pickle"
+
+
+def test_without_a_pickle_the_run_resumes_from_the_newest_valid_durable_checkpoint(tmp_path, preempt_handler):
+    """A rank that crashed (uncorrectable ECC: no handler ran) is started again from submitit's first
+    pickle (step 0): the durable checkpoint is further and wins."""
+    trainer_of, args_of, _pickled = preempt_handler
+    first = _trainer(tmp_path, _Gpu(fail_at=25))
+    trainer_of.append(first)
+    args_of.append((30, 0.0))
+    with pytest.raises(SystemExit):
+        first(30, 0.0)
+    again = _trainer(tmp_path, _Gpu())
+    result = again(30, 0.0)
+    assert result["runs"][0]["start"] == 20 and result["runs"][0]["from"] == "durable"
+    assert result["final_state"] == sj.expected_final_state(30)
+
+
+def test_a_healthy_gpu_checkpoints_its_current_step_on_the_signal(tmp_path):
+    t = _trainer(tmp_path, _Gpu())
+    t.progress = (17, sj.expected_final_state(17))
+    old = signal.getsignal(sj.preempt_signal({}))
+    try:
+        delayed = t.checkpoint(30, 0.0)
+    finally:
+        signal.signal(sj.preempt_signal({}), old)
+    assert delayed.function.progress[0] == 17 and t._dev.copies == 1
+
+
+def test_a_gpu_failure_outside_submitit_or_past_the_requeue_cap_is_the_jobs_own_error(tmp_path):
+    """No preemption handler (SIG_DFL: the signal would kill the process) or no requeues left: raised."""
+    sig = sj.preempt_signal({})
+    old = signal.signal(sig, signal.SIG_DFL)
+    try:
+        with pytest.raises(fakedevice.DeviceLost):
+            _trainer(tmp_path / "a", _Gpu(fail_at=3))(30, 0.0)
+    finally:
+        signal.signal(sig, old)
+    with pytest.raises(fakedevice.DeviceLost):
+        _trainer(tmp_path / "b", _Gpu(fail_at=3), max_gpu_requeues=0)(30, 0.0)
+
+
+def test_what_counts_as_a_gpu_failure_and_where_to_resume():
+    assert sj.is_gpu_failure(fakedevice.DeviceLost("CUDA error: x"))
+    assert sj.is_gpu_failure(RuntimeError("CUDA error: unspecified launch failure"))
+    assert not sj.is_gpu_failure(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not sj.is_gpu_failure(ValueError("CUDA error"))
+    assert sj.newer((15, 1), (10, 2)) == ("pickle", (15, 1))
+    assert sj.newer((10, 1), (10, 2)) == ("pickle", (10, 1))
+    assert sj.newer((0, 0), (20, 3)) == ("durable", (20, 3))
+    assert sj.newer((0, 0), None) == ("none", (0, 0))
+    assert sj.preempt_signal({"SUBMITIT_PREEMPT_SIGNAL": "TERM"}) == signal.SIGTERM
+    assert sj.preempt_signal({}) == signal.SIGUSR2
