@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 
 @dataclass

@@ -7,7 +7,6 @@ so several lab nodes can share one machine).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
 
 from autoheal import signals
 from autoheal.config.schema import setting
@@ -15,6 +14,10 @@ from autoheal.errors import ConfigError
 from autoheal.lazyre import LazyPattern
 from autoheal.reasons import RUNNER_MARKER
 from autoheal.signals import SLURM_SIGNALS, UNCATCHABLE, SignalNameError
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Dict, List
 
 #: What an XID policy may say. reset/reboot/replace drain the node and name the first repair rung.
 #: hooks.xid_policy values, from the mildest (autoheal.hooks.xid_catalog says what each does).

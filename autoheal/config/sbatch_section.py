@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Tuple
 
 
 @dataclass

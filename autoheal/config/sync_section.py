@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Callable, List, Optional
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting, show
 from autoheal.errors import ConfigError
 from autoheal.reasons import PREFIX
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional
 
 
 def _list(*items: str) -> Callable[[], List[str]]:
