@@ -13,7 +13,10 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Tuple, Union
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Tuple, Union
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 

@@ -23,7 +23,10 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Iterator, Union
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Iterator, Union
 
 #: The directory, beside the guarded data, that holds its lock files.
 LOCK_DIR = "locks"

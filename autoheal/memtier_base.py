@@ -11,7 +11,10 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import List, Mapping, Optional
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import List, Mapping, Optional
 
 BASE_ENV = "AUTOHEAL_MEMTIER_BASE"
 DEFAULT_BASE = "/dev/shm"

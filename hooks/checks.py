@@ -8,7 +8,6 @@ reset-gpu, reboot-node or replace-node. Checks can be disabled and re-thresholde
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, cast
 
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
@@ -16,8 +15,9 @@ from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.reasons import Reason, gpu_where, parse_body
 from autoheal.strenum import StrEnum
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, TypedDict, cast
 
     class ResultDict(TypedDict, total=False):
         """``CheckResult.to_dict()``: a result as the node state and ``--json`` keep it (the reason as its
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
         action: str
         gpu: Optional[int]
         evidence: Dict[str, Any]  # the check's own readings: an open JSON object
+else:
+    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
+        return value
 
 
 class Status(StrEnum):

@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Optional
+
     from autoheal.hooks.context import Context
     from autoheal.hooks.gather import NodeSample
 

@@ -20,9 +20,12 @@ bytes): the XID parser matches NVIDIA's whole format from the first byte (``auto
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from autoheal.lazyre import LazyPattern
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Optional
 
 #: ``<pri>,<seq>,<usec>,<flags>[,<more fields>];<message>`` (Documentation/ABI/testing/dev-kmsg).
 KMSG_RE = LazyPattern(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")

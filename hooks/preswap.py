@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
     from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
     from autoheal.runner_comment import CommentState

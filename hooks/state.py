@@ -26,17 +26,21 @@ import copy
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 from autoheal.errors import AutohealError
 from autoheal.lazyre import LazyPattern
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union, cast
 
     from autoheal.hooks.checks import ResultDict
     from autoheal.hooks.ladder import Rung
     from autoheal.hooks.xids import CursorDict
+else:
+    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
+        return value
+
 
 STATE_FILE = "state.json"
 #: Where a state file that is not JSON (a disk error, a hand edit) is kept for its admin when the hooks
@@ -238,9 +242,9 @@ def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
     if not isinstance(data, dict):
         raise StateCorrupt(f"{where}: not a JSON object but {type(data).__name__}")
     state = empty()
-    cast(Dict[str, Any], state).update(data)
-    _check_shape(cast(Dict[str, Any], state), where)
-    _upgrade(cast(Dict[str, Any], state), where)
+    cast("Dict[str, Any]", state).update(data)
+    _check_shape(cast("Dict[str, Any]", state), where)
+    _upgrade(cast("Dict[str, Any]", state), where)
     return state
 
 
@@ -431,7 +435,7 @@ class NodeState:
             state, corrupt = self._read_disk()
             if self._unsaved is not None:
                 changed = {k: v for k, v in self._unsaved.items() if self._base.get(k) != v}
-                cast(Dict[str, Any], state).update(changed)
+                cast("Dict[str, Any]", state).update(changed)
             before = copy.deepcopy(state) if self.fallback else empty()
             yield state
             try:

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from autoheal.config.hooks_section import XID_POLICIES as POLICIES  # noqa: F401  (re-exported: one list, in the core)
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 DATA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xid_catalog.csv")
 GENERATIONS = ("A100", "H100", "B100", "GB200")

@@ -11,13 +11,13 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
 from autoheal.lazyre import LazyPattern
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Dict, List, Optional, Tuple, TypedDict
 
     class CursorDict(TypedDict, total=False):
         """``LogCursor.to_dict()``, as the node state keeps it (``kmsg``); for mypy only."""
