@@ -25,7 +25,6 @@ import contextlib
 import copy
 import json
 import os
-from pathlib import Path
 
 from autoheal.errors import AutohealError
 from autoheal.lazyre import LazyPattern
@@ -382,8 +381,9 @@ class NodeState:
     ``CORRUPT_FILE`` before it replaces it."""
 
     def __init__(self, state_dir: str, lock_timeout: float = 10.0, fallback: bool = False):
-        self.dir = Path(state_dir)
-        self.path = self.dir / STATE_FILE
+        # os.path, not pathlib: pathlib brings urllib.parse and ipaddress into every hook (issue 24 §6)
+        self.dir = os.fspath(state_dir)
+        self.path = os.path.join(self.dir, STATE_FILE)
         self.lock_timeout = lock_timeout
         self.fallback = fallback
         self.trouble = ""  # why the last locked() could not persist, or the corrupt file it replaced; "" if none
@@ -451,7 +451,7 @@ class NodeState:
             self._base = {}
             if corrupt is not None:  # said by this process's report (a hook's run) that replaced it
                 self._replaced = (f"state {self.path} was corrupt ({self._corrupt_why}): kept as "
-                                  f"{self.dir / CORRUPT_FILE}, "
+                                  f"{os.path.join(self.dir, CORRUPT_FILE)}, "
                                   f"started over from an empty state")
             self.trouble = self._replaced
 
@@ -479,10 +479,10 @@ class NodeState:
     def _write_file(self, name: str, data: bytes, mode: int) -> None:
         from autoheal.atomicfile import write_atomic
 
-        write_atomic(self.dir / name, data, mode=mode)
+        write_atomic(os.path.join(self.dir, name), data, mode=mode)
 
 
-def _read_nofollow(path: Path) -> bytes:
+def _read_nofollow(path: str) -> bytes:
     """The file's bytes; a symlink planted under its name is refused (ELOOP, an OSError: read as an empty
     state, and the write then replaces the link itself), so its target's bytes are never read, nor kept
     as a corrupt state."""
@@ -617,7 +617,7 @@ def open_fault(state: NodeStateData, fault: Fault) -> None:
     faults.append(fault)
 
 
-def _flock(directory: Path, name: str, timeout: float, what: str) -> ContextManager[None]:
+def _flock(directory: str, name: str, timeout: float, what: str) -> ContextManager[None]:
     """An exclusive lock ``directory/locks/name`` only this user can take, polled until ``timeout``
     (then TimeoutError)."""
     from autoheal.lockfile import exclusive
