@@ -78,7 +78,9 @@ def node_env(tmp: Path) -> Dict[str, str]:
     (tmp / "ah.toml").write_text(f'[journal]\npath = "{tmp}/journal.jsonl"\njob_spool = "{tmp}/spool"\n'
                                  f'[hooks]\nstate_dir = "{tmp}/state/{{node}}"\n'
                                  f'kernel_log = "{tmp}/{{node}}.kmsg"\nexpected_gpus = 8\ndcgm_mapping_dir = ""\n')
-    return dict(os.environ, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
+    # slurmd's environment has no PYTHON* variables (a dev shell's PYTHONDONTWRITEBYTECODE, PYTHONPATH...)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return dict(base, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
                 AUTOHEAL_FAKE_NVML_STATE=str(tmp / "n1.state"), SLURMD_NODENAME="n1", SLURM_JOB_ID="1",
                 SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_USER="bench", SLURM_JOB_NODELIST="n1")
 
