@@ -8,7 +8,7 @@ Slurm that does not answer or an NVML that only says "unknown" never leads to a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -19,6 +19,7 @@ from autoheal.hooks.ladder import Rung, next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 from autoheal.reasons import parse_body
+from autoheal.records import record
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
 
 
-@dataclass
+@record
 class Pass:
     """The outcome of one pass: what was seen, what was done, and the exit code."""
 

@@ -14,9 +14,9 @@ most passes see no XID at all (``python -X importtime``: docs/admin-hooks.md).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from autoheal.config.hooks_section import XID_POLICIES as POLICIES  # noqa: F401  (re-exported: one list, in the core)
+from autoheal.records import record
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ FALLBACK = ("recovery", "not in NVIDIA's catalog (a newer driver?) or listed wit
             "as a warning; NVML's GPU recovery action (checked every pass) decides a drain")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Entry:
     """One XID of NVIDIA's catalog."""
 
@@ -88,7 +88,7 @@ class Entry:
         return dict(self.applies).get(generation.upper())
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Verdict:
     """What autoheal does with one XID by default, and why."""
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from dataclasses import dataclass
 
 from autoheal.config.core_sections import JournalSection, NotifySection, SlurmSection
 from autoheal.config.hooks_section import HooksSection
@@ -18,6 +17,7 @@ from autoheal.config.sbatch_section import SbatchSection
 from autoheal.config.schema import describe, from_mapping, setting, to_mapping
 from autoheal.config.sync_section import SyncSection
 from autoheal.errors import ConfigError
+from autoheal.records import record
 
 # typing, pathlib and tomllib are imported only where used: a hook that finds a valid snapshot
 # (autoheal.config.snapshot) parses no TOML, and none of them is on its path (issue 24 section 6)
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@record
 class Config:
     """The whole configuration; each table of the TOML file is one section."""
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from dataclasses import dataclass
 
 from autoheal.config import values as V
 from autoheal.config.schema import from_mapping, setting
 from autoheal.errors import ConfigError
+from autoheal.records import record
 
 TYPE_CHECKING = False  # typing and pathlib are not imported at run time: the hooks start fast
 
@@ -37,7 +37,7 @@ _WARNED: Set[str] = set()
 MAX_BYTES = 1 << 16
 
 
-@dataclass
+@record
 class NotifySecrets:
     """The ``[notify]`` table of the secrets file."""
 
@@ -45,7 +45,7 @@ class NotifySecrets:
                                   item=V.http_url)
 
 
-@dataclass
+@record
 class SecretsFile:
     """The whole secrets file."""
 
