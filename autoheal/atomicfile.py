@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
-from typing import Tuple, Union
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Tuple, Union
 
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def _mkstemp(directory: Path, name: str) -> Tuple[int, str]:
+def _mkstemp(directory: str, name: str) -> Tuple[int, str]:
     """A new file ``directory/.name.<random>.tmp``, mode 0600, that did not exist before (O_EXCL)."""
     for _ in range(100):
-        tmp = str(directory / f".{name}.{os.urandom(6).hex()}.tmp")
+        tmp = os.path.join(directory, f".{name}.{os.urandom(6).hex()}.tmp")
         try:
             return os.open(tmp, _CREATE, 0o600), tmp
         except FileExistsError:
@@ -32,8 +35,8 @@ def _mkstemp(directory: Path, name: str) -> Tuple[int, str]:
 def write_atomic(path: Union[str, Path], data: bytes, mode: int = 0o644, fsync: bool = True) -> None:
     """Write ``data`` to ``path`` (in an existing directory) through a fresh temporary file and a rename.
     On any error the temporary file is removed and the error raised; ``path`` keeps its old content."""
-    path = Path(path)
-    fd, tmp = _mkstemp(path.parent, path.name)
+    path = os.fspath(path)  # os.path, not pathlib: the hooks write their state with this (start-up time)
+    fd, tmp = _mkstemp(os.path.dirname(path), os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

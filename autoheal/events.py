@@ -7,9 +7,11 @@ written by an older or newer release keeps names this one does not know (``Event
 
 from __future__ import annotations
 
-from typing import Optional
-
 from autoheal.strenum import StrEnum
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Optional
 
 
 class Event(StrEnum):

@@ -36,11 +36,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Union
 
 from autoheal.reasons import sanitize
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:  # imported where a record is made: the epilog of a job that left none never loads them
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
     from autoheal.journal import Record
 
 #: A job's records on one node; more is not the runner's (a few per run) and is dropped.

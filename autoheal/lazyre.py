@@ -10,7 +10,10 @@ section 6). A ``LazyPattern`` has the methods of a compiled pattern that the cod
 from __future__ import annotations
 
 import re
-from typing import Iterator, List, Optional, Union
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Iterator, List, Optional, Union
 
 
 class LazyPattern:

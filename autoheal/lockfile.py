@@ -22,8 +22,11 @@ import fcntl
 import os
 import stat
 import time
-from pathlib import Path
-from typing import Iterator, Union
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from pathlib import Path  # pathlib only where a caller wants a Path: the hooks lock without it
+    from typing import Iterator, Union
 
 #: The directory, beside the guarded data, that holds its lock files.
 LOCK_DIR = "locks"
@@ -40,7 +43,12 @@ class LockDirError(PermissionError):
 def private_dir(path: Union[str, Path]) -> Path:
     """``path`` as a directory only this user can enter: created mode 0700, or checked (a directory, not a
     symlink, owned by us; group and other access removed when we own it). LockDirError otherwise."""
-    path = Path(path)
+    from pathlib import Path
+
+    return Path(_private_dir(os.fspath(path)))
+
+
+def _private_dir(path: str) -> str:
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
@@ -57,6 +65,8 @@ def private_dir(path: Union[str, Path]) -> Path:
 
 def lock_path(base: Union[str, Path], name: str) -> Path:
     """Where the lock ``name`` guarding data in the directory ``base`` lives (``base/locks/name``)."""
+    from pathlib import Path
+
     return Path(base) / LOCK_DIR / name
 
 
@@ -66,11 +76,9 @@ def exclusive(base: Union[str, Path], name: str, timeout: float, what: str = "he
     """Hold the exclusive lock ``name`` of the directory ``base`` (created, with ``base/locks``, when
     missing), waiting at most ``timeout`` seconds: then LockTimeout ``"<lock>: <what> <timeout>s"``.
     OSError (LockDirError among them) when the lock cannot be opened at all."""
-    base = Path(base)
-    base.mkdir(parents=True, exist_ok=True)
-    directory = private_dir(base / LOCK_DIR)
-    path = directory / name
-    fd = os.open(str(path), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.makedirs(base, exist_ok=True)
+    path = os.path.join(_private_dir(os.path.join(base, LOCK_DIR)), name)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) & 0o077:

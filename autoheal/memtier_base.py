@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
-from typing import List, Mapping, Optional
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from pathlib import Path  # pathlib only for callers that want a Path: the epilog's look goes without
+    from typing import List, Mapping, Optional
 
 BASE_ENV = "AUTOHEAL_MEMTIER_BASE"
 DEFAULT_BASE = "/dev/shm"
@@ -21,13 +24,19 @@ _NODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 def base_dir(node: str, environ: Optional[Mapping[str, str]] = None) -> Path:
     """The node's memory folder (``/dev/shm`` unless ``AUTOHEAL_MEMTIER_BASE`` says otherwise)."""
+    from pathlib import Path
+
+    return Path(_base(node, environ))
+
+
+def _base(node: str, environ: Optional[Mapping[str, str]]) -> str:
     env = os.environ if environ is None else environ
     template = env.get(BASE_ENV, "").strip() or DEFAULT_BASE
     if "{node}" in template:
         if not _NODE_RE.match(node or ""):
             raise ValueError(f"node name {node!r} is not usable in a path")
         template = template.replace("{node}", node)
-    return Path(template)
+    return template
 
 
 def user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -> Path:
@@ -37,7 +46,7 @@ def user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -
 def user_ids(node: str, environ: Optional[Mapping[str, str]] = None) -> List[int]:
     """The uids that have a memory folder on this node (one listing of ``/dev/shm``)."""
     try:
-        names = os.listdir(base_dir(node, environ))
+        names = os.listdir(_base(node, environ))
     except (OSError, ValueError):
         return []
     cut = len(USER_DIR_PREFIX)

@@ -10,9 +10,12 @@ import re
 import unicodedata
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Optional
 
 from autoheal.lazyre import LazyPattern
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Optional
 
 PREFIX = "autoheal: "
 #: Drains that mirror a Kubernetes cordon/taint/condition (written by ``autoheal sync``). The node side

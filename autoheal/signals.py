@@ -13,7 +13,6 @@ Only the signals Slurm's own parser knows by name are accepted (``sig_name2num``
 from __future__ import annotations
 
 import signal as _signal
-from typing import Union
 
 #: The names Slurm maps to signal numbers, in its own order.
 SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP",
@@ -21,7 +20,11 @@ SLURM_SIGNALS = ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "
 #: Signals a process cannot catch: a job told to checkpoint with one of these dies instead.
 UNCATCHABLE = ("KILL", "STOP")
 
-SignalLike = Union[str, int, _signal.Signals]
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Union
+
+    SignalLike = Union[str, int, _signal.Signals]
 
 
 class SignalNameError(ValueError):

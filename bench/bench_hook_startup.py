@@ -1,11 +1,14 @@
 """The hooks' whole process side by side with a baseline, in the same run (issue 24 section 6).
 
-Each of ``autoheal-healthcheck``, ``-prolog`` and ``-epilog`` runs as Slurm runs it (a fresh process, a
-lab node with 8 fake GPUs behind the real pynvml, a healthy node: the pass Slurm pays for every
-``HealthCheckInterval`` and before and after every job), interleaved with its baselines, round after
-round, so a machine that is busy is equally busy for all of them:
+Each of ``autoheal-healthcheck``, ``-prolog`` and ``-epilog`` runs as a node runs it: the console script
+of a plain (non-editable) install in a venv of its own, made here from this tree's wheel with the
+interpreter this benchmark runs on (its base interpreter, not this venv: no editable finder, no test
+tools' ``.pth`` files, none of the dev venv's site-packages), started as a fresh process on a lab node
+with 8 fake GPUs behind the fake ``libnvidia-ml.so.1``, a healthy node: the pass Slurm pays for every
+``HealthCheckInterval`` and before and after every job. The commands run interleaved, round after round,
+so a machine that is busy is equally busy for all of them:
 
-* ``python -c pass``: this interpreter's start, the floor under any Python hook;
+* ``python -c pass``: the node venv's interpreter start, the floor under any Python hook;
 * LBNL NHC with four checks (its own config), when ``nhc`` is installed (``--nhc PATH``; Debian 12 has no
   package of it: install it from its source, github mej/nhc: ``nhc`` to /usr/sbin, ``scripts/*.nhc`` to
   /etc/nhc/scripts, ``helpers/*`` to /usr/libexec/nhc);
@@ -14,13 +17,13 @@ round, so a machine that is busy is equally busy for all of them:
   /proc/meminfo and one ``ps`` listing, parsed in bash loops), without NHC's driver and its function
   libraries: a floor under NHC's time, not NHC.
 
-Prints the median wall time, CPU time and peak memory of each over ``--runs`` rounds (and the machine's
-load). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML).
+``--ref COMMIT`` (repeatable) adds the three hooks of another commit of this repository, installed the
+same way in a venv of their own: before and after a change in one run, on a machine equally busy for
+both. Prints the median wall time, CPU time and peak memory of each over ``--runs`` rounds (and the
+machine's load). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML), git, and setuptools
+and wheel in this interpreter (the wheels are built without build isolation: no network).
 
-    python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--plain DIR ...] [--json]
-
-``--plain DIR`` (repeatable) adds the hooks of a plain install (``pip install --no-deps --target DIR``
-of a commit) run with ``python -S``, as a node runs them: two commits side by side in one run.
+    python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--ref COMMIT ...] [--json]
 """
 
 from __future__ import annotations
@@ -75,7 +78,9 @@ def node_env(tmp: Path) -> Dict[str, str]:
     (tmp / "ah.toml").write_text(f'[journal]\npath = "{tmp}/journal.jsonl"\njob_spool = "{tmp}/spool"\n'
                                  f'[hooks]\nstate_dir = "{tmp}/state/{{node}}"\n'
                                  f'kernel_log = "{tmp}/{{node}}.kmsg"\nexpected_gpus = 8\ndcgm_mapping_dir = ""\n')
-    return dict(os.environ, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
+    # slurmd's environment has no PYTHON* variables (a dev shell's PYTHONDONTWRITEBYTECODE, PYTHONPATH...)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return dict(base, AUTOHEAL_CONFIG=str(tmp / "ah.toml"), LD_LIBRARY_PATH=str(tmp / "lib"),
                 AUTOHEAL_FAKE_NVML_STATE=str(tmp / "n1.state"), SLURMD_NODENAME="n1", SLURM_JOB_ID="1",
                 SLURM_JOB_UID=str(os.getuid()), SLURM_JOB_USER="bench", SLURM_JOB_NODELIST="n1")
 
@@ -88,20 +93,65 @@ def sockets() -> int:
     return len(ids) or sum(1 for ln in lines if ln.startswith("processor")) or 1
 
 
-def commands(tmp: Path, nhc: str) -> Dict[str, List[str]]:
+def commands(tmp: Path, nhc: str, node_bin: Path) -> Dict[str, List[str]]:
     cpus = os.cpu_count() or 1
     pid1 = Path("/proc/1/comm").read_text().strip()
     script = tmp / "checks.sh"
     script.write_text(BASH_CHECKS.replace("CPUS", str(cpus)).replace("PID1", pid1))
-    out = {"python -c pass": [sys.executable, "-c", "pass"]}
+    out = {"python -c pass": [str(node_bin / "python"), "-c", "pass"]}
     if nhc:
         conf = tmp / "nhc.conf"
         conf.write_text(NHC_CONF.format(sockets=sockets()).replace("init", pid1))
         out["LBNL NHC, 4 checks"] = [nhc, "-c", str(conf), "MARK_OFFLINE=0", "NHC_RM=none"]
     out["bash, 4 NHC-style checks"] = ["bash", str(script)]
-    for hook in ("healthcheck", "prolog", "epilog"):
-        out[hook] = [sys.executable, "-m", f"autoheal.hooks.{hook}"]
+    out.update(hook_commands(node_bin))
     return out
+
+
+def hook_commands(node_bin: Path, label: str = "") -> Dict[str, List[str]]:
+    """The console scripts Slurm runs (``HealthCheckProgram=/usr/local/bin/autoheal-healthcheck``): the
+    script pip wrote, whose shebang is the node venv's interpreter. Never ``python -m`` (``runpy`` and the
+    search of the current directory are not what a node pays)."""
+    return {f"{hook}{label}": [str(node_bin / f"autoheal-{hook}")] for hook in HOOKS}
+
+
+HOOKS = ("healthcheck", "prolog", "epilog")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def source_tree(ref: str, dest: Path) -> Path:
+    """A copy of this working tree as it is (``ref`` empty: tracked and untracked files git does not
+    ignore), or of commit ``ref``'s files, in ``dest``: wheels are built from a copy, so a build never
+    writes ``build/`` or ``*.egg-info`` into the tree."""
+    dest.mkdir(parents=True)
+    if ref:
+        tar = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", ref], capture_output=True,
+                             check=True, timeout=120).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=tar, check=True, timeout=120)
+        return dest
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True, timeout=120).stdout
+    for name in filter(None, listed.decode().split("\0")):
+        src = REPO / name
+        if src.is_file():  # a tracked file deleted in the tree is not part of it
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def node_venv(src: Path, dest: Path) -> Path:
+    """A venv of the base interpreter holding only a plain install of ``src``'s wheel (the hooks need no
+    third-party package on Python 3.11+), as an admin installs autoheal on a node; its ``bin``."""
+    base = getattr(sys, "_base_executable", "") or sys.executable
+    subprocess.run([base, "-m", "venv", "--without-pip", str(dest)], check=True, timeout=300)
+    wheels = Path(str(dest) + "-wheel")
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(src)],
+                   check=True, timeout=600, stdout=subprocess.DEVNULL)
+    subprocess.run([*pip, "--python", str(dest / "bin" / "python"), "install", "--no-deps",
+                    *(str(w) for w in sorted(wheels.glob("slurm_autoheal-*.whl")))],
+                   check=True, timeout=600, stdout=subprocess.DEVNULL)
+    return dest / "bin"
 
 
 #: GNU time (Debian's ``time``) reports a child's own peak memory: wait4's ru_maxrss would include this
@@ -127,39 +177,21 @@ def run_once(argv: List[str], env: Dict[str, str], rss_file: Path) -> Tuple[floa
     return wall, usage.ru_utime + usage.ru_stime, rss
 
 
-def installs(dirs: List[str], env: Dict[str, str]) -> Tuple[Dict[str, List[str]], Dict[str, Dict[str, str]]]:
-    """The three hooks of each plain install in ``dirs`` (``pip install --no-deps --target DIR .`` of some
-    commit), run as a node runs them: ``python -S``, that install first on the path, then this
-    interpreter's site-packages for pynvml & co. Two versions side by side in the same run are the
-    before/after of a change, on a machine that is equally busy for both."""
-    import site
-
-    cmds: Dict[str, List[str]] = {}
-    envs: Dict[str, Dict[str, str]] = {}
-    if dirs:
-        cmds["python -S -c pass"] = [sys.executable, "-S", "-c", "pass"]
-    for d in dirs:
-        for hook in ("healthcheck", "prolog", "epilog"):
-            name = f"{hook} [{Path(d).name}]"
-            cmds[name] = [sys.executable, "-S", "-m", f"autoheal.hooks.{hook}"]
-            envs[name] = dict(env, PYTHONPATH=os.pathsep.join([str(Path(d).resolve()), *site.getsitepackages()]))
-    return cmds, envs
-
-
-def measure(runs: int = 21, nhc: str = "", plain: Tuple[str, ...] = ()) -> dict:
+def measure(runs: int = 21, nhc: str = "", refs: Tuple[str, ...] = ()) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-hook-startup-"))
     try:
         env = node_env(tmp)
-        cmds = commands(tmp, nhc)
-        more, envs = installs(list(plain), env)
-        cmds.update(more)
-        for name, argv in cmds.items():  # warm: .pyc files written, the fake library paged in
-            run_once(argv, envs.get(name, env), tmp / "rss")
+        cmds = commands(tmp, nhc, node_venv(source_tree("", tmp / "src"), tmp / "node"))
+        for i, ref in enumerate(refs):
+            src = source_tree(ref, tmp / f"src-{i}")
+            cmds.update(hook_commands(node_venv(src, tmp / f"node-{i}"), f" @{ref}"))
+        for argv in cmds.values():  # warm: .pyc files written, the fake library paged in
+            run_once(argv, env, tmp / "rss")
         samples: Dict[str, List[Tuple[float, float, float]]] = {k: [] for k in cmds}
         load0 = os.getloadavg()[0]
         for _ in range(runs):  # interleaved: each round runs every command once
             for name, argv in cmds.items():
-                samples[name].append(run_once(argv, envs.get(name, env), tmp / "rss"))
+                samples[name].append(run_once(argv, env, tmp / "rss"))
         load1 = os.getloadavg()[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -167,19 +199,19 @@ def measure(runs: int = 21, nhc: str = "", plain: Tuple[str, ...] = ()) -> dict:
                    "cpu_ms": round(statistics.median(s[1] for s in got) * 1000, 1),
                    "rss_mib": round(statistics.median(s[2] for s in got), 1)} for name, got in samples.items()}
     return {"runs": runs, "cpus": os.cpu_count(), "load_before": round(load0, 1), "load_after": round(load1, 1),
-            "python": sys.version.split()[0], "nhc": nhc or "not installed", "results": rows}
+            "python": sys.version.split()[0], "nhc": nhc or "not installed", "refs": list(refs), "results": rows}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=21, help="interleaved rounds (medians over them)")
     ap.add_argument("--nhc", default=shutil.which("nhc") or "", help="LBNL NHC's nhc, if installed")
-    ap.add_argument("--plain", action="append", default=[], metavar="DIR",
-                    help="also time the hooks of a plain install in DIR with python -S (repeat: two commits "
-                    "side by side)")
+    ap.add_argument("--ref", action="append", default=[], metavar="COMMIT",
+                    help="also time the hooks of this commit, installed the same way (repeat for more): "
+                    "before and after in one run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    res = measure(args.runs, args.nhc, tuple(args.plain))
+    res = measure(args.runs, args.nhc, tuple(args.ref))
     if args.json:
         print(json.dumps(res))
         return
@@ -188,7 +220,8 @@ def main() -> None:
     rows = res["results"]
     base = next((n for n in ("LBNL NHC, 4 checks", "bash, 4 NHC-style checks") if n in rows), "")
     for name, r in rows.items():
-        ratio = f"  {r['wall_ms'] / rows[base]['wall_ms']:.2f}x {base}" if base and name not in (base,) else ""
+        ratio = (f"  {r['wall_ms'] / rows[base]['wall_ms']:.2f}x / {r['cpu_ms'] / rows[base]['cpu_ms']:.2f}x {base}"
+                 f" (wall / cpu)" if base and name != base else "")
         print(f"{name:<30} wall {r['wall_ms']:7.1f} ms  cpu {r['cpu_ms']:7.1f} ms  rss {r['rss_mib']:5.1f} MiB{ratio}")
 
 

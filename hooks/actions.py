@@ -10,9 +10,12 @@ and ``to_dict`` is the JSON ``autoheal check --json`` prints, with the keys it a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Union
 
 from autoheal.strenum import StrEnum
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Union
 
 
 class Kind(StrEnum):

@@ -7,17 +7,18 @@ reset-gpu, reboot-node or replace-node. Checks can be disabled and re-thresholde
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, cast
+from dataclasses import asdict, field
 
 from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
 from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.reasons import Reason, gpu_where, parse_body
+from autoheal.records import record
 from autoheal.strenum import StrEnum
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, TypedDict, cast
 
     class ResultDict(TypedDict, total=False):
         """``CheckResult.to_dict()``: a result as the node state and ``--json`` keep it (the reason as its
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
         action: str
         gpu: Optional[int]
         evidence: Dict[str, Any]  # the check's own readings: an open JSON object
+else:
+    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
+        return value
 
 
 class Status(StrEnum):
@@ -82,7 +86,7 @@ def recovery_verdict(action: Optional[int]) -> Optional[Tuple[str, CheckAction]]
     return RECOVERY_ACTIONS.get(action, (f"unknown recovery action {action} (a newer driver?)", DRAIN))
 
 
-@dataclass
+@record
 class CheckResult:
     """The verdict of one check on one GPU (``gpu`` None: node-wide)."""
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Optional
 
 from autoheal.events import Event
 from autoheal.hooks.state import NodeState, expand
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:  # imported lazily below: hooks start fast
+    from typing import Any, Optional
+
     from autoheal.config import Config
     from autoheal.journal import Journal
     from autoheal.notify import Notifier
@@ -56,7 +58,9 @@ class Context:
     def load(cls, source: str, node: Optional[str] = None, config_path: Optional[str] = None) -> Context:
         from autoheal.config import load_config
 
-        return cls(load_config(config_path), node_name(node), source)
+        # a trusted snapshot of the parsed config, when this very file was parsed before: no TOML, no
+        # validation on a healthy pass (autoheal.config.snapshot)
+        return cls(load_config(config_path, snapshot=True), node_name(node), source)
 
     def path(self, template: str) -> str:
         return expand(template, self.node)

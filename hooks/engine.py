@@ -8,8 +8,7 @@ Slurm that does not answer or an NVML that only says "unknown" never leads to a 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, cast
+from dataclasses import field
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
@@ -20,9 +19,11 @@ from autoheal.hooks.ladder import Rung, next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 from autoheal.reasons import parse_body
+from autoheal.records import record
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, Dict, List, Optional, TypedDict, cast
 
     from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
@@ -39,12 +40,16 @@ if TYPE_CHECKING:
         outcome: str
         message: str
         evidence: Dict[str, Any]
+else:
+    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
+        return value
+
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2
 RUNG_WEIGHT = {C.RESET: 1, C.REBOOT: 2, C.REPLACE: 3}
 
 
-@dataclass
+@record
 class Pass:
     """The outcome of one pass: what was seen, what was done, and the exit code."""
 
@@ -204,7 +209,7 @@ def observe(ctx: Context, budget: float, cheap: bool = False, read_log: bool = T
             if (f.get("check", "xid"), f.get("gpu")) in failing:
                 continue
             results.append(C.CheckResult(f.get("check", "xid"), C.FAIL, parse_body(f.get("reason", "")),
-                                         cast(C.CheckAction, f.get("action", C.RESET)), f.get("gpu"),
+                                         cast("C.CheckAction", f.get("action", C.RESET)), f.get("gpu"),
                                          {"open_fault_since": f.get("since")}))
         p.results = results
         p.status = C.overall(results)

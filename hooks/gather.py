@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Set
+from dataclasses import asdict, field
+
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Optional, Set
 
 CLOCKS_GPU_IDLE = 0x1
 FI_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 NVLINK_MAX_LINKS = 18
 
 
-@dataclass
+@record
 class GpuSample:
     """What NVML said about one GPU. ``None`` fields were not supported or not read."""
 
@@ -47,7 +52,7 @@ class GpuSample:
     idle: Optional[bool] = None
 
 
-@dataclass
+@record
 class NodeSample:
     """One gathering pass over the node."""
 

@@ -9,7 +9,10 @@ No click here: these programs start on every job and every health-check interval
 from __future__ import annotations
 
 import sys
-from typing import Optional, Sequence
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Optional, Sequence
 
 HELP_FLAGS = ("-h", "--help")
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Optional
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Optional
+
     from autoheal.hooks.context import Context
     from autoheal.hooks.gather import NodeSample
 
@@ -92,6 +94,8 @@ def _run(ctx: Context, kind: str) -> int:
 def _job_records(ctx: Context) -> None:
     """Move the records the job's runner left in the node's spool (as the job's user) into the journal
     and the webhooks, as that user's text (``autoheal/job_records.py``). Never fails the epilog."""
+    if _spool_is_empty(ctx.cfg.journal.job_spool):
+        return  # the common case: the job left nothing (and job_records, pathlib are not imported)
     from autoheal import job_records
 
     notifier = None
@@ -116,6 +120,21 @@ def _job_records(ctx: Context) -> None:
     finally:
         if notifier is not None:
             notifier.flush(min(5.0, ctx.cfg.notify.timeout))
+
+
+def _spool_is_empty(spool: str) -> bool:
+    """True only for a spool that is root's folder and holds nothing: nothing to move. Missing (collect
+    creates it), another owner's, not a folder, or any error: False, and collect says why."""
+    import stat
+
+    try:
+        st = os.lstat(spool)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            return False
+        with os.scandir(spool) as entries:
+            return next(entries, None) is None
+    except (OSError, ValueError):
+        return False
 
 
 def _memory_tier(ctx: Context, job: str) -> None:

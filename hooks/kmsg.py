@@ -19,10 +19,12 @@ bytes): the XID parser matches NVIDIA's whole format from the first byte (``auto
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 from autoheal.lazyre import LazyPattern
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Optional
 
 #: ``<pri>,<seq>,<usec>,<flags>[,<more fields>];<message>`` (Documentation/ABI/testing/dev-kmsg).
 KMSG_RE = LazyPattern(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
@@ -30,7 +32,7 @@ KMSG_RE = LazyPattern(r"^(\d{1,10}),(\d{1,20}),(\d{1,20}),[^;]*;(.*)$")
 KERNEL_FACILITY = 0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class KmsgRecord:
     """One ``/dev/kmsg`` record's header and message (the first line only: continuation lines that
     start with a space are the record's dictionary, never part of the message)."""

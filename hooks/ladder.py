@@ -7,10 +7,12 @@ per node and GPU in the node state, across restarts, for ``hooks.ladder_window``
 
 from __future__ import annotations
 
-from typing import Dict, Optional
-
 from autoheal.hooks.checks import REBOOT, REPLACE, RESET, CheckAction
 from autoheal.strenum import StrEnum
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Dict, Optional
 
 RUNGS = (RESET, REBOOT, REPLACE)
 

@@ -13,11 +13,12 @@ Pure functions over the state dict; ``engine.drain_for`` and the resume paths ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional
-
 from autoheal.reasons import Origin, Reason
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import List, Optional
+
     from autoheal.hooks.state import HistoryEntry, NodeStateData
 
 #: Entries kept (the newest); far more than any window needs.

@@ -20,9 +20,11 @@ import contextlib
 import errno
 import os
 import stat
-from typing import TYPE_CHECKING, List, Mapping, Optional, Tuple
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import List, Mapping, Optional, Tuple
+
     from autoheal.slurm.base import SlurmAdapter
 
 __all__ = ["add_job", "indices_from_show_job", "job_gpus", "parse_indices", "remove_job"]

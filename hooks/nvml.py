@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable, Dict, List, Tuple
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, List, Tuple
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1

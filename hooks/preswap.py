@@ -19,14 +19,16 @@ host, another job beside it, a drain already there) is handled as without this m
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks import state as S
+from autoheal.records import record
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
     from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
     from autoheal.runner_comment import CommentState
@@ -36,7 +38,7 @@ _ORDER = ("remap-pending", "nvlink", "pcie", "xid", "ecc-rate", "thermal")
 ECC_RATE_XID = 92
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Sign:
     """One warning sign: its kind (``hooks.preswap_signs``), the words of the drain reason, the check."""
 

@@ -25,18 +25,21 @@ import contextlib
 import copy
 import json
 import os
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ContextManager, Dict, Iterator, List, Optional, Tuple, Union, cast
 
 from autoheal.errors import AutohealError
 from autoheal.lazyre import LazyPattern
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union, cast
 
     from autoheal.hooks.checks import ResultDict
     from autoheal.hooks.ladder import Rung
     from autoheal.hooks.xids import CursorDict
+else:
+    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
+        return value
+
 
 STATE_FILE = "state.json"
 #: Where a state file that is not JSON (a disk error, a hand edit) is kept for its admin when the hooks
@@ -238,9 +241,9 @@ def load(raw: Union[bytes, str], where: str = STATE_FILE) -> NodeStateData:
     if not isinstance(data, dict):
         raise StateCorrupt(f"{where}: not a JSON object but {type(data).__name__}")
     state = empty()
-    cast(Dict[str, Any], state).update(data)
-    _check_shape(cast(Dict[str, Any], state), where)
-    _upgrade(cast(Dict[str, Any], state), where)
+    cast("Dict[str, Any]", state).update(data)
+    _check_shape(cast("Dict[str, Any]", state), where)
+    _upgrade(cast("Dict[str, Any]", state), where)
     return state
 
 
@@ -378,8 +381,9 @@ class NodeState:
     ``CORRUPT_FILE`` before it replaces it."""
 
     def __init__(self, state_dir: str, lock_timeout: float = 10.0, fallback: bool = False):
-        self.dir = Path(state_dir)
-        self.path = self.dir / STATE_FILE
+        # os.path, not pathlib: pathlib brings urllib.parse and ipaddress into every hook (issue 24 §6)
+        self.dir = os.fspath(state_dir)
+        self.path = os.path.join(self.dir, STATE_FILE)
         self.lock_timeout = lock_timeout
         self.fallback = fallback
         self.trouble = ""  # why the last locked() could not persist, or the corrupt file it replaced; "" if none
@@ -431,7 +435,7 @@ class NodeState:
             state, corrupt = self._read_disk()
             if self._unsaved is not None:
                 changed = {k: v for k, v in self._unsaved.items() if self._base.get(k) != v}
-                cast(Dict[str, Any], state).update(changed)
+                cast("Dict[str, Any]", state).update(changed)
             before = copy.deepcopy(state) if self.fallback else empty()
             yield state
             try:
@@ -447,7 +451,7 @@ class NodeState:
             self._base = {}
             if corrupt is not None:  # said by this process's report (a hook's run) that replaced it
                 self._replaced = (f"state {self.path} was corrupt ({self._corrupt_why}): kept as "
-                                  f"{self.dir / CORRUPT_FILE}, "
+                                  f"{os.path.join(self.dir, CORRUPT_FILE)}, "
                                   f"started over from an empty state")
             self.trouble = self._replaced
 
@@ -475,10 +479,10 @@ class NodeState:
     def _write_file(self, name: str, data: bytes, mode: int) -> None:
         from autoheal.atomicfile import write_atomic
 
-        write_atomic(self.dir / name, data, mode=mode)
+        write_atomic(os.path.join(self.dir, name), data, mode=mode)
 
 
-def _read_nofollow(path: Path) -> bytes:
+def _read_nofollow(path: str) -> bytes:
     """The file's bytes; a symlink planted under its name is refused (ELOOP, an OSError: read as an empty
     state, and the write then replaces the link itself), so its target's bytes are never read, nor kept
     as a corrupt state."""
@@ -613,7 +617,7 @@ def open_fault(state: NodeStateData, fault: Fault) -> None:
     faults.append(fault)
 
 
-def _flock(directory: Path, name: str, timeout: float, what: str) -> ContextManager[None]:
+def _flock(directory: str, name: str, timeout: float, what: str) -> ContextManager[None]:
     """An exclusive lock ``directory/locks/name`` only this user can take, polled until ``timeout``
     (then TimeoutError)."""
     from autoheal.lockfile import exclusive

@@ -14,10 +14,13 @@ most passes see no XID at all (``python -X importtime``: docs/admin-hooks.md).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from autoheal.config.hooks_section import XID_POLICIES as POLICIES  # noqa: F401  (re-exported: one list, in the core)
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 DATA_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "xid_catalog.csv")
 GENERATIONS = ("A100", "H100", "B100", "GB200")
@@ -70,7 +73,7 @@ FALLBACK = ("recovery", "not in NVIDIA's catalog (a newer driver?) or listed wit
             "as a warning; NVML's GPU recovery action (checked every pass) decides a drain")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Entry:
     """One XID of NVIDIA's catalog."""
 
@@ -85,7 +88,7 @@ class Entry:
         return dict(self.applies).get(generation.upper())
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Verdict:
     """What autoheal does with one XID by default, and why."""
 

@@ -21,14 +21,16 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, Final, List, Optional, Tuple
 
 from autoheal.events import Event
 from autoheal.hooks import checks as C
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import XidEvent
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Callable, Dict, Final, List, Optional, Tuple
+
     from autoheal.hooks.context import Context
     from autoheal.hooks.state import NodeStateData
 

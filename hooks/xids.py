@@ -10,14 +10,15 @@ import errno
 import os
 import re
 import stat
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from dataclasses import field
 
 from autoheal.hooks.kmsg import kernel_record, parse_record
 from autoheal.lazyre import LazyPattern
+from autoheal.records import record
 
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import TypedDict
+    from typing import Dict, List, Optional, Tuple, TypedDict
 
     class CursorDict(TypedDict, total=False):
         """``LogCursor.to_dict()``, as the node state keeps it (``kmsg``); for mypy only."""
@@ -60,7 +61,7 @@ OFF_BUS_RE = LazyPattern(r"NVRM: GPU (?:at )?(?:PCI:)?([0-9a-fA-F]{4}:[0-9a-fA-F
                         r"[:\s].*fallen off the bus", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class XidEvent:
     """One XID seen on this node."""
 
@@ -147,7 +148,7 @@ def describe(xid: int) -> str:
 
 # ---- reading the kernel log ------------------------------------------------------------------------
 
-@dataclass
+@record
 class LogCursor:
     """Where the last read stopped: kmsg sequence per boot, or a file's inode and offset.
 

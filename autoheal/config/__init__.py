@@ -10,9 +10,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Optional, Union
 
 from autoheal.config.core_sections import JournalSection, NotifySection, SlurmSection
 from autoheal.config.hooks_section import HooksSection
@@ -20,11 +17,14 @@ from autoheal.config.sbatch_section import SbatchSection
 from autoheal.config.schema import describe, from_mapping, setting, to_mapping
 from autoheal.config.sync_section import SyncSection
 from autoheal.errors import ConfigError
+from autoheal.records import record
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
-    import tomli as tomllib
+# typing, pathlib and tomllib are imported only where used: a hook that finds a valid snapshot
+# (autoheal.config.snapshot) parses no TOML, and none of them is on its path (issue 24 section 6)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Optional, Tuple, Union
 
 DEFAULT_PATH = "/etc/autoheal/autoheal.toml"
 ENV_VAR = "AUTOHEAL_CONFIG"
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@record
 class Config:
     """The whole configuration; each table of the TOML file is one section."""
 
@@ -56,14 +56,21 @@ class Config:
                                     "not a key of the file).")
 
 
-def config_path(explicit: Union[str, Path, None] = None) -> tuple[Path, bool]:
+def config_path(explicit: Union[str, Path, None] = None) -> Tuple[Path, bool]:
     """Which file to read, and whether it was asked for explicitly (then it must exist)."""
+    from pathlib import Path
+
+    path, required = _config_path(explicit)
+    return Path(path), required
+
+
+def _config_path(explicit: Union[str, Path, None]) -> Tuple[str, bool]:
     if explicit:
-        return Path(explicit), True
+        return os.fspath(explicit), True
     env = os.environ.get(ENV_VAR)
     if env:
-        return Path(env), True
-    return Path(DEFAULT_PATH), False
+        return env, True
+    return DEFAULT_PATH, False
 
 
 def parse_config(text: str, source: str = "<string>") -> Config:
@@ -73,6 +80,11 @@ def parse_config(text: str, source: str = "<string>") -> Config:
     every Slurm prolog, epilog and health check, where a traceback would fail the hook and drain the
     node for the wrong reason.
     """
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
+        import tomli as tomllib
+
     try:
         data = tomllib.loads(text)
     except (ValueError, RecursionError) as exc:  # TOMLDecodeError is a ValueError; nesting hits the stack
@@ -94,32 +106,48 @@ def parse_config(text: str, source: str = "<string>") -> Config:
 MAX_BYTES = 1 << 20
 
 
-def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True) -> Config:
+def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True, snapshot: bool = False) -> Config:
     """Load the effective config (see module docstring for the search order).
 
     ``secrets``: also read ``notify.secrets_file`` (``autoheal.config.secrets``) when this process may;
-    the job runner passes False: it never needs a site secret."""
+    the job runner passes False: it never needs a site secret. ``snapshot``: use a trusted snapshot of
+    this very file when there is one, and leave one after a parse (``autoheal.config.snapshot``: the
+    hooks, which run on every node every few minutes)."""
     from autoheal.config.secrets import merge_secrets
 
-    path, required = config_path(explicit)
-    try:
-        text = _read_regular_file(path)
-    except FileNotFoundError:
-        if required:
-            raise ConfigError(_one_line(f"{path}: config file not found")) from None
-        cfg = Config()
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(_one_line(f"{path}: cannot read config: {exc}")) from None
-    else:
-        cfg = parse_config(text, str(path))
+    path, required = _config_path(explicit)
+    cfg = None
+    if snapshot:
+        from autoheal.config import snapshot as snap
+
+        cfg = snap.load(path)
+    if cfg is None:
+        try:
+            text, st = _read_config(path)
+        except FileNotFoundError:
+            if required:
+                raise ConfigError(_one_line(f"{path}: config file not found")) from None
+            cfg = Config()
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ConfigError(_one_line(f"{path}: cannot read config: {exc}")) from None
+        else:
+            cfg = parse_config(text, path)
+            if snapshot:
+                snap.write(cfg, st)
     if secrets:
         merge_secrets(cfg)
     return cfg
 
 
-def _read_regular_file(path: Path) -> str:
+def _read_regular_file(path: Union[str, Path]) -> str:
     """The file's text; a FIFO or device (which could block the hook forever), a directory or a file over
     MAX_BYTES is refused (OSError/ValueError)."""
+    return _read_config(path)[0]
+
+
+def _read_config(path: Union[str, Path]) -> Tuple[str, os.stat_result]:
+    """``_read_regular_file``'s text and the ``fstat`` of the descriptor it was read from, taken before
+    reading (a snapshot's key: an edit during the read makes the next key differ)."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -133,7 +161,7 @@ def _read_regular_file(path: Path) -> str:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise ValueError(f"more than {MAX_BYTES} bytes; not a config file")
-    return data.decode("utf-8-sig")  # a BOM from a Windows editor is not an error in the file
+    return data.decode("utf-8-sig"), st  # a BOM from a Windows editor is not an error in the file
 
 
 def _one_line(text: str, limit: int = 1000) -> str:

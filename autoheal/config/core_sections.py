@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Optional
-
 from autoheal.config import values as V
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 
-@dataclass
+@record
 class SlurmSection:
     """How autoheal talks to Slurm."""
 
@@ -52,7 +54,7 @@ class SlurmSection:
                               "or set slurm.rest_allow_http = true on a trusted network")
 
 
-@dataclass
+@record
 class JournalSection:
     """The append-only remediation record."""
 
@@ -67,7 +69,7 @@ class JournalSection:
                              "unless it runs as root.", parse=V.nonempty_path)
 
 
-@dataclass
+@record
 class NotifySection:
     """Where records are posted for humans."""
 

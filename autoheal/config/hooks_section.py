@@ -6,15 +6,17 @@ so several lab nodes can share one machine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List
-
 from autoheal import signals
 from autoheal.config.schema import setting
 from autoheal.errors import ConfigError
 from autoheal.lazyre import LazyPattern
 from autoheal.reasons import RUNNER_MARKER
+from autoheal.records import record
 from autoheal.signals import SLURM_SIGNALS, UNCATCHABLE, SignalNameError
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Dict, List
 
 #: What an XID policy may say. reset/reboot/replace drain the node and name the first repair rung.
 #: hooks.xid_policy values, from the mildest (autoheal.hooks.xid_catalog says what each does).
@@ -38,7 +40,7 @@ def signal_name(value: str) -> str:
         return ""
 
 
-@dataclass
+@record
 class HooksSection:
     """Node-side health checks and the Slurm entry points (healthcheck, prolog, epilog, xid-watch)."""
 

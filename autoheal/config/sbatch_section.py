@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Tuple
-
 from autoheal.config import values as V
 from autoheal.config.schema import setting
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Tuple
 
 
-@dataclass
+@record
 class SbatchSection:
     """Defaults for ``autoheal sbatch`` (``#AUTOHEAL`` lines and command-line options win, in that order)."""
 

@@ -17,15 +17,27 @@ multi-line string.
 from __future__ import annotations
 
 import dataclasses
-import math
-import typing
-import unicodedata
-from typing import Any, Callable, Dict, Iterable, Optional
 
 from autoheal.errors import ConfigError
 from autoheal.lazyre import LazyPattern
 
-Parser = Callable[[Any], Any]
+# typing (and math, unicodedata) only where a TOML table is validated: the sections' modules define
+# their dataclasses with this module's ``setting`` on every hook's path, a valid snapshot parses nothing
+# (autoheal.config.snapshot; issue 24 section 6)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Dict, Iterable, Optional
+
+    Parser = Callable[[Any], Any]
+
+
+def _hints(cls: type) -> Dict[str, Any]:
+    """``typing.get_type_hints(cls)``, with typing's names given: the sections import them for mypy
+    only (under TYPE_CHECKING), so their modules do not hold them at run time."""
+    import typing
+
+    names = {n: getattr(typing, n) for n in ("Any", "Callable", "Dict", "List", "Optional", "Tuple", "Union")}
+    return typing.get_type_hints(cls, localns=names)
 
 
 def setting(default: Any = dataclasses.MISSING, *, doc: str, choices: Optional[Iterable[Any]] = None,
@@ -64,6 +76,8 @@ _ALLOWED_IN_MULTILINE = frozenset("\t\n\r")
 
 
 def _check_string(key: str, value: str, multiline: bool) -> None:
+    import unicodedata
+
     for ch in value:
         cat = unicodedata.category(ch)
         if cat == "Cs":
@@ -75,6 +89,9 @@ def _check_string(key: str, value: str, multiline: bool) -> None:
 
 
 def _check_value(key: str, value: Any, tp: Any, meta: Dict[str, Any]) -> Any:
+    import math
+    import typing
+
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
@@ -120,6 +137,11 @@ def _check_value(key: str, value: Any, tp: Any, meta: Dict[str, Any]) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{key}: expected a string, got {show(value)}")
         _check_string(key, value, multiline=bool(meta.get("multiline")))
+    return _check_rules(key, value, meta)
+
+
+def _check_rules(key: str, value: Any, meta: Dict[str, Any]) -> Any:
+    """A value of the right type against the field's own rules: choices, bounds, its parser."""
     if meta.get("choices") and value not in meta["choices"]:
         allowed = ", ".join(repr(c) for c in meta["choices"])
         raise ConfigError(f"{key}: {show(value)} is not allowed; use one of {allowed}")
@@ -139,7 +161,7 @@ def _check_value(key: str, value: Any, tp: Any, meta: Dict[str, Any]) -> Any:
 def from_mapping(cls: type, data: Dict[Any, Any], prefix: str = "") -> Any:
     """Build ``cls`` from a TOML table, rejecting unknown keys (with a "did you mean") and a setting
     given twice under its two spellings (``max_restarts`` and ``max-restarts``)."""
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs: dict[str, Any] = {}
     given: dict[str, str] = {}
@@ -183,7 +205,7 @@ def to_mapping(obj: Any) -> Any:
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
     """(key, doc, default) for every setting, depth first: the source of ``config show --docs``."""
     out = []
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     for f in dataclasses.fields(cls):
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]

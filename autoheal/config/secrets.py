@@ -20,22 +20,24 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Set
 
 from autoheal.config import values as V
 from autoheal.config.schema import from_mapping, setting
 from autoheal.errors import ConfigError
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing and pathlib are not imported at run time: the hooks start fast
 
 if TYPE_CHECKING:
+    from typing import List, Optional, Set
+
     from autoheal.config import Config
 
 _WARNED: Set[str] = set()
 MAX_BYTES = 1 << 16
 
 
-@dataclass
+@record
 class NotifySecrets:
     """The ``[notify]`` table of the secrets file."""
 
@@ -43,7 +45,7 @@ class NotifySecrets:
                                   item=V.http_url)
 
 
-@dataclass
+@record
 class SecretsFile:
     """The whole secrets file."""
 
@@ -70,16 +72,11 @@ def merge_secrets(cfg: Config) -> None:
     or invalid."""
     from autoheal.config import _one_line
 
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
-        import tomli as tomllib
-
     euid = os.geteuid()
     if cfg.notify.webhooks and euid == 0 and others_can_read(cfg.source):
         warn_once(f"{cfg.source}: notify.webhooks can be read by every user, who can then post fake alerts: "
                   f"move them to {cfg.notify.secrets_file} (owned by root, mode 0600)")
-    path = Path(cfg.notify.secrets_file)
+    path = cfg.notify.secrets_file
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -109,6 +106,10 @@ def merge_secrets(cfg: Config) -> None:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise ConfigError(_one_line(f"{path}: more than {MAX_BYTES} bytes; not a secrets file"))
+    if sys.version_info >= (3, 11):  # only when there is a secrets file: most nodes have none
+        import tomllib
+    else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
+        import tomli as tomllib
     try:
         doc = tomllib.loads(data.decode("utf-8-sig"))
         found: SecretsFile = from_mapping(SecretsFile, doc)

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Callable, List, Optional
 
 from autoheal.config import values as V
 from autoheal.config.schema import setting, show
 from autoheal.errors import ConfigError
 from autoheal.reasons import PREFIX
+from autoheal.records import record
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Callable, List, Optional
 
 
 def _list(*items: str) -> Callable[[], List[str]]:
@@ -89,7 +92,7 @@ def _template_problem(text: str) -> str:
     return ""
 
 
-@dataclass
+@record
 class SyncSection:
     """``autoheal sync``: mirroring node states both ways and replacing broken nodes."""
 
@@ -316,7 +319,7 @@ class SyncSection:
         return ReplacementCapacity(pool, per_window, per_day, expected, arithmetic, warning)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ReplacementCapacity:
     """The breaker's arithmetic on one pool (``SyncSection.replacement_capacity``); ``warning`` "" when the
     limits let at least the expected rate through."""

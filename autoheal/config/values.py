@@ -9,11 +9,13 @@ hold.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
-
 from autoheal.config.schema import show
 from autoheal.lazyre import LazyPattern
 from autoheal.signals import signal_name
+
+TYPE_CHECKING = False  # typing only for mypy: the hooks load this module on every run
+if TYPE_CHECKING:
+    from typing import Callable, Optional
 
 #: Linux PATH_MAX (bytes, with the terminating NUL) and NAME_MAX (bytes per path component).
 PATH_MAX = 4096

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple
-
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
+    from typing import Any, List, Optional, Tuple
+
     from autoheal.config import Config
     from autoheal.config.core_sections import SlurmSection
     from autoheal.slurm.base import SlurmAdapter

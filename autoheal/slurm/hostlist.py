@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import List
 
 from autoheal.errors import SlurmParseError
+
+TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
+if TYPE_CHECKING:
+    from typing import List
 
 _RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
 

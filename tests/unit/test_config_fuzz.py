@@ -11,13 +11,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import typing
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoheal.config import Config, ConfigError, parse_config
-from autoheal.config.schema import from_mapping
+from autoheal.config.schema import _hints, from_mapping
 
 # AUTOHEAL_FUZZ_EXAMPLES=20000 for a longer hunt; the default keeps the suite quick.
 FUZZ = settings(max_examples=int(os.environ.get("AUTOHEAL_FUZZ_EXAMPLES", "400")), deadline=None,
@@ -44,8 +43,8 @@ def _choices_of(tp) -> list:
     return out
 
 
-_ALL_CHOICES = [c for f in dataclasses.fields(Config) if dataclasses.is_dataclass(typing.get_type_hints(Config)[f.name])
-                for c in _choices_of(typing.get_type_hints(Config)[f.name])]
+_ALL_CHOICES = [c for f in dataclasses.fields(Config) if dataclasses.is_dataclass(_hints(Config)[f.name])
+                for c in _choices_of(_hints(Config)[f.name])]
 
 _strings = st.one_of(st.sampled_from(_INTERESTING + _ALL_CHOICES), st.text(max_size=20))
 _numbers = st.one_of(st.integers(), st.integers(min_value=10 ** 300, max_value=10 ** 320), st.floats(),
@@ -63,8 +62,8 @@ def _section(tp) -> st.SearchStrategy:
     return st.dictionaries(keys, _values, max_size=8)
 
 
-_SECTIONS = {f.name: typing.get_type_hints(Config)[f.name] for f in dataclasses.fields(Config)
-             if dataclasses.is_dataclass(typing.get_type_hints(Config)[f.name])}
+_SECTIONS = {f.name: _hints(Config)[f.name] for f in dataclasses.fields(Config)
+             if dataclasses.is_dataclass(_hints(Config)[f.name])}
 _documents = st.fixed_dictionaries({}, optional={name: st.one_of(_section(tp), _values)
                                                  for name, tp in _SECTIONS.items()})
 
