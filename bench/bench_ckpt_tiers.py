@@ -153,10 +153,12 @@ class Bench:
                     (rec.get("event") == "drain" or jid in rec.get("job_ids", []) or rec.get("job_id") == jid):
                 at.setdefault({"job-hot-swap": "swapped", "job-requeue": "requeued"}.get(rec["event"], rec["event"]),
                               float(rec["time"]))
-        for m in re.finditer(r"^\d+: autoheal-trainer: (device error|collective failed) .*", tail, re.M):
+        for m in re.finditer(r"^\d+: autoheal-trainer: (device error|collective failed|device lab) .*", tail, re.M):
             t = EVENT_TIME.search(m.group(0))
-            if t:
-                at.setdefault(f"rank {m.group(1)}", float(t.group(1)))
+            if t:  # "device lab": a restarted rank is up, its imports done (the later rank's counts)
+                name = "ranks imported" if m.group(1) == "device lab" else f"rank {m.group(1)}"
+                at[name] = max(at.get(name, 0.0), float(t.group(1))) if name == "ranks imported" \
+                    else at.get(name, float(t.group(1)))
         names = {"ended": "step ended", "step busy": "srun: step busy", "step created": "srun: step created",
                  "down": "srun told node down"}
         for key, value in seen.items():
