@@ -114,6 +114,7 @@ class Bench:
                            30, "device line").group(1))
         wait_for(lambda: _last_step(_text(out), rank) >= 2 * self.n + self.n // 2, 240, "training under way")
         offset = len(_text(out))
+        shm = self._memory_bytes(job.nodes) if tier == "memory" else {}
         t_fault = time.time()
         if fault == "xid79":
             inject(self.lab, victim, gpu, "xid", xid=79)
@@ -128,6 +129,7 @@ class Bench:
         restarted = [m for m in START.finditer(text) if m.start() >= offset]
         first = next(m for m in STEP.finditer(text) if m.start() > max(r.start() for r in restarted))
         saves = [float(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* ms=([\d.]+)", text, re.M)]
+        sizes = [int(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* bytes=(\d+)", text, re.M)]
         ended = seen.get("ended")
         phases = self._phases(text[offset:], jid, t_fault, seen, float(first.group(3)))
         return {"trainer": trainer, "path": path, "tier": tier, "fault": fault, "K": self.k if tier == "memory"
@@ -138,8 +140,11 @@ class Bench:
                 "fault_to_node_down_s": phases.get("srun told node down"),
                 "resumed_from": next(m.group(3) for m in restarted if m.group(1) == rank),
                 "requeued": any(m.group(4) != "0" for m in restarted),
+                "nodes_before": sorted(s[4] for s in starts), "nodes_after": sorted(m.group(5) for m in restarted),
                 "save_ms_p50": round(statistics.median(saves), 1) if saves else None,
                 "save_ms_p95": round(_quantile(saves, 0.95), 1) if saves else None,
+                "state_mb": round(max(sizes) / 1e6, 2) if sizes else None,
+                "memory_per_node_mb": round(max(shm.values()) / 1e6, 2) if shm else None,
                 "phases": phases}
 
     def _phases(self, tail: str, jid: str, t_fault: float, seen: Dict[str, tuple],
@@ -169,6 +174,12 @@ class Bench:
             at["ranks started"] = max(starts)
         at["first step"] = first_step
         return {k: round(v - t_fault, 2) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
+
+    def _memory_bytes(self, nodes) -> Dict[str, int]:
+        """Bytes the memory tier holds in each node's memory (the lab's per-node /dev/shm), just before the fault."""
+        base = self.lab.layout().memory_base
+        return {n: sum(f.stat().st_size for f in Path(base.replace("{node}", n)).rglob("*") if f.is_file())
+                for n in nodes}
 
     def _journal(self, since: float) -> List[dict]:
         path = self.lab.root / "journal" / "journal.jsonl"
@@ -288,8 +299,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _row(r: Dict[str, object]) -> str:
     tier = f"memory K={r['K']}" if r["tier"] == "memory" else f"durable N={r['N']}"
-    save = (f"  save p50 {r['save_ms_p50']} ms p95 {r['save_ms_p95']} ms" if r["save_ms_p50"] is not None
-            else "")
+    save = (f"  save p50 {r['save_ms_p50']} ms p95 {r['save_ms_p95']} ms of {r['state_mb']} MB"
+            if r["save_ms_p50"] is not None else "")
+    save += f"  tier memory/node {r['memory_per_node_mb']} MB" if r["memory_per_node_mb"] is not None else ""
     origin = str(r["resumed_from"]).split("@")[0] if str(r["resumed_from"]).startswith("memory:") else "durable"
     ended = (f"  fault->step ended {r['fault_to_step_ended_s']} s (runner: {r['runner_waited_s']} s after "
              f"the signal)" if r["fault_to_step_ended_s"] is not None else "")
@@ -302,14 +314,21 @@ def _row(r: Dict[str, object]) -> str:
 
 def _targets(rows: List[Dict[str, object]], k: int) -> str:
     mem = [r for r in rows if r["tier"] == "memory"]
-    hot = [r for r in mem if r["path"] == "hotspare"]
+    hot, req = [r for r in mem if r["path"] == "hotspare"], [r for r in mem if r["path"] == "requeue"]
     ended = [r for r in rows if r["fault_to_step_ended_s"] is not None]
-    lines = [f"targets: memory tier lost steps <= K={k}: max {max((r['lost_steps'] for r in mem), default='-')}"
-             f" over {len(mem)} case(s)",
-             f"targets: hot spare + memory tier fault -> resumed <= 3 s: max "
-             f"{max((r['fault_to_resumed_s'] for r in hot), default='-')} s over {len(hot)} case(s)",
-             f"targets: hang after a fault ended within grace {GRACE} + 5 s: max "
-             f"{max((r['fault_to_step_ended_s'] for r in ended), default='-')} s over {len(ended)} case(s)"]
+    lines = [f"targets: memory tier lost steps <= K={k}: hot spare max "
+             f"{max((r['lost_steps'] for r in hot), default='-')} over {len(hot)} case(s); requeued max "
+             f"{max((r['lost_steps'] for r in req), default='-')} over {len(req)} case(s)"]
+    for r in req:  # why a requeued run did not resume from memory: where Slurm placed it
+        before, after = list(r["nodes_before"]), list(r["nodes_after"])  # type: ignore[call-overload]
+        if not str(r["resumed_from"]).startswith("memory:"):
+            lines.append(f"  {r['trainer']} {r['fault']} requeue: {','.join(before)} -> {','.join(after)}: "
+                         f"the copies on {','.join(sorted(set(before) - set(after))) or '-'} out of reach, "
+                         f"resumed from durable")
+    lines += [f"targets: hot spare + memory tier fault -> resumed <= 3 s: max "
+              f"{max((r['fault_to_resumed_s'] for r in hot), default='-')} s over {len(hot)} case(s)",
+              f"targets: hang after a fault ended within grace {GRACE} + 5 s: max "
+              f"{max((r['fault_to_step_ended_s'] for r in ended), default='-')} s over {len(ended)} case(s)"]
     return "\n".join(lines)
 
 

@@ -224,9 +224,10 @@ def train(args, device, mgr, tier, model, opt, rank: int, world: int, step: int)
         if tier is not None and step % args.memory_every == 0:
             t0 = time.perf_counter()
             device.copy_to_host()
-            kept = tier.save(step, state_bytes(model, opt, step))
+            payload = state_bytes(model, opt, step)  # serialising is part of the save's cost
+            kept = tier.save(step, payload)
             say(f"memory saved step={step} nodes={','.join(kept.stored) or 'none'} "
-                f"ms={1000 * (time.perf_counter() - t0):.1f}")
+                f"ms={1000 * (time.perf_counter() - t0):.1f} bytes={len(payload)}")
     say(f"done step={step}")
     return 0
 
