@@ -216,7 +216,17 @@ class Bench:
     def _cleanup(self, jid: str, victim: str) -> None:
         """The job gone and the victim back in service: slurmd, GPU, the hooks' fault record, Slurm's drain."""
         subprocess.run(["scancel", jid], env=self.env, capture_output=True, timeout=30)
+        from autoheal.errors import SlurmError
         from autoheal_lab import procs
+
+        def over() -> bool:  # its epilogs done too (COMPLETING until then): the next case starts on clean nodes
+            try:
+                return self.slurm.get_job(jid).state not in ("RUNNING", "PENDING", "COMPLETING", "CONFIGURING",
+                                                             "REQUEUED", "SUSPENDED")
+            except SlurmError:
+                return True
+
+        wait_for(over, 120, f"job {jid} over")
 
         rec = self.lab.records().get(f"slurmd-{victim}")
         if not rec or not procs.is_alive(rec):
