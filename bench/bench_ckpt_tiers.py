@@ -29,7 +29,11 @@ Figures, from the evidence's own clocks where it has one:
 - fault -> step ended: when the runner's line "ending the step now" appeared (the bench reads the output
   every 20 ms; the runner's own "N s after the signal" is shown next to it), for a step whose ranks
   blocked after a fault signal; the target is the grace + 5 s;
-- save cost: the memory tier's per-save time as the torch trainer reports it (p50).
+- save cost: the memory tier's per-save time as the torch trainer reports it (p50, p95), the state's size,
+  and the tier's memory per node (the lab node's /dev/shm just before the fault);
+- phases: seconds after the fault of the drain and grace signal (journal), the rank's device error and the
+  restarted ranks' start (the trainers' own clocks), the runner's end of the step and swap / requeue, and
+  srun's "step creation temporarily disabled" / "Step created" (first seen): where the seconds go.
 
     python bench/bench_ckpt_tiers.py [--only tiny|torch] [--path requeue|hotspare] [--tier durable|memory]
                                      [--fault xid79|node-killed] [--json] [--k 1] [--n 20]
