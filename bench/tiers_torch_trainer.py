@@ -40,6 +40,10 @@ from autoheal.sbatch_helpers import progress as hb
 
 
 def say(text: str) -> None:
+    """Every line carries the trainer's own clock (the tiny trainer's --event-times): the bench times the
+    phases of a recovery from it, not from when it got round to reading the line."""
+    if " time=" not in text:
+        text = f"{text} time={time.time():.3f}"
     sys.stdout.write(f"autoheal-trainer: {text}\n")
     sys.stdout.flush()
 
@@ -143,21 +147,28 @@ def parse_args():
 
 
 def resume(model, opt, mgr, memory_every: int):
-    """(step, where from, the memory tier or None): the newer of the durable checkpoint and the newest
-    memory copy every rank has."""
-    step, origin = 0, "none"
-    found = mgr.latest_valid()
-    if found is not None:
-        step, origin = load(model, opt, found.read_bytes()), str(found.path)
-    tier = None
+    """(step, where from, the memory tier or None, what it took): the newer of the durable checkpoint and
+    the newest memory copy every rank has; only the newer one is read into the model."""
+    took = {}
+    t0 = time.perf_counter()
+    found = mgr.latest_valid()  # verified (size, checksum); its payload is read only if it is the newer
+    took["durable_ms"] = 1000 * (time.perf_counter() - t0)
+    tier, copy = None, None
     if memory_every:
         from autoheal.sbatch_helpers import memtier
 
+        t0 = time.perf_counter()
         tier = memtier.MemoryTier.from_env()
-        copy = tier.newest(min_step=step, consistent=True) if tier else None
-        if copy is not None:
-            step, origin = load(model, opt, copy.payload), f"memory:{copy.source}@{copy.node}"
-    return step, origin, tier
+        copy = tier.newest(min_step=found.step if found else -1, consistent=True) if tier else None
+        took["memory_ms"] = 1000 * (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    step, origin = 0, "none"
+    if copy is not None:
+        step, origin = load(model, opt, copy.payload), f"memory:{copy.source}@{copy.node}"
+    elif found is not None:
+        step, origin = load(model, opt, found.read_bytes()), str(found.path)
+    took["load_ms"] = 1000 * (time.perf_counter() - t0)
+    return step, origin, tier, " ".join(f"{k}={v:.0f}" for k, v in took.items())
 
 
 def main() -> int:
@@ -169,11 +180,13 @@ def main() -> int:
     try:
         device = open_device(args.device)
         mgr = ck.CheckpointManager(os.environ["AUTOHEAL_CHECKPOINT_DIR"], keep=2, rank=rank)
+        t0 = time.perf_counter()
         model, opt = build()
-        step, origin, tier = resume(model, opt, mgr, args.memory_every)
+        built_ms = 1000 * (time.perf_counter() - t0)
+        step, origin, tier, took = resume(model, opt, mgr, args.memory_every)
         say(f"start step={step} resumed_from={origin} restart={os.environ.get('AUTOHEAL_RESTART_COUNT', '0')} "
             f"host={host} rank={rank} world={world} steps={args.steps} "
-            f"reason={os.environ.get('AUTOHEAL_REQUEUE_REASON') or 'none'}")
+            f"reason={os.environ.get('AUTOHEAL_REQUEUE_REASON') or 'none'} build_ms={built_ms:.0f} {took}")
         return train(args, device, mgr, tier, model, opt, rank, world, step)
     except DEVICE_ERRORS as exc:  # an uncaught CUDA error ends the rank without saving
         say(f"device error error={'_'.join(str(exc).split())} exit=1")
@@ -211,9 +224,10 @@ def train(args, device, mgr, tier, model, opt, rank: int, world: int, step: int)
         if tier is not None and step % args.memory_every == 0:
             t0 = time.perf_counter()
             device.copy_to_host()
-            kept = tier.save(step, state_bytes(model, opt, step))
+            payload = state_bytes(model, opt, step)  # serialising is part of the save's cost
+            kept = tier.save(step, payload)
             say(f"memory saved step={step} nodes={','.join(kept.stored) or 'none'} "
-                f"ms={1000 * (time.perf_counter() - t0):.1f}")
+                f"ms={1000 * (time.perf_counter() - t0):.1f} bytes={len(payload)}")
     say(f"done step={step}")
     return 0
 

@@ -7,6 +7,11 @@ right when a requeued job lands on other nodes. All ranks agree at each step bou
 preemption signal arrived (an all-reduce of the flag), so they stop together; rank 0 saves with
 ``mgr.saving()`` + ``torch.save``. Output lines and exit codes match tiny_trainer.py (README.md).
 
+With the peer-memory tier (submitted with ``AUTOHEAL_MEMORY_TIER=1``) every rank also hands its state to
+the tier every ``--memory-every`` K steps (default 1 then), and a restart resumes from the newer of the
+durable checkpoint and the newest step every rank still has in memory (``memtier.resume_source``), so
+a node lost between two durable saves costs at most K steps.
+
 ``--device lab`` (the autoheal lab only) runs every step on the step's fake GPUs
 (``autoheal_lab.fakedevice``): the forward pass, the backward pass and the optimizer step are GPU calls,
 and the collectives (DDP's gradient all-reduce inside ``backward()``, the preemption flag, the barriers)
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import os
 import re
 import socket
@@ -102,12 +108,17 @@ def parse_args(argv: Optional[list]) -> argparse.Namespace:
     p.add_argument("--checkpoint-dir", default=os.environ.get("AUTOHEAL_CHECKPOINT_DIR") or None)
     p.add_argument("--keep", type=int, default=3)
     p.add_argument("--timeout", type=float, default=300.0, help="process group timeout, seconds")
+    p.add_argument("--memory-every", type=int, default=None, metavar="K",
+                   help="keep each rank's state in the peer-memory tier every K steps (default: 1 when the job was "
+                        "submitted with AUTOHEAL_MEMORY_TIER=1, else off; 0: off)")
     p.add_argument("--device", choices=("none", "lab"), default="none",
                    help="lab: run each step on the step's fake GPUs (autoheal_lab.fakedevice): a lab fault reaches "
                         "the rank as on real hardware (default none: CPU only)")
     args = p.parse_args(argv)
     if args.steps < 0 or args.checkpoint_every < 1 or args.keep < 1:
         p.error("--steps >= 0, --checkpoint-every >= 1 and --keep >= 1 are required")
+    if args.memory_every is not None and args.memory_every < 0:
+        p.error("--memory-every must be >= 0")
     return args
 
 
@@ -232,19 +243,72 @@ def main(argv: Optional[list] = None) -> int:
     return code
 
 
-def _resume(mgr: Any, rank: int, model: Any, opt: Any) -> Tuple[Any, int]:
-    """Every rank loads the checkpoint rank 0 chose (the newest valid one): (it, its step), or (None, 0)."""
+def _memory_tier(args: argparse.Namespace) -> Any:
+    """The peer-memory tier (``memtier.MemoryTier``) when the job was submitted with it and K > 0, else None
+    (nothing of it is imported then). Sets ``args.memory_every`` to the K in use."""
+    wanted = os.environ.get("AUTOHEAL_MEMORY_TIER", "").strip().lower() in ("1", "true", "yes", "on")
+    if args.memory_every is None:
+        args.memory_every = 1 if wanted else 0
+    if args.memory_every <= 0:
+        return None
+    tier = ck.memory_tier()
+    if tier is None:
+        say("warning --memory-every without the memory tier's agents (submit with AUTOHEAL_MEMORY_TIER=1)")
+    return tier
+
+
+def _state_bytes(model: Any, opt: Any, step: int) -> bytes:
+    buf = io.BytesIO()
+    torch.save({"model": model.module.state_dict(), "optim": opt.state_dict(), "step": step}, buf)
+    return buf.getvalue()
+
+
+def _load_state(model: Any, opt: Any, state: dict) -> int:
+    model.module.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    return int(state["step"])
+
+
+def _memory_copy(tier: Any, durable: int) -> Any:
+    """This rank's copy at the newest step every rank has in memory, if newer than the durable ``durable``
+    (memtier.resume_source); None otherwise. Every rank must come to the same step, or none uses memory:
+    their steps are compared with an all-reduce (max of the step and of its negation)."""
+    copy = tier.newest(min_step=durable, consistent=True) if tier is not None else None
+    from_memory = None
+    if copy is not None:
+        from autoheal.sbatch_helpers import memtier
+
+        pick = memtier.resume_source(copy, durable if durable >= 0 else None)
+        from_memory = copy if pick is not None and pick[0] != "durable" else None
+    mine = from_memory.step if from_memory is not None else -1
+    both = torch.tensor([mine, -mine], dtype=torch.long)
+    collective(lambda: dist.all_reduce(both, op=dist.ReduceOp.MAX))
+    agreed = int(both[0].item()) == -int(both[1].item())
+    return from_memory if agreed and mine >= 0 else None
+
+
+def _resume(mgr: Any, rank: int, model: Any, opt: Any, tier: Any) -> Tuple[str, int, bool]:
+    """Every rank loads what rank 0 chose (the newest valid durable checkpoint) unless every rank has a newer
+    memory copy of one step: (where from, its step, whether that is a durable checkpoint)."""
     found = pick_resume(mgr) if rank == 0 else None
     chosen = torch.tensor([found.step if found else -1], dtype=torch.long)
     collective(lambda: dist.broadcast(chosen, src=0))  # every rank resumes from rank 0's choice
+    copy = _memory_copy(tier, int(chosen.item())) if tier is not None else None
+    if copy is not None:
+        state = torch.load(io.BytesIO(copy.payload), map_location="cpu", weights_only=True)
+        return f"memory:{copy.source}@{copy.node}", _load_state(model, opt, state), False
     if chosen.item() < 0:
-        return found, 0
+        return "none", 0, False
     if rank != 0 or found is None:  # rank 0 chose `found` (never None here)
         found = resolve_step(int(chosen.item()), mgr)
-    state = _torch_load(found.file(MODEL_FILE))
-    model.module.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
-    return found, int(state["step"])
+    return str(found.path), _load_state(model, opt, _torch_load(found.file(MODEL_FILE))), True
+
+
+def _save_memory(tier: Any, model: Any, opt: Any, step: int) -> None:
+    """This rank's state into the memory tier (its node and its peer): off the GPU first."""
+    DEVICE.copy_to_host()
+    kept = tier.save(step, _state_bytes(model, opt, step))
+    say(f"memory saved step={step} nodes={','.join(kept.stored) or 'none'}")
 
 
 def _save(mgr: Any, rank: int, world: int, model: Any, opt: Any, step: int) -> Optional[Path]:
@@ -302,10 +366,11 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
     model = DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    found, step = _resume(mgr, rank, model, opt)
+    tier = _memory_tier(args)
+    origin, step, durable = _resume(mgr, rank, model, opt, tier)
     progress["step"] = step
     say(
-        f"start step={step} resumed_from={found.path if found else 'none'} restart={restart} host={host} rank={rank} "
+        f"start step={step} resumed_from={origin} restart={restart} host={host} rank={rank} "
         f"world={world} steps={args.steps}"
     )
 
@@ -313,7 +378,7 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
         return _save(mgr, rank, world, model, opt, step)
 
     loss = float("nan")
-    saved_step = step if found else None
+    saved_step = step if durable else None  # a memory copy is not on the durable tier
     while step < args.steps:
         loss = _train_step(model, opt, step, rank, world)
         step += 1
@@ -328,6 +393,8 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
         if step % args.checkpoint_every == 0 and step < args.steps:
             save()
             saved_step = step
+        if tier is not None and step % args.memory_every == 0 and step < args.steps:
+            _save_memory(tier, model, opt, step)
     if saved_step != step:
         save()
     say(f"done step={step} loss={loss:.6f} final_state={state_digest(model.module)}")

@@ -17,6 +17,11 @@ The job must resume from its newest durable checkpoint (every ``EVERY`` steps), 
 of an uninterrupted run (a digest of the final state dict, from a 2-process run outside Slurm), and
 lose at most ``EVERY`` steps (measured from the trainer's own output).
 
+With the peer-memory tier (``AUTOHEAL_MEMORY_TIER=1``, every ``MEMORY_K`` steps) and a hot spare, XID 79
+on the rank that is not on the batch host: the spare takes its place inside the allocation, every rank
+resumes from a memory copy (none from the lost node's), at most ``MEMORY_K`` steps are lost, and the
+weights are the uninterrupted run's.
+
 Lightning (its own ``SLURMEnvironment`` requeue on USR2 kept) on XID 79 under ``autoheal sbatch``: the
 GPU is gone before its handler could copy the weights off it, so the run fails, the runner requeues it
 and it resumes from its own newest checkpoint (one per epoch), with the weights of an uninterrupted run.
@@ -50,6 +55,7 @@ DDP = EXAMPLES / "ddp_trainer.py"
 PY = sys.executable
 STEPS = 48
 EVERY = 6  # durable checkpoint interval
+MEMORY_K = 2  # memory tier interval (not 1: a copy older than the newest step must be what is resumed)
 START = r"^(\d+): autoheal-trainer: start step=(\d+) resumed_from=(\S+) restart=(\d+) host=(\S+) "
 DONE = r"^(\d+): autoheal-trainer: done step=(\d+) loss=\S+ final_state=([0-9a-f]+)$"
 THREADS = {"OMP_NUM_THREADS": "1"}  # the same arithmetic inside and outside Slurm, whatever the CPU binding
@@ -92,17 +98,20 @@ def uninterrupted(tmp_path_factory) -> str:
     return digests.pop()
 
 
-def _submit(tlab: FaultLab, workdir: Path) -> tuple:
-    """Submit the 2-rank DDP job under ``autoheal sbatch``; return (job id, output, victim node, victim
-    rank, victim GPU) once a durable checkpoint exists and training is past it."""
+def _submit(tlab: FaultLab, workdir: Path, memory_every: int = 0, spares: int = 0) -> tuple:
+    """Submit the 2-rank DDP job under ``autoheal sbatch`` (``memory_every``: with the memory tier every K
+    steps; ``spares``: hot spares); return (job id, output, victim node, victim rank, victim GPU) once a
+    durable checkpoint exists and training is past it."""
+    env = dict(tlab.env, AUTOHEAL_MEMORY_TIER="1") if memory_every else tlab.env
     script = workdir / "job.sh"
     script.write_text(
         f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 --gres=gpu:1 -o {workdir}/out.txt\n"
         "export MASTER_ADDR=127.0.0.1 OMP_NUM_THREADS=1\n"  # every lab node is this machine
         f"srun -l {PY} {DDP} --steps {STEPS} --step-seconds 0.15 --checkpoint-every {EVERY} "
-        "--device lab --timeout 600\n")
-    res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--grace", "5", "--parsable", str(script)],
-                         cwd=workdir, env=tlab.env, capture_output=True, text=True, timeout=60)
+        f"--device lab --timeout 600 --memory-every {memory_every}\n")
+    extra = ["--spare-nodes", str(spares)] if spares else []
+    res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--grace", "5", *extra, "--parsable", str(script)],
+                         cwd=workdir, env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     jid = res.stdout.strip().split(";")[0]
     out = workdir / "out.txt"
@@ -160,6 +169,48 @@ def test_ddp_fault_reaches_the_job_and_it_resumes_losing_at_most_the_durable_int
         cancel_job(tlab.env, jid)
         tlab.heal(victim)
         TIMES[f"ddp-{kind}"] = round(time.monotonic() - t0, 1)
+
+
+def test_ddp_with_the_memory_tier_and_a_hot_spare_loses_at_most_k_steps_on_xid79(tlab, uninterrupted, tmp_path):
+    """XID 79 between two durable saves, with memory copies every MEMORY_K steps and one hot spare: the
+    rank on the lost GPU cannot save, its peer blocks in DDP's all-reduce; the runner ends the step, swaps
+    the spare in (no requeue) and every rank resumes from memory, losing at most MEMORY_K steps."""
+    t0 = time.monotonic()
+    jid, out, victim, rank, gpu = _submit(tlab, tmp_path, memory_every=MEMORY_K, spares=1)
+    try:
+        # both ranks hold a memory copy newer than the durable checkpoint at EVERY (each on two nodes)
+        wait_text(out, rf"^\d: autoheal-trainer: memory saved step={EVERY + 2} nodes=\S+,\S+$", 30, count=2)
+        _break(tlab, "xid79", victim, gpu)
+        wait_text(out, START, 180, count=4)
+        wait_text(out, DONE, 180, count=2)
+        lost = _judge_memory(out.read_text(), rank, victim, uninterrupted)
+        MEASURED["ddp-xid79+memory+spare"] = lost
+        assert 0 <= lost <= MEMORY_K, lost
+        _wait_completed(tlab, jid)
+    finally:
+        cancel_job(tlab.env, jid)
+        tlab.heal(victim)
+        TIMES["ddp-xid79+memory+spare"] = round(time.monotonic() - t0, 1)
+
+
+def _judge_memory(text: str, rank: str, victim: str, digest: str) -> int:
+    """The broken rank failed without saving; the restart ran inside the allocation (restart count 0, the
+    lost node not in it) with every rank from a memory copy at least as new as the newest durable save,
+    none of them from the lost node; the final weights are the uninterrupted run's. Returns the lost steps."""
+    starts = list(re.finditer(START, text, re.M))
+    assert len(starts) >= 4, text[-3000:]
+    run0, run1 = text[:starts[2].start()], starts[2:4]
+    assert re.search(rf"^{rank}: autoheal-trainer: {EVIDENCE['xid79']}", run0, re.M), run0[-3000:]
+    saved = [int(s) for s in re.findall(r"checkpoint saved step=(\d+)", run0)]
+    (resume, *_more) = resumes(text)
+    assert set(resume.resumed) == {"0", "1"} and len(set(resume.resumed.values())) == 1, resume
+    assert min(resume.resumed.values()) >= max(saved), (resume, saved)
+    for st in run1:  # (rank, step, resumed_from, restart, host)
+        assert st.group(3).startswith("memory:") and not st.group(3).endswith(f"@{victim}"), st.group(0)
+        assert st.group(4) == "0" and st.group(5) != victim, st.group(0)  # the spare, not a requeue
+    finals = re.findall(DONE, text, re.M)
+    assert sorted(finals) == [(r, str(STEPS), digest) for r in ("0", "1")], (finals, digest, text[-3000:])
+    return resume.lost
 
 
 LIGHTNING_START = r"lightning-job: start global_step=(\d+) node=(\S*) restart=(\d+)"
