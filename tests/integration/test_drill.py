@@ -74,14 +74,20 @@ def test_drill_observes_every_phase_and_resumes_from_the_saved_step(kube_drill):
     assert json.loads((lab_dir / "lab.json").read_text()).get("procs") == {}  # torn down
 
 
-def test_a_second_drill_in_the_same_directory_passes_plain_too(kube_drill):
+def test_a_second_drill_in_the_same_directory_passes_plain_too(kube_drill, monkeypatch):
     """--no-kube --plain in the directory the full drill used: a job that did not opt in restarts from
     scratch, and the drill passes although the last run retired a node and used up the spare. The fault
-    reaches this job too: its blocked rank holds Slurm's SIGTERM, so the requeue waits out KillWait."""
+    reaches this job too: its blocked rank holds Slurm's SIGTERM, so the requeue waits out KillWait
+    (10 s here: the recommended 120 s made this the longest test of the run, and nothing here depends on
+    its length, only on the SIGKILL that ends the wait)."""
+    from autoheal_lab.slurmconf import ENV_EXTRA_CONF
+
     lab_dir, _code, first = kube_drill
     left = lab_dir / "kube" / "spares-used.json"
     assert json.loads(left.read_text()) == {first["node"]: "spare1"}  # the state a reused lab used to inherit
+    monkeypatch.setenv(ENV_EXTRA_CONF, "KillWait=10")
     code, data = _drill(lab_dir, "--no-kube", "--plain", "--timeout", "400")
+    assert "KillWait=10" in (lab_dir / "etc" / "slurm.conf").read_text().splitlines()
     assert code == 0 and data["ok"], (data["phases"], data["logs"])
     assert data["opt_in"] is False and data["job_id"] == "1"  # Slurm's saved jobs were forgotten
     assert _phase(data, "checkpoint saved")["status"] == "skipped"
