@@ -16,6 +16,38 @@ import pytest
 
 from autoheal_lab.cluster import Lab
 
+#: The test files that take longest (per-file totals of a full `./dev test`, longest first; docs in the
+#: commit that last measured them). `./dev test` runs the files on its workers whole (``--dist loadfile``)
+#: in collection order (``--no-loadscope-reorder``: xdist's own order, most tests first, put these lab
+#: files, with few tests each, last, and the run ended with one worker alone on the soak or the drill).
+#: Longest first, then the other integration files, then the unit tests, which fill the gaps at the end.
+#: A file missing here only runs later; none is left out.
+LONGEST_FIRST = (
+    "test_soak.py",
+    "test_drill.py",
+    "test_drill_variants.py",
+    "test_faults_reach_job_lab.py",
+    "test_remediation_lab.py",
+    "test_hooks_faults_lab.py",
+    "test_sync_lab.py",
+    "test_hotspare_lab.py",
+    "test_requeue_race.py",
+)
+
+
+def run_order(nodeid: str) -> tuple:
+    """Where a test's file goes in the run (``LONGEST_FIRST``, then integration, then the rest); the tests of
+    one file keep their order, and stay together."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    if name in LONGEST_FIRST:
+        return (0, LONGEST_FIRST.index(name))
+    return (1 if "integration/" in path else 2, 0)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    items.sort(key=lambda item: run_order(item.nodeid))  # stable: within a file, pytest's order
+
 
 def _require_slurm() -> None:
     missing = [b for b in ("slurmctld", "slurmd", "munged", "scontrol", "sbatch")
