@@ -22,6 +22,12 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
 @click.option("--prune-after", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
               help="Seconds a node must look healthy before autoheal's exclusion of it is dropped from pending "
                    "jobs (a node can look healthy for a moment while slurmctld restarts).")
+@click.option("--lost-prolog-after", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
+              help="Seconds an autoheal job must stay in Prolog, on a node whose slurmd restarted after the "
+                   "allocation, before the guard requeues it (its prolog's end will never be reported; "
+                   "PrologFlags=Alloc only). The guard looks every quarter of this, so it acts within 1.25x "
+                   "it. Shorter: such a job waits less; the look lists every running job, so on a big "
+                   "cluster keep it in minutes.")
 @click.option("--once", is_flag=True, help="Make one pass, print what was done, and exit (0 nothing left to do, "
               "1 a job could not be fixed, 2 slurmctld did not answer or config error). With --once, "
               "--release-after and --prune-after still count from the first sighting, so they act only "
@@ -34,8 +40,8 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
 @config_option
 @handle_errors
-def guard(interval: float, release_after: float, prune_after: float, once: bool, dry_run: bool, as_json: bool,
-          textfile_dir: Optional[str], config_path: Optional[str]) -> None:
+def guard(interval: float, release_after: float, prune_after: float, lost_prolog_after: float, once: bool,
+          dry_run: bool, as_json: bool, textfile_dir: Optional[str], config_path: Optional[str]) -> None:
     """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
 
     \b
@@ -56,7 +62,8 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
     """
     from autoheal.sbatch_helpers.guard import describe, pending_ids, run_forever
 
-    g, notifier = _build(load_cfg(config_path), once, dry_run, release_after, prune_after, textfile_dir)
+    g, notifier = _build(load_cfg(config_path), once, dry_run, release_after, prune_after, lost_prolog_after,
+                         textfile_dir)
     if once:
         try:
             results = g.pass_once()
@@ -86,7 +93,7 @@ def guard(interval: float, release_after: float, prune_after: float, once: bool,
 
 
 def _build(cfg, once: bool, dry_run: bool, release_after: float, prune_after: float,  # type: ignore[no-untyped-def]
-           textfile_dir: Optional[str]):
+           lost_prolog_after: float, textfile_dir: Optional[str]):
     """The guard and its notifier (None with --dry-run, which records nothing)."""
     from autoheal.sbatch_helpers.guard import Guard
     from autoheal.slurm import get_adapter
@@ -103,7 +110,8 @@ def _build(cfg, once: bool, dry_run: bool, release_after: float, prune_after: fl
         click.echo(text, err=once)  # --once: stdout is the report
 
     g = Guard(get_adapter(cfg), journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
-              prune_after=prune_after, say=say, intents=_intents(cfg, dry_run, say), list_running=bool(textfile_dir))
+              prune_after=prune_after, lost_prolog_after=lost_prolog_after, say=say,
+              intents=_intents(cfg, dry_run, say), list_running=bool(textfile_dir))
     return g, notifier
 
 def _intents(cfg, dry_run: bool, say):  # type: ignore[no-untyped-def]
