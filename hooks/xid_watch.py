@@ -190,6 +190,7 @@ class XidWatch:
         # GPUs whose XID events the current NVML event set receives (0 between sets): the textfile shows
         # it, so a set without a GPU is visible and a test can wait until NVML is watched
         self.nvml_gpus = 0
+        self._nvml_said: Optional[Tuple[List[int], List[int]]] = None  # the GPUs the last log line named
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
@@ -239,6 +240,9 @@ class XidWatch:
         gpus = sorted(by_handle.values())
         self.nvml_gpus = len(gpus)
         self._metrics_dirty = True
+        if (gpus, missing) == self._nvml_said:
+            return  # a set rebuilt with the same GPUs (e.g. once a second around a lost one): said already
+        self._nvml_said = (gpus, list(missing))
         left = f" (not yet: GPU {', '.join(map(str, missing))}, tried again every {REREGISTER_SECONDS:g}s)" \
             if missing else ""
         print(f"xid-watch: NVML: XID events of GPU {', '.join(map(str, gpus)) or 'none'}{left}", flush=True)
