@@ -86,6 +86,16 @@ def hard_failures(results: List[C.CheckResult]) -> List[C.CheckResult]:
 #: that repair, and without it the poll would ignore every sample until the clock caught up again.
 STALE_SAMPLE_WINDOW = 300.0
 
+#: Seconds between tries to add a GPU that NVML could not register (lost at the time) to the event set:
+#: an XID it raises after it came back and before the next try is never told by NVML (one NVML call per
+#: missing GPU a second; a lost GPU answers at once).
+REREGISTER_SECONDS = 1.0
+#: Seconds before an event set that says GPU_IS_LOST at its first wait is rebuilt (a lost GPU NVML let us
+#: register would otherwise spin the loop). A set that waited once is rebuilt at once: the other GPUs'
+#: XIDs raised until the new set is registered are never told (repro: an XID 48 on GPU 4 0.3 s after an
+#: XID 79 on GPU 2 was lost to NVML while the loop paused a second before rebuilding).
+LOST_REBUILD_PAUSE = 1.0
+
 
 def sample_predates_repair(st: S.NodeStateData, gpu: Optional[int], taken: float) -> bool:
     """Pure: a health sample of ``gpu`` (None: node-wide) whose reads began at ``taken`` (wall clock) was
@@ -177,6 +187,10 @@ class XidWatch:
         # and a test can wait for polls that read the GPUs after it changed them
         self.health_polls = 0
         self.health_poll_started = 0.0
+        # GPUs whose XID events the current NVML event set receives (0 between sets): the textfile shows
+        # it, so a set without a GPU is visible and a test can wait until NVML is watched
+        self.nvml_gpus = 0
+        self._nvml_said: Optional[Tuple[List[int], List[int]]] = None  # the GPUs the last log line named
         self.jobs = jobside.JobSide(ctx, count=self._count)
         self.proc = xid_jobs.PROC  # where processes are looked up (tests point it at a fake /proc)
         self._retries: Dict[XidEvent, int] = {}
@@ -204,6 +218,35 @@ class XidWatch:
                 self._stop.wait(backoff)
                 backoff = min(30.0, backoff * 2)
 
+    def _nvml_register(self, nv: Any, evset: Any, i: int, by_handle: Dict[Any, int]) -> bool:
+        """Add GPU ``i``'s XID events to ``evset``. True when done with it (registered, or it has no XID
+        events to give); False when NVML could not tell now (a lost GPU), to be tried again."""
+        import ctypes
+
+        try:
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            mask = nv.nvmlDeviceGetSupportedEventTypes(h) & nv.nvmlEventTypeXidCriticalError
+            if mask:
+                nv.nvmlDeviceRegisterEvents(h, mask, evset)
+                by_handle[ctypes.cast(h, ctypes.c_void_p).value] = i
+        except nv.NVMLError:
+            return False  # a lost GPU: the kernel log and the health poll still see it
+        return True
+
+    def _nvml_watching(self, by_handle: Dict[Any, int], missing: List[int]) -> None:
+        """Say which GPUs NVML tells XIDs of (log line, textfile): an XID on a GPU not in the set reaches
+        xid-watch only through the kernel log, and NVML never replays an event from before its
+        registration."""
+        gpus = sorted(by_handle.values())
+        self.nvml_gpus = len(gpus)
+        self._metrics_dirty = True
+        if (gpus, missing) == self._nvml_said:
+            return  # a set rebuilt with the same GPUs (e.g. once a second around a lost one): said already
+        self._nvml_said = (gpus, list(missing))
+        left = f" (not yet: GPU {', '.join(map(str, missing))}, tried again every {REREGISTER_SECONDS:g}s)" \
+            if missing else ""
+        print(f"xid-watch: NVML: XID events of GPU {', '.join(map(str, gpus)) or 'none'}{left}", flush=True)
+
     def _nvml_session(self) -> None:
         import pynvml as nv
 
@@ -213,36 +256,48 @@ class XidWatch:
         import ctypes
 
         evset = nv.nvmlEventSetCreate()
-        registered = 0
         by_handle: Dict[Any, int] = {}  # the device of a lost GPU cannot tell its index any more
         try:
-            for i in range(nv.nvmlDeviceGetCount()):
-                try:
-                    h = nv.nvmlDeviceGetHandleByIndex(i)
-                    mask = nv.nvmlDeviceGetSupportedEventTypes(h) & nv.nvmlEventTypeXidCriticalError
-                    if mask:
-                        nv.nvmlDeviceRegisterEvents(h, mask, evset)
-                        by_handle[ctypes.cast(h, ctypes.c_void_p).value] = i
-                        registered += 1
-                except nv.NVMLError:
-                    continue  # a lost GPU: the kernel log and the healthcheck still see it
-            if not registered:
+            # a GPU that could not be registered (lost at the time) is tried again while the set runs:
+            # one that comes back (a reset, a driver rebind) raised its next XIDs into a set without it,
+            # and NVML never told them (the lab: an XID 79, the GPU cleared, the next XID on it only in
+            # the kernel log; a node whose kernel log is not readable never saw it)
+            missing = [i for i in range(nv.nvmlDeviceGetCount()) if not self._nvml_register(nv, evset, i, by_handle)]
+            waited = False  # a wait of this set returned an event or timed out
+            self._nvml_watching(by_handle, missing)
+            if not by_handle and not missing:
                 self._stop.wait(5.0)
                 return
+            next_try = time.monotonic() + REREGISTER_SECONDS
             while not self._stop.is_set():
+                if missing and time.monotonic() >= next_try:
+                    still = [i for i in missing if not self._nvml_register(nv, evset, i, by_handle)]
+                    if still != missing:
+                        missing = still
+                        self._nvml_watching(by_handle, missing)
+                    next_try = time.monotonic() + REREGISTER_SECONDS
+                if not by_handle:  # nothing to wait on yet (every GPU lost): only the tries above
+                    self._stop.wait(min(REREGISTER_SECONDS, max(0.0, next_try - time.monotonic())))
+                    continue
                 try:
                     data = nv.nvmlEventSetWait_v2(evset, self.h.xid_poll_ms)
                 except nv.NVMLError as exc:
                     if exc.value == nv.NVML_ERROR_TIMEOUT:
+                        waited = True
                         continue
                     if exc.value == nv.NVML_ERROR_GPU_IS_LOST:
-                        # a registered GPU went away; re-register the rest after a pause
-                        self._stop.wait(1.0)
+                        # a registered GPU went away: a new set with the others (the lost one is tried
+                        # again while it runs); at once unless this set never waited
+                        if not waited:
+                            self._stop.wait(LOST_REBUILD_PAUSE)
                         return
                     raise
+                waited = True
                 idx = by_handle.get(ctypes.cast(data.device, ctypes.c_void_p).value)
                 self.q.put(XidEvent(xid=int(data.eventData), gpu=idx, source="nvml"))
         finally:
+            self.nvml_gpus = 0
+            self._metrics_dirty = True
             try:
                 nv.nvmlEventSetFree(evset)
             except Exception:
@@ -496,7 +551,9 @@ class XidWatch:
                  f'autoheal_xid_watch_health_polls_total{{node="{node}"}} {self.health_polls}',
                  "# TYPE autoheal_xid_watch_health_poll_started_timestamp_seconds gauge",
                  f'autoheal_xid_watch_health_poll_started_timestamp_seconds{{node="{node}"}} '
-                 f'{self.health_poll_started:.3f}']
+                 f'{self.health_poll_started:.3f}',
+                 "# TYPE autoheal_xid_watch_nvml_event_gpus gauge",
+                 f'autoheal_xid_watch_nvml_event_gpus{{node="{node}"}} {self.nvml_gpus}']
         for key, val in sorted(counters.items()):
             name, _, labels = key.partition("{")
             labels = f'node="{node}"' + ("," + labels.rstrip("}") if labels else "")
