@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 
@@ -89,6 +90,7 @@ def test_post_init_runs():
     assert Post(1).a == 2
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="field(kw_only=) is Python 3.10's")
 def test_what_the_shared_methods_do_not_cover_is_a_plain_dataclass():
     @record(order=True)
     class Ordered:
