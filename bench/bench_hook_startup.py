@@ -19,9 +19,13 @@ so a machine that is busy is equally busy for all of them:
 
 ``--ref COMMIT`` (repeatable) adds the three hooks of another commit of this repository, installed the
 same way in a venv of their own: before and after a change in one run, on a machine equally busy for
-both. Prints the median wall time, CPU time and peak memory of each over ``--runs`` rounds (and the
-machine's load). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML), git, and setuptools
-and wheel in this interpreter (the wheels are built without build isolation: no network).
+both. Each variant reads its own copy of the config (same text, its own path), so each has its own config
+snapshot (``autoheal.config.snapshot``: one file per config path): sharing one, the variants would
+overwrite each other's and every run of both would time the slow path (parse + validate). The snapshot is
+written only by root: run as another user, every hook parses the TOML, and the output says so. Prints the
+median wall time, CPU time and peak memory of each over ``--runs`` rounds (the machine's load, and per
+config whether its snapshot was used). Nothing is asserted. Needs gcc + nvidia-nvml-dev (the fake NVML),
+git, and setuptools and wheel in this interpreter (the wheels are built without build isolation: no network).
 
     python bench/bench_hook_startup.py [--runs 21] [--nhc /usr/sbin/nhc] [--ref COMMIT ...] [--json]
 """
@@ -177,29 +181,63 @@ def run_once(argv: List[str], env: Dict[str, str], rss_file: Path) -> Tuple[floa
     return wall, usage.ru_utime + usage.ru_stime, rss
 
 
+def _mtime(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def snapshot_use(before: Dict[str, int], after: Dict[str, int]) -> Dict[str, str]:
+    """Per config: was its snapshot used over the measured rounds (there, and not rewritten)?"""
+    if os.geteuid() != 0:
+        return dict.fromkeys(before, "none: not root (only root writes one), every hook parsed the TOML")
+    return {label: ("none: never written" if not after[label] else
+                    "rewritten during the rounds: the slow path was timed" if before[label] != after[label] else
+                    "used (unchanged over the rounds)") for label in before}
+
+
 def measure(runs: int = 21, nhc: str = "", refs: Tuple[str, ...] = ()) -> dict:
+    from autoheal.config.snapshot import snapshot_path
+
     tmp = Path(tempfile.mkdtemp(prefix="bench-hook-startup-"))
+    snapshots: Dict[str, str] = {}
     try:
         env = node_env(tmp)
         cmds = commands(tmp, nhc, node_venv(source_tree("", tmp / "src"), tmp / "node"))
+        envs = dict.fromkeys(cmds, env)
+        snapshots["this tree"] = snapshot_path(env["AUTOHEAL_CONFIG"])
         for i, ref in enumerate(refs):
             src = source_tree(ref, tmp / f"src-{i}")
-            cmds.update(hook_commands(node_venv(src, tmp / f"node-{i}"), f" @{ref}"))
-        for argv in cmds.values():  # warm: .pyc files written, the fake library paged in
-            run_once(argv, env, tmp / "rss")
+            own = tmp / f"ah-{i}.toml"  # its own config path: its own snapshot (see the module docstring)
+            shutil.copyfile(env["AUTOHEAL_CONFIG"], own)
+            snapshots[f"@{ref}"] = snapshot_path(str(own))
+            hooks = hook_commands(node_venv(src, tmp / f"node-{i}"), f" @{ref}")
+            cmds.update(hooks)
+            envs.update({name: dict(env, AUTOHEAL_CONFIG=str(own)) for name in hooks})
+        for name, argv in cmds.items():  # warm: .pyc files written, the fake library paged in, snapshots
+            run_once(argv, envs[name], tmp / "rss")
         samples: Dict[str, List[Tuple[float, float, float]]] = {k: [] for k in cmds}
         load0 = os.getloadavg()[0]
+        before = {label: _mtime(path) for label, path in snapshots.items()}
         for _ in range(runs):  # interleaved: each round runs every command once
             for name, argv in cmds.items():
-                samples[name].append(run_once(argv, env, tmp / "rss"))
+                samples[name].append(run_once(argv, envs[name], tmp / "rss"))
+        after = {label: _mtime(path) for label, path in snapshots.items()}
         load1 = os.getloadavg()[0]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        for path in snapshots.values():  # root's /run/autoheal: the configs they name are gone
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     rows = {name: {"wall_ms": round(statistics.median(s[0] for s in got) * 1000, 1),
                    "cpu_ms": round(statistics.median(s[1] for s in got) * 1000, 1),
                    "rss_mib": round(statistics.median(s[2] for s in got), 1)} for name, got in samples.items()}
     return {"runs": runs, "cpus": os.cpu_count(), "load_before": round(load0, 1), "load_after": round(load1, 1),
-            "python": sys.version.split()[0], "nhc": nhc or "not installed", "refs": list(refs), "results": rows}
+            "python": sys.version.split()[0], "nhc": nhc or "not installed", "refs": list(refs),
+            "snapshot": snapshot_use(before, after), "results": rows}
 
 
 def main() -> None:
@@ -217,6 +255,8 @@ def main() -> None:
         return
     print(f"{res['runs']} interleaved rounds, {res['cpus']} CPUs, load average {res['load_before']} -> "
           f"{res['load_after']}, Python {res['python']}, NHC: {res['nhc']}")
+    for label, how in res["snapshot"].items():
+        print(f"config snapshot, {label}: {how}")
     rows = res["results"]
     base = next((n for n in ("LBNL NHC, 4 checks", "bash, 4 NHC-style checks") if n in rows), "")
     for name, r in rows.items():

@@ -13,12 +13,12 @@ from autoheal.hooks.gather import GpuSample, NodeSample
 from autoheal.hooks.xid_catalog import DRAIN_POLICIES
 from autoheal.hooks.xids import XidEvent, describe, policy_for
 from autoheal.reasons import Reason, gpu_where, parse_body
-from autoheal.records import record
+from autoheal.records import cast, record
 from autoheal.strenum import StrEnum
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Tuple, TypedDict, cast
+    from typing import Any, Dict, Iterable, List, Optional, Tuple, TypedDict
 
     class ResultDict(TypedDict, total=False):
         """``CheckResult.to_dict()``: a result as the node state and ``--json`` keep it (the reason as its
@@ -30,9 +30,6 @@ if TYPE_CHECKING:
         action: str
         gpu: Optional[int]
         evidence: Dict[str, Any]  # the check's own readings: an open JSON object
-else:
-    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
-        return value
 
 
 class Status(StrEnum):

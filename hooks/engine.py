@@ -19,11 +19,11 @@ from autoheal.hooks.ladder import Rung, next_rung
 from autoheal.hooks.xid_catalog import JOB_POLICIES
 from autoheal.hooks.xids import LogCursor, XidEvent, boot_id, normalize_pci, read_kernel_log
 from autoheal.reasons import parse_body
-from autoheal.records import record
+from autoheal.records import cast, record
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, TypedDict, cast
+    from typing import Any, Dict, List, Optional, TypedDict
 
     from autoheal.hooks.actions import Action
     from autoheal.hooks.context import Context
@@ -40,9 +40,6 @@ if TYPE_CHECKING:
         outcome: str
         message: str
         evidence: Dict[str, Any]
-else:
-    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
-        return value
 
 
 EXIT_OK, EXIT_FAIL, EXIT_UNKNOWN = 0, 1, 2

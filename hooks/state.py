@@ -28,17 +28,15 @@ import os
 
 from autoheal.errors import AutohealError
 from autoheal.lazyre import LazyPattern
+from autoheal.records import cast
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
-    from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union, cast
+    from typing import Any, ContextManager, Dict, Iterator, List, Optional, Tuple, TypedDict, Union
 
     from autoheal.hooks.checks import ResultDict
     from autoheal.hooks.ladder import Rung
     from autoheal.hooks.xids import CursorDict
-else:
-    def cast(_type: object, value: object) -> object:  # typing.cast without importing typing
-        return value
 
 
 STATE_FILE = "state.json"

@@ -123,7 +123,7 @@ def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True
         cfg = snap.load(path)
     if cfg is None:
         try:
-            text, st = _read_config(path)
+            text, data = _read_config(path)
         except FileNotFoundError:
             if required:
                 raise ConfigError(_one_line(f"{path}: config file not found")) from None
@@ -133,7 +133,7 @@ def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True
         else:
             cfg = parse_config(text, path)
             if snapshot:
-                snap.write(cfg, st)
+                snap.write(cfg, data)
     if secrets:
         merge_secrets(cfg)
     return cfg
@@ -145,9 +145,17 @@ def _read_regular_file(path: Union[str, Path]) -> str:
     return _read_config(path)[0]
 
 
-def _read_config(path: Union[str, Path]) -> Tuple[str, os.stat_result]:
-    """``_read_regular_file``'s text and the ``fstat`` of the descriptor it was read from, taken before
-    reading (a snapshot's key: an edit during the read makes the next key differ)."""
+def _read_config(path: Union[str, Path]) -> Tuple[str, bytes]:
+    """``_read_regular_file``'s text and the very bytes it was decoded from (a snapshot's key is their
+    length and checksum: the key of what was parsed, not of what a later ``stat`` says)."""
+    data = _read_config_bytes(path)
+    return data.decode("utf-8-sig"), data  # a BOM from a Windows editor is not an error in the file
+
+
+def _read_config_bytes(path: Union[str, Path]) -> bytes:
+    """The config file's bytes; a FIFO or device (which could block the hook forever), a directory or a
+    file over MAX_BYTES is refused (OSError/ValueError). The ``open`` also makes an NFS client revalidate
+    the file (close-to-open), which a path ``stat`` served from its attribute cache does not."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -161,7 +169,7 @@ def _read_config(path: Union[str, Path]) -> Tuple[str, os.stat_result]:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise ValueError(f"more than {MAX_BYTES} bytes; not a config file")
-    return data.decode("utf-8-sig"), st  # a BOM from a Windows editor is not an error in the file
+    return data
 
 
 def _one_line(text: str, limit: int = 1000) -> str:

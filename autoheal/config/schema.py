@@ -107,11 +107,12 @@ def _check_value(key: str, value: Any, tp: Any, meta: Dict[str, Any]) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list, got {show(value)}")
-        value = [_check_value(f"{key}[{i}]", v, args[0] if args else Any, item_meta) for i, v in enumerate(value)]
+        item_type = args[0] if args else typing.Any  # typing's Any: the module's is mypy's only
+        value = [_check_value(f"{key}[{i}]", v, item_type, item_meta) for i, v in enumerate(value)]
     elif origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a table, got {show(value)}")
-        _kt, vt = args if args else (str, Any)
+        _kt, vt = args if args else (str, typing.Any)
         out = {}
         for k, v in value.items():
             sub = key_path(key, k)

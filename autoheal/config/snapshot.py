@@ -10,8 +10,10 @@ it instead of parsing, when and only when all of this holds:
 * the directory and the file are root's and nobody else can write them (written 0700 and 0600;
   checked: no group or other write bit, one link, a regular file opened without following a symlink):
   the hooks run as root and never trust a file a user could write;
-* its key equals the live one: the config path, the config file's (dev, inode, size, mtime_ns,
-  ctime_ns), this package's version and the (size, mtime_ns) of the config's own modules (a new schema
+* its key equals the live one: the config path, the length and ``zlib.crc32`` of the config file's
+  bytes as read now (the content, not a ``stat``: an NFS client serves a path ``stat`` from its attribute
+  cache for up to a minute after an edit, and a same-size rewrite within one coarse timestamp tick keeps
+  size and times), this package's version and the (size, mtime_ns) of the config's own modules (a new schema
   or validator is never fed an old snapshot);
 * it parses as a snapshot and builds the config's sections (an unknown or missing field, a wrong shape:
   parse the TOML).
@@ -46,7 +48,8 @@ MAX_BYTES = 1 << 20
 #: The modules whose code decides what a config file means: a change to any of them is a new key.
 _CODE = ("autoheal.config", "autoheal.config.schema", "autoheal.config.values", "autoheal.config.core_sections",
          "autoheal.config.hooks_section", "autoheal.config.sbatch_section", "autoheal.config.sync_section",
-         "autoheal.config.snapshot")
+         "autoheal.config.snapshot", "autoheal.records", "autoheal.signals",
+         "autoheal.reasons", "autoheal.lazyre")
 
 
 def snapshot_path(config_path: str, directory: Optional[str] = None) -> str:
@@ -56,9 +59,12 @@ def snapshot_path(config_path: str, directory: Optional[str] = None) -> str:
     return os.path.join(SNAPSHOT_DIR if directory is None else directory, name)
 
 
-def file_key(st: os.stat_result) -> List[int]:
-    """The identity of the config file's content: a new file, an edit, a ``touch`` or a ``chmod`` changes it."""
-    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+def file_key(data: bytes) -> List[int]:
+    """The identity of the config file's content: its length and CRC-32. crc32, not a cryptographic hash
+    (hashlib is kept off the hooks' imports): only root writes the snapshot and the config file is the
+    admin's, so there is no adversary to resist; the checksum only has to notice an edit, and any edit
+    that keeps both the length and the CRC-32 of a text file by accident is one in 2**32."""
+    return [len(data), zlib.crc32(data)]
 
 
 def code_key() -> List[Any]:
@@ -130,7 +136,7 @@ def load(config_path: str, directory: Optional[str] = None) -> Optional[Config]:
     """The config the snapshot of ``config_path`` holds, when it is trusted and its key is the live one;
     None otherwise (the caller parses the TOML). Never raises."""
     try:
-        from autoheal.config import Config
+        from autoheal.config import Config, _read_config_bytes
 
         raw = _read_trusted(snapshot_path(config_path, directory))
         if raw is None:
@@ -138,7 +144,7 @@ def load(config_path: str, directory: Optional[str] = None) -> Optional[Config]:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             return None
-        live = {"path": config_path, "file": file_key(os.stat(config_path)), "code": code_key()}
+        live = {"path": config_path, "file": file_key(_read_config_bytes(config_path)), "code": code_key()}
         if doc.get("key") != live:
             return None
         cfg: Config = build(Config, doc.get("config"))
@@ -147,11 +153,11 @@ def load(config_path: str, directory: Optional[str] = None) -> Optional[Config]:
         return None
 
 
-def write(cfg: Config, st: os.stat_result, directory: Optional[str] = None) -> bool:
-    """Leave a snapshot of ``cfg``, parsed from ``cfg.source`` whose ``fstat`` (taken on the descriptor
-    the text was read from, before reading) is ``st``. Only root writes one, only into a directory that
-    is root's alone, and only when the config rebuilt from it equals ``cfg``. False when none was
-    written; never raises (the snapshot only saves time)."""
+def write(cfg: Config, text: bytes, directory: Optional[str] = None) -> bool:
+    """Leave a snapshot of ``cfg``, parsed from ``text``, the bytes read from ``cfg.source`` (the key is
+    computed on the very bytes that were parsed: an edit after the read makes the next key differ).
+    Only root writes one, only into a directory that is root's alone, and only when the config rebuilt
+    from it equals ``cfg``. False when none was written; never raises (the snapshot only saves time)."""
     from autoheal.config import Config
     from autoheal.config.schema import to_mapping
 
@@ -166,7 +172,7 @@ def write(cfg: Config, st: os.stat_result, directory: Optional[str] = None) -> b
         if not _trusted_dir(where):
             return False
         values = to_mapping(cfg)
-        data = json.dumps({"format": FORMAT, "key": {"path": cfg.source, "file": file_key(st), "code": code_key()},
+        data = json.dumps({"format": FORMAT, "key": {"path": cfg.source, "file": file_key(text), "code": code_key()},
                            "config": values}, separators=(",", ":")).encode()
         if build(Config, json.loads(data)["config"]) != cfg:  # a value JSON does not carry as it is
             return False

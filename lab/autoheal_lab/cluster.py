@@ -601,6 +601,12 @@ class Lab:
         self._kill_job_processes()
         if (self.load_state() or {}).get("layout"):
             shutil.rmtree(Path(self.layout().memory_base).parent, ignore_errors=True)
+            # the hooks (root) left a config snapshot in the machine's /run/autoheal, named by this lab's
+            # config path: lab state outside the lab root, shared by every lab on the machine
+            from autoheal.config.snapshot import snapshot_path
+
+            with contextlib.suppress(OSError):
+                os.unlink(snapshot_path(str(self.layout().autoheal_conf)))
         recs = self.records()
         # clients first (slurmd, node and controller daemons, sync, spare pool), then the fault proxy in
         # front of the API server, then the control plane, slurmctld and munged last: each

@@ -11,6 +11,7 @@ import time
 
 from click.testing import CliRunner
 
+from autoheal.config.snapshot import snapshot_path
 from autoheal_lab import procs
 from autoheal_lab.cli import lab as lab_cli
 from autoheal_lab.cluster import Lab
@@ -28,9 +29,15 @@ def test_up_twice_is_idempotent_and_down_stops_every_pid(lab_factory):
     lab.up(nodes=2, gpus=2, spares=1, hooks=False, xid_watch=False, install=False)
     assert _pids(lab) == first  # nothing restarted
     recs = lab.records()
+    # a hook (root) leaves a config snapshot in the machine's /run/autoheal, named by the lab's config path
+    snapshot = snapshot_path(str(lab.layout().autoheal_conf))
+    os.makedirs(os.path.dirname(snapshot), mode=0o700, exist_ok=True)
+    with open(snapshot, "wb") as fh:
+        fh.write(b"{}")
     stopped = lab.down()
     assert set(stopped) == set(first)
     assert not any(procs.is_alive(r) for r in recs.values())
+    assert not os.path.exists(snapshot)  # down removes it: no lab state outside the lab root
     assert lab.down() == []  # down with nothing up is fine
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 
@@ -89,6 +90,7 @@ def test_post_init_runs():
     assert Post(1).a == 2
 
 
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="field(kw_only=) is Python 3.10's")
 def test_what_the_shared_methods_do_not_cover_is_a_plain_dataclass():
     @record(order=True)
     class Ordered:
@@ -118,3 +120,105 @@ def test_the_config_still_compares_and_copies_as_before():
     cfg = Config()
     assert cfg == Config() and copy.deepcopy(cfg) == cfg and cfg.hooks.reset_command is not Config().hooks.reset_command
     assert dataclasses.replace(cfg.hooks, expected_gpus=3).expected_gpus == 3
+
+
+# The review's parity cases (1.2): the same class body under both decorators gives the same result.
+def _both(make):
+    out = []
+    for deco in (record, dataclasses.dataclass):
+        try:
+            out.append(repr(make(deco)))
+        except Exception as e:  # the error is part of the behaviour compared
+            out.append(f"{type(e).__name__}: {e}")
+    return out
+
+
+def _init_false_base(d):
+    @dataclasses.dataclass
+    class A:
+        x: int
+        n: int = dataclasses.field(default=5, init=False)
+
+    @d
+    class B(A):
+        y: int = 0
+    return B(1, 2)
+
+
+def _record_base(d):
+    @record(frozen=True)
+    class A:
+        x: int
+
+    @d
+    class B(A):  # a non-frozen dataclass of a frozen one: dataclasses refuses it
+        y: int = 0
+    return B(1, 2)
+
+
+def _hash_false(d):
+    @d(frozen=True)
+    class A:
+        x: int
+        tags: list = dataclasses.field(default_factory=list, hash=False)
+    return hash(A(1)) == hash(A(1))
+
+
+def _own_setattr(d):
+    @d
+    class A:
+        x: int
+
+        def __setattr__(self, k, v):
+            object.__setattr__(self, k, v * 10 if k == "x" else v)
+    return A(1).x
+
+
+def _recursive(d):
+    @d
+    class N:
+        x: object = None
+    n = N()
+    n.x = n
+    return repr(n)
+
+
+def _frozen_flag(d):
+    @d(frozen=True)
+    class A:
+        x: int
+
+    @d
+    class B:
+        x: int
+    return A.__dataclass_params__.frozen, B.__dataclass_params__.frozen, B.__dataclass_params__.eq
+
+
+@pytest.mark.parametrize("case", [_init_false_base, _record_base, _hash_false, _own_setattr, _recursive,
+                                  _frozen_flag], ids=lambda c: c.__name__.strip("_"))
+def test_parity_with_dataclass(case):
+    got, expected = _both(case)
+    assert got == expected
+
+
+def test_the_parity_cases_that_need_it_are_plain_dataclasses():
+    @dataclasses.dataclass
+    class Base:
+        x: int
+
+    @record
+    class Sub(Base):
+        y: int = 0
+
+    @record
+    class Simple:
+        x: int
+
+    assert "__record_fields__" not in Sub.__dict__ and "__record_fields__" in Simple.__dict__
+
+
+def test_cast_is_a_no_op():
+    from autoheal.records import cast
+
+    value = object()
+    assert cast("int", value) is value
