@@ -20,15 +20,20 @@ Never a healthy step that is merely slow:
   saw it (a rank killed -9 mid-save leaves it behind).
 - The first step of a run (loading, compiling, the first collective) is given ``first_step_factor``
   times the watchdog, counted from the step's start, until some rank's step number advances.
-- A step is given at least ``slow_factor`` times the longest gap seen between two heartbeats of
-  training, so a job whose steps take minutes is not judged by a limit meant for sub-second steps.
+- A step is given at least ``slow_factor`` times the longest time one training step took, so a job
+  whose steps take minutes is not judged by a limit meant for sub-second steps. That time is measured
+  from the heartbeat records' own times (one rank's two records: one clock, whatever the skew between
+  nodes), per step (a rank that went from step 10 to 30 between two reads took a twentieth each): the
+  runner reads only every ``HEARTBEAT_POLL`` seconds, and the gap between its reads put a floor of
+  twice that under every limit (``--hang-after-fault 1`` was "limit 4.09277s" on 0.1 s steps).
 - The watchdog judges only jobs that write per-step heartbeats (``heartbeat()``, phase ``step``) now
   or in an earlier run: a job whose only records come from its saves, or that writes none, is never
   ended for being quiet. After a fault such a job is judged only once it showed progress after the
   fault (it saved, then went quiet).
 
 Progress is a change of a rank's record as the runner sees it, timed by the runner's own clock: ranks
-on other nodes have other clocks, and a record's own time is only shown to people.
+on other nodes have other clocks. A record's own time serves only to measure how long that rank's
+steps take (above); a rank's clock stepped back (a negative difference) is measured by the runner's.
 """
 
 from __future__ import annotations
@@ -77,6 +82,16 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class StepMark:
+    """A rank's current training step as first seen this step: its number, the record's own time and
+    the runner's clock when it was read."""
+
+    step: int
+    time: float
+    seen_at: float
+
+
+@dataclass(frozen=True)
 class Tracker:
     """What the runner saw of one step's heartbeats (times on the runner's monotonic clock)."""
 
@@ -89,7 +104,8 @@ class Tracker:
     last_phase: str = ""          # phase of the record that made the last progress
     advanced: bool = False        # some rank's step number went up this step
     trains: bool = False          # the job writes per-step heartbeats (now or in an earlier run)
-    slowest: float = 0.0          # the longest gap between two training heartbeats after the first step
+    slowest: float = 0.0          # the longest time one training step took, after each rank's first
+    marks: Mapping[int, StepMark] = field(default_factory=dict)  # each rank's current training step
 
 
 def within_backstop(seconds: float, backstop: Optional[float]) -> float:
@@ -113,17 +129,35 @@ def observe(tracker: Tracker, beats: Mapping[int, Heartbeat], now: float) -> Tra
     if not fresh:
         return tracker
     seen, changed, first = dict(tracker.seen), dict(tracker.changed), dict(tracker.first_step)
+    marks = dict(tracker.marks)
     advanced, slowest = tracker.advanced, tracker.slowest
     training = any(b.phase == PHASE_STEP for b in fresh.values())
-    if training and advanced and tracker.last_phase == PHASE_STEP and tracker.last_progress is not None:
-        slowest = max(slowest, now - tracker.last_progress)
     for rank, beat in fresh.items():
         seen[rank], changed[rank] = beat, now
         first.setdefault(rank, beat.step)
         advanced = advanced or beat.step > first[rank]
+        mark = marks.get(rank)
+        if beat.phase != PHASE_STEP:
+            marks.pop(rank, None)  # a save between two steps is no step: not measured with them
+        elif mark is None or beat.step < mark.step:
+            marks[rank] = StepMark(beat.step, beat.time, now)
+        elif beat.step > mark.step:
+            if mark.step > first[rank]:  # the first step's time (loading, compiling) is no measure
+                slowest = max(slowest, step_time(mark, beat, now))
+            marks[rank] = StepMark(beat.step, beat.time, now)
     return replace(tracker, seen=seen, changed=changed, first_step=first, last_progress=now,
                    last_phase=PHASE_STEP if training else next(iter(fresh.values())).phase,
-                   advanced=advanced, trains=tracker.trains or training, slowest=slowest)
+                   advanced=advanced, trains=tracker.trains or training, slowest=slowest, marks=marks)
+
+
+def step_time(mark: StepMark, beat: Heartbeat, now: float) -> float:
+    """Seconds per step from ``mark`` to ``beat`` (a later step of the same rank), by the rank's own
+    record times; by the runner's clock when the rank's went back. A rank's clock stepped forward only
+    lengthens the limit (a healthy step is never ended for it; the hooks' backstop still bounds it)."""
+    elapsed = beat.time - mark.time
+    if elapsed <= 0:
+        elapsed = now - mark.seen_at
+    return max(0.0, elapsed) / (beat.step - mark.step)
 
 
 def saving_ranks(tracker: Tracker, now: float, saving_max: float) -> Tuple[int, ...]:

@@ -58,6 +58,18 @@ VERIFY_FAST_POLL, VERIFY_FAST_SECONDS = 1.0, 120.0
 CTLD_WAIT = 60.0
 
 
+def resume_words(step: str, memory_tier: bool) -> str:
+    """What the runner can say of where the restarted ranks resume. It knows the newest durable step
+    (``step``: "none" when there is none); with the memory tier on, the ranks choose a newer memory copy
+    when every rank has it (memtier.resume_source), which only they know: never name that step for them."""
+    if step == "none":
+        known = "starting with no checkpoint autoheal knows of"
+        return f"{known} (or from a peer-memory copy when every rank has one)" if memory_tier else known
+    if memory_tier:
+        return f"resuming from durable checkpoint step {step}, or from a newer peer-memory copy when every rank has one"
+    return f"resuming from checkpoint step {step}"
+
+
 class HotSpareRun:
     """Runner methods for jobs with hot spares (``self.hot`` is None for every other job)."""
 
@@ -432,14 +444,22 @@ class HotSpareRun:
         what = (f"{lost} swapped for spare {took}" if decision.kind == hs.SWAP else
                 f"{lost} lost, elastic job continues on {len(self._sets.active)} node(s)"
                 + (f" (spare {took} taken)" if took else ""))
-        self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); resuming "
-                    f"from checkpoint step {step} on {','.join(self._sets.active)}; no requeue "
+        memory = self._memory_tier_on()
+        self.record("job-hot-swap", f"job {self.ident.job_id}: {what} inside the allocation ({trigger}); "
+                    f"{resume_words(step, memory)} on {','.join(self._sets.active)}; no requeue "
                     f"({len(self._sets.spares)} spare(s) left)", "action", node=decision.lost[0], kind=decision.kind,
                     lost=lost, spare=took, active=",".join(self._sets.active), spares=",".join(self._sets.spares),
-                    checkpoint_step=step, waited=round(waited, 1), trigger=trigger, swaps=self.swaps,
-                    preemptive=trigger.startswith("pre-emptive"))
+                    checkpoint_step=step, memory_tier=memory, waited=round(waited, 1), trigger=trigger,
+                    swaps=self.swaps, preemptive=trigger.startswith("pre-emptive"))
         self._next_resume = latest
         return "restart"
+
+    def _memory_tier_on(self) -> bool:
+        """The peer-memory tier's agents run for this job (memtier_launch put their addresses into the
+        runner's environment): the ranks may resume from a memory copy newer than any durable step."""
+        from autoheal.sbatch_helpers.memtier import AGENTS_ENV
+
+        return bool(self.env.get(AGENTS_ENV))
 
     def hot_restart(self, argv: Sequence[str]) -> Child:
         """The user's script again, on the new active nodes, resuming from the newest valid checkpoint."""

@@ -158,3 +158,40 @@ def test_an_unchanged_record_is_no_progress_and_a_vanished_file_keeps_the_last()
     assert observe(tr, same, 100.0) is tr
     assert observe(tr, {}, 100.0) is tr
     assert hang.last_steps(tr) == {0: 2, 1: 2}
+
+
+def polled(step_seconds, poll=2.0, reads=5, ranks=2):
+    """A tracker as the runner builds it: read every ``poll`` seconds (its clock, from 0) while the ranks
+    take ``step_seconds`` per step (their records' own clock, from 5000: another node's)."""
+    tr = start({}, 0.0)
+    for k in range(1, reads + 1):
+        now = k * poll
+        step = int(now / step_seconds)
+        tr = observe(tr, {r: beat(r, step, 5000 + step * step_seconds) for r in range(ranks)}, now)
+    return tr
+
+
+def test_a_one_second_hang_after_fault_is_honoured_on_fast_steps():
+    # the tiers bench: 0.1 s steps, --hang-after-fault 1, read every 2 s; the limit was 4.09 s (twice the
+    # runner's polling gap), now 1 s: the steps' own time (0.1 s) doubled is below it
+    tr = polled(0.1)
+    assert abs(tr.slowest - 0.1) < 1e-6
+    opts = HangOptions(hang_after_fault=1, watchdog=300)
+    fault = 10.2
+    assert decide(tr, fault + 0.9, fault, opts).verdict == Verdict.WAIT
+    d = decide(tr, fault + 1.0, fault, opts)
+    assert d.verdict == Verdict.HUNG_AFTER_FAULT and "(limit 1s)" in d.why
+
+
+def test_steps_slower_than_the_polling_are_measured_by_their_records():
+    tr = polled(3.0, poll=2.0, reads=10)  # one step per 3 s, read every 2 s: some reads see none
+    assert abs(tr.slowest - 3.0) < 1e-6
+    d = decide(tr, 20.0 + 5.9, 20.0, HangOptions(hang_after_fault=1))
+    assert d.verdict == Verdict.WAIT and "of 6s" in d.why  # twice the step's time, not the 1 s asked
+
+
+def test_a_rank_clock_stepped_back_is_measured_by_the_runners_clock():
+    tr = observe(start({}, 0.0), {0: beat(0, 0, 5000)}, 1.0)
+    tr = observe(tr, {0: beat(0, 1, 5001)}, 2.0)
+    tr = observe(tr, {0: beat(0, 2, 4000)}, 5.0)  # NTP stepped the node's clock back
+    assert tr.slowest == 3.0

@@ -27,6 +27,7 @@ from autoheal.slurm.model import Job, Node
 def fast(monkeypatch):
     saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
     monkeypatch.setattr(r, "KILL_AFTER_TERM", 0.5)
+    monkeypatch.setattr(r, "SRUN_EXIT_WAIT", 0.3)
     monkeypatch.setattr(r, "HEARTBEAT_POLL", 0.1)
     monkeypatch.setattr(r, "HEARTBEAT_POLL_FAULT", 0.1)
     monkeypatch.setattr(r, "NODE_SETTLE_PAUSE", 0.05)
