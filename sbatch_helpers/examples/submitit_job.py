@@ -22,7 +22,9 @@ saved state, never the GPU's (once a GPU error was seen nothing is copied off it
 late and a faulted device can still answer with corrupt state), and submitit requeues the job as on a
 preemption (at most ``max_gpu_requeues`` times: a CUDA error of the job's own must not requeue it
 forever). Raising the error instead would end the job with submitit's error result, and the waiting
-client would report the run failed although Slurm (or autoheal) requeues it. A restart
+client would report the run failed although Slurm (or autoheal) requeues it. submitit checkpoints and
+requeues on global rank 0 only: a rank k > 0 whose GPU failed signals the whole step with ``scancel``
+so that rank 0 does it, and is then ended by the requeue (see ``Trainer._ask_rank0``). A restart
 resumes from whichever is further: the pickle or the newest valid durable checkpoint, and the state it
 resumed from is the saved one (a later failure never pickles an older one). Work lost on XID 79: the
 steps since the last save (durable, or the pickle this run resumed from).
@@ -60,9 +62,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
 
 import submitit
 
@@ -134,6 +137,28 @@ def is_gpu_failure(exc: BaseException) -> bool:
     return False
 
 
+def global_rank() -> int:
+    """This task's rank as submitit's own handler reads it (``SLURM_PROCID`` under Slurm); 0 outside a
+    submitit job (a plain ``python`` run, a unit test: one process)."""
+    try:
+        return int(submitit.JobEnvironment().global_rank)
+    except Exception:  # submitit raises when no job environment is active
+        return 0
+
+
+def _digits(value: str) -> bool:
+    return value.isascii() and value.isdigit()
+
+
+def step_signal_argv(sig: int, environ: Mapping[str, str]) -> Optional[List[str]]:
+    """``scancel`` sending ``sig`` to every task of this job step (rank 0's submitit handler among them,
+    as Slurm's ``--signal`` would), or None without numeric ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``."""
+    job, step = environ.get("SLURM_JOB_ID", "").strip(), environ.get("SLURM_STEP_ID", "").strip()
+    if not (_digits(job) and _digits(step)):
+        return None
+    return ["scancel", f"--signal={signal.Signals(sig).name[3:]}", f"{job}.{step}"]
+
+
 def newer(pickled: Tuple[int, int], durable: Optional[Tuple[int, int]]) -> Tuple[str, Tuple[int, int]]:
     """Where to resume: submitit's pickle (what ``checkpoint()`` saved on the signal) or the newest valid
     durable checkpoint, whichever is further; the pickle on a tie (it is already loaded)."""
@@ -156,7 +181,7 @@ class Trainer(submitit.helpers.Checkpointable):
     further, and that state counts as saved from then on."""
 
     def __init__(self, device: str = "none", checkpoint_every: int = 10, checkpoint_dir: str = "",
-                 log_every: int = 5, max_gpu_requeues: int = 3) -> None:
+                 log_every: int = 5, max_gpu_requeues: int = 3, rank_wait_s: float = 600.0) -> None:
         self.progress: Tuple[int, int] = (0, 0)  # (step, state)
         self.saved: Tuple[int, int] = (0, 0)  # the last durable save (host memory: copied off the GPU)
         self.runs: List[Dict[str, Any]] = []  # where each run started
@@ -166,6 +191,9 @@ class Trainer(submitit.helpers.Checkpointable):
         self.log_every = log_every
         #: requeues after a GPU failure left (a CUDA error that is the job's own would otherwise loop)
         self.gpu_requeues_left = max_gpu_requeues
+        self.max_gpu_requeues = max_gpu_requeues
+        #: how long a rank other than 0 whose GPU failed waits for rank 0's requeue to end it
+        self.rank_wait_s = rank_wait_s
         self._dev: Any = None
         self._mgr: Any = None
         #: a GPU error was seen in this process: the state on the GPU is never copied and trusted again
@@ -270,11 +298,41 @@ class Trainer(submitit.helpers.Checkpointable):
         sig = preempt_signal()
         if self.gpu_requeues_left <= 0 or not callable(signal.getsignal(sig)):
             raise exc  # not under submitit, or too many GPU failures: the job's own error, reported as such
+        if global_rank() != 0:
+            self._ask_rank0(exc, sig)
         self.gpu_requeues_left -= 1
         os.kill(os.getpid(), sig)
         for _ in range(100):  # the handler runs at once (between two bytecodes, or ends the sleep): it exits
             time.sleep(0.1)
         raise exc  # only if the handler came back
+
+    def _ask_rank0(self, exc: BaseException, sig: int) -> NoReturn:
+        """Rank k > 0: submitit's handler checkpoints and requeues on global rank 0 only (it returns at
+        once elsewhere), and only rank 0's trainer is pickled. So send the preemption signal to the whole
+        step, as Slurm's ``--signal`` does: rank 0 (a working GPU: its copy of the replicated state is
+        good) checkpoints and requeues, and the requeue ends this task as it ends every other rank on a
+        preemption (SIGTERM, which submitit ignores, then SIGKILL after KillWait), with no result written:
+        no error result of this rank overrides rank 0's requeue. Raised instead (the job's own error)
+        without a step to signal, when ``scancel`` fails, after ``max_gpu_requeues`` requeues of the job
+        (``SLURM_RESTART_COUNT``: every requeue counts, since rank 0 cannot know which were GPU failures),
+        or when nothing ended this task within ``rank_wait_s``. Not covered: a real DDP rank 0 blocked in
+        a collective that waits for this rank runs its handler only when the collective returns (NCCL's
+        timeout; with async error handling NCCL's watchdog may abort it first: then only autoheal's
+        grace requeue saves the job)."""
+        argv = step_signal_argv(sig, os.environ)
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0").strip() or "0"
+        if argv is None or not _digits(restarts) or int(restarts) >= getattr(self, "max_gpu_requeues", 3):
+            raise exc
+        try:
+            subprocess.run(argv, check=True, timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except (OSError, subprocess.SubprocessError) as err:
+            say(f"warning could not signal the step: {type(err).__name__}", timed=True)
+            raise exc from None
+        say(f"asked rank 0 to checkpoint and requeue: {' '.join(argv)}", timed=True)
+        deadline = time.monotonic() + getattr(self, "rank_wait_s", 600.0)
+        while time.monotonic() < deadline:  # rank 0's requeue ends this process
+            time.sleep(1.0)
+        raise exc
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # one requeue: a second signal (autoheal's, after a GPU failure handled above) while this one is

@@ -245,3 +245,51 @@ def test_each_listed_cuda_error_is_a_gpu_failure(message):
 def test_what_is_not_a_gpu_failure(exc):
     assert not sj.is_gpu_failure(exc)
 
+
+def _rank_k(monkeypatch, restarts="0"):
+    """This process as global rank 1 of job 4242's step 0; the ``scancel`` calls it would make."""
+    calls = []
+    monkeypatch.setattr(sj, "global_rank", lambda: 1)
+    monkeypatch.setattr(sj.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+    return calls
+
+
+def test_a_rank_other_than_0_has_rank_0_checkpoint_and_requeue_and_writes_no_result_of_its_own(
+        tmp_path, preempt_handler, monkeypatch):
+    """submitit's handler does nothing on rank k > 0: the rank signals the whole step (rank 0's handler
+    checkpoints and requeues, and the requeue kills this task) instead of pickling itself or raising at
+    once. It raises (an error result) only if nothing ended it within ``rank_wait_s``."""
+    trainer_of, args_of, pickled, _handler = preempt_handler
+    args_of.append((30, 0.0))
+    calls = _rank_k(monkeypatch)
+    t = _trainer(tmp_path, _Gpu(fail_at=16), rank_wait_s=0.0)
+    trainer_of.append(t)
+    with pytest.raises(fakedevice.DeviceLost):
+        t(30, 0.0)
+    assert [argv for argv, _kw in calls] == [["scancel", "--signal=USR2", "4242.0"]]
+    assert calls[0][1]["timeout"] > 0 and calls[0][1]["check"] is True
+    assert pickled == []  # it did not run the (rank 0) handler on itself
+
+
+def test_a_rank_other_than_0_past_the_requeue_cap_raises_without_signalling(tmp_path, preempt_handler, monkeypatch):
+    trainer_of, args_of, pickled, _handler = preempt_handler
+    args_of.append((30, 0.0))
+    calls = _rank_k(monkeypatch, restarts="3")
+    t = _trainer(tmp_path, _Gpu(fail_at=4), rank_wait_s=0.0)
+    trainer_of.append(t)
+    with pytest.raises(fakedevice.DeviceLost):
+        t(30, 0.0)
+    assert calls == [] and pickled == []
+
+
+def test_the_step_signal_names_only_a_numeric_job_and_step():
+    usr2 = signal.SIGUSR2
+    assert sj.step_signal_argv(usr2, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3"}) == [
+        "scancel", "--signal=USR2", "12.3"]
+    assert sj.step_signal_argv(signal.SIGTERM, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0"})[1] == "--signal=TERM"
+    for job, step in (("12;reboot", "0"), ("12", ""), ("", "0"), ("\u0661\u0662", "0"), ("12", "-1")):
+        assert sj.step_signal_argv(usr2, {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step}) is None
+    assert sj.global_rank() == 0  # not inside a submitit job: one process
