@@ -196,8 +196,9 @@ class Trainer(submitit.helpers.Checkpointable):
         self.rank_wait_s = rank_wait_s
         self._dev: Any = None
         self._mgr: Any = None
-        #: a GPU error was seen in this process: the state on the GPU is never copied and trusted again
-        self._gpu_lost = False
+        #: the type of the GPU error seen in this process ("" none): then the state on the GPU is never
+        #: copied and trusted again
+        self._gpu_error = ""
 
     def _gpu(self) -> Any:
         """The step's GPUs (``--device lab``: the lab's fake ones, imported only then), else None."""
@@ -252,8 +253,8 @@ class Trainer(submitit.helpers.Checkpointable):
 
     def __getstate__(self) -> Dict[str, Any]:
         # an open device belongs to one process on one node; the store is opened again where it runs
-        # _gpu_lost: about this process's GPU, not the next run's
-        return dict(self.__dict__, _dev=None, _mgr=None, _gpu_lost=False)
+        # _gpu_error: about this process's GPU, not the next run's
+        return dict(self.__dict__, _dev=None, _mgr=None, _gpu_error="")
 
     def __call__(self, steps: int, step_seconds: float) -> Dict[str, Any]:
         node = os.environ.get("SLURMD_NODENAME", "")
@@ -262,7 +263,7 @@ class Trainer(submitit.helpers.Checkpointable):
         # copied off a working GPU (or the last durable one). Keeping the older durable step here would let
         # the next GPU failure pickle that over the newer pickle: a checkpoint going backwards.
         self.saved = self.progress
-        self._gpu_lost = False  # a new process (the field is not pickled): no GPU error seen yet
+        self._gpu_error = ""  # a new process (the field is not pickled): no GPU error seen yet
         start = self.progress[0]
         self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                           "from": source})
@@ -284,7 +285,7 @@ class Trainer(submitit.helpers.Checkpointable):
             if not is_gpu_failure(exc):
                 raise
             # first, before anything can run a handler: from now on nothing on the GPU is trusted
-            self._gpu_lost = True
+            self._gpu_error = type(exc).__name__
             self._gpu_failed(exc)
         say(f"done step={self.progress[0]} final_state={self.progress[1]}")
         return {"step": self.progress[0], "final_state": self.progress[1], "runs": self.runs}
@@ -338,17 +339,18 @@ class Trainer(submitit.helpers.Checkpointable):
         # one requeue: a second signal (autoheal's, after a GPU failure handled above) while this one is
         # handled would checkpoint and requeue again
         signal.signal(preempt_signal(), signal.SIG_IGN)
-        if getattr(self, "_gpu_lost", False):
+        if getattr(self, "_gpu_error", ""):
             # CUDA reports errors late and a faulted device may still answer (XID 13/31/48/94: a poisoned
             # context can return bytes): a copy that succeeds now proves nothing about the state
-            return self._checkpoint_saved("a GPU error was seen", args, kwargs)
+            return self._checkpoint_saved(f"error={self._gpu_error}: seen by a step, the state on the GPU is "
+                                          "not trusted", args, kwargs)
         if self._dev is not None:
             try:
                 self._dev.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
             except Exception as exc:
                 if not is_gpu_failure(exc):
                     raise
-                self._gpu_lost = True
+                self._gpu_error = type(exc).__name__
                 return self._checkpoint_saved(f"error={type(exc).__name__}: the state is on a lost GPU", args, kwargs)
         say(f"checkpoint step={self.progress[0]}")
         report_progress(self.progress[0])  # into $AUTOHEAL_CHECKPOINT_DIR under `autoheal sbatch`

@@ -200,7 +200,7 @@ def test_after_a_gpu_error_the_pickle_holds_the_last_durable_state_even_if_the_c
     resumed = _run_until_handled(_trainer(tmp_path, dev), preempt_handler)
     assert resumed.progress == resumed.saved == (10, sj.expected_final_state(10))  # not the 15 it holds
     assert dev.copies == 1  # the durable save at 10 only: the state was not copied after the error
-    assert resumed._gpu_lost is False  # the next run's GPU is another one
+    assert resumed._gpu_error == ""  # the next run's GPU is another one
     resumed._dev = _Gpu()
     assert resumed(30, 0.0)["final_state"] == sj.expected_final_state(30)
 
