@@ -15,14 +15,23 @@ That on-signal pickle is all submitit saves, and it needs the state copied off t
 fell off the bus fails the next step first, and that copy too. So the trainer also keeps a durable
 checkpoint every ``--checkpoint-every`` steps (autoheal's checkpoint API: verified by size, checksum
 and owner on loading; ``$AUTOHEAL_CHECKPOINT_DIR`` under ``autoheal sbatch``, else
-``<folder>/<job id>_checkpoints``). On a GPU failure (``CUDA error``) it hands over to submitit's own
-handler (the preemption signal to itself): ``checkpoint()`` then pickles the last durable state, not
-the one it could not copy, and submitit requeues the job as on a preemption (at most
-``max_gpu_requeues`` times: a CUDA error of the job's own must not requeue it forever). Raising the
-error instead would end the job with submitit's error result, and the waiting client would report the
-run failed although Slurm (or autoheal) requeues it. A restart resumes from whichever is further: the
-pickle or the newest valid durable checkpoint. Work lost on XID 79: the steps since the last durable
-save.
+``<folder>/<job id>_checkpoints``). On a GPU failure (a ``CUDA error`` listed in
+``GPU_FAILURE_ERRORS``; not "out of memory", the job's own, raised as any error) it hands over to
+submitit's own handler (the preemption signal to itself): ``checkpoint()`` then pickles the last
+saved state, never the GPU's (once a GPU error was seen nothing is copied off it: CUDA reports errors
+late and a faulted device can still answer with corrupt state), and submitit requeues the job as on a
+preemption (at most ``max_gpu_requeues`` times: a CUDA error of the job's own must not requeue it
+forever). Raising the error instead would end the job with submitit's error result, and the waiting
+client would report the run failed although Slurm (or autoheal) requeues it. submitit checkpoints and
+requeues on global rank 0 only: a rank k > 0 whose GPU failed signals the whole step with ``scancel``
+so that rank 0 does it, and is then ended by the requeue (see ``Trainer._ask_rank0``). A restart
+resumes from whichever is further: the pickle or the newest valid durable checkpoint, and the state it
+resumed from is the saved one (a later failure never pickles an older one). Work lost on XID 79: the
+steps since the last save (durable, or the pickle this run resumed from).
+
+Note: when submitit's own ``scontrol requeue`` fails (slurmctld down at the fault), its
+CalledProcessError ends the job with an error result; and submitit calls a signal after 80% of the
+time limit a time-out, so a GPU failure then spends one of ``max_num_timeout``.
 
 ``autoheal_executor()`` sets submitit up to match autoheal: ``signal_delay_s`` = the grace window
 (ask your admins for ``hooks.grace_seconds``; KillWait should be at least your checkpoint time, since
@@ -53,9 +62,10 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
 
 import submitit
 
@@ -91,13 +101,62 @@ def preempt_signal(environ: Optional[Mapping[str, str]] = None) -> int:
     return int(getattr(signal, name if name.startswith("SIG") else "SIG" + name, signal.SIGUSR2))
 
 
+#: What CUDA says (``cudaGetErrorString``, after PyTorch's ``CUDA error: ``) when the GPU failed under the
+#: job rather than the job failing on it; matched as a prefix of a line of the error, nothing else
+#: counts. XID 79 (fallen off the bus) shows as the first three or "unknown error"; XID 13/31/43 as a
+#: launch failure or an illegal access (also a job's own bad pointer: the requeue cap bounds that);
+#: XID 48/94/95 as the uncorrectable ECC error; XID 74 as the NVLink one. Deliberately NOT here: "out
+#: of memory" (cuBLAS/cuDNN handles, cudaMalloc outside the caching allocator: the job's own, a requeue
+#: only meets it again), "device-side assert triggered", "invalid argument", "too many resources
+#: requested for launch" (bugs of the job). An error not listed is raised: the run fails as before.
+GPU_FAILURE_ERRORS = (
+    "unspecified launch failure",
+    "an illegal memory access was encountered",
+    "CUDA-capable device(s) is/are busy or unavailable",
+    "unknown error",
+    "uncorrectable ECC error encountered",
+    "uncorrectable NVLink error was detected during the execution",
+)
+CUDA_ERROR_PREFIX = "CUDA error: "
+
+
 def is_gpu_failure(exc: BaseException) -> bool:
-    """A GPU that failed under the job, as CUDA reports it (``RuntimeError: CUDA error: ...``; the lab's
-    fake device raises the same). Not a CUDA out-of-memory error: that is the job's own, a requeue
-    would only meet it again."""
-    if type(exc).__module__ == "autoheal_lab.fakedevice":
-        return True
-    return isinstance(exc, RuntimeError) and "CUDA error" in str(exc)
+    """A GPU that failed under the job, as CUDA reports it through PyTorch (a ``RuntimeError`` with a line
+    ``CUDA error: <one of GPU_FAILURE_ERRORS>``), or the lab's :class:`DeviceLost` (matched by its class:
+    the fake device's message names the XID, not a CUDA string). Not an out-of-memory error."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "autoheal_lab.fakedevice" and cls.__name__ == "DeviceLost":
+            return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    for line in str(exc).splitlines():
+        line = line.strip()
+        if line.startswith(CUDA_ERROR_PREFIX):
+            kind = line[len(CUDA_ERROR_PREFIX):]
+            return any(kind.startswith(known) for known in GPU_FAILURE_ERRORS)
+    return False
+
+
+def global_rank() -> int:
+    """This task's rank as submitit's own handler reads it (``SLURM_PROCID`` under Slurm); 0 outside a
+    submitit job (a plain ``python`` run, a unit test: one process)."""
+    try:
+        return int(submitit.JobEnvironment().global_rank)
+    except Exception:  # submitit raises when no job environment is active
+        return 0
+
+
+def _digits(value: str) -> bool:
+    return value.isascii() and value.isdigit()
+
+
+def step_signal_argv(sig: int, environ: Mapping[str, str]) -> Optional[List[str]]:
+    """``scancel`` sending ``sig`` to every task of this job step (rank 0's submitit handler among them,
+    as Slurm's ``--signal`` would), or None without numeric ``SLURM_JOB_ID`` and ``SLURM_STEP_ID``."""
+    job, step = environ.get("SLURM_JOB_ID", "").strip(), environ.get("SLURM_STEP_ID", "").strip()
+    if not (_digits(job) and _digits(step)):
+        return None
+    return ["scancel", f"--signal={signal.Signals(sig).name[3:]}", f"{job}.{step}"]
 
 
 def newer(pickled: Tuple[int, int], durable: Optional[Tuple[int, int]]) -> Tuple[str, Tuple[int, int]]:
@@ -116,12 +175,13 @@ class Trainer(submitit.helpers.Checkpointable):
     Two checkpoints, because submitit's own cannot always be written: every ``checkpoint_every`` steps
     a durable one (autoheal's checkpoint API: size, checksum, owner = this job), and submitit's pickle
     on the preemption signal. A GPU that fell off the bus (XID 79) fails the next step, and the copy of
-    the state off it in ``checkpoint()``: then the pickle carries the last durable state, never the
-    state that could not be copied, and the job is requeued through submitit's own handler as on any
-    preemption. A restart resumes from whichever of the two is further."""
+    the state off it in ``checkpoint()``: then (and after any GPU error, even if the copy would work)
+    the pickle carries the last saved state, never the GPU's, and the job is requeued through
+    submitit's own handler as on any preemption. A restart resumes from whichever of the two is
+    further, and that state counts as saved from then on."""
 
     def __init__(self, device: str = "none", checkpoint_every: int = 10, checkpoint_dir: str = "",
-                 log_every: int = 5, max_gpu_requeues: int = 3) -> None:
+                 log_every: int = 5, max_gpu_requeues: int = 3, rank_wait_s: float = 600.0) -> None:
         self.progress: Tuple[int, int] = (0, 0)  # (step, state)
         self.saved: Tuple[int, int] = (0, 0)  # the last durable save (host memory: copied off the GPU)
         self.runs: List[Dict[str, Any]] = []  # where each run started
@@ -131,8 +191,14 @@ class Trainer(submitit.helpers.Checkpointable):
         self.log_every = log_every
         #: requeues after a GPU failure left (a CUDA error that is the job's own would otherwise loop)
         self.gpu_requeues_left = max_gpu_requeues
+        self.max_gpu_requeues = max_gpu_requeues
+        #: how long a rank other than 0 whose GPU failed waits for rank 0's requeue to end it
+        self.rank_wait_s = rank_wait_s
         self._dev: Any = None
         self._mgr: Any = None
+        #: the type of the GPU error seen in this process ("" none): then the state on the GPU is never
+        #: copied and trusted again
+        self._gpu_error = ""
 
     def _gpu(self) -> Any:
         """The step's GPUs (``--device lab``: the lab's fake ones, imported only then), else None."""
@@ -187,13 +253,17 @@ class Trainer(submitit.helpers.Checkpointable):
 
     def __getstate__(self) -> Dict[str, Any]:
         # an open device belongs to one process on one node; the store is opened again where it runs
-        return dict(self.__dict__, _dev=None, _mgr=None)
+        # _gpu_error: about this process's GPU, not the next run's
+        return dict(self.__dict__, _dev=None, _mgr=None, _gpu_error="")
 
     def __call__(self, steps: int, step_seconds: float) -> Dict[str, Any]:
         node = os.environ.get("SLURMD_NODENAME", "")
         source, self.progress = newer(self.progress, self._durable())
-        if source == "durable":
-            self.saved = self.progress
+        # whatever it came from, the resumed state is a saved one: submitit's pickle holds a state that was
+        # copied off a working GPU (or the last durable one). Keeping the older durable step here would let
+        # the next GPU failure pickle that over the newer pickle: a checkpoint going backwards.
+        self.saved = self.progress
+        self._gpu_error = ""  # a new process (the field is not pickled): no GPU error seen yet
         start = self.progress[0]
         self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                           "from": source})
@@ -214,6 +284,8 @@ class Trainer(submitit.helpers.Checkpointable):
         except Exception as exc:
             if not is_gpu_failure(exc):
                 raise
+            # first, before anything can run a handler: from now on nothing on the GPU is trusted
+            self._gpu_error = type(exc).__name__
             self._gpu_failed(exc)
         say(f"done step={self.progress[0]} final_state={self.progress[1]}")
         return {"step": self.progress[0], "final_state": self.progress[1], "runs": self.runs}
@@ -227,29 +299,70 @@ class Trainer(submitit.helpers.Checkpointable):
         sig = preempt_signal()
         if self.gpu_requeues_left <= 0 or not callable(signal.getsignal(sig)):
             raise exc  # not under submitit, or too many GPU failures: the job's own error, reported as such
+        if global_rank() != 0:
+            self._ask_rank0(exc, sig)
         self.gpu_requeues_left -= 1
         os.kill(os.getpid(), sig)
         for _ in range(100):  # the handler runs at once (between two bytecodes, or ends the sleep): it exits
             time.sleep(0.1)
         raise exc  # only if the handler came back
 
+    def _ask_rank0(self, exc: BaseException, sig: int) -> NoReturn:
+        """Rank k > 0: submitit's handler checkpoints and requeues on global rank 0 only (it returns at
+        once elsewhere), and only rank 0's trainer is pickled. So send the preemption signal to the whole
+        step, as Slurm's ``--signal`` does: rank 0 (a working GPU: its copy of the replicated state is
+        good) checkpoints and requeues, and the requeue ends this task as it ends every other rank on a
+        preemption (SIGTERM, which submitit ignores, then SIGKILL after KillWait), with no result written:
+        no error result of this rank overrides rank 0's requeue. Raised instead (the job's own error)
+        without a step to signal, when ``scancel`` fails, after ``max_gpu_requeues`` requeues of the job
+        (``SLURM_RESTART_COUNT``: every requeue counts, since rank 0 cannot know which were GPU failures),
+        or when nothing ended this task within ``rank_wait_s``. Not covered: a real DDP rank 0 blocked in
+        a collective that waits for this rank runs its handler only when the collective returns (NCCL's
+        timeout; with async error handling NCCL's watchdog may abort it first: then only autoheal's
+        grace requeue saves the job)."""
+        argv = step_signal_argv(sig, os.environ)
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0").strip() or "0"
+        if argv is None or not _digits(restarts) or int(restarts) >= getattr(self, "max_gpu_requeues", 3):
+            raise exc
+        try:
+            subprocess.run(argv, check=True, timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except (OSError, subprocess.SubprocessError) as err:
+            say(f"warning could not signal the step: {type(err).__name__}", timed=True)
+            raise exc from None
+        say(f"asked rank 0 to checkpoint and requeue: {' '.join(argv)}", timed=True)
+        deadline = time.monotonic() + getattr(self, "rank_wait_s", 600.0)
+        while time.monotonic() < deadline:  # rank 0's requeue ends this process
+            time.sleep(1.0)
+        raise exc
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         # one requeue: a second signal (autoheal's, after a GPU failure handled above) while this one is
         # handled would checkpoint and requeue again
         signal.signal(preempt_signal(), signal.SIG_IGN)
+        if getattr(self, "_gpu_error", ""):
+            # CUDA reports errors late and a faulted device may still answer (XID 13/31/48/94: a poisoned
+            # context can return bytes): a copy that succeeds now proves nothing about the state
+            return self._checkpoint_saved(f"error={self._gpu_error}: seen by a step, the state on the GPU is "
+                                          "not trusted", args, kwargs)
         if self._dev is not None:
             try:
                 self._dev.copy_to_host()  # the state comes off the GPU first: impossible from a GPU that is gone
             except Exception as exc:
                 if not is_gpu_failure(exc):
                     raise
-                say(f"checkpoint failed step={self.progress[0]} error={type(exc).__name__}: the state is on a "
-                    f"lost GPU; requeued with the last durable step={self.saved[0]}", timed=True)
-                self.progress = self.saved
-                return super().checkpoint(*args, **kwargs)
+                self._gpu_error = type(exc).__name__
+                return self._checkpoint_saved(f"error={type(exc).__name__}: the state is on a lost GPU", args, kwargs)
         say(f"checkpoint step={self.progress[0]}")
         report_progress(self.progress[0])  # into $AUTOHEAL_CHECKPOINT_DIR under `autoheal sbatch`
         return super().checkpoint(*args, **kwargs)  # resubmits this object, progress included
+
+    def _checkpoint_saved(self, why: str, args: Tuple[Any, ...],
+                          kwargs: Dict[str, Any]) -> submitit.helpers.DelayedSubmission:
+        """Pickle the last saved state (never older than the one this run resumed from), not the GPU's."""
+        say(f"checkpoint failed step={self.progress[0]} {why}; requeued with the last durable "
+            f"step={self.saved[0]}", timed=True)
+        self.progress = self.saved
+        return super().checkpoint(*args, **kwargs)
 
 
 def say(text: str, timed: bool = False) -> None:

@@ -8,6 +8,7 @@ not be copied; the resumed trainer must end with an uninterrupted run's state.
 
 from __future__ import annotations
 
+import os
 import pickle
 import signal
 
@@ -20,10 +21,13 @@ from autoheal_lab import fakedevice
 
 
 class _Gpu:
-    """A device whose calls fail from the ``fail_at``-th step on (None: never), as after XID 79."""
+    """A device whose calls fail from the ``fail_at``-th step on (None: never), as after XID 79.
+    ``signal_at``: during that step the preemption signal arrives (autoheal's warning for an XID on
+    another GPU of the node), as Slurm delivers it: the handler runs before the step completes."""
 
-    def __init__(self, fail_at=None):
+    def __init__(self, fail_at=None, signal_at=None):
         self.fail_at = fail_at
+        self.signal_at = signal_at
         self.steps = 0
         self.copies = 0
 
@@ -32,6 +36,8 @@ class _Gpu:
 
     def step(self):
         self.steps += 1
+        if self.steps == self.signal_at:
+            os.kill(os.getpid(), sj.preempt_signal({}))
         if self.fail_at is not None and self.steps >= self.fail_at:
             self._lost()
 
@@ -41,9 +47,26 @@ class _Gpu:
         self.copies += 1
 
 
+class _FailsOnceGpu(_Gpu):
+    """A step raises ``error`` once, then the device answers again (XID 13/31/48/94: the context is
+    poisoned but a copy still returns bytes): what it would copy is not to be trusted."""
+
+    def __init__(self, fail_at, error):
+        super().__init__()
+        self.fail_once_at = fail_at
+        self.error = error
+
+    def step(self):
+        self.steps += 1
+        if self.steps == self.fail_once_at:
+            raise self.error
+
+
 @pytest.fixture
 def preempt_handler():
-    """submitit's handler in small: ``checkpoint()``, keep what it would pickle, exit."""
+    """submitit's handler in small: ``checkpoint()``, keep what it would pickle, exit. Yields the
+    handler too: ``handler.install()`` sets it again (a requeued run is a new process with submitit's
+    handler, and ``checkpoint()`` sets the signal to SIG_IGN)."""
     sig = sj.preempt_signal({})
     pickled = []
 
@@ -52,9 +75,10 @@ def preempt_handler():
         raise SystemExit(-1)
 
     trainer_of, args_of = [], []
+    handler.install = lambda: signal.signal(sig, handler)
     old = signal.signal(sig, handler)
     try:
-        yield trainer_of, args_of, pickled
+        yield trainer_of, args_of, pickled, handler
     finally:
         signal.signal(sig, old)
 
@@ -67,7 +91,7 @@ def _trainer(tmp_path, dev, **kw):
 
 def test_on_a_lost_gpu_the_pickle_holds_the_last_durable_state_and_the_resumed_run_ends_as_an_uninterrupted_one(
         tmp_path, preempt_handler):
-    trainer_of, args_of, pickled = preempt_handler
+    trainer_of, args_of, pickled, _handler = preempt_handler
     t = _trainer(tmp_path, _Gpu(fail_at=16))
     trainer_of.append(t)
     args_of.append((30, 0.0))
@@ -86,7 +110,7 @@ def test_on_a_lost_gpu_the_pickle_holds_the_last_durable_state_and_the_resumed_r
 def test_without_a_pickle_the_run_resumes_from_the_newest_valid_durable_checkpoint(tmp_path, preempt_handler):
     """A rank that crashed (uncorrectable ECC: no handler ran) is started again from submitit's first
     pickle (step 0): the durable checkpoint is further and wins."""
-    trainer_of, args_of, _pickled = preempt_handler
+    trainer_of, args_of, _pickled, _handler = preempt_handler
     first = _trainer(tmp_path, _Gpu(fail_at=25))
     trainer_of.append(first)
     args_of.append((30, 0.0))
@@ -133,3 +157,139 @@ def test_what_counts_as_a_gpu_failure_and_where_to_resume():
     assert sj.newer((0, 0), None) == ("none", (0, 0))
     assert sj.preempt_signal({"SUBMITIT_PREEMPT_SIGNAL": "TERM"}) == signal.SIGTERM
     assert sj.preempt_signal({}) == signal.SIGUSR2
+
+
+def _run_until_handled(trainer, preempt_handler, steps=30):
+    """Run ``trainer`` under the stand-in handler until the handler exits; the trainer it pickled."""
+    trainer_of, args_of, pickled, handler = preempt_handler
+    handler.install()
+    trainer_of[:] = [trainer]
+    args_of[:] = [(steps, 0.0)]
+    before = len(pickled)
+    with pytest.raises(SystemExit):
+        trainer(steps, 0.0)
+    assert len(pickled) == before + 1
+    return pickle.loads(pickled[-1])
+
+
+def test_a_checkpoint_never_goes_backwards_over_two_faults_in_one_run(tmp_path, preempt_handler):
+    """Run 1: autoheal's signal at step 25 (a fault elsewhere on the node): pickled at 25, the last
+    durable save is 20. Run 2 resumes from that pickle and its GPU falls off the bus 2 steps later:
+    the new pickle must not be older than the one it resumed from (it was 20: five safe steps lost)."""
+    first = _run_until_handled(_trainer(tmp_path, _Gpu(signal_at=26)), preempt_handler)
+    assert first.progress == (25, sj.expected_final_state(25))
+    first._dev = _Gpu(fail_at=2)
+    second = _run_until_handled(first, preempt_handler)
+    assert second.progress[0] >= first.progress[0]
+    assert second.progress == (25, sj.expected_final_state(25)) and second.gpu_requeues_left == 2
+    second._dev = _Gpu()
+    result = second(30, 0.0)
+    assert result["step"] == 30 and result["final_state"] == sj.expected_final_state(30)
+    assert [(r["start"], r["from"]) for r in result["runs"]] == [(0, "none"), (25, "pickle"), (25, "pickle")]
+
+
+@pytest.mark.parametrize("error", [
+    fakedevice.DeviceLost("CUDA error: kernel launch on GPU 0: XID 79: GPU has fallen off the bus"),
+    RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+                 "asynchronously reported at some other API call, so the stacktrace below might be incorrect."),
+    RuntimeError("CUDA error: uncorrectable ECC error encountered"),
+])
+def test_after_a_gpu_error_the_pickle_holds_the_last_durable_state_even_if_the_copy_works(
+        tmp_path, preempt_handler, error):
+    dev = _FailsOnceGpu(16, error)
+    resumed = _run_until_handled(_trainer(tmp_path, dev), preempt_handler)
+    assert resumed.progress == resumed.saved == (10, sj.expected_final_state(10))  # not the 15 it holds
+    assert dev.copies == 1  # the durable save at 10 only: the state was not copied after the error
+    assert resumed._gpu_error == ""  # the next run's GPU is another one
+    resumed._dev = _Gpu()
+    assert resumed(30, 0.0)["final_state"] == sj.expected_final_state(30)
+
+
+def test_a_cuda_out_of_memory_error_is_the_jobs_own_and_is_raised_not_requeued(tmp_path, preempt_handler):
+    trainer_of, args_of, pickled, _handler = preempt_handler
+    args_of.append((30, 0.0))
+    oom = RuntimeError("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported")
+    t = _trainer(tmp_path, _FailsOnceGpu(3, oom))
+    trainer_of.append(t)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        t(30, 0.0)
+    assert pickled == [] and t.gpu_requeues_left == 3
+
+
+# cudaGetErrorString's texts as PyTorch's C10_CUDA_CHECK raises them ("CUDA error: " + the text)
+@pytest.mark.parametrize("message", [
+    "CUDA error: unspecified launch failure",
+    "CUDA error: an illegal memory access was encountered",
+    "CUDA error: CUDA-capable device(s) is/are busy or unavailable",
+    "CUDA error: unknown error",
+    "CUDA error: uncorrectable ECC error encountered",
+    "CUDA error: uncorrectable NVLink error was detected during the execution",
+])
+def test_each_listed_cuda_error_is_a_gpu_failure(message):
+    class AcceleratorError(RuntimeError):  # torch >= 2.8 raises this RuntimeError subclass
+        pass
+    assert sj.is_gpu_failure(RuntimeError(message + "\nCompile with `TORCH_USE_CUDA_DSA`"))
+    assert sj.is_gpu_failure(AcceleratorError(message))
+
+
+@pytest.mark.parametrize("exc", [
+    RuntimeError("CUDA error: out of memory"),
+    RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    RuntimeError("CUDA error: device-side assert triggered"),
+    RuntimeError("CUDA error: invalid argument"),
+    RuntimeError("CUDA error: too many resources requested for launch"),
+    RuntimeError("shape mismatch (the text names no CUDA error: unspecified launch failure)"),
+    ValueError("CUDA error: unspecified launch failure"),
+    fakedevice.DeviceError("no CUDA-capable device is detected (the job step was given no GPU)"),
+])
+def test_what_is_not_a_gpu_failure(exc):
+    assert not sj.is_gpu_failure(exc)
+
+
+def _rank_k(monkeypatch, restarts="0"):
+    """This process as global rank 1 of job 4242's step 0; the ``scancel`` calls it would make."""
+    calls = []
+    monkeypatch.setattr(sj, "global_rank", lambda: 1)
+    monkeypatch.setattr(sj.subprocess, "run", lambda argv, **kw: calls.append((argv, kw)))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_STEP_ID", "0")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", restarts)
+    return calls
+
+
+def test_a_rank_other_than_0_has_rank_0_checkpoint_and_requeue_and_writes_no_result_of_its_own(
+        tmp_path, preempt_handler, monkeypatch):
+    """submitit's handler does nothing on rank k > 0: the rank signals the whole step (rank 0's handler
+    checkpoints and requeues, and the requeue kills this task) instead of pickling itself or raising at
+    once. It raises (an error result) only if nothing ended it within ``rank_wait_s``."""
+    trainer_of, args_of, pickled, _handler = preempt_handler
+    args_of.append((30, 0.0))
+    calls = _rank_k(monkeypatch)
+    t = _trainer(tmp_path, _Gpu(fail_at=16), rank_wait_s=0.0)
+    trainer_of.append(t)
+    with pytest.raises(fakedevice.DeviceLost):
+        t(30, 0.0)
+    assert [argv for argv, _kw in calls] == [["scancel", "--signal=USR2", "4242.0"]]
+    assert calls[0][1]["timeout"] > 0 and calls[0][1]["check"] is True
+    assert pickled == []  # it did not run the (rank 0) handler on itself
+
+
+def test_a_rank_other_than_0_past_the_requeue_cap_raises_without_signalling(tmp_path, preempt_handler, monkeypatch):
+    trainer_of, args_of, pickled, _handler = preempt_handler
+    args_of.append((30, 0.0))
+    calls = _rank_k(monkeypatch, restarts="3")
+    t = _trainer(tmp_path, _Gpu(fail_at=4), rank_wait_s=0.0)
+    trainer_of.append(t)
+    with pytest.raises(fakedevice.DeviceLost):
+        t(30, 0.0)
+    assert calls == [] and pickled == []
+
+
+def test_the_step_signal_names_only_a_numeric_job_and_step():
+    usr2 = signal.SIGUSR2
+    assert sj.step_signal_argv(usr2, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "3"}) == [
+        "scancel", "--signal=USR2", "12.3"]
+    assert sj.step_signal_argv(signal.SIGTERM, {"SLURM_JOB_ID": "12", "SLURM_STEP_ID": "0"})[1] == "--signal=TERM"
+    for job, step in (("12;reboot", "0"), ("12", ""), ("", "0"), ("\u0661\u0662", "0"), ("12", "-1")):
+        assert sj.step_signal_argv(usr2, {"SLURM_JOB_ID": job, "SLURM_STEP_ID": step}) is None
+    assert sj.global_rank() == 0  # not inside a submitit job: one process
