@@ -492,18 +492,25 @@ class Runner(HotSpareRun):
 
     @staticmethod
     def _progress_step(checkpoint: Optional[Path], ckdir: str) -> str:
-        """The step reached: autoheal's newest valid checkpoint, else the framework's own progress marker
-        (`report_progress`), else "none"."""
+        """The step reached: the further of autoheal's newest valid checkpoint and the framework's own
+        progress marker (`report_progress`), else "none". The further one: a framework that keeps both
+        (the submitit recipe: a durable save every N steps and submitit's pickle on the signal, which it
+        marks) resumes from the newer, and judging its restarts by the older one stopped a job that was
+        progressing ("restarts 1 and 2 both resume from checkpoint step 10") when a late signal of the
+        first fault requeued it again."""
         from autoheal.sbatch_helpers.checkpoint import checkpoint_step
         from autoheal.sbatch_helpers.progress import read_progress
 
+        steps: List[int] = []
         if checkpoint is not None:
             try:
-                return str(checkpoint_step(checkpoint))
+                steps.append(checkpoint_step(checkpoint))
             except ValueError:
                 pass
         marked = read_progress(ckdir)
-        return "none" if marked is None else str(marked)
+        if marked is not None:
+            steps.append(marked)
+        return str(max(steps)) if steps else "none"
 
     def _resume_point(self, ckdir: str) -> Optional[Path]:
         """The newest valid checkpoint this job may resume (another job's with the same id is refused,

@@ -232,3 +232,21 @@ def test_progress_marker_counts_as_the_step_reached(tmp_path):
     assert read_progress(ck) is None
     with pytest.raises(Exception, match="whole number"):
         report_progress(-1, environ={"AUTOHEAL_CHECKPOINT_DIR": str(ck)})
+
+
+def test_the_step_reached_is_the_further_of_the_checkpoint_and_the_progress_marker(tmp_path):
+    # submitfix (2026-12-03): the submitit recipe's durable save at 10, its pickle (marked) at 14; a late
+    # signal of the first fault requeued it again, and judging by the durable step alone the runner said
+    # "restarts 1 and 2 both resume from checkpoint step 10; stopping (no progress)"
+    from autoheal.sbatch_helpers import report_progress
+    from autoheal.sbatch_helpers.checkpoint import PREFIX, STEP_DIGITS
+
+    ck = tmp_path / "ck"
+    durable = ck / f"{PREFIX}{10:0{STEP_DIGITS}d}"
+    durable.mkdir(parents=True)
+    assert r.Runner._progress_step(durable, str(ck)) == "10"
+    report_progress(14, environ={"AUTOHEAL_CHECKPOINT_DIR": str(ck)})
+    assert r.Runner._progress_step(durable, str(ck)) == "14"
+    newer = ck / f"{PREFIX}{20:0{STEP_DIGITS}d}"
+    newer.mkdir()
+    assert r.Runner._progress_step(newer, str(ck)) == "20"  # a marker behind the checkpoint does not pull it back
