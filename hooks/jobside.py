@@ -538,6 +538,11 @@ class JobSide:
             if found is None:
                 return  # gone or no longer here: done
             runner, requested = found
+        elif self._where(key, job) is None:
+            # looked up on an earlier pass (a restart, slurmctld down when the signal was due): the job may
+            # have requeued itself since and run elsewhere; a late signal there would checkpoint and
+            # requeue a healthy run again
+            return
         warn = None if runner else _warning(requested)
         if not runner and warn is None and _sig(self.h.grace_signal) == "TERM":
             # SIGTERM is what `scontrol requeue` sends itself, KillWait seconds before SIGKILL: requeue at
@@ -631,12 +636,10 @@ class JobSide:
         self._requeue(key, cast("S.JobAction", dict(a, stage=GRACE, deadline=now)), now)
         return False
 
-    def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:
-        """(runner?, the job's requested warning as ``B:USR2@90`` or "") for a job about to be signalled;
-        None (and the action done) when the job is gone or no longer runs here. SlurmUnavailable
-        propagates: the action stays in its signal stage and is tried again."""
-        from autoheal.errors import SlurmError, SlurmNotFound, SlurmUnavailable
-        from autoheal.slurm.parse import requested_signal
+    def _where(self, key: str, job: str) -> Optional[Job]:
+        """The job, when it still runs on this node; None (and the action done) when it is gone or runs
+        elsewhere. SlurmUnavailable propagates: the action stays in its stage and is tried again."""
+        from autoheal.errors import SlurmNotFound
 
         try:
             info = self.ctx.slurm.get_job(job)
@@ -645,6 +648,18 @@ class JobSide:
             return None
         if not (info.running and self.ctx.node in info.nodes):
             self._update(key, stage=DONE, outcome=f"not running here ({info.state})")
+            return None
+        return info
+
+    def _look_up(self, key: str, job: str, runner: Optional[bool]) -> Optional[Tuple[bool, str]]:
+        """(runner?, the job's requested warning as ``B:USR2@90`` or "") for a job about to be signalled;
+        None (and the action done) when the job is gone or no longer runs here. SlurmUnavailable
+        propagates: the action stays in its signal stage and is tried again."""
+        from autoheal.errors import SlurmError, SlurmUnavailable
+        from autoheal.slurm.parse import requested_signal
+
+        info = self._where(key, job)
+        if info is None:
             return None
         if runner is None:
             runner = self._is_runner(info)

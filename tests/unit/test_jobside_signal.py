@@ -259,3 +259,20 @@ def test_after_a_restart_mid_signal_a_job_that_ended_on_grace_signal_is_still_re
     js.step(now=101.0)
     js.step(now=103.5)
     assert ctx.slurm.writes("requeue") == ["requeue 5"] and not ctx.slurm.writes("signal")
+
+
+def test_a_signal_looked_up_before_is_not_sent_to_a_job_that_moved_since(tmp_path):
+    # submitfix's lab run (2026-12-03): a signal due from the first fault reached the job after it had
+    # requeued itself and run again on another node, which made it checkpoint and requeue a healthy run
+    ctx = _ctx(tmp_path, {"7": SUBMITIT_SCRIPT})
+    ctx.slurm.add_job("7")
+    with ctx.store.locked() as st:
+        J.request_drain(st, XID79, 100.0)
+        st["episode"] = {"id": "drain-1", "since": 100.0, "reason": XID79.reason}
+        J.add_action(st, "7", "drain-1", "note", 100.0, runner=False)
+        st["job_actions"]["7@drain-1"]["requested"] = "USR2@90"  # looked up on an earlier pass
+    ctx.slurm.jobs["7"] = Job("7", "RUNNING", ("other-node",))  # requeued itself, running elsewhere
+    side(ctx).step(now=101.0)
+    assert not ctx.slurm.writes("signal")
+    action = ctx.store.read()["job_actions"]["7@drain-1"]
+    assert action["stage"] == J.DONE and action["outcome"].startswith("not running here"), action
