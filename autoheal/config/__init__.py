@@ -135,7 +135,7 @@ def load_config(explicit: Union[str, Path, None] = None, *, secrets: bool = True
             if snapshot:
                 snap.write(cfg, data)
     if secrets:
-        merge_secrets(cfg)
+        merge_secrets(cfg, snapshot=snapshot)
     return cfg
 
 

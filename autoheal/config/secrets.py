@@ -67,9 +67,10 @@ def others_can_read(path: Optional[str]) -> bool:
         return False
 
 
-def merge_secrets(cfg: Config) -> None:
+def merge_secrets(cfg: Config, snapshot: bool = False) -> None:
     """Add the secrets file's webhooks to ``cfg`` (see the module docstring); ConfigError when it is unsafe
-    or invalid."""
+    or invalid. ``snapshot``: use (and leave) the webhooks parsed before from the file's very bytes
+    (``autoheal.config.snapshot``: the hooks); the owner and mode checks are made either way."""
     from autoheal.config import _one_line
 
     euid = os.geteuid()
@@ -106,6 +107,22 @@ def merge_secrets(cfg: Config) -> None:
         os.close(fd)
     if len(data) > MAX_BYTES:
         raise ConfigError(_one_line(f"{path}: more than {MAX_BYTES} bytes; not a secrets file"))
+    webhooks: Optional[List[str]] = None
+    if snapshot:
+        from autoheal.config import snapshot as snap
+
+        webhooks = snap.load_secrets(path, data)  # parsed before from these very bytes: no TOML
+    if webhooks is None:
+        webhooks = _parse(path, data)
+        if snapshot:
+            snap.write_secrets(path, data, webhooks)
+    cfg.notify.webhooks = list(dict.fromkeys(cfg.notify.webhooks + webhooks))
+
+
+def _parse(path: str, data: bytes) -> List[str]:
+    """The webhooks of the secrets file's bytes; ConfigError naming the file when they are not valid."""
+    from autoheal.config import _one_line
+
     if sys.version_info >= (3, 11):  # only when there is a secrets file: most nodes have none
         import tomllib
     else:  # pragma: no cover - exercised on 3.9/3.10 compute nodes
@@ -117,4 +134,4 @@ def merge_secrets(cfg: Config) -> None:
         raise ConfigError(_one_line(f"{path}: {exc}")) from None
     except (ValueError, RecursionError) as exc:  # not TOML, not UTF-8, nested too deep
         raise ConfigError(_one_line(f"{path}: not a valid secrets file: {exc}")) from None
-    cfg.notify.webhooks = list(dict.fromkeys(cfg.notify.webhooks + found.notify.webhooks))
+    return list(found.notify.webhooks)

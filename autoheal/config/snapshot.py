@@ -20,7 +20,11 @@ it instead of parsing, when and only when all of this holds:
 
 Anything else, and any error, means "parse the TOML as before" (and write a new snapshot). A snapshot is
 only written when the config rebuilt from it equals the parsed one. The secrets file is never part of it
-(``merge_secrets`` runs after either way). No config file (all defaults) has nothing to snapshot.
+(``merge_secrets`` runs after either way, with the owner and mode checks on the secrets file it always
+makes); the webhooks it parses are kept the same way in a snapshot of their own
+(``secrets-snapshot-<crc32 of its path>``, 0600 like the secrets file), keyed by that file's bytes, so a
+site with a secrets file does not parse TOML on every hook either. No config file (all defaults) has
+nothing to snapshot.
 """
 
 from __future__ import annotations
@@ -153,6 +157,63 @@ def load(config_path: str, directory: Optional[str] = None) -> Optional[Config]:
         return None
 
 
+def secrets_path(secrets_file: str, directory: Optional[str] = None) -> str:
+    """Where the parsed webhooks of the secrets file at ``secrets_file`` are kept (beside the config's)."""
+    name = "secrets-snapshot-%08x" % zlib.crc32(os.fsencode(secrets_file))
+    return os.path.join(SNAPSHOT_DIR if directory is None else directory, name)
+
+
+def load_secrets(secrets_file: str, data: bytes, directory: Optional[str] = None) -> Optional[List[str]]:
+    """The webhooks parsed before from these very bytes of ``secrets_file`` (read and checked by the
+    caller: owner, mode), when that snapshot is trusted and keyed by them; None otherwise (the caller
+    parses the TOML). Never raises."""
+    try:
+        raw = _read_trusted(secrets_path(secrets_file, directory))
+        if raw is None:
+            return None
+        doc = json.loads(raw)
+        live = {"path": secrets_file, "file": file_key(data), "code": code_key()}
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("key") != live:
+            return None
+        hooks = doc.get("webhooks")
+        if not isinstance(hooks, list) or not all(isinstance(h, str) for h in hooks):
+            return None
+        return hooks
+    except Exception:  # a torn, hand-edited or foreign file: parse as before
+        return None
+
+
+def write_secrets(secrets_file: str, data: bytes, webhooks: List[str], directory: Optional[str] = None) -> bool:
+    """Leave the webhooks parsed from ``data`` (the bytes of ``secrets_file``) for the next hook: only
+    root, only into the root-only directory, mode 0600 (as the secrets file itself must be). False when
+    none was written; never raises."""
+    if os.geteuid() != TRUSTED_UID:
+        return False
+    try:
+        where = _own_dir(directory)
+        if where is None:
+            return False
+        doc = {"format": FORMAT, "key": {"path": secrets_file, "file": file_key(data), "code": code_key()},
+               "webhooks": list(webhooks)}
+        from autoheal.atomicfile import write_atomic
+
+        write_atomic(secrets_path(secrets_file, where), json.dumps(doc, separators=(",", ":")).encode(),
+                     mode=0o600, fsync=False)
+        return True
+    except Exception:
+        return False
+
+
+def _own_dir(directory: Optional[str]) -> Optional[str]:
+    """The snapshot directory, made 0700 when missing; None when it is not root's alone."""
+    where = SNAPSHOT_DIR if directory is None else directory
+    try:
+        os.mkdir(where, 0o700)
+    except FileExistsError:
+        pass
+    return where if _trusted_dir(where) else None
+
+
 def write(cfg: Config, text: bytes, directory: Optional[str] = None) -> bool:
     """Leave a snapshot of ``cfg``, parsed from ``text``, the bytes read from ``cfg.source`` (the key is
     computed on the very bytes that were parsed: an edit after the read makes the next key differ).
@@ -164,12 +225,8 @@ def write(cfg: Config, text: bytes, directory: Optional[str] = None) -> bool:
     if os.geteuid() != TRUSTED_UID or not cfg.source:
         return False
     try:
-        where = SNAPSHOT_DIR if directory is None else directory
-        try:
-            os.mkdir(where, 0o700)
-        except FileExistsError:
-            pass
-        if not _trusted_dir(where):
+        where = _own_dir(directory)
+        if where is None:
             return False
         values = to_mapping(cfg)
         data = json.dumps({"format": FORMAT, "key": {"path": cfg.source, "file": file_key(text), "code": code_key()},

@@ -603,10 +603,13 @@ class Lab:
             shutil.rmtree(Path(self.layout().memory_base).parent, ignore_errors=True)
             # the hooks (root) left a config snapshot in the machine's /run/autoheal, named by this lab's
             # config path: lab state outside the lab root, shared by every lab on the machine
-            from autoheal.config.snapshot import snapshot_path
+            # (and one of its secrets file's webhooks, when a test wrote that file)
+            from autoheal.config.snapshot import secrets_path, snapshot_path
 
-            with contextlib.suppress(OSError):
-                os.unlink(snapshot_path(str(self.layout().autoheal_conf)))
+            for kept in (snapshot_path(str(self.layout().autoheal_conf)),
+                         secrets_path(str(self.layout().path("etc", "secrets.toml")))):
+                with contextlib.suppress(OSError):
+                    os.unlink(kept)
         recs = self.records()
         # clients first (slurmd, node and controller daemons, sync, spare pool), then the fault proxy in
         # front of the API server, then the control plane, slurmctld and munged last: each

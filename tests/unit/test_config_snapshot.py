@@ -263,3 +263,76 @@ def test_an_edit_applies_even_when_stat_still_shows_the_old_file(conf, monkeypat
 def test_the_key_is_the_content():
     assert snap.file_key(b"a = 1\n") == snap.file_key(b"a = 1\n") != snap.file_key(b"a = 2\n")
     assert snap.file_key(b"") == [0, 0] and snap.file_key(b"\0")[0] == 1  # the length is part of it
+
+
+def _secrets_conf(conf, tmp_path, hooks='["https://hooks.example/T0"]'):
+    secrets = tmp_path / "secrets.toml"
+    secrets.write_text(f"[notify]\nwebhooks = {hooks}\n")
+    os.chmod(secrets, 0o600)
+    conf.write_text(CONF + f'[notify]\nsecrets_file = "{secrets}"\n')
+    return secrets
+
+
+def secrets_parsed(monkeypatch) -> list:
+    """Calls of the secrets file's TOML parse from here on (the slow path)."""
+    from autoheal.config import secrets as sec
+
+    calls: list = []
+    real = sec._parse
+
+    def spy(path, data):
+        calls.append(path)
+        return real(path, data)
+
+    monkeypatch.setattr(sec, "_parse", spy)
+    return calls
+
+
+def test_the_secrets_webhooks_have_a_private_snapshot_of_their_own_keyed_by_the_files_bytes(conf, tmp_path,
+                                                                                             monkeypatch):
+    secrets = _secrets_conf(conf, tmp_path)
+    calls = secrets_parsed(monkeypatch)
+    assert load_config(snapshot=True).notify.webhooks == ["https://hooks.example/T0"]
+    kept = snap.secrets_path(str(secrets))
+    assert stat.S_IMODE(os.stat(kept).st_mode) == 0o600 and calls == [str(secrets)]
+    assert load_config(snapshot=True).notify.webhooks == ["https://hooks.example/T0"]
+    assert calls == [str(secrets)]  # the second hook parsed no TOML
+    secrets.write_text('[notify]\nwebhooks = ["https://hooks.example/T1"]\n')  # same length: the bytes decide
+    assert load_config(snapshot=True).notify.webhooks == ["https://hooks.example/T1"] and len(calls) == 2
+
+
+def test_without_snapshot_the_secrets_are_parsed_and_nothing_is_kept(conf, tmp_path, monkeypatch):
+    secrets = _secrets_conf(conf, tmp_path)
+    calls = secrets_parsed(monkeypatch)
+    for _ in range(2):
+        assert load_config().notify.webhooks == ["https://hooks.example/T0"]
+    assert len(calls) == 2 and not os.path.exists(snap.secrets_path(str(secrets)))
+
+
+def test_an_unsafe_secrets_file_is_refused_even_with_a_snapshot_of_it(conf, tmp_path):
+    from autoheal.errors import ConfigError
+
+    secrets = _secrets_conf(conf, tmp_path)
+    load_config(snapshot=True)
+    os.chmod(secrets, 0o622)  # others may write it now: whoever can redirects every alert
+    with pytest.raises(ConfigError, match="other users can change the secrets file"):
+        load_config(snapshot=True)
+
+
+@pytest.mark.parametrize("change", [lambda d: d.update(webhooks="https://x"), lambda d: d.update(webhooks=[1]),
+                                    lambda d: d["key"].update(path="/elsewhere"), lambda d: d.update(format=0)])
+def test_a_secrets_snapshot_of_the_wrong_shape_or_key_is_parsed_again(conf, tmp_path, monkeypatch, change):
+    secrets = _secrets_conf(conf, tmp_path)
+    load_config(snapshot=True)
+    rewrite(snap.secrets_path(str(secrets)), change)
+    calls = secrets_parsed(monkeypatch)
+    assert load_config(snapshot=True).notify.webhooks == ["https://hooks.example/T0"] and calls == [str(secrets)]
+
+
+def test_a_secrets_snapshot_others_can_write_is_not_used(conf, tmp_path, monkeypatch):
+    secrets = _secrets_conf(conf, tmp_path)
+    load_config(snapshot=True)
+    kept = snap.secrets_path(str(secrets))
+    rewrite(kept, lambda d: d.update(webhooks=["https://attacker.example/"]))
+    os.chmod(kept, 0o666)
+    assert load_config(snapshot=True).notify.webhooks == ["https://hooks.example/T0"]

@@ -108,6 +108,21 @@ def test_a_healthy_pass_imports_nothing_it_does_not_use(hook, node):
     assert not sorted((again - interpreter) & (DENY | DENY_WITH_SNAPSHOT)), "imported with a valid snapshot"
 
 
+def test_a_site_with_a_secrets_file_parses_no_toml_once_both_snapshots_are_there(node):
+    """Sites that notify keep their webhook URLs in a root-only secrets file: its parse is kept too."""
+    secrets = node["cwd"] / "secrets.toml"
+    secrets.write_text('[notify]\nwebhooks = ["https://hooks.example/T0"]\n')
+    os.chmod(secrets, 0o600)
+    conf = node["cwd"] / "ah.toml"
+    conf.write_text(conf.read_text() + f'[notify]\nsecrets_file = "{secrets}"\n')
+    _, _, interpreter = imported(["-c", "pass"], node)
+    assert run_hook("healthcheck", node)[0] == 0
+    assert sorted(p.name.split("-")[0] for p in node["snapshots"].iterdir()) == ["config", "secrets"]
+    code, out, again = run_hook("healthcheck", node)
+    assert code == 0 and out.strip() == "n1: ok", out
+    assert not sorted((again - interpreter) & (DENY | DENY_WITH_SNAPSHOT)), "imported with valid snapshots"
+
+
 def test_the_guard_sees_a_denied_import(node):
     """The same check on a process that imports one of the denied modules finds it (the guard can fail)."""
     _, _, interpreter = imported(["-c", "pass"], node)
