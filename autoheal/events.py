@@ -47,6 +47,7 @@ class Event(StrEnum):
     GUARD_RELEASE = "guard-release"
     GUARD_PRUNE = "guard-prune"
     GUARD_REQUEUE = "guard-requeue"
+    GUARD_STRANDED = "guard-stranded"
     # the CLI (``autoheal node drain/resume``: nodeops outcomes) and notify
     DRAINED = "drained"
     RESUMED = "resumed"

@@ -39,6 +39,12 @@ this small controller-side loop does, every ``interval`` seconds:
   read from Slurm for that job alone when the listing lacks it; never guessed), seen so for
   ``lost_prolog_after`` seconds, is requeued: its batch script never ran, so no work is lost. The
   requeue comes first and its comment after, with an intent on disk in between (``guard_intent``).
+  Any batch job can be caught so, not only autoheal's (CI soak seed 12 again: a plain ``sbatch`` job
+  allocated gpu1 as its slurmd was killed, in Prolog for the 180 s the soak allows and beyond): a plain
+  job is requeued as well when it is requeueable (``Requeue=1``: what Slurm itself does to a batch job
+  whose launch failed), its comment left as it is; one that is not (``--no-requeue``), or whose requeue
+  Slurm refuses, is reported once (``guard-stranded``, with the webhook) for a person to end, never
+  touched. ``--lost-prolog-jobs autoheal`` keeps the rule to autoheal's jobs.
 
 Every action is idempotent (the runner may finish at the same moment; two guards may run), reads and
 writes go through the Slurm adapter, and a controller that does not answer makes the pass a no-op.
@@ -78,9 +84,18 @@ class GuardKind(StrEnum):
     PRUNE = "prune"
     SCHEDULE = "schedule"
     REQUEUE = "requeue"
+    STRANDED = "stranded"  # a lost prolog the guard may not requeue: reported once, never acted on
+
+
+class PrologJobs(StrEnum):
+    """Which jobs the lost-prolog rule looks at (``autoheal guard --lost-prolog-jobs``)."""
+
+    ALL = "all"  # every batch job: a stranded job holds its nodes for good, whoever submitted it
+    AUTOHEAL = "autoheal"  # only the runner's jobs and the jobs autoheal requeued
 
 
 RELEASE, PRUNE, SCHEDULE, REQUEUE = GuardKind.RELEASE, GuardKind.PRUNE, GuardKind.SCHEDULE, GuardKind.REQUEUE
+STRANDED = GuardKind.STRANDED
 #: Slurm's reason for a job whose prolog has not ended yet (PrologFlags=Alloc: its batch script waits).
 PROLOG_REASON = "Prolog"
 #: States a job waiting for its prolog is listed in. launch_prolog sets only the reason (WAIT_PROLOG), so
@@ -133,6 +148,8 @@ class Sightings:
     in_prolog: Dict[Tuple[str, int], float] = field(default_factory=dict)  # (job, restart) -> first seen lost
     #: (job, restart) -> its StartTime as Slurm gave it for that job alone (None: Slurm could not say)
     start_times: Dict[Tuple[str, int], Optional[int]] = field(default_factory=dict)
+    #: (job, restart) of lost prologs reported as stranded (not requeueable, or the requeue refused): once
+    stranded: Set[Tuple[str, int]] = field(default_factory=set)
 
     def stable_view(self, nodes: Mapping[str, Node], now: float, prune_after: float) -> Dict[str, Node]:
         """``nodes`` with every node that has looked healthy for less than ``prune_after`` seconds shown
@@ -163,13 +180,14 @@ class Sightings:
 
 def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
          release_after: float, prune_after: float = 0.0,
-         lost_prolog_after: Optional[float] = None) -> List[GuardAction]:
+         lost_prolog_after: Optional[float] = None, prolog_jobs: PrologJobs = PrologJobs.ALL) -> List[GuardAction]:
     """What to do this pass (pure but for ``sightings``). ``nodes``: name -> Node for every node Slurm
     knows; a node counts as healthy again only after ``prune_after`` seconds of looking healthy.
-    ``lost_prolog_after``: seconds a lost prolog is seen before its job is requeued (None: not looked for)."""
+    ``lost_prolog_after``: seconds a lost prolog is seen before its job is requeued (None: not looked for);
+    ``prolog_jobs``: which jobs that rule looks at."""
     actions: List[GuardAction] = []
     if lost_prolog_after is not None:
-        actions += plan_lost_prologs(jobs, nodes, sightings, now, lost_prolog_after)
+        actions += plan_lost_prologs(jobs, nodes, sightings, now, lost_prolog_after, prolog_jobs)
     nodes = sightings.stable_view(nodes, now, prune_after)
     waiting: List[Tuple[str, int]] = []
     pending: Set[Tuple[str, int]] = set()
@@ -194,12 +212,22 @@ def plan(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, n
     return actions
 
 
-def _prolog_suspect(job: Job, nodes: Mapping[str, Node]) -> bool:
-    """An autoheal job in Prolog with an answering node whose slurmd started after its EligibleTime: only
-    a suspect (the EligibleTime of a job that waited in the queue is long before its allocation)."""
+def _autoheal_comment(comment: str) -> bool:
+    """The comment of the runner's job, or of one autoheal requeued."""
+    return is_runner_comment(comment) or is_ours(comment)
+
+
+def _autoheal_job(job: Job) -> bool:
+    return _autoheal_comment(job.comment)
+
+
+def _prolog_suspect(job: Job, nodes: Mapping[str, Node], prolog_jobs: PrologJobs = PrologJobs.ALL) -> bool:
+    """A job in Prolog (autoheal's only, with ``PrologJobs.AUTOHEAL``) with an answering node whose slurmd
+    started after its EligibleTime: only a suspect (the EligibleTime of a job that waited in the queue is
+    long before its allocation)."""
     if job.state not in PROLOG_STATES or job.state_reason != PROLOG_REASON:
         return False
-    if not (is_runner_comment(job.comment) or is_ours(job.comment)):
+    if prolog_jobs is PrologJobs.AUTOHEAL and not _autoheal_job(job):
         return False
     since = job.start_time or job.eligible_time
     return since is not None and bool(_restarted_after(job, nodes, since, same_second=True))
@@ -214,7 +242,7 @@ def _restarted_after(job: Job, nodes: Mapping[str, Node], since: int, same_secon
 
 def lost_prolog(job: Job, nodes: Mapping[str, Node], start_time: Optional[int] = None,
                 same_second: bool = False) -> List[str]:
-    """The nodes of an autoheal job waiting for its prolog whose slurmd (re)started after the job's
+    """The nodes of a job waiting for its prolog whose slurmd (re)started after the job's
     allocation, answering: the prolog's end can never come from them (see the module docstring).
     ``start_time``: the allocation as Slurm gave it for this job (``job.start_time`` when the listing
     has it). Unknown: []. The EligibleTime is never taken for it (a slurmd restarted while the job still
@@ -228,21 +256,22 @@ def lost_prolog(job: Job, nodes: Mapping[str, Node], start_time: Optional[int] =
 
 
 def prolog_overdue(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
-                   after: float) -> List[Job]:
+                   after: float, prolog_jobs: PrologJobs = PrologJobs.ALL) -> List[Job]:
     """The suspects seen for ``after`` seconds whose StartTime the listing lacks and nobody looked up yet:
     the guard asks Slurm for these few alone (``SlurmAdapter.job_start_time``), then plans."""
-    return [j for j in jobs if j.start_time is None and _prolog_suspect(j, nodes)
+    return [j for j in jobs if j.start_time is None and _prolog_suspect(j, nodes, prolog_jobs)
             and (j.job_id, j.restart_count) not in sightings.start_times
             and now - sightings.in_prolog.get((j.job_id, j.restart_count), now) >= after]
 
 
 def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings: Sightings, now: float,
-                      after: float) -> List[GuardAction]:
-    """Requeue every autoheal job whose prolog was lost (``lost_prolog``) for ``after`` seconds."""
+                      after: float, prolog_jobs: PrologJobs = PrologJobs.ALL) -> List[GuardAction]:
+    """Requeue every job whose prolog was lost (``lost_prolog``) for ``after`` seconds; report, once, a
+    plain job that is not requeueable (the user asked Slurm never to requeue it: a person decides)."""
     actions: List[GuardAction] = []
     seen: Dict[Tuple[str, int], float] = {}
     for job in jobs:
-        if not _prolog_suspect(job, nodes):
+        if not _prolog_suspect(job, nodes, prolog_jobs):
             continue
         key = (job.job_id, job.restart_count)
         seen[key] = sightings.in_prolog.get(key, now)
@@ -255,16 +284,24 @@ def plan_lost_prologs(jobs: Sequence[Job], nodes: Mapping[str, Node], sightings:
             why = "restarted in the allocation's second (whole seconds: order unknown, so waited longer)"
         if not restarted:
             continue  # allocated after its nodes' slurmd started, or Slurm could not say when: never act
+        why = (f"in Prolog for {now - seen[key]:.0f}s on {','.join(restarted)}, whose slurmd {why}: the "
+               f"prolog's end will never come")
+        if key in sightings.stranded:
+            continue  # reported already (or its requeue refused): a person's to end
+        if not job.requeue and not _autoheal_job(job):
+            sightings.stranded.add(key)
+            actions.append(GuardAction(STRANDED, job.job_id, (), (), (), job.comment,
+                                       f"{why}; not requeueable (Requeue=0): left for an admin to requeue or "
+                                       f"cancel", job.restart_count))
+            continue
         st = CommentState.parse(job.comment) if is_runner_comment(job.comment) else None
         if st is not None:
             st.guard = "requeued"
         actions.append(GuardAction(REQUEUE, job.job_id, tuple(job.excluded_nodes), (), (),
-                                   st.render() if st is not None else job.comment,
-                                   f"in Prolog for {now - seen[key]:.0f}s on {','.join(restarted)}, whose slurmd "
-                                   f"{why}: the prolog's end will never come",
-                                   job.restart_count))
+                                   st.render() if st is not None else job.comment, why, job.restart_count))
     sightings.in_prolog = seen
     sightings.start_times = {k: v for k, v in sightings.start_times.items() if k in seen}
+    sightings.stranded &= set(seen)
     return actions
 
 
@@ -343,9 +380,10 @@ class Guard:
                  clock: Callable[[], float] = time.time, say: Callable[[str], None] = print,
                  prune_after: float = 30.0, lost_prolog_after: Optional[float] = 60.0,
                  intents: Optional[IntentStore] = None, prolog_every: Optional[float] = None,
-                 list_running: bool = False):
+                 list_running: bool = False, prolog_jobs: PrologJobs = PrologJobs.ALL):
         self.slurm = slurm
         self.lost_prolog_after = lost_prolog_after
+        self.prolog_jobs = prolog_jobs
         #: seconds between the looks for lost prologs (a listing of every running job, the costly part
         #: of a pass on a big cluster): a quarter of the bound, so a lost prolog is acted on within 1.25x it
         self.prolog_every = (lost_prolog_after or 0) / 4 if prolog_every is None else prolog_every
@@ -381,7 +419,8 @@ class Guard:
         now = self.clock()
         if look:
             self._last_look = now
-        if not any(is_runner_comment(j.comment) or is_ours(j.comment) for j in jobs + prolog):
+        # nothing of autoheal's pending and no job in Prolog: no node listing needed (the common pass)
+        if not any(_autoheal_job(j) for j in jobs) and not [j for j in prolog if self._in_scope(j)]:
             self.sightings.forget_except([])
             if look:
                 self.sightings.in_prolog.clear()
@@ -390,11 +429,15 @@ class Guard:
         nodes = {n.name: n for n in self.slurm.list_nodes()}
         after = self.lost_prolog_after if look else None
         if after is not None:
-            self._look_up_start_times(prolog_overdue(prolog, nodes, self.sightings, now, after))
-        actions = plan(jobs + prolog, nodes, self.sightings, now, self.release_after, self.prune_after, after)
+            self._look_up_start_times(prolog_overdue(prolog, nodes, self.sightings, now, after, self.prolog_jobs))
+        actions = plan(jobs + prolog, nodes, self.sightings, now, self.release_after, self.prune_after, after,
+                       self.prolog_jobs)
         if self.dry_run:
             return [GuardResult(a, False, "dry run") for a in actions]
         return [self.execute(a) for a in actions]
+
+    def _in_scope(self, job: Job) -> bool:
+        return self.prolog_jobs is PrologJobs.ALL or _autoheal_job(job)
 
     def _prolog_look_due(self, now: float) -> bool:
         if self.lost_prolog_after is None or not self._prolog_scope().applies:
@@ -431,6 +474,9 @@ class Guard:
         job_id = action.job_id
         if action.kind == REQUEUE:
             return self._requeue(action)
+        if action.kind == STRANDED:
+            self._record(action)
+            return GuardResult(action, True)
         try:
             try:
                 self.slurm.set_excluded_nodes(job_id, list(action.exclusions))
@@ -475,8 +521,18 @@ class Guard:
         except SlurmError as exc:  # refused: nothing happened
             self.intents.drop(intent)
             self.say(f"autoheal guard: job {action.job_id}: {action.kind} failed: {exc}")
+            if not _autoheal_comment(action.comment):
+                self._strand(action, f"Slurm refused its requeue ({exc})")
             return GuardResult(action, False, str(exc))
         return GuardResult(action, True, self._finish_requeue(intent, action))
+
+    def _strand(self, action: GuardAction, refused: str) -> None:
+        """A plain job's refused requeue (not a batch job, its partition gone, ...): reported once, not
+        tried again every look (an autoheal job's stays retried: its runner waits for it)."""
+        self.sightings.stranded.add((action.job_id, action.restart_count))
+        self._record(GuardAction(STRANDED, action.job_id, (), (), (), action.comment,
+                                 f"{action.why}; {refused}: left for an admin to requeue or cancel",
+                                 action.restart_count))
 
     def _finish_requeue(self, intent: RequeueIntent, action: GuardAction) -> str:
         """The comment and the record of a requeue that happened; the intent is dropped when both are done
@@ -525,6 +581,9 @@ class Guard:
         if action.kind == REQUEUE:
             message = f"job {action.job_id}: requeued, its prolog lost ({action.why}){'; ' + note if note else ''}"
             event, severity = "guard-requeue", "action"
+        elif action.kind == STRANDED:
+            message = f"job {action.job_id}: stranded, its prolog lost ({action.why})"
+            event, severity = "guard-stranded", "error"
         elif action.kind == RELEASE:
             message = (f"job {action.job_id}: released after an interrupted requeue ({action.why})"
                        f"{'; excluded ' + ','.join(action.ours) if action.ours else ''}")
@@ -588,9 +647,10 @@ def describe(results: Sequence[GuardResult]) -> List[str]:
 
 
 def pending_ids(results: Sequence[GuardResult]) -> Optional[List[str]]:
-    """Job ids whose action did not complete (None when all did)."""
-    left = [r.action.job_id for r in results if not r.done and r.detail not in ("dry run", "job is gone",
-                                                                               "job is no longer pending")]
+    """Job ids whose action did not complete, or that are stranded for a person to end (None: none)."""
+    left = [r.action.job_id for r in results
+            if r.action.kind == STRANDED
+            or (not r.done and r.detail not in ("dry run", "job is gone", "job is no longer pending"))]
     return left or None
 
 

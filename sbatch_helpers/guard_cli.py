@@ -23,11 +23,16 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
               help="Seconds a node must look healthy before autoheal's exclusion of it is dropped from pending "
                    "jobs (a node can look healthy for a moment while slurmctld restarts).")
 @click.option("--lost-prolog-after", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
-              help="Seconds an autoheal job must stay in Prolog, on a node whose slurmd restarted after the "
+              help="Seconds a job must stay in Prolog, on a node whose slurmd restarted after the "
                    "allocation, before the guard requeues it (its prolog's end will never be reported; "
                    "PrologFlags=Alloc only). The guard looks every quarter of this, so it acts within 1.25x "
                    "it. Shorter: such a job waits less; the look lists every running job, so on a big "
                    "cluster keep it in minutes.")
+@click.option("--lost-prolog-jobs", type=click.Choice(["all", "autoheal"]), default="all", show_default=True,
+              help="Which jobs the lost-prolog rule looks at: every batch job (a plain sbatch job is caught "
+                   "by a slurmd restart as much as autoheal's; it is requeued when requeueable, its comment "
+                   "left as it is, and reported for an admin when not), or only the jobs of `autoheal "
+                   "sbatch` and the jobs autoheal requeued.")
 @click.option("--once", is_flag=True, help="Make one pass, print what was done, and exit (0 nothing left to do, "
               "1 a job could not be fixed, 2 slurmctld did not answer or config error). With --once, "
               "--release-after and --prune-after still count from the first sighting, so they act only "
@@ -40,8 +45,9 @@ from autoheal.errors import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, SlurmUnavailable
 @click.option("--json", "as_json", is_flag=True, help="With --once: print the actions as JSON.")
 @config_option
 @handle_errors
-def guard(interval: float, release_after: float, prune_after: float, lost_prolog_after: float, once: bool,
-          dry_run: bool, as_json: bool, textfile_dir: Optional[str], config_path: Optional[str]) -> None:
+def guard(interval: float, release_after: float, prune_after: float, lost_prolog_after: float,
+          lost_prolog_jobs: str, once: bool, dry_run: bool, as_json: bool, textfile_dir: Optional[str],
+          config_path: Optional[str]) -> None:
     """Release jobs the autoheal runner left held, and drop exclusions of repaired nodes.
 
     \b
@@ -54,7 +60,8 @@ def guard(interval: float, release_after: float, prune_after: float, lost_prolog
     nodes that are healthy again, so a pending job never waits on a list that only grows, and
     asks slurmctld to schedule a job autoheal requeued as soon as it is eligible again, instead
     of at the next backfill cycle (an update with the same ExcNodeList; once per requeue). A job
-    left in Prolog by a slurmd restart after its allocation (PrologFlags=Alloc) is requeued.
+    left in Prolog by a slurmd restart after its allocation (PrologFlags=Alloc) is requeued (its
+    batch script never ran), or reported when it is not requeueable.
 
     \b
     Run one on the slurmctld host:   autoheal guard            (a daemon; stop with SIGTERM)
@@ -63,7 +70,7 @@ def guard(interval: float, release_after: float, prune_after: float, lost_prolog
     from autoheal.sbatch_helpers.guard import describe, pending_ids, run_forever
 
     g, notifier = _build(load_cfg(config_path), once, dry_run, release_after, prune_after, lost_prolog_after,
-                         textfile_dir)
+                         textfile_dir, lost_prolog_jobs)
     if once:
         try:
             results = g.pass_once()
@@ -93,9 +100,9 @@ def guard(interval: float, release_after: float, prune_after: float, lost_prolog
 
 
 def _build(cfg, once: bool, dry_run: bool, release_after: float, prune_after: float,  # type: ignore[no-untyped-def]
-           lost_prolog_after: float, textfile_dir: Optional[str]):
+           lost_prolog_after: float, textfile_dir: Optional[str], lost_prolog_jobs: str = "all"):
     """The guard and its notifier (None with --dry-run, which records nothing)."""
-    from autoheal.sbatch_helpers.guard import Guard
+    from autoheal.sbatch_helpers.guard import Guard, PrologJobs
     from autoheal.slurm import get_adapter
 
     journal = notifier = None
@@ -111,7 +118,8 @@ def _build(cfg, once: bool, dry_run: bool, release_after: float, prune_after: fl
 
     g = Guard(get_adapter(cfg), journal=journal, notifier=notifier, release_after=release_after, dry_run=dry_run,
               prune_after=prune_after, lost_prolog_after=lost_prolog_after, say=say,
-              intents=_intents(cfg, dry_run, say), list_running=bool(textfile_dir))
+              intents=_intents(cfg, dry_run, say), list_running=bool(textfile_dir),
+              prolog_jobs=PrologJobs(lost_prolog_jobs))
     return g, notifier
 
 def _intents(cfg, dry_run: bool, say):  # type: ignore[no-untyped-def]

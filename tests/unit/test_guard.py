@@ -263,9 +263,7 @@ def test_a_prolog_still_running_or_on_a_slurmd_that_started_before_the_job_is_le
     assert lost_prolog(slurm.jobs["4"], nodes) == []
     nodes["gpu1"] = Node("gpu1", "MIXED", frozenset({"NOT_RESPONDING"}), slurmd_start_time=1007)
     assert lost_prolog(slurm.jobs["4"], nodes) == []
-    # a job that is not autoheal's, and one whose batch script runs (no Prolog reason)
-    slurm, nodes = in_prolog(slurmd_started=1007, comment="my own comment")
-    assert lost_prolog(slurm.jobs["4"], nodes) == []
+    # a job whose batch script runs (no Prolog reason); a plain job's lost prolog: test_guard_plain_prolog.py
     slurm, nodes = in_prolog(slurmd_started=1007)
     running = slurm.jobs["4"].__class__(**{**slurm.jobs["4"].__dict__, "state_reason": "None"})
     assert lost_prolog(running, nodes) == []

@@ -49,3 +49,27 @@ class _NoJobs:
         from autoheal.slurm.model import SlurmVersion
 
         return SlurmVersion.parse("24.11.5")
+
+
+def test_lost_prolog_jobs_reaches_the_guard_and_refuses_other_words(tmp_path, monkeypatch):
+    from autoheal.sbatch_helpers import guard_cli
+    from autoheal.sbatch_helpers.guard import PrologJobs
+
+    built = {}
+    real = guard_cli._build
+
+    def spy(*args, **kwargs):
+        g, notifier = real(*args, **kwargs)
+        built.setdefault("guards", []).append(g)
+        return g, notifier
+
+    monkeypatch.setattr(guard_cli, "_build", spy)
+    monkeypatch.setattr("autoheal.slurm.get_adapter", lambda cfg: _NoJobs())
+    conf = tmp_path / "autoheal.toml"
+    conf.write_text('[journal]\npath = "%s"\n' % (tmp_path / "j.jsonl"))
+    for extra in ([], ["--lost-prolog-jobs", "autoheal"]):
+        res = CliRunner().invoke(guard_cli.guard, ["--once", "--dry-run", *extra, "--config", str(conf)])
+        assert res.exit_code == 0, res.output
+    assert [g.prolog_jobs for g in built["guards"]] == [PrologJobs.ALL, PrologJobs.AUTOHEAL]
+    res = CliRunner().invoke(guard_cli.guard, ["--once", "--lost-prolog-jobs", "mine", "--config", str(conf)])
+    assert res.exit_code == 2 and "--lost-prolog-jobs" in res.output
