@@ -166,15 +166,16 @@ def render_tier_costs(doc: dict) -> str:
     p50 = [r["save_ms_p50"] for r in mem]
     p95 = [r["save_ms_p95"] for r in mem]
     state = max((r["state_mb"] for r in mem), default="-")
-    shm = max((r["memory_per_node_mb"] for r in mem if r.get("memory_per_node_mb")), default="-")
+    shm = [r["memory_per_node_mb"] for r in mem if r.get("memory_per_node_mb")]
     per_mb = [round(r["save_ms_p50"] / r["state_mb"], 1) for r in mem if r.get("state_mb")]
 
     def lost(trainer: str, path: str, tier: str) -> str:
         return _span([r["lost_steps"] for r in rows if (r["trainer"], r["path"], r["tier"]) == (trainer, path, tier)])
 
-    def resumed(trainer: str) -> str:
+    def resumed(trainer: str, gpu_fault: bool) -> str:  # a GPU fault is signalled; a killed node is not
         return _span([r["fault_to_resumed_s"] for r in rows
-                      if (r["trainer"], r["path"], r["tier"]) == (trainer, "hotspare", "memory")], " s")
+                      if (r["trainer"], r["path"], r["tier"]) == (trainer, "hotspare", "memory")
+                      and (r["fault"] != "node-killed") == gpu_fault], " s")
 
     budget_ms = 50.0  # 5 % of a 1 s step (the guide's example): K = ceil(t_save / (budget * t_step))
     k_p50 = math.ceil(max(p50) / budget_ms) if p50 else "-"
@@ -185,7 +186,8 @@ def render_tier_costs(doc: dict) -> str:
              f"`{doc['uptime_end'].split('load average: ')[-1]}`; [the rows](benchmarks.md#checkpoint-tiers)):",
              "",
              f"- the torch MLP's state (model + Adam): {state} MB; memory per node with K={doc['k']} and the default "
-             f"2 copies: {shm} MB (2 copies x the node's rank + its ring predecessor's);",
+             f"2 copies (2 x the node's rank + its ring predecessor's), read once before the fault: median "
+             f"{statistics.median(shm) if shm else '-'} MB ({_span(shm, ' MB')} over {len(shm)} runs);",
              f"- time per save of that state: p50 {_span(p50, ' ms')}, p95 {_span(p95, ' ms')} over {len(mem)} "
              f"runs ({_span(per_mb, ' ms')} per MB at p50);",
              f"- K for a 5 % budget with 1 s steps, from the slowest run's p50 / p95: K = {k_p50} / {k_p95};",
@@ -194,7 +196,9 @@ def render_tier_costs(doc: dict) -> str:
              f"{lost('torch', 'hotspare', 'memory')} vs {lost('torch', 'hotspare', 'durable')}; after a requeue "
              f"with the memory tier: tiny {lost('tiny', 'requeue', 'memory')}, torch "
              f"{lost('torch', 'requeue', 'memory')};",
-             f"- fault -> training resumed, hot spare + memory tier: tiny {resumed('tiny')}, torch {resumed('torch')}."]
+             f"- fault -> training resumed, hot spare + memory tier, a GPU fault (XID 79, ECC, NVLink): tiny "
+             f"{resumed('tiny', True)}, torch {resumed('torch', True)}; a killed node: tiny "
+             f"{resumed('tiny', False)}, torch {resumed('torch', False)}."]
     return "\n".join(lines)
 
 

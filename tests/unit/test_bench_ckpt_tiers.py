@@ -190,10 +190,12 @@ def test_run_all_writes_the_tiers_rows_and_costs_from_the_bench_output(tiers, tm
     assert tiers.render_row(rows[1]) in block and "3 case(s)" in block
     assert "hot spare + memory tier fault -> resumed <= 3 s: max 20.1 s over 2 case(s): NOT met" in block
     costs = run_all.render_tier_costs(doc)
-    assert "9.47 MB; memory per node with K=1 and the default 2 copies: 37.88 MB" in costs
+    assert "9.47 MB; memory per node with K=1 and the default 2 copies" in costs
+    assert "median 37.88 MB (37.88 MB over 2 runs)" in costs
     assert "p50 120-200 ms, p95 300-350 ms over 2 runs" in costs
     assert "K = 4 / 7" in costs  # ceil(0.2 / 0.05), ceil(0.35 / 0.05)
-    assert "torch 0-1 vs 11" in costs and "torch 2.5-20.1 s" in costs
+    assert "torch 0-1 vs 11" in costs
+    assert "a GPU fault (XID 79, ECC, NVLink): tiny -, torch 2.5-20.1 s; a killed node: tiny -, torch -." in costs
     table = run_all.tiers_rows(doc)
     assert ("checkpoint tiers (2 cases): hot spare + memory tier fault -> resumed <= 3 s, max",
             "20.1 s (not met: 1 of 2)", "<= 3 s") in table
@@ -203,3 +205,10 @@ def test_run_all_writes_the_tiers_rows_and_costs_from_the_bench_output(tiers, tm
     begin, end = run_all.markers(run_all.TIERS)
     assert page.read_text() == f"intro\n{begin}\n{costs}\n{end}\nrest\n"
 
+
+def test_the_docs_pages_have_the_tiers_markers():
+    run_all = _run_all()
+    begin, end = run_all.markers(run_all.TIERS)
+    for page in (run_all.DOCS, run_all.GUIDE):
+        text = page.read_text()
+        assert text.count(begin) == 1 and text.count(end) == 1, page
