@@ -17,8 +17,17 @@ fault on the GPU / node of the rank that is not on the batch host:
 - ``xid79``: XID 79 on its GPU: the rank's next GPU call fails, it cannot save; its peer blocks in the
   next collective; xid-watch drains the node and sends the grace signal; the runner's hang detection
   ends the blocked step;
+- ``ecc``: an uncorrectable (double-bit) ECC error on its GPU (``ecc-dbe``: NVML's DBE count, XID 48 and
+  its event): the rank's next GPU call aborts the process, as CUDA kills the context; its peer blocks in
+  the next collective; xid-watch drains and signals; the hang detection ends the blocked step;
+- ``nvlink``: an NVLink link of its GPU down (``nvlink-down``: XID 74): compute still works but the
+  collective over the link never completes, so both ranks hang in it, signals pending; xid-watch drains
+  and signals; the hang detection must end the step (no rank exits by itself);
 - ``node-killed``: ``kill -9`` of the node's slurmd, its slurmstepds and every process on it, its
   memory wiped (``Lab.crash_node``); no signal comes: Slurm finds the node dead after SlurmdTimeout.
+
+The faults are the lab's own injections (``autoheal_lab.gpus.inject``, as ``autoheal lab inject`` and the
+integration tests make them); the trainers meet them through their fake GPU (``autoheal_lab.fakedevice``).
 
 Figures, from the evidence's own clocks where it has one:
 
@@ -28,7 +37,8 @@ Figures, from the evidence's own clocks where it has one:
   fault's time;
 - fault -> step ended: when the runner's line "ending the step now" appeared (the bench reads the output
   every 20 ms; the runner's own "N s after the signal" is shown next to it), for a step whose ranks
-  blocked after a fault signal; the target is the grace + 5 s;
+  blocked after a fault signal (XID 79, ECC, NVLink: a row of theirs without it says "not ended by the
+  hang detection" and misses the target); the target is the grace + 5 s;
 - save cost: the memory tier's per-save time as the torch trainer reports it (p50, p95), the state's size,
   and the tier's memory per node (the lab node's /dev/shm just before the fault);
 - phases: seconds after the fault of the drain and grace signal (journal), the rank's device error and the
@@ -36,8 +46,13 @@ Figures, from the evidence's own clocks where it has one:
   srun's "step creation temporarily disabled" / "Step created" (first seen): where the seconds go.
 
     python bench/bench_ckpt_tiers.py [--only tiny|torch] [--path requeue|hotspare] [--tier durable|memory]
-                                     [--fault xid79|node-killed] [--json] [--k 1] [--n 20]
+                                     [--fault xid79|ecc|nvlink|node-killed] [--json] [--k 1] [--n 20]
                                      [--hang-after-fault 5]
+
+--json: one document (the run's start, end, load averages and torch version, the rows, the targets met
+or not) on stdout; each row's text goes to stderr as it is measured. ``bench/run_all.py --tiers`` writes
+it into docs/benchmarks.md and docs/researcher-guide.md.
+A case that fails (no resume within 300 s) is a row with its ``error``; the matrix goes on.
 
 Needs root and Debian's Slurm (like ``autoheal lab up``); torch for the torch cases. Targets (printed,
 not asserted): memory tier lost steps <= K; hot spare + memory tier fault -> resumed <= 3 s; a hang after
@@ -47,15 +62,18 @@ a fault ended within the grace + 5 s.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import os
 import re
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from bench_requeue_resume import wait_for  # the benches' one poll-until helper (bench/ is on sys.path)
 
@@ -71,12 +89,33 @@ START = re.compile(r"^(\d+): autoheal-trainer: start step=(\d+) resumed_from=(\S
 STEP = re.compile(r"^(\d+): autoheal-trainer: step=(\d+) time=([\d.]+)$", re.M)
 ENDED = re.compile(r"the job's ranks are hung: .*ending the step now \(([\d.]+)s after the signal")
 #: runner and srun lines whose first appearance the bench stamps (it reads the output every 20 ms): where
-#: the seconds between the fault and the restarted run's first step go
+#: the seconds between the fault and the restarted run's first step go. "rank aborted": the line CUDA's
+#: abort leaves on the crashed rank's stderr (an uncorrectable ECC error; it carries no clock of its own)
 MARKS = (("swapped", "swapped for spare"), ("step busy", "step creation temporarily disabled"),
-         ("step created", "Step created for job"), ("down", "srun: error: Node failure on"))
+         ("step created", "Step created for job"), ("down", "srun: error: Node failure on"),
+         ("rank aborted", "uncorrectable ECC error encountered"))
 EVENT_TIME = re.compile(r" time=([\d.]+)")
 GRACE = 10
-FAULTS = ("xid79", "node-killed")
+FAULTS = ("xid79", "ecc", "nvlink", "node-killed")
+#: the faults xid-watch sees (an XID on the node) and signals the job for: their blocked step must be ended
+#: by the runner's hang detection within the grace + 5 s. A killed node sends no signal (Slurm notices it).
+SIGNALLED = frozenset({"xid79", "ecc", "nvlink"})
+HANG_MARGIN = 5.0
+RESUME_TARGET_S = 3.0
+
+
+def break_gpu_or_node(lab: Lab, fault: str, node: str, gpu: int) -> None:
+    """The fault, by the lab's own injection (what ``autoheal lab inject`` and the integration tests do)."""
+    if fault == "xid79":
+        inject(lab, node, gpu, "xid", xid=79)  # fallen off the bus: the GPU's next call fails
+    elif fault == "ecc":
+        inject(lab, node, gpu, "ecc-dbe")  # DBE count, XID 48 and its event: the next GPU call aborts the rank
+    elif fault == "nvlink":
+        inject(lab, node, gpu, "nvlink-down")  # XID 74, link 0 down: the collective over it never completes
+    elif fault == "node-killed":
+        lab.crash_node(node)
+    else:
+        raise ValueError(f"unknown fault {fault!r}")
 
 
 class Bench:
@@ -108,76 +147,38 @@ class Bench:
         return res.stdout.strip().split(";")[0], root / "out.txt"
 
     def case(self, trainer: str, path: str, tier: str, fault: str) -> Dict[str, object]:
+        """One case measured; a case that fails (no start, no resume) is a row with its ``error``, and the
+        lab is put back in order either way (a failed cleanup ends the matrix: the next case would not
+        start on clean nodes)."""
+        head: Dict[str, object] = {"trainer": trainer, "path": path, "tier": tier, "fault": fault,
+                                   "K": self.k if tier == "memory" else None, "N": self.n}
         root = Path(tempfile.mkdtemp(prefix=f"bench-tiers-{trainer}-{path}-{tier}-{fault}-"))
         jid, out = self.submit(root, trainer, path, tier)
-        starts = wait_for(lambda: len(START.findall(_text(out))) >= 2 and START.findall(_text(out)), 150, "job start")
-        job = self.slurm.get_job(jid)
-        victim = next(n for n in job.nodes if n != job.batch_host and any(s[4] == n for s in starts))
-        rank = next(s[0] for s in starts if s[4] == victim)
-        gpu = int(wait_for(lambda: re.search(rf"^{rank}: autoheal-trainer: device lab gpus=(\d+)", _text(out), re.M),
-                           30, "device line").group(1))
-        wait_for(lambda: _last_step(_text(out), rank) >= 2 * self.n + self.n // 2, 240, "training under way")
-        offset = len(_text(out))
-        shm = self._memory_bytes(job.nodes) if tier == "memory" else {}
-        t_fault = time.time()
-        if fault == "xid79":
-            inject(self.lab, victim, gpu, "xid", xid=79)
-        else:
-            self.lab.crash_node(victim)
-        seen = self._watch(out, offset, 300)
-        text = _text(out)
+        victim: Optional[str] = None
         try:
-            resume = lostwork.resumes(text)[0]
+            starts = wait_for(lambda: len(START.findall(_text(out))) >= 2 and START.findall(_text(out)), 150,
+                              "job start")
+            job = self.slurm.get_job(jid)
+            victim = next(n for n in job.nodes if n != job.batch_host and any(s[4] == n for s in starts))
+            rank = next(s[0] for s in starts if s[4] == victim)
+            gpu = int(wait_for(lambda: re.search(rf"^{rank}: autoheal-trainer: device lab gpus=(\d+)", _text(out),
+                                                 re.M), 30, "device line").group(1))
+            wait_for(lambda: _last_step(_text(out), rank) >= 2 * self.n + self.n // 2, 240, "training under way")
+            offset = len(_text(out))
+            shm = self._memory_bytes(job.nodes) if tier == "memory" else {}
+            t_fault = time.time()
+            break_gpu_or_node(self.lab, fault, victim, gpu)
+            seen = self._watch(out, offset, 300)
+            text = _text(out)
+            row = dict(head, **figures(text, offset, rank, t_fault, seen, [s[4] for s in starts]))
+            row["memory_per_node_mb"] = round(max(shm.values()) / 1e6, 2) if shm else None
+            row["phases"] = phases(text[offset:], self._journal(t_fault), jid, t_fault, seen,
+                                   row.pop("first_step_time"))  # type: ignore[arg-type]
+            return row
+        except (SystemExit, StopIteration, IndexError, ValueError) as exc:
+            return dict(head, error=f"{type(exc).__name__}: {exc}"[:300], output=str(out))
         finally:
             self._cleanup(jid, victim)
-        restarted = [m for m in START.finditer(text) if m.start() >= offset]
-        first = next(m for m in STEP.finditer(text) if m.start() > max(r.start() for r in restarted))
-        saves = [float(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* ms=([\d.]+)", text, re.M)]
-        sizes = [int(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* bytes=(\d+)", text, re.M)]
-        ended = seen.get("ended")
-        phases = self._phases(text[offset:], jid, t_fault, seen, float(first.group(3)))
-        return {"trainer": trainer, "path": path, "tier": tier, "fault": fault, "K": self.k if tier == "memory"
-                else None, "N": self.n, "lost_steps": resume.lost, "resumed_step": min(resume.resumed.values()),
-                "fault_to_resumed_s": round(float(first.group(3)) - t_fault, 2),
-                "fault_to_step_ended_s": round(ended[0] - t_fault, 2) if ended else None,
-                "runner_waited_s": float(ended[1]) if ended else None,
-                "fault_to_node_down_s": phases.get("srun told node down"),
-                "resumed_from": next(m.group(3) for m in restarted if m.group(1) == rank),
-                "requeued": any(m.group(4) != "0" for m in restarted),
-                "nodes_before": sorted(s[4] for s in starts), "nodes_after": sorted(m.group(5) for m in restarted),
-                "save_ms_p50": round(statistics.median(saves), 1) if saves else None,
-                "save_ms_p95": round(_quantile(saves, 0.95), 1) if saves else None,
-                "state_mb": round(max(sizes) / 1e6, 2) if sizes else None,
-                "memory_per_node_mb": round(max(shm.values()) / 1e6, 2) if shm else None,
-                "phases": phases}
-
-    def _phases(self, tail: str, jid: str, t_fault: float, seen: Dict[str, tuple],
-                first_step: float) -> Dict[str, float]:
-        """Seconds after the fault of each phase, from the evidence's own clock where it has one: the
-        journal's record time (drain, grace signal, swap / requeue), the trainers' own time= stamps (a rank's
-        device error, the restarted ranks' start), else when the bench first saw the runner's or srun's line."""
-        at: Dict[str, float] = {}
-        for rec in self._journal(t_fault):
-            if rec.get("event") in ("drain", "signal", "job-hot-swap", "job-requeue") and \
-                    (rec.get("event") == "drain" or jid in rec.get("job_ids", []) or rec.get("job_id") == jid):
-                at.setdefault({"job-hot-swap": "swapped", "job-requeue": "requeued"}.get(rec["event"], rec["event"]),
-                              float(rec["time"]))
-        for m in re.finditer(r"^\d+: autoheal-trainer: (device error|collective failed|device lab) .*", tail, re.M):
-            t = EVENT_TIME.search(m.group(0))
-            if t:  # "device lab": a restarted rank is up, its imports done (the later rank's counts)
-                name = "ranks imported" if m.group(1) == "device lab" else f"rank {m.group(1)}"
-                at[name] = max(at.get(name, 0.0), float(t.group(1))) if name == "ranks imported" \
-                    else at.get(name, float(t.group(1)))
-        names = {"ended": "step ended", "step busy": "srun: step busy", "step created": "srun: step created",
-                 "down": "srun told node down"}
-        for key, value in seen.items():
-            at.setdefault(names.get(key, key), value[0])
-        starts = [float(t.group(1)) for t in (EVENT_TIME.search(line) for line in
-                                               re.findall(r"^\d+: autoheal-trainer: start step=.*$", tail, re.M)) if t]
-        if starts:  # the later rank: training resumes when both have loaded their state
-            at["ranks started"] = max(starts)
-        at["first step"] = first_step
-        return {k: round(v - t_fault, 2) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
 
     def _memory_bytes(self, nodes) -> Dict[str, int]:
         """Bytes the memory tier holds in each node's memory (the lab's per-node /dev/shm), just before the fault."""
@@ -211,13 +212,12 @@ class Bench:
             for name, text in MARKS:
                 if name not in seen and text in tail:
                     seen[name] = (now,)
-            restart = list(START.finditer(tail))
-            if len(restart) >= 2 and len({s.group(1) for s in STEP.finditer(tail[restart[-1].end():])}) >= 2:
+            if resumed_in(tail):
                 return seen
             time.sleep(0.02)
         raise SystemExit(f"bench: the job did not resume within {timeout}s; see {out}")
 
-    def _cleanup(self, jid: str, victim: str) -> None:
+    def _cleanup(self, jid: str, victim: Optional[str]) -> None:
         """The job gone and the victim back in service: slurmd, GPU, the hooks' fault record, Slurm's drain."""
         subprocess.run(["scancel", jid], env=self.env, capture_output=True, timeout=30)
         from autoheal.errors import SlurmError
@@ -231,18 +231,124 @@ class Bench:
                 return True
 
         wait_for(over, 120, f"job {jid} over")
-
-        rec = self.lab.records().get(f"slurmd-{victim}")
-        if not rec or not procs.is_alive(rec):
-            self.lab.start_slurmd(victim)
-        wait_for(lambda: self.slurm.get_node(victim).responding, 90, f"{victim} back")
-        inject(self.lab, victim, 0, "clear")
-        subprocess.run([sys.executable, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", victim],
-                       env=dict(self.env, **self.lab.node_env(victim)), capture_output=True, timeout=30)
-        node = self.slurm.get_node(victim)
-        if node.drain or node.down:
-            self.slurm.resume(victim)
+        if victim is not None:
+            rec = self.lab.records().get(f"slurmd-{victim}")
+            if not rec or not procs.is_alive(rec):
+                self.lab.start_slurmd(victim)
+            wait_for(lambda: self.slurm.get_node(victim).responding, 90, f"{victim} back")
+            inject(self.lab, victim, 0, "clear")  # a GPU reset: the ECC count, the link, the lost GPU
+            subprocess.run([sys.executable, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", victim],
+                           env=dict(self.env, **self.lab.node_env(victim)), capture_output=True, timeout=30)
+            node = self.slurm.get_node(victim)
+            if node.drain or node.down:
+                self.slurm.resume(victim)
         wait_for(lambda: all(n.state == "IDLE" and not n.drain for n in self.slurm.list_nodes()), 180, "nodes idle")
+
+
+def resumed_in(tail: str) -> bool:
+    """Both ranks printed a step after the newest start block: training resumed (pure)."""
+    restart = list(START.finditer(tail))
+    return len(restart) >= 2 and len({s.group(1) for s in STEP.finditer(tail[restart[-1].end():])}) >= 2
+
+
+def figures(text: str, offset: int, rank: str, t_fault: float, seen: Dict[str, tuple],
+            nodes_before: Sequence[str]) -> Dict[str, object]:
+    """A case's figures from the job's output (``text``; the fault came when it was ``offset`` long) and
+    what the watch saw (pure): lost steps, fault -> resumed (the trainer's own clock on the restarted run's
+    first step), fault -> step ended, the memory tier's save cost, where each run ran. ``first_step_time``
+    is for :func:`phases`."""
+    resume = lostwork.resumes(text)[0]
+    restarted = [m for m in START.finditer(text) if m.start() >= offset]
+    first = next(m for m in STEP.finditer(text) if m.start() > max(r.start() for r in restarted))
+    saves = [float(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* ms=([\d.]+)", text, re.M)]
+    sizes = [int(m) for m in re.findall(r"^\d+: autoheal-trainer: memory saved .* bytes=(\d+)", text, re.M)]
+    ended = seen.get("ended")
+    down = seen.get("down")
+    return {"lost_steps": resume.lost, "resumed_step": min(resume.resumed.values()),
+            "fault_to_resumed_s": round(float(first.group(3)) - t_fault, 2),
+            "fault_to_step_ended_s": round(ended[0] - t_fault, 2) if ended else None,
+            "runner_waited_s": float(ended[1]) if ended else None,
+            "fault_to_node_down_s": round(down[0] - t_fault, 2) if down else None,
+            "resumed_from": next((m.group(3) for m in restarted if m.group(1) == rank), restarted[0].group(3)),
+            "requeued": any(m.group(4) != "0" for m in restarted),
+            "nodes_before": sorted(nodes_before), "nodes_after": sorted(m.group(5) for m in restarted),
+            "save_ms_p50": round(statistics.median(saves), 1) if saves else None,
+            "save_ms_p95": round(_quantile(saves, 0.95), 1) if saves else None,
+            "state_mb": round(max(sizes) / 1e6, 2) if sizes else None,
+            "first_step_time": float(first.group(3))}
+
+
+def phases(tail: str, journal: List[dict], jid: str, t_fault: float, seen: Dict[str, tuple],
+           first_step: float) -> Dict[str, float]:
+    """Seconds after the fault of each phase, from the evidence's own clock where it has one: the
+    journal's record time (drain, grace signal, swap / requeue), the trainers' own time= stamps (a rank's
+    device error, the restarted ranks' start), else when the bench first saw the runner's or srun's line
+    (pure: ``journal`` holds the records since the fault)."""
+    at: Dict[str, float] = {}
+    for rec in journal:
+        if rec.get("event") in ("drain", "signal", "job-hot-swap", "job-requeue") and \
+                (rec.get("event") == "drain" or jid in rec.get("job_ids", []) or rec.get("job_id") == jid):
+            at.setdefault({"job-hot-swap": "swapped", "job-requeue": "requeued"}.get(rec["event"], rec["event"]),
+                          float(rec["time"]))
+    for m in re.finditer(r"^\d+: autoheal-trainer: (device error|collective failed|device lab) .*", tail, re.M):
+        t = EVENT_TIME.search(m.group(0))
+        if t:  # "device lab": a restarted rank is up, its imports done (the later rank's counts)
+            name = "ranks imported" if m.group(1) == "device lab" else f"rank {m.group(1)}"
+            at[name] = max(at.get(name, 0.0), float(t.group(1))) if name == "ranks imported" \
+                else at.get(name, float(t.group(1)))
+    names = {"ended": "step ended", "step busy": "srun: step busy", "step created": "srun: step created",
+             "down": "srun told node down"}
+    for key, value in seen.items():
+        at.setdefault(names.get(key, key), value[0])
+    starts = [float(t.group(1)) for t in (EVENT_TIME.search(line) for line in
+                                           re.findall(r"^\d+: autoheal-trainer: start step=.*$", tail, re.M)) if t]
+    if starts:  # the later rank: training resumes when both have loaded their state
+        at["ranks started"] = max(starts)
+    at["first step"] = first_step
+    return {k: round(v - t_fault, 2) for k, v in sorted(at.items(), key=lambda kv: kv[1])}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One of issue 23's targets over the cases it applies to: the worst figure, and the cases that
+    missed it (a failed case, or a hang the runner did not end, misses it)."""
+
+    name: str
+    limit: float
+    unit: str
+    worst: Optional[float]
+    cases: int
+    missed: List[str] = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        return self.cases > 0 and not self.missed
+
+
+def _label(r: Dict[str, object]) -> str:
+    return f"{r['trainer']} {r['fault']} {r['path']} {r['tier']}"
+
+
+def _target(name: str, limit: float, unit: str, rows: List[Dict[str, object]], key: str) -> Target:
+    values = [r.get(key) for r in rows]
+    known = [float(v) for v in values if v is not None]  # type: ignore[arg-type]
+    missed = [_label(r) for r, v in zip(rows, values) if v is None or float(v) > limit]  # type: ignore[arg-type]
+    return Target(name, limit, unit, max(known) if known else None, len(rows), missed)
+
+
+def check_targets(rows: List[Dict[str, object]], k: int, grace: float = GRACE) -> List[Target]:
+    """Issue 23's targets on the lab, judged over the rows (pure): memory tier lost steps <= K (hot spare
+    and requeue apart: a requeue onto other nodes leaves the copies out of reach), hot spare + memory tier
+    fault -> resumed <= 3 s, and a step blocked after a signalled fault ended within the grace + 5 s."""
+    mem = [r for r in rows if r["tier"] == "memory"]
+    hot = [r for r in mem if r["path"] == "hotspare"]
+    return [_target(f"memory tier lost steps <= K={k}, hot spare", k, "steps", hot, "lost_steps"),
+            _target(f"memory tier lost steps <= K={k}, requeue", k, "steps",
+                    [r for r in mem if r["path"] == "requeue"], "lost_steps"),
+            _target("hot spare + memory tier fault -> resumed <= 3 s", RESUME_TARGET_S, "s", hot,
+                    "fault_to_resumed_s"),
+            _target(f"hang after a fault ended within grace {grace:g} + {HANG_MARGIN:g} s", grace + HANG_MARGIN,
+                    "s", [r for r in rows if r["fault"] in SIGNALLED], "fault_to_step_ended_s")]
 
 
 def _text(path: Path) -> str:
@@ -259,12 +365,19 @@ def _last_step(text: str, rank: str) -> int:
     return max(steps) if steps else 0
 
 
-def _torch_available() -> bool:
+def _torch_version() -> Optional[str]:
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
-        return False
-    return True
+        return None
+    return str(torch.__version__)
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "load average: %.2f, %.2f, %.2f" % os.getloadavg()
 
 
 def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
@@ -277,19 +390,25 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--fault", choices=FAULTS, help="only this fault")
     p.add_argument("--hang-after-fault", type=float, default=5.0,
                    help="the runner's --hang-after-fault (default 5 s; the grace is %d s)" % GRACE)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (rows' text on stderr)")
     return p.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     trainers = [t for t in ("tiny", "torch") if args.only in (None, t)]
-    if "torch" in trainers and not _torch_available():
+    torch_version = _torch_version()
+    if "torch" in trainers and torch_version is None:
         print("bench: torch not installed: torch cases skipped", file=sys.stderr)
         trainers.remove("torch")
+    meta: Dict[str, object] = {"argv": sys.argv[1:] if argv is None else list(argv), "k": args.k, "n": args.n,
+                               "grace": GRACE, "hang_after_fault": args.hang_after_fault, "torch": torch_version,
+                               "commit": _commit(), "started": _utc(), "uptime_start": _uptime()}
+    print(f"bench: started {meta['started']}: {meta['uptime_start']}", file=sys.stderr, flush=True)
     root = Path(tempfile.mkdtemp(prefix="autoheal-bench-tiers-"))
     lab = Lab(root)
-    rows = []
+    rows: List[Dict[str, object]] = []
+    out = sys.stderr if args.json else sys.stdout
     try:
         lab.up(nodes=4, gpus=1, spares=0, hooks=True, xid_watch=True, install=False,
                extra_conf=["SlurmdTimeout=10", "KillWait=5",
@@ -300,25 +419,55 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for path in [x for x in ("requeue", "hotspare") if args.path in (None, x)]:
                     for tier in [x for x in ("durable", "memory") if args.tier in (None, x)]:
                         rows.append(bench.case(trainer, path, tier, fault))
-                        if not args.json:
-                            print(_row(rows[-1]), flush=True)
+                        print(render_row(rows[-1]), file=out, flush=True)
+    except SystemExit as exc:  # a case's cleanup failed: the lab is not fit for the next; keep what was measured
+        meta["aborted"] = str(exc)
+        print(f"bench: matrix aborted after {len(rows)} case(s): {exc}", file=sys.stderr, flush=True)
     finally:
         lab.down()
+    meta.update(ended=_utc(), uptime_end=_uptime())
+    targets = check_targets(rows, args.k)
+    print(render_targets(rows, targets), file=out, flush=True)
+    print(f"bench: ended {meta['ended']}: {meta['uptime_end']}", file=sys.stderr, flush=True)
     if args.json:
-        print(json.dumps(rows, indent=1))
-    else:
-        print(_targets(rows, args.k))
+        print(json.dumps({**meta, "rows": rows, "targets": [dict(asdict(t), met=t.met) for t in targets]}, indent=1))
     return 0
 
 
-def _row(r: Dict[str, object]) -> str:
+def _commit() -> str:
+    """The tree the figures were taken on: its commit, ``+changes`` when it differs from it."""
+    here = str(Path(__file__).resolve().parent)
+    try:
+        head = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return (head or "?") + ("+changes" if dirty else "")
+
+
+def _utc() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_row(r: Dict[str, object]) -> str:
+    """One case as the bench prints it (and docs/benchmarks.md holds it)."""
     tier = f"memory K={r['K']}" if r["tier"] == "memory" else f"durable N={r['N']}"
+    if r.get("error"):
+        return (f"{r['trainer']:5} {r['fault']:11} {r['path']:8} {tier:14} FAILED: {r['error']} "
+                f"(output: {r.get('output')})")
     save = (f"  save p50 {r['save_ms_p50']} ms p95 {r['save_ms_p95']} ms of {r['state_mb']} MB"
             if r["save_ms_p50"] is not None else "")
     save += f"  tier memory/node {r['memory_per_node_mb']} MB" if r["memory_per_node_mb"] is not None else ""
     origin = str(r["resumed_from"]).split("@")[0] if str(r["resumed_from"]).startswith("memory:") else "durable"
-    ended = (f"  fault->step ended {r['fault_to_step_ended_s']} s (runner: {r['runner_waited_s']} s after "
-             f"the signal)" if r["fault_to_step_ended_s"] is not None else "")
+    if r["fault_to_step_ended_s"] is not None:
+        ended = (f"  fault->step ended {r['fault_to_step_ended_s']} s (runner: {r['runner_waited_s']} s after "
+                 f"the signal)")
+    elif r["fault"] in SIGNALLED:  # the step was expected to block and be ended by the hang detection
+        ended = "  fault->step ended: not ended by the hang detection"
+    else:
+        ended = ""
     down = f"  fault->srun told node down {r['fault_to_node_down_s']} s" if r["fault_to_node_down_s"] else ""
     phases = "\n      phases (s after the fault): " + ", ".join(f"{k} {v}" for k, v in r["phases"].items())  # type: ignore
     how = "requeued" if r["requeued"] else "same allocation"
@@ -326,23 +475,21 @@ def _row(r: Dict[str, object]) -> str:
             f"fault->resumed {r['fault_to_resumed_s']:6.2f} s ({how}, from {origin}){ended}{down}{save}{phases}")
 
 
-def _targets(rows: List[Dict[str, object]], k: int) -> str:
-    mem = [r for r in rows if r["tier"] == "memory"]
-    hot, req = [r for r in mem if r["path"] == "hotspare"], [r for r in mem if r["path"] == "requeue"]
-    ended = [r for r in rows if r["fault_to_step_ended_s"] is not None]
-    lines = [f"targets: memory tier lost steps <= K={k}: hot spare max "
-             f"{max((r['lost_steps'] for r in hot), default='-')} over {len(hot)} case(s); requeued max "
-             f"{max((r['lost_steps'] for r in req), default='-')} over {len(req)} case(s)"]
-    for r in req:  # why a requeued run did not resume from memory: where Slurm placed it
-        before, after = list(r["nodes_before"]), list(r["nodes_after"])  # type: ignore[call-overload]
-        if not str(r["resumed_from"]).startswith("memory:"):
+def render_targets(rows: List[Dict[str, object]], targets: List[Target]) -> str:
+    """The targets met or not, and why a requeued memory-tier run resumed from the durable tier."""
+    lines = []
+    for t in targets:
+        verdict = "met" if t.met else ("no case" if not t.cases else f"NOT met ({len(t.missed)} of {t.cases}: "
+                                                                      f"{'; '.join(t.missed)})")
+        worst = "-" if t.worst is None else f"{t.worst:g} {t.unit}"
+        lines.append(f"targets: {t.name}: max {worst} over {t.cases} case(s): {verdict}")
+    for r in rows:  # why a requeued run did not resume from memory: where Slurm placed it
+        if r["tier"] == "memory" and r["path"] == "requeue" and not r.get("error") \
+                and not str(r["resumed_from"]).startswith("memory:"):
+            before, after = list(r["nodes_before"]), list(r["nodes_after"])  # type: ignore[call-overload]
             lines.append(f"  {r['trainer']} {r['fault']} requeue: {','.join(before)} -> {','.join(after)}: "
                          f"the copies on {','.join(sorted(set(before) - set(after))) or '-'} out of reach, "
                          f"resumed from durable")
-    lines += [f"targets: hot spare + memory tier fault -> resumed <= 3 s: max "
-              f"{max((r['fault_to_resumed_s'] for r in hot), default='-')} s over {len(hot)} case(s)",
-              f"targets: hang after a fault ended within grace {GRACE} + 5 s: max "
-              f"{max((r['fault_to_step_ended_s'] for r in ended), default='-')} s over {len(ended)} case(s)"]
     return "\n".join(lines)
 
 
