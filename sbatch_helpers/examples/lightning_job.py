@@ -5,9 +5,10 @@ Submit with plain ``sbatch lightning_job.sbatch`` (next to this file). The batch
 ``--signal=USR2@<grace>`` (no ``B:``: the signal goes to the srun step, where Lightning runs). On a GPU
 fault autoheal drains the node and delivers that same signal at once, as Slurm does near the time
 limit; Lightning's handler then saves ``hpc_ckpt_<N>.ckpt`` into ``default_root_dir`` and runs
-``scontrol requeue`` (rank 0). The requeued job starts on another node and ``Trainer.fit`` resumes from
-the newest ``hpc_ckpt_*`` by itself. A job that does neither within ``hooks.grace_seconds`` is
-requeued by autoheal (SIGTERM, KillWait, SIGKILL) and resumes from its last regular checkpoint.
+``scontrol requeue`` (rank 0). The requeued job starts on another node and resumes from the newest
+valid checkpoint (``resume_path``: a save killed half way leaves a torn file, which is skipped). A job
+that does neither within ``hooks.grace_seconds`` is requeued by autoheal (SIGTERM, KillWait, SIGKILL)
+and resumes from its last regular checkpoint.
 
 Settings that matter:
 - ``requeue_signal=signal.SIGUSR2`` and ``#SBATCH --signal=USR2@...``: the same signal (Lightning's
@@ -21,7 +22,8 @@ Settings that matter:
   resumed from when it is newer than the last ``hpc_ckpt``: a GPU that fell off the bus (XID 79) fails the
   next step before the handler could copy the weights off it, so no ``hpc_ckpt`` is written then and the
   job (requeued by ``autoheal sbatch``) resumes from the regular one. Lightning only resumes an ``hpc_ckpt``
-  by itself; without a regular checkpoint it would start again from step 0.
+  by itself (its highest-numbered one, torn or not: the recipe passes the newest valid one instead);
+  without a regular checkpoint it would start again from step 0.
 
 ``--device lab`` (the autoheal lab only) makes each step's forward, backward and optimizer step and each
 save a "GPU call" on the step's fake GPUs (``autoheal_lab.fakedevice``), so a lab fault reaches the job as
@@ -66,15 +68,86 @@ def open_device(kind: str) -> Any:
     return dev
 
 
+#: Where a torn checkpoint is moved when no valid one is left (a folder: Lightning lists only the root's files)
+TORN = "torn-checkpoints"
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why ``path`` is not a whole checkpoint, or None when it is. Lightning does not guarantee one.
+
+    Lightning 2.x saves through ``TorchCheckpointIO`` -> ``_atomic_save``: ``torch.save`` into memory,
+    then, inside an fsspec transaction, a write to a temporary file that is moved to the final name on
+    commit. On a local or shared POSIX filesystem that temporary file is ``tempfile.mkstemp()``'s, i.e.
+    in ``$TMPDIR`` (node-local ``/tmp``), and the move is ``shutil.move``: a rename only when the target
+    is on the same filesystem; to a shared filesystem it is a copy into the final name, so a kill during
+    the copy (a grace period that ran out mid-save) leaves a torn file under the checkpoint's own name
+    (seen: 18 MB of a 400 MB checkpoint after a kill -9, the root on tmpfs and /tmp on ext4).
+    Nothing is fsynced either way, so a node that crashes after the save can leave a short or zero-filled
+    file behind even after a rename. ``hpc_ckpt_<N>`` (the save on the requeue signal) takes the same path.
+
+    What is checked (no torch needed, one sequential read of the file): ``torch.save`` writes a zip
+    archive of stored members whose central directory comes last, so a file cut short has none (or a
+    broken one), and each member carries a CRC-32 that catches a hole or zeros where data never reached
+    the disk. ``torch.load`` checks no CRC: a damaged tensor would load as wrong weights. A member whose
+    CRC is 0 is not read (``torch.serialization.set_crc32_options(False)`` writes 0 for every member):
+    only its structure counts. A checkpoint that is a folder (a sharded strategy's) is not this recipe's
+    and is rejected: a CheckpointIO of your own needs its own check here."""
+    import zipfile
+
+    if not os.path.isfile(path):
+        return "not a file"
+    try:
+        size = os.path.getsize(path)
+        with zipfile.ZipFile(path) as zf:
+            members = zf.infolist()
+            if not any(m.filename.endswith("/data.pkl") or m.filename == "data.pkl" for m in members):
+                return "no data.pkl: not a torch.save archive"
+            for m in members:
+                if m.header_offset + 30 + len(m.filename.encode()) + m.compress_size > size:
+                    return f"{m.filename} runs past the end of the file"
+                with zf.open(m) as f:  # checks the member's local header
+                    # zipfile checks the CRC-32 once a member is read to its end
+                    while m.CRC != 0 and f.read(1 << 20):
+                        pass
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def resume_path(root_dir: str) -> Optional[str]:
-    """The checkpoint to resume from: the newest regular one if it is newer than every ``hpc_ckpt``
-    (None otherwise: Lightning picks its newest ``hpc_ckpt`` by itself, or starts from scratch)."""
+    """The checkpoint to resume from: the newest *valid* one (:func:`checkpoint_problem`), regular
+    (``<root>/checkpoints/*.ckpt``) or Lightning's ``hpc_ckpt_*``, by modification time; on a tie the
+    hpc one (the later save, on the signal). A torn one is skipped (a line says so) for the next newest.
+
+    Always a path when a valid checkpoint exists: with ``ckpt_path=None`` under Slurm, Lightning itself
+    resumes from the highest-numbered ``hpc_ckpt`` without looking at it, torn or not. None when none is
+    valid (the run starts from scratch); then torn ``hpc_ckpt`` files are first moved into
+    ``<root>/torn-checkpoints`` (kept for a post-mortem, never deleted), or Lightning would pick one.
+    Every rank of a job may run this at once: a file another rank moved already is not an error."""
     regular = glob.glob(os.path.join(root_dir, CHECKPOINTS, "*.ckpt"))
     hpc = glob.glob(os.path.join(root_dir, "hpc_ckpt_*.ckpt"))
-    if not regular:
-        return None
-    newest = max(regular, key=os.path.getmtime)
-    return newest if not hpc or os.path.getmtime(newest) > max(os.path.getmtime(h) for h in hpc) else None
+    found = []
+    for path in regular + hpc:
+        try:
+            found.append((os.path.getmtime(path), path in hpc, path))
+        except OSError:  # moved away by another rank meanwhile
+            continue
+    torn = []
+    for _mtime, is_hpc, path in sorted(found, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        print(f"lightning-job: skipped torn checkpoint {path}: {problem}", flush=True)
+        if is_hpc:
+            torn.append(path)
+    for path in torn:
+        aside = os.path.join(root_dir, TORN)
+        os.makedirs(aside, exist_ok=True)
+        try:
+            os.replace(path, os.path.join(aside, os.path.basename(path)))
+        except FileNotFoundError:
+            pass  # another rank moved it
+    return None
 
 
 def state_digest(module: Any) -> str:

@@ -24,7 +24,7 @@ preemption (at most ``max_gpu_requeues`` times: a CUDA error of the job's own mu
 forever). Raising the error instead would end the job with submitit's error result, and the waiting
 client would report the run failed although Slurm (or autoheal) requeues it. submitit checkpoints and
 requeues on global rank 0 only: a rank k > 0 whose GPU failed signals the whole step with ``scancel``
-so that rank 0 does it, and is then ended by the requeue (see ``Trainer._ask_rank0``). A restart
+so that rank 0 does it, and leaves on the requeue's SIGTERM (see ``Trainer._ask_rank0``). A restart
 resumes from whichever is further: the pickle or the newest valid durable checkpoint, and the state it
 resumed from is the saved one (a later failure never pickles an older one). Work lost on XID 79: the
 steps since the last save (durable, or the pickle this run resumed from).
@@ -49,6 +49,14 @@ Run it (the client waits for the result and prints it as JSON)::
 The lab test (tests/integration/test_frameworks_submitit.py) runs this file; its output lines
 (``submitted``, ``submitit-trainer: ...``, ``result``) are a contract.
 
+Several ranks (``--nodes``, ``--tasks-per-node``): every rank trains a replica of the same state and only
+global rank 0 writes the durable checkpoint (data-parallel: its replica is enough; the checkpoint API
+lets rank 0 alone publish one). ``--collective`` adds a real allreduce among the ranks every step (the
+tiny trainer's TCP one, standing in for DDP's gradient all-reduce): then, as under NCCL, a rank whose
+peer failed or hung blocks in it with the preemption signal held, so nobody can checkpoint on the signal;
+under ``autoheal sbatch`` the runner's hang rule ends the step (each step writes a ``heartbeat()``, a
+no-op outside ``autoheal sbatch``) and the job resumes from the last durable save.
+
 ``--device lab`` (the autoheal lab only; submit with ``--gpus-per-node``) makes each step, each durable
 save and the copy of the state in ``checkpoint()`` a "GPU call" on the step's fake GPUs
 (``autoheal_lab.fakedevice``), as a CUDA job meets its GPU: after XID 79 the next call fails. Without
@@ -70,12 +78,13 @@ from typing import Any, Dict, List, Mapping, NoReturn, Optional, Tuple
 import submitit
 
 try:
-    from autoheal.sbatch_helpers import report_progress
+    from autoheal.sbatch_helpers import heartbeat, report_progress
 except ImportError:  # autoheal not installed where the job runs: the recipe still works
     def _no_progress(step: int, *args: Any, **kwargs: Any) -> None:
         return None
 
     report_progress = _no_progress
+    heartbeat = _no_progress
 
 
 def next_state(state: int, step: int) -> int:
@@ -181,7 +190,8 @@ class Trainer(submitit.helpers.Checkpointable):
     further, and that state counts as saved from then on."""
 
     def __init__(self, device: str = "none", checkpoint_every: int = 10, checkpoint_dir: str = "",
-                 log_every: int = 5, max_gpu_requeues: int = 3, rank_wait_s: float = 600.0) -> None:
+                 log_every: int = 5, max_gpu_requeues: int = 3, rank_wait_s: float = 600.0,
+                 collective: bool = False, collective_timeout: float = 600.0) -> None:
         self.progress: Tuple[int, int] = (0, 0)  # (step, state)
         self.saved: Tuple[int, int] = (0, 0)  # the last durable save (host memory: copied off the GPU)
         self.runs: List[Dict[str, Any]] = []  # where each run started
@@ -194,8 +204,12 @@ class Trainer(submitit.helpers.Checkpointable):
         self.max_gpu_requeues = max_gpu_requeues
         #: how long a rank other than 0 whose GPU failed waits for rank 0's requeue to end it
         self.rank_wait_s = rank_wait_s
+        #: a real allreduce among the tasks every step (DDP's gradient all-reduce; see _open_collective)
+        self.collective = collective
+        self.collective_timeout = collective_timeout  # NCCL's default process-group timeout
         self._dev: Any = None
         self._mgr: Any = None
+        self._rank = 0  # this task's global rank (set where it runs)
         #: the type of the GPU error seen in this process ("" none): then the state on the GPU is never
         #: copied and trusted again
         self._gpu_error = ""
@@ -241,6 +255,33 @@ class Trainer(submitit.helpers.Checkpointable):
             return None
         return found.step, doc["state"]
 
+    def _open_collective(self, dev: Any) -> Any:
+        """With ``collective`` and more than one task: the ranks' allreduce, connected (rank 0 the hub at
+        ``MASTER_ADDR``:``MASTER_PORT``, else the step's first node and a port from the job id). It is the
+        tiny trainer's TCP allreduce (autoheal must be installed), standing in for torch.distributed's:
+        like NCCL it blocks the rank until ``collective_timeout`` when a peer is gone or hung, with the
+        preemption signal held pending (a Python handler does not run inside NCCL's C++ code), and with
+        ``--device lab`` it hangs over an NVLink that is down."""
+        if not getattr(self, "collective", False):
+            return None
+        env = submitit.JobEnvironment()
+        if env.num_tasks < 2:
+            return None
+        from autoheal.sbatch_helpers.examples.tiny_trainer import Collective, rendezvous
+
+        addr, port = rendezvous()
+        coll = Collective(env.global_rank, env.num_tasks, addr, port, getattr(self, "collective_timeout", 600.0),
+                          (preempt_signal(), signal.SIGTERM), dev.links_ok if dev is not None else (lambda: True))
+        coll.connect()
+        say(f"collective ranks={env.num_tasks} hub={addr}:{port}")
+        return coll
+
+    def _agree(self, coll: Any, step: int, state: int) -> None:
+        """The step's collective: every rank contributes its new state; data-parallel ranks must agree."""
+        total = coll.allreduce(step, state)
+        if total != coll.world * state:
+            raise RuntimeError(f"rank {coll.rank} at step {step}: the ranks' states differ (sum {total})")
+
     def _save(self, dev: Any) -> None:
         """A durable checkpoint of the current progress (the state comes off the GPU first)."""
         if dev is not None:
@@ -254,7 +295,7 @@ class Trainer(submitit.helpers.Checkpointable):
     def __getstate__(self) -> Dict[str, Any]:
         # an open device belongs to one process on one node; the store is opened again where it runs
         # _gpu_error: about this process's GPU, not the next run's
-        return dict(self.__dict__, _dev=None, _mgr=None, _gpu_error="")
+        return dict(self.__dict__, _dev=None, _mgr=None, _gpu_error="", _rank=0)
 
     def __call__(self, steps: int, step_seconds: float) -> Dict[str, Any]:
         node = os.environ.get("SLURMD_NODENAME", "")
@@ -264,6 +305,7 @@ class Trainer(submitit.helpers.Checkpointable):
         # the next GPU failure pickle that over the newer pickle: a checkpoint going backwards.
         self.saved = self.progress
         self._gpu_error = ""  # a new process (the field is not pickled): no GPU error seen yet
+        self._rank = global_rank()
         start = self.progress[0]
         self.runs.append({"start": start, "node": node, "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0")),
                           "from": source})
@@ -271,15 +313,21 @@ class Trainer(submitit.helpers.Checkpointable):
             timed=True)
         try:
             dev = self._gpu()
+            coll = self._open_collective(dev)
             while self.progress[0] < steps:
                 time.sleep(step_seconds)
                 if dev is not None:
                     dev.step()  # the step's kernels: after XID 79 this raises, as CUDA does
                 step, state = self.progress
-                self.progress = (step + 1, next_state(state, step))
+                new = next_state(state, step)
+                if coll is not None:
+                    self._agree(coll, step, new)
+                self.progress = (step + 1, new)
+                heartbeat(step + 1)  # under `autoheal sbatch`: the runner's hang rule sees each step
                 if self.log_every and self.progress[0] % self.log_every == 0:
                     say(f"step={self.progress[0]}", timed=True)
-                if self.checkpoint_every and self.progress[0] % self.checkpoint_every == 0:
+                # data-parallel: rank 0's replica is the checkpoint (the API lets rank 0 alone publish one)
+                if self.checkpoint_every and self.progress[0] % self.checkpoint_every == 0 and self._rank == 0:
                     self._save(dev)
         except Exception as exc:
             if not is_gpu_failure(exc):
@@ -311,23 +359,36 @@ class Trainer(submitit.helpers.Checkpointable):
         """Rank k > 0: submitit's handler checkpoints and requeues on global rank 0 only (it returns at
         once elsewhere), and only rank 0's trainer is pickled. So send the preemption signal to the whole
         step, as Slurm's ``--signal`` does: rank 0 (a working GPU: its copy of the replicated state is
-        good) checkpoints and requeues, and the requeue ends this task as it ends every other rank on a
-        preemption (SIGTERM, which submitit ignores, then SIGKILL after KillWait), with no result written:
-        no error result of this rank overrides rank 0's requeue. Raised instead (the job's own error)
+        good) checkpoints and requeues, and the requeue ends this task: on its SIGTERM (which submitit
+        itself ignores) this rank leaves at once (:func:`leave_on_requeue`), with no result written: no
+        error result of this rank overrides rank 0's requeue. Raised instead (the job's own error)
         without a step to signal, when ``scancel`` fails, after ``max_gpu_requeues`` requeues of the job
         (``SLURM_RESTART_COUNT``: every requeue counts, since rank 0 cannot know which were GPU failures),
         or when nothing ended this task within ``rank_wait_s``. Not covered: a real DDP rank 0 blocked in
         a collective that waits for this rank runs its handler only when the collective returns (NCCL's
         timeout; with async error handling NCCL's watchdog may abort it first: then only autoheal's
-        grace requeue saves the job)."""
+        grace requeue saves the job); with ``--collective`` that is the lab's case too, and the runner's
+        hang rule ends the step under ``autoheal sbatch``."""
         argv = step_signal_argv(sig, os.environ)
         restarts = os.environ.get("SLURM_RESTART_COUNT", "0").strip() or "0"
         if argv is None or not _digits(restarts) or int(restarts) >= getattr(self, "max_gpu_requeues", 3):
             raise exc
+        # Slurm ends a requeued job's tasks with SIGTERM and SIGKILL only after KillWait: waiting for the
+        # SIGKILL held the requeued job back by KillWait (122 s on the lab) for a rank with nothing to save.
+        # Set before the signal goes out: rank 0's requeue may come before scancel returns.
+        previous = signal.signal(signal.SIGTERM, leave_on_requeue)
         try:
-            subprocess.run(argv, check=True, timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            # scancel runs inside this step, so Slurm signals it too: with the default action it died of the
+            # very signal it had just delivered (exit -12, seen on the lab) and this rank raised, writing
+            # the error result it must not. Ignored by the shell before the exec (kept across it), it exits
+            # 0. A shell rather than preexec_fn: that is not safe in a process with threads.
+            subprocess.run(["sh", "-c", f'trap "" {signal.Signals(sig).name[3:]}; exec "$@"', argv[0], *argv],
+                           check=True, timeout=30, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except (OSError, subprocess.SubprocessError) as err:
-            say(f"warning could not signal the step: {type(err).__name__}", timed=True)
+            signal.signal(signal.SIGTERM, previous)  # no requeue is coming: this rank's error result is due
+            detail = (getattr(err, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()
+            say(f"warning could not signal the step: {type(err).__name__}{': ' + detail[-1] if detail else ''}",
+                timed=True)
             raise exc from None
         say(f"asked rank 0 to checkpoint and requeue: {' '.join(argv)}", timed=True)
         deadline = time.monotonic() + getattr(self, "rank_wait_s", 600.0)
@@ -363,6 +424,13 @@ class Trainer(submitit.helpers.Checkpointable):
             f"step={self.saved[0]}", timed=True)
         self.progress = self.saved
         return super().checkpoint(*args, **kwargs)
+
+
+def leave_on_requeue(signum: int, frame: Any) -> None:
+    """SIGTERM for a rank k > 0 that asked rank 0 to requeue: end the process now, writing no result
+    (``os._exit``: submitit's error result would say the run failed)."""
+    say(f"ended by signal {signal.Signals(signum).name} after asking rank 0 to requeue", timed=True)
+    os._exit(128 + signum)
 
 
 def say(text: str, timed: bool = False) -> None:
@@ -406,6 +474,12 @@ def main(argv=None) -> int:
     ap.add_argument("--exclude", default="", help="sbatch --exclude")
     ap.add_argument("--wait", type=float, default=3600, help="seconds the client waits for the result")
     ap.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node for the job (default 0: none)")
+    ap.add_argument("--nodes", type=int, default=1, help="nodes for the job (default 1)")
+    ap.add_argument("--tasks-per-node", type=int, default=1,
+                    help="tasks (ranks) per node (default 1); with --device lab give each task its own node")
+    ap.add_argument("--collective", action="store_true",
+                    help="a real allreduce among the ranks every step (needs autoheal installed; a stand-in "
+                         "for DDP's gradient all-reduce: a rank whose peer is gone or hung blocks in it)")
     ap.add_argument("--device", choices=("none", "lab"), default="none",
                     help="lab: each step on the job's fake GPUs (the autoheal lab only; default none)")
     ap.add_argument("--checkpoint-every", type=int, default=10,
@@ -420,8 +494,13 @@ def main(argv=None) -> int:
         params["exclude"] = args.exclude
     if args.gpus_per_node:
         params["gpus_per_node"] = args.gpus_per_node
+    if args.nodes > 1:
+        params["nodes"] = args.nodes
+    if args.tasks_per_node > 1:
+        params["ntasks_per_node"] = args.tasks_per_node
     ex = autoheal_executor(args.folder, args.grace, args.via_autoheal_sbatch, **params)
-    trainer = Trainer(args.device, args.checkpoint_every, args.checkpoint_dir, args.log_every)
+    trainer = Trainer(args.device, args.checkpoint_every, args.checkpoint_dir, args.log_every,
+                      collective=args.collective)
     job = ex.submit(trainer, args.steps, args.step_seconds)
     print(f"submitted {job.job_id}", flush=True)
     deadline = time.monotonic() + args.wait
@@ -431,11 +510,14 @@ def main(argv=None) -> int:
             return 1
         time.sleep(1)
     try:
-        result = job.result()
+        results = job.results()  # one per task: every rank's own
     except Exception as exc:  # submitit raises the job's own failure here
         print(f"failed: job {job.job_id}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
               file=sys.stderr)
         return 1
+    result = results[0]  # global rank 0's (its replica is the one checkpointed)
+    if len(results) > 1:
+        result = dict(result, ranks=[{"step": r["step"], "final_state": r["final_state"]} for r in results])
     print("result " + json.dumps(result), flush=True)
     return 0
 

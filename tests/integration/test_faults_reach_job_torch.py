@@ -24,7 +24,8 @@ weights are the uninterrupted run's.
 
 Lightning (its own ``SLURMEnvironment`` requeue on USR2 kept) on XID 79 under ``autoheal sbatch``: the
 GPU is gone before its handler could copy the weights off it, so the run fails, the runner requeues it
-and it resumes from its own newest checkpoint (one per epoch), with the weights of an uninterrupted run.
+and it resumes from its own newest valid checkpoint (one per epoch; a torn ``hpc_ckpt`` planted beside it,
+newer, is skipped), with the weights of an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -261,6 +262,12 @@ def test_lightning_on_xid79_cannot_save_on_the_signal_and_resumes_from_its_own_r
         gpu = int(wait_text(out, r"^lightning-job: device lab gpus=(\d+)$", 180)[0])
         wait_text(out, r"lightning-job: checkpoint global_step=128\b", 180)
         wait_text(out, r"lightning-job: global_step=140\b", 60)
+        # what a save on the signal killed half way leaves (Lightning copies its temporary file into the
+        # final name): a torn hpc_ckpt, newer than the regular checkpoint. Lightning's own hpc resume
+        # would pick it and fail; the recipe must skip it for the regular one.
+        (regular,) = (tmp_path / "lightning-runs" / "checkpoints").glob("*.ckpt")
+        torn = tmp_path / "lightning-runs" / "hpc_ckpt_1.ckpt"
+        torn.write_bytes(regular.read_bytes()[:regular.stat().st_size // 2])
         node = tlab.slurm.get_job(jid).batch_host
         inject(tlab.lab, node, gpu, "xid", xid=79)
         wait_text(out, r"lightning-job: start global_step=\d+ node=\S* restart=1\b", 240)
@@ -287,6 +294,7 @@ def _judge_lightning(text: str, node: str, digest: str) -> int:
     assert saved == [128], saved  # the signal's hpc_ckpt could not be written: the GPU was gone
     assert int(starts[1][0]) == 128, starts
     assert re.search(r"^lightning-job: resume from=\S+/checkpoints/epoch=0-step=128\.ckpt$", text, re.M), text[-3000:]
+    assert re.search(r"^lightning-job: skipped torn checkpoint \S+/hpc_ckpt_1\.ckpt: ", text, re.M), text[-3000:]
     last = max(int(s) for s in re.findall(r"^lightning-job: global_step=(\d+)$", run0, re.M))
     assert re.search(rf"lightning-job: done global_step=384 final_state={digest}$", text, re.M), text[-2000:]
     return last - int(starts[1][0])

@@ -13,9 +13,21 @@ and submitit's ``checkpoint()`` copy the state off that GPU, as a CUDA job does.
   fault, losing at most ``EVERY`` steps (measured from its own step lines).
 
 Both must finish with an uninterrupted run's state, and the client's result must be the completed
-run's. The lab runs with ``hooks.grace_signal = "USR2"``: the setting that made a plain submitit job
-end FAILED before (the USR2 also hit, and killed, the batch shell); tests/unit/test_jobside_signal.py
-shows the same for every allowed grace_signal.
+run's.
+
+Two ranks, one task on each of two nodes, through ``autoheal sbatch``, the fault on rank 1's GPU:
+
+- no collective, XID 79: rank 1's step fails and it signals the step; rank 0 (its GPU works) checkpoints
+  its replica on submitit's handler and requeues; rank 1 leaves on the requeue's SIGTERM, with no
+  result of its own; the job resumes from rank 0's pickle;
+- ``--collective`` (an allreduce every step), XID 79 / uncorrectable ECC (rank 1 aborts) / NVLink down
+  (the collective hangs): rank 0 blocks in the collective with the signal held, as under NCCL; the
+  runner's hang rule ends the step (not the collective's 600 s timeout) and the job resumes from its
+  last durable save, losing at most ``EVERY`` steps.
+
+The lab runs with ``hooks.grace_signal = "USR2"``: the setting that made a plain submitit job end FAILED
+before (the USR2 also hit, and killed, the batch shell); tests/unit/test_jobside_signal.py shows the
+same for every allowed grace_signal.
 """
 
 from __future__ import annotations
@@ -230,3 +242,160 @@ def test_submitit_jobs_whose_gpu_fell_off_the_bus_resume_from_their_last_durable
     # it had, the job requeued itself, maybe before xid-watch looked at it)
     if "submitit-trainer: device error" not in _first_run(got["plain"][1]):
         _plain_signalled_by_xid_watch(fwlab, got["plain"][0])
+
+
+# ---- two ranks (one task on each of two nodes), the fault on rank 1's GPU, under `autoheal sbatch`
+
+# short steps: rank 1 meets the fault (its next step) before xid-watch's signal reaches rank 0 more often
+RANK_STEPS, RANK_STEP_SECONDS = 40, 0.1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_ranks(lab, tmp_path, kind: str, collective: bool) -> dict:
+    """The recipe with 2 tasks on 2 nodes (``--collective``: a real allreduce every step) through
+    ``autoheal sbatch``; once rank 0 saved its first durable checkpoint and rank 1 is half an interval
+    past it, ``kind`` on rank 1's GPU. Returns what the judges need once the client returned."""
+    # every lab node is this machine: the hub is reachable on loopback; a port of its own (other labs
+    # run beside this one and the port from the job id could be theirs)
+    env = dict(lab.slurm_env(), PATH=os.path.dirname(PY) + os.pathsep + lab.slurm_env().get("PATH", ""),
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    slurm = CliSlurm(slurm_conf=str(lab.layout().slurm_conf), env=env)
+    folder, client = tmp_path / "ranks", tmp_path / "ranks.client"
+    argv = [PY, str(EXAMPLE), "--folder", str(folder), "--steps", str(RANK_STEPS), "--step-seconds",
+            str(RANK_STEP_SECONDS), "--grace", str(GRACE), "--wait", "300", "--gpus-per-node", "1", "--nodes", "2",
+            "--device", "lab", "--checkpoint-every", str(EVERY), "--log-every", "1", "--via-autoheal-sbatch"]
+    if collective:
+        argv.append("--collective")
+    with open(client, "w") as fh:
+        proc = subprocess.Popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=tmp_path)
+    jid, node = "", ""
+    try:
+        jid = _wait(lambda: re.search(r"(?m)^submitted (\d+)$", _read(client)), 60, "submitted").group(1)
+        log0, log1 = folder / f"{jid}_0_log.out", folder / f"{jid}_1_log.out"
+        _wait(lambda: f"submitit-trainer: checkpoint saved step={EVERY} " in _read(log0), 120,
+              f"job {jid}: rank 0's first durable checkpoint")
+        _wait(lambda: re.search(rf"(?m)^submitit-trainer: step={EVERY + 5}\b", _read(log1)), 60,
+              f"job {jid}: rank 1 past it")
+        gpu = int(re.search(r"(?m)^submitit-trainer: device lab gpus=(\d+)$", _read(log1)).group(1))
+        node = re.search(r"(?m)^submitit-trainer: start step=0 node=(\S+) ", _read(log1)).group(1)
+        assert node != re.search(r"(?m)^submitit-trainer: start step=0 node=(\S+) ", _read(log0)).group(1)
+        fault = inject(lab, node, gpu, {"xid79": "xid", "ecc": "ecc-dbe", "nvlink": "nvlink-down"}[kind],
+                       **({"xid": 79} if kind == "xid79" else {}))["time"]
+        rc = proc.wait(timeout=300)
+        text = _read(client)
+        assert rc == 0, f"client exit {rc}:\n{text[-2000:]}\n{_read(log0)[-3000:]}\n{_read(log1)[-3000:]}"
+        result = json.loads(re.search(r"(?m)^result (.*)$", text).group(1))
+        job = _wait(lambda: (lambda j: j if j.state not in ("RUNNING", "PENDING", "COMPLETING") else None)(
+            slurm.get_job(jid)), 60, f"job {jid} finished")
+        assert job.state == "COMPLETED", f"{job}\n{_read(log0)[-3000:]}"
+        batch = _read(folder / f"{jid}_0_log.err") + _read(log0)  # the runner's own lines
+        return {"jid": jid, "log0": _read(log0), "log1": _read(log1), "runner": batch, "result": result,
+                "err1": _read(folder / f"{jid}_1_log.err"),
+                "node": node, "gpu": gpu, "fault": fault}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        if jid:
+            subprocess.run(["scancel", jid], env=env, capture_output=True, timeout=20)
+        if node:
+            subprocess.run([PY, "-m", "autoheal.cli.main", "lab", "inject", "--dir", str(lab.root), "--node", node,
+                            "--clear"], env=env, capture_output=True, timeout=30)
+            subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
+                           env=dict(env, **lab.node_env(node)), capture_output=True, timeout=60)
+            if slurm.get_node(node).drain:
+                nodeops.resume(slurm, node)
+
+
+def _steps_done(run: str) -> int:
+    return max(int(s) for s in re.findall(r"(?m)^submitit-trainer: step=(\d+)\b", run))
+
+
+def _judge_ranks(got: dict) -> tuple:
+    """Both ranks finished with an uninterrupted run's state, the second run started elsewhere; returns
+    (rank 0's first run, rank 1's first run, the step the second run resumed from and from what)."""
+    res = got["result"]
+    assert res["step"] == RANK_STEPS and res["final_state"] == _expected(RANK_STEPS), res
+    assert res["ranks"] == [{"step": RANK_STEPS, "final_state": _expected(RANK_STEPS)}] * 2, res
+    # the result's runs are those the pickle it resumed from knew: with no pickle after the fault (a
+    # resume from the durable save) only the completed run's own
+    assert res["runs"][-1]["restart"] >= 1 and res["runs"][-1]["start"] > 0, res["runs"]
+    starts = re.findall(r"(?m)^submitit-trainer: start step=(\d+) node=\S+ job=\S+ resumed_from=(\S+) ", got["log0"])
+    assert len(starts) >= 2 and res["runs"][-1]["start"] == int(starts[-1][0]), (starts, res["runs"])
+    nodes1 = re.findall(r"(?m)^submitit-trainer: start step=\d+ node=(\S+) ", got["log1"])
+    assert len(nodes1) >= 2 and got["node"] not in nodes1[1:], nodes1  # the drained node took no rank again
+    return _first_run(got["log0"]), _first_run(got["log1"]), int(starts[1][0]), starts[1][1]
+
+
+def test_submitit_rank_above_0_whose_gpu_fell_off_the_bus_has_rank_0_checkpoint_its_replica(fwlab, tmp_path):
+    """XID 79 on rank 1's GPU, no collective between the ranks (each a replica of the same state, as an
+    ensemble or a job whose ranks sync rarely): rank 1's next step fails and it signals the step (rank 0,
+    whose GPU works, checkpoints on submitit's handler and requeues); its own failure writes no error
+    result. The job resumes from rank 0's pickle, i.e. rank 0 loses nothing."""
+    got = _run_ranks(fwlab, tmp_path, "xid79", collective=False)
+    run0, run1, start, source = _judge_ranks(got)
+    assert re.search(r"(?m)^submitit-trainer: device error step=\d+ error=DeviceLost ", run1), run1[-3000:]
+    ckpt = [int(s) for s in re.findall(r"(?m)^submitit-trainer: checkpoint step=(\d+)$", run0)]
+    assert ckpt and source == "pickle" and start == ckpt[0], (ckpt, source, start, run0[-3000:])
+    # the pickle holds rank 0's state when the handler ran: its last step, or one more (the handler ran
+    # between the step and its line)
+    assert 0 <= ckpt[0] - _steps_done(run0) <= 1, (ckpt, run0[-2000:])
+    asked = "asked rank 0 to checkpoint and requeue" in run1
+    if asked:  # then it leaves on the requeue's SIGTERM, not after KillWait (the requeued job waits for it)
+        assert "ended by signal SIGTERM after asking rank 0 to requeue" in run1, run1[-2000:]
+    print(f"\nSUBMITIT ranks xid79 (no collective): rank 1's GPU {got['gpu']} on {got['node']} lost; rank 1 "
+          f"{'signalled the step' if asked else 'was ended before it signalled (the fault signal came first)'}; "
+          f"rank 0 pickled step {ckpt[0]} (its last step {_steps_done(run0)}), rank 1 had done {_steps_done(run1)}; "
+          f"resumed from step {start}")
+
+
+@pytest.mark.parametrize("kind", ["xid79", "ecc", "nvlink"])
+def test_submitit_ranks_in_a_collective_blocked_by_a_fault_on_rank_1_are_ended_by_the_hang_rule(
+        fwlab, tmp_path, kind):
+    """The ranks all-reduce every step. On rank 1's GPU: XID 79 (its next step fails, it signals the step),
+    an uncorrectable ECC error (it aborts) or NVLink down (the collective hangs on both). Once rank 1 has
+    met the fault, rank 0 blocks in the collective with the preemption signal held, as in NCCL: nobody
+    can checkpoint on the signal. The runner's hang rule ends the step (no step heartbeat after the
+    fault signal; not the collective's 600 s timeout) and requeues; the job resumes from its last
+    durable save, losing at most EVERY steps. When the fault signal reaches rank 0 first (between two
+    collectives, before rank 1 met the fault; rare with these short steps), rank 0 checkpoints its
+    replica on it, as a healthy rank may: then the job resumes from that pickle, losing nothing."""
+    got = _run_ranks(fwlab, tmp_path, kind, collective=True)
+    run0, run1, start, source = _judge_ranks(got)
+    assert "collective ranks=2 " in run0 and "collective ranks=2 " in run1, run0[-2000:]
+    done = max(_steps_done(run0), _steps_done(run1))
+    hung = re.search(r"the job's ranks are hung: no rank progressed for (\S+)s after the fault signal "
+                     r"\(limit (\S+)s\).*?\((\S+)s after the signal", got["runner"])
+    pickled = [int(s) for s in re.findall(r"(?m)^submitit-trainer: checkpoint step=(\d+)$", run0)]
+    resumed = float(re.findall(r"(?m)^submitit-trainer: start step=\d+ .* time=(\S+)$", got["log0"])[1])
+    if source == "pickle":  # the signal came first: rank 0's replica pickled on it
+        assert pickled and start == pickled[0], (pickled, source, start)
+        assert abs(done - start) <= 1, (done, start)  # its last step, or one more
+        print(f"\nSUBMITIT ranks {kind} (collective): the fault signal reached rank 0 first; it pickled step "
+              f"{start}; fault -> rank 0 running again {resumed - got['fault']:.1f}s")
+        return
+    # A "checkpoint step=" line may be there: the held signal's handler can run once the step is being
+    # killed (seen: 5.7 s after the signal, as the runner ended the step), and the kill then ends its
+    # pickle half way; submitit writes it to a temporary file and renames it, so the old pickle stays.
+    saved = [int(s) for s in re.findall(r"(?m)^submitit-trainer: checkpoint saved step=(\d+) ", run0)]
+    assert saved and source == "durable" and start == saved[-1], (saved, source, start)
+    assert hung, got["runner"][-3000:]
+    if kind == "xid79":  # it failed, asked rank 0 (which could not act on it) and was ended with the step
+        assert re.search(r"(?m)^submitit-trainer: device error step=\d+ error=DeviceLost ", run1), run1[-3000:]
+        assert "asked rank 0 to checkpoint and requeue" in run1, run1[-2000:]
+    elif kind == "ecc":  # it aborted, as a CUDA process whose context an uncorrectable error killed
+        assert "CUDA error: uncorrectable ECC error encountered" in got["err1"], got["err1"][-2000:]
+    else:  # compute still worked: both ranks hung in the collective
+        assert "device error" not in run1 and "device error" not in run0, run1[-2000:]
+    lost = done - start
+    assert 0 <= lost <= EVERY, (lost, start)
+    print(f"\nSUBMITIT ranks {kind} (collective) on rank 1's GPU {got['gpu']} of {got['node']}: hang rule ended "
+          f"the step {hung.group(3)}s after the signal (limit {hung.group(2)}s); last durable save {saved[-1]}, "
+          f"lost {lost} steps; fault -> rank 0 running again {resumed - got['fault']:.1f}s")

@@ -76,24 +76,3 @@ def test_lightning_default_device_makes_no_gpu_call_and_imports_nothing_of_the_l
     dev = _load("lightning_job.py").open_device("none")
     dev.step()
     dev.copy_to_host()
-
-
-def _touch(path: Path, mtime: float) -> None:
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(b"x")
-    os.utime(path, (mtime, mtime))
-
-
-def test_lightning_resumes_from_its_regular_checkpoint_only_when_it_is_newer_than_every_hpc_one(tmp_path):
-    lj = _load("lightning_job.py")
-    assert lj.resume_path(str(tmp_path)) is None  # nothing: Lightning starts from scratch
-    _touch(tmp_path / "hpc_ckpt_1.ckpt", 1000)
-    assert lj.resume_path(str(tmp_path)) is None  # only Lightning's own: it picks it by itself
-    _touch(tmp_path / "checkpoints" / "epoch=0-step=128.ckpt", 900)
-    assert lj.resume_path(str(tmp_path)) is None  # the hpc one (the signal's) is newer
-    _touch(tmp_path / "checkpoints" / "epoch=1-step=256.ckpt", 1100)
-    assert lj.resume_path(str(tmp_path)) == str(tmp_path / "checkpoints" / "epoch=1-step=256.ckpt")
-    _touch(tmp_path / "hpc_ckpt_2.ckpt", 1200)
-    assert lj.resume_path(str(tmp_path)) is None
