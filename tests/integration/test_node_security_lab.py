@@ -341,3 +341,46 @@ def test_a_users_job_environment_never_reaches_the_hooks(world_lab, attacker_dir
     assert not list((attacker_dir / "journal").iterdir()) and not list((attacker_dir / "state").iterdir())
     line = node_line(handle, node)
     assert "DRAIN" not in line and "Reason=" not in line, line
+
+
+def _run_job_as_nobody(handle, attacker_dir, node, script_text):
+    """Submit ``script_text`` as nobody on ``node``; wait until it completed and its epilog ended."""
+    script = attacker_dir / "job.sh"
+    script.write_text(script_text)
+    script.chmod(0o755)
+    os.chown(script, pwd.getpwnam("nobody").pw_uid, -1)
+    got = as_nobody(["env", f"SLURM_CONF={handle.layout.slurm_conf}", "sbatch", "--parsable", "-N1", "-w", node,
+                     "-o", "/dev/null", str(script)], attacker_dir)
+    assert got.returncode == 0, got
+    job = got.stdout.strip().split(";")[0]
+    wait_for(lambda: "JobState=COMPLETED" in sh(handle, "scontrol", "-o", "show", "job", job).stdout, 90,
+             f"job {job} to complete")
+    wait_epilogs_done(handle.env, node, 60)
+    return job
+
+
+def test_a_memory_folder_a_user_named_for_another_is_never_believed_by_the_epilog(world_lab, attacker_dir):
+    """The node's memory is world-writable, as /dev/shm is: nobody makes autoheal-memtier-<victim>/<job>/
+    agent.pid naming a process of the victim's (uid 65533) that carries SLURM_JOB_ID=<a job Slurm does not
+    know>. Before the fix the epilog of nobody's next job swept it as the victim's leftover and SIGKILLed
+    that process."""
+    handle, node = world_lab, "gpu1"
+    mem = Path(handle.layout.memory_base.replace("{node}", node))
+    victim = subprocess.Popen(["/bin/sh", "-c", "echo up; exec sleep 300"], user=65533, group=65533, extra_groups=[],
+                              env={"SLURM_JOB_ID": "777", "PATH": "/usr/bin:/bin"}, cwd="/", stdout=subprocess.PIPE)
+    try:
+        assert victim.stdout is not None and victim.stdout.readline() == b"up\n"
+        folder = mem / "autoheal-memtier-65533" / "777"
+        got = as_nobody(["sh", "-c", f"mkdir -p {folder} && echo '{victim.pid} 0' > {folder}/agent.pid"],
+                        attacker_dir)
+        assert got.returncode == 0, got  # the lab's node memory lets any user do it, as /dev/shm does
+        _run_job_as_nobody(handle, attacker_dir, node, "#!/bin/sh\ntrue\n")
+        assert victim.poll() is None, "the epilog killed the victim's process on nobody's word"
+        assert (folder / "agent.pid").exists()
+        line = node_line(handle, node)
+        assert "DRAIN" not in line and "Reason=" not in line, line
+    finally:
+        victim.kill()
+        victim.wait()
+        if victim.stdout is not None:
+            victim.stdout.close()
