@@ -13,6 +13,8 @@
    ``AUTOHEAL_CONFIG``, ``PYTHONPATH`` with a ``sitecustomize``, ``PYTHONHOME``, ``LD_PRELOAD``, ...): Slurm
    gives the prolog and epilog only its own ``SLURM_*`` variables, so none of it reaches them; the
    node stays in service and the epilog journals the job's records with the site's config.
+4. ``nobody`` plants ``autoheal-memtier-<victim>/<job>/agent.pid`` in the node's world-writable memory
+   folder, naming a process of another user: the real epilog of nobody's next job leaves it alive.
 """
 
 from __future__ import annotations
