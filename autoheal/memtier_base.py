@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 
 TYPE_CHECKING = False  # typing is for mypy only: not imported at run time (the hooks start fast)
 if TYPE_CHECKING:
@@ -44,10 +45,24 @@ def user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -
 
 
 def user_ids(node: str, environ: Optional[Mapping[str, str]] = None) -> List[int]:
-    """The uids that have a memory folder on this node (one listing of ``/dev/shm``)."""
+    """The uids that have a memory folder on this node (one listing of ``/dev/shm``): a folder that is
+    not owned by the uid its name says is another user's, planted in the world-writable ``/dev/shm`` (a
+    user may name a folder for anyone), and is never one (``owns``)."""
     try:
-        names = os.listdir(_base(node, environ))
+        base = _base(node, environ)
+        names = os.listdir(base)
     except (OSError, ValueError):
         return []
     cut = len(USER_DIR_PREFIX)
-    return sorted(int(n[cut:]) for n in names if n.startswith(USER_DIR_PREFIX) and n[cut:].isdigit())
+    return sorted(uid for uid in (int(n[cut:]) for n in names if n.startswith(USER_DIR_PREFIX) and n[cut:].isdigit())
+                  if owns(base, uid))
+
+
+def owns(base: str, uid: int) -> bool:
+    """``<base>/autoheal-memtier-<uid>`` is a folder (no symlink) owned by ``uid``: only then is what it
+    holds that user's word, about that user's own jobs and processes."""
+    try:
+        st = os.stat(os.path.join(base, f"{USER_DIR_PREFIX}{int(uid)}"), follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid

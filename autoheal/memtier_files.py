@@ -15,7 +15,9 @@ variable comes from slurmd's environment for the epilog (the admin's) and from t
 Users are hostile: a user can put a symlink, a FIFO or another user's folder wherever they may write.
 Root's cleanup opens every folder with ``O_NOFOLLOW | O_DIRECTORY`` and removes below it by file
 descriptor (``shutil.rmtree``'s fd-based walk, which never follows a symlink), and kills only processes
-that are the job's user's and carry this job's id in their environment.
+that are the job's user's and carry this job's id in their environment. An ``autoheal-memtier-<uid>``
+folder that ``<uid>`` does not own (``/dev/shm`` is world-writable: anyone can name a folder for another
+user) is nobody's memory folder: root reads nothing in it, signals nothing and removes nothing.
 """
 
 from __future__ import annotations
@@ -48,6 +50,17 @@ def _open_dir(path: Path, dir_fd: Optional[int] = None) -> int:
     """An fd of the folder ``path`` that is no symlink (ELOOP/ENOTDIR otherwise)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     return os.open(path if dir_fd is None else path.name, flags, dir_fd=dir_fd)
+
+
+def _open_user_dir(node: str, uid: int, environ: Optional[Mapping[str, str]]) -> int:
+    """An fd of ``uid``'s memory folder, which must be owned by ``uid`` (PermissionError otherwise): in
+    ``/dev/shm`` anyone may make a folder named for another user, and a pidfile in it would be that
+    other user's lie about the named user's processes (root's epilog signalled them on its word)."""
+    fd = _open_dir(user_dir(node, uid, environ))
+    if os.fstat(fd).st_uid != uid:
+        os.close(fd)
+        raise PermissionError(f"the memory folder of uid {uid} belongs to another user")
+    return fd
 
 
 def _proc_is_job_agent(pid: int, uid: int, job_id: str) -> bool:
@@ -98,7 +111,7 @@ def agent_record(node: str, uid: int, job_id: str,
     """The job's agent record on this node (read without following symlinks), or None."""
     try:
         path = job_dir(node, uid, job_id, environ)
-        ufd = _open_dir(path.parent)
+        ufd = _open_user_dir(node, uid, environ)
     except (OSError, ValueError):
         return None
     try:
@@ -127,8 +140,8 @@ def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, 
 def remove_job(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None) -> bool:
     """Delete the job's folder on this node without following any symlink; True when one was removed."""
     try:
-        path = job_dir(node, uid, job_id, environ)
-        ufd = _open_dir(path.parent)
+        job_dir(node, uid, job_id, environ)  # ValueError for a job id that is not one
+        ufd = _open_user_dir(node, uid, environ)
     except (OSError, ValueError):
         return False
     try:
@@ -171,7 +184,7 @@ def _rmtree_at(dfd: int, name: str, depth: int = 0) -> None:
 def job_dirs(node: str, uid: int, environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """The job ids that have a folder under the user's memory folder on this node."""
     try:
-        ufd = _open_dir(user_dir(node, uid, environ))
+        ufd = _open_user_dir(node, uid, environ)
     except (OSError, ValueError):
         return []
     try:

@@ -529,12 +529,20 @@ class Lab:
     def wipe_node_memory(self, node: str) -> None:
         mem = Path(self.layout().memory_base.replace("{node}", node))
         shutil.rmtree(mem, ignore_errors=True)
+        self.node_memory(node)
+
+    def node_memory(self, node: str) -> Path:
+        """The node's memory folder, made as /dev/shm is (root's, 1777: any user may make a folder there,
+        also one named for someone else; the lab is never kinder than the world)."""
+        mem = Path(self.layout().memory_base.replace("{node}", node))
         mem.mkdir(parents=True, exist_ok=True)
+        mem.chmod(0o1777)
+        return mem
 
     def start_slurmd(self, node: str) -> procs.ProcRecord:
         """Start (or restart) one node's slurmd; the lab's "reboot" and spare bring-up use this."""
         lay = self.layout()
-        Path(lay.memory_base.replace("{node}", node)).mkdir(parents=True, exist_ok=True)
+        self.node_memory(node)
         name = f"slurmd-{node}"
         old = self.records().get(name)
         if old and procs.is_alive(old):

@@ -856,7 +856,7 @@ class Soak:
             if w.inj.count > before:
                 # the same defect again: its fault is open again (seed 43585: gpu4's lemon drain 3 minutes
                 # after its first return read as a drain with no fault on the node)
-                self.monitor.reopen(w.inj.id)
+                self.monitor.reopen(w.inj.id, time.time())
                 self.log(f"t+{snap.time - self.t0:6.1f} bad repair: {w.node} back in service, its xid "
                          f"{BAD_REPAIR_XID} comes back ({w.inj.count})")
 

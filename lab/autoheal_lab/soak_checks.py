@@ -105,6 +105,9 @@ class Injected:
     reason: str = ""
     job: str = ""
     count: int = 1  # injections it made (flapping: several)
+    # when the same defect was raised again (a bad repair's, each time its node came back): each is a
+    # cause at its own time, not only at ``start`` (``Monitor.reopen``)
+    again: List[float] = field(default_factory=list)
     note: str = ""
     # an admin's drain a slurmctld kill may have lost: missing until then (their look after the restart)
     lost_until: Optional[float] = None
@@ -440,10 +443,15 @@ class Monitor:
         self.ours_to_drain: Set[int] = set()
 
     # ---- inputs -----------------------------------------------------------------------------------
-    def reopen(self, fault_id: int) -> None:
-        """Fault ``fault_id`` is back on its node (a bad repair's defect raised again): not resolved, so
-        the drain it causes is no false drain however long after its first recovery it comes."""
+    def reopen(self, fault_id: int, t: Optional[float] = None) -> None:
+        """Fault ``fault_id`` is back on its node (a bad repair's defect raised again, at ``t``): not
+        resolved, so the drain it causes is no false drain however long after its first recovery it comes,
+        and a job on the node then may be requeued for it (``possible_requeue_causes``)."""
         self.resolved.pop(fault_id, None)
+        if t is not None:
+            for f in self.faults:
+                if f.id == fault_id:
+                    f.again.append(t)
 
     def add_fault(self, f: Injected) -> None:
         self.faults.append(f)
@@ -955,7 +963,7 @@ class Monitor:
                 # requeue (autoheal's) for the same fault even when the comment does not
                 restarts = max(restarts, int(j.get("restarts") or 0))
             swaps = comment_swaps(j.get("comment", ""))
-            causes = self.possible_requeue_causes(jid)
+            causes = self.possible_requeue_causes(jid, journal)
             if restarts + swaps > causes:
                 what = f"restarted {restarts} times" + (f" and swapped {swaps} time(s)" if swaps else "")
                 self._violate("acted-twice", f"requeue-{jid}", f"job {jid} {what} but only "
@@ -980,15 +988,24 @@ class Monitor:
                                   f"{q.get('node')} and then requeued for the same node", t, job=jid,
                                   swap=r.get("message"), requeue=q.get("message"))
 
-    def possible_requeue_causes(self, jid: str) -> int:
-        """Faults that could requeue ``jid``: a GPU fault or slurmd kill on a node it was running on at
-        the time (or during the 2 s before), slurmctld kills while it ran, its time limit."""
-        seen = self.ran_on.get(jid, [])
+    def possible_requeue_causes(self, jid: str, journal: Sequence[dict] = ()) -> int:
+        """Faults that could requeue ``jid``: a GPU fault (or a bad repair's defect raised again) or slurmd
+        kill on a node it was running on at the time (or during the 2 s before), slurmctld kills while it
+        ran, its time limit. Where it ran: the snapshots, and its prolog's and epilog's records (an
+        allocation that a failed prolog ends within a second falls between snapshots: seed 32703, job 4
+        started on spare2 17 ms after its return, the defect raised again, its prolog failed, requeued)."""
+        seen = self.ran_on.get(jid, []) + [
+            (float(r.get("time", 0.0)), [r.get("node", "")]) for r in journal
+            if r.get("source") in ("prolog", "epilog") and jid in [str(x) for x in r.get("job_ids") or []]]
         n = 0
         for f in self.faults:
             if f.group == "gpu" or f.kind in ("kill-slurmd", "admin-drain", "kubectl-cordon"):
-                if any(abs(t - f.start) <= 10.0 and (f.node in nodes) for t, nodes in seen):
-                    n += f.count
+                def there(at: float, f: Injected = f) -> bool:
+                    return any(abs(t - at) <= 10.0 and (f.node in nodes) for t, nodes in seen)
+
+                if there(f.start):
+                    n += f.count - len(f.again)
+                n += sum(1 for at in f.again if there(at))
             elif f.kind == "kill-slurmctld":
                 if any(abs(t - f.start) <= 10.0 for t, _ in seen):
                     n += 1

@@ -9,6 +9,12 @@
 2. A node that had an XID 79 long ago (drained, repaired, back in service) has its node state wiped
    without a reboot: xid-watch and the healthcheck start again with no kernel-log cursor, the old record
    still in the log, and do not drain while the GPUs are healthy.
+3. A job submitted by ``nobody`` with an environment aimed at root's hooks (``--export=ALL``: its own
+   ``AUTOHEAL_CONFIG``, ``PYTHONPATH`` with a ``sitecustomize``, ``PYTHONHOME``, ``LD_PRELOAD``, ...): Slurm
+   gives the prolog and epilog only its own ``SLURM_*`` variables, so none of it reaches them; the
+   node stays in service and the epilog journals the job's records with the site's config.
+4. ``nobody`` plants ``autoheal-memtier-<victim>/<job>/agent.pid`` in the node's world-writable memory
+   folder, naming a process of another user: the real epilog of nobody's next job leaves it alive.
 """
 
 from __future__ import annotations
@@ -26,10 +32,11 @@ from pathlib import Path
 
 import pytest
 from helpers import node_state as read_node_state
-from helpers import wait_for, wait_node_idle
+from helpers import wait_epilogs_done, wait_for, wait_node_idle
 
 from autoheal.hooks.kmsg import kernel_record
 from autoheal.hooks.xids import parse_line
+from autoheal.job_records import ensure_spool
 from autoheal_lab import wiring
 from autoheal_lab.gpus import inject
 
@@ -230,3 +237,152 @@ def test_wiped_node_state_does_not_rejudge_an_xid_of_long_ago(lab_factory):
     inject(handle.lab, node, 0, "xid", xid=79)
     wait_for(lambda: "DRAIN" in node_line(handle, node), 20, f"{node} to drain for the new XID 79")
     assert "xid 79 on GPU 0" in node_line(handle, node)
+
+
+PRELOAD_C = r"""
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void probe(void) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/pwned.preload.uid%d.pid%d", PROBE_DIR, (int)getuid(), (int)getpid());
+    FILE *f = fopen(p, "w");
+    if (f) fclose(f);
+}
+"""
+SITECUSTOMIZE = """import os
+open(os.path.join({d!r}, "pwned.sitecustomize.uid%d.pid%d" % (os.getuid(), os.getpid())), "w").close()
+"""
+
+
+@pytest.fixture
+def world_lab():
+    """A one-node lab with the hooks, in a folder every user can read (slurm.conf, munge's socket), as
+    on a real cluster: not under pytest's private (0700) temporary folder."""
+    from conftest import _start
+
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc (the LD_PRELOAD probe)")
+    root = Path(tempfile.mkdtemp(prefix="autoheal-envlab-", dir="/tmp"))
+    root.chmod(0o755)
+    try:
+        handle = _start(root, nodes=1, gpus=2, spares=0, hooks=True, xid_watch=False)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        yield handle
+    finally:
+        handle.lab.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _probes(attacker_dir):
+    return sorted(p.name for p in attacker_dir.iterdir() if p.name.startswith("pwned."))
+
+
+def test_a_users_job_environment_never_reaches_the_hooks(world_lab, attacker_dir):
+    handle, node = world_lab, "gpu1"
+    spool = Path(handle.config().journal.job_spool)
+    assert ensure_spool(spool) is None  # as the node's first epilog leaves it (root's, 1733)
+    evil = attacker_dir / "evil.toml"
+    for sub in ("py", "journal", "state"):
+        (attacker_dir / sub).mkdir()
+    evil.write_text(f'[journal]\npath = "{attacker_dir}/journal/journal.jsonl"\n'
+                    f'[hooks]\nstate_dir = "{attacker_dir}/state/{{node}}"\nexpected_gpus = 99\n')
+    (attacker_dir / "py" / "sitecustomize.py").write_text(SITECUSTOMIZE.format(d=str(attacker_dir)))
+    (attacker_dir / "preload.c").write_text(PRELOAD_C)
+    for path in attacker_dir.rglob("*"):
+        os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    got = as_nobody(["gcc", "-shared", "-fPIC", f'-DPROBE_DIR="{attacker_dir}"', "-o", "preload.so", "preload.c"],
+                    attacker_dir)
+    assert got.returncode == 0, got
+    hostile = {"AUTOHEAL_CONFIG": str(evil), "PYTHONPATH": str(attacker_dir / "py"),
+               "PYTHONSTARTUP": str(attacker_dir / "py" / "sitecustomize.py"), "PYTHONHOME": str(attacker_dir),
+               "LD_PRELOAD": str(attacker_dir / "preload.so"), "LD_LIBRARY_PATH": str(attacker_dir),
+               "AUTOHEAL_NODE": "gpu9", "AUTOHEAL_MEMTIER_BASE": str(attacker_dir / "mem"),
+               "AUTOHEAL_FAKE_NVML_STATE": str(attacker_dir / "gpus.state")}
+    # the probes work: root's Python and a root program given this environment leave a uid-0 mark
+    probe_env = dict(os.environ, PYTHONPATH=hostile["PYTHONPATH"], LD_PRELOAD=hostile["LD_PRELOAD"])
+    subprocess.run([sys.executable, "-c", "pass"], env=probe_env, check=True, timeout=60)
+    assert any("sitecustomize.uid0" in n for n in _probes(attacker_dir)), _probes(attacker_dir)
+    assert any("preload.uid0" in n for n in _probes(attacker_dir)), _probes(attacker_dir)
+    for name in _probes(attacker_dir):
+        (attacker_dir / name).unlink()
+
+    script = attacker_dir / "job.sh"
+    script.write_text("#!/bin/sh\nenv | sort > job.env\numask 077\n"
+                      f"echo '{{\"event\": \"job-note\", \"message\": \"env probe\"}}' "
+                      f'> "{spool}/$SLURM_JOB_ID.$(id -u).jsonl"\n')
+    script.chmod(0o755)
+    os.chown(script, pwd.getpwnam("nobody").pw_uid, -1)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(attacker_dir), "SLURM_CONF": str(handle.layout.slurm_conf),
+           **hostile}
+    got = subprocess.run(["sbatch", "--parsable", "--export=ALL", "-N1", "-w", node, "-o", "/dev/null",
+                          "--comment", "autoheal-runner state=running", str(script)], user="nobody",
+                         group="nogroup", cwd=str(attacker_dir), env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert got.returncode == 0, got
+    job = got.stdout.strip().split(";")[0]
+    try:
+        wait_for(lambda: "JobState=COMPLETED" in sh(handle, "scontrol", "-o", "show", "job", job).stdout, 90,
+                 f"job {job} to complete")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {sh(handle, 'scontrol', '-o', 'show', 'job', job).stdout} | "
+                             f"{node_line(handle, node)}") from None
+    wait_epilogs_done(handle.env, node, 60)
+    # the epilog ran with the site's config: the job's own record is in the site journal, marked as nobody's
+    wait_for(lambda: any(r.get("source") == "job" and job in r.get("job_ids", []) for r in journal(handle)), 30,
+             "the epilog to journal the job's record")
+    rec = next(r for r in journal(handle) if r.get("source") == "job" and job in r.get("job_ids", []))
+    assert rec["message"].startswith("[user nobody]") and rec["node"] == node, rec
+    # the attack was live: the job itself had the hostile environment...
+    job_env = (attacker_dir / "job.env").read_text()
+    assert all(f"{k}={v}\n" in job_env for k, v in hostile.items()), job_env
+    # ... and root's hooks never did: no root process loaded the user's code, used their config or drained
+    assert not [n for n in _probes(attacker_dir) if ".uid0." in n], _probes(attacker_dir)
+    assert not list((attacker_dir / "journal").iterdir()) and not list((attacker_dir / "state").iterdir())
+    line = node_line(handle, node)
+    assert "DRAIN" not in line and "Reason=" not in line, line
+
+
+def _run_job_as_nobody(handle, attacker_dir, node, script_text):
+    """Submit ``script_text`` as nobody on ``node``; wait until it completed and its epilog ended."""
+    script = attacker_dir / "job.sh"
+    script.write_text(script_text)
+    script.chmod(0o755)
+    os.chown(script, pwd.getpwnam("nobody").pw_uid, -1)
+    got = as_nobody(["env", f"SLURM_CONF={handle.layout.slurm_conf}", "sbatch", "--parsable", "-N1", "-w", node,
+                     "-o", "/dev/null", str(script)], attacker_dir)
+    assert got.returncode == 0, got
+    job = got.stdout.strip().split(";")[0]
+    wait_for(lambda: "JobState=COMPLETED" in sh(handle, "scontrol", "-o", "show", "job", job).stdout, 90,
+             f"job {job} to complete")
+    wait_epilogs_done(handle.env, node, 60)
+    return job
+
+
+def test_a_memory_folder_a_user_named_for_another_is_never_believed_by_the_epilog(world_lab, attacker_dir):
+    """The node's memory is world-writable, as /dev/shm is: nobody makes autoheal-memtier-<victim>/<job>/
+    agent.pid naming a process of the victim's (uid 65533) that carries SLURM_JOB_ID=<a job Slurm does not
+    know>. Before the fix the epilog of nobody's next job swept it as the victim's leftover and SIGKILLed
+    that process."""
+    handle, node = world_lab, "gpu1"
+    mem = Path(handle.layout.memory_base.replace("{node}", node))
+    victim = subprocess.Popen(["/bin/sh", "-c", "echo up; exec sleep 300"], user=65533, group=65533, extra_groups=[],
+                              env={"SLURM_JOB_ID": "777", "PATH": "/usr/bin:/bin"}, cwd="/", stdout=subprocess.PIPE)
+    try:
+        assert victim.stdout is not None and victim.stdout.readline() == b"up\n"
+        folder = mem / "autoheal-memtier-65533" / "777"
+        got = as_nobody(["sh", "-c", f"mkdir -p {folder} && echo '{victim.pid} 0' > {folder}/agent.pid"],
+                        attacker_dir)
+        assert got.returncode == 0, got  # the lab's node memory lets any user do it, as /dev/shm does
+        _run_job_as_nobody(handle, attacker_dir, node, "#!/bin/sh\ntrue\n")
+        assert victim.poll() is None, "the epilog killed the victim's process on nobody's word"
+        assert (folder / "agent.pid").exists()
+        line = node_line(handle, node)
+        assert "DRAIN" not in line and "Reason=" not in line, line
+    finally:
+        victim.kill()
+        victim.wait()
+        if victim.stdout is not None:
+            victim.stdout.close()

@@ -287,6 +287,49 @@ def test_stop_agent_kills_only_the_jobs_process(tmp_path):
                 p.stdout.close()
 
 
+ATTACKER, VICTIM = 65534, 65533  # nobody, and a second unprivileged uid (no passwd entry needed)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="other users' folders and processes need root")
+def test_a_folder_another_user_named_for_a_victim_is_never_believed(tmp_path):
+    """/dev/shm is world-writable: the attacker makes autoheal-memtier-<victim>/<job>/agent.pid naming a
+    process of the victim's that carries SLURM_JOB_ID=<job> (a job Slurm has forgotten). Before the fix
+    the next epilog of any job on the node swept it as the victim's leftover and SIGKILLed that process
+    on the attacker's word (found as nobody against the real code, 2026-12-07)."""
+    env = _env(tmp_path)
+    base = memtier_files.base_dir("n1", env)
+    base.mkdir(parents=True)
+    base.chmod(0o1777)
+    victim = subprocess.Popen(["/bin/sh", "-c", "echo up; exec sleep 60"], user=VICTIM, group=VICTIM,
+                              extra_groups=[], env={"SLURM_JOB_ID": "777", "PATH": "/usr/bin:/bin"}, cwd="/",
+                              stdout=subprocess.PIPE)
+    try:
+        assert victim.stdout is not None and victim.stdout.readline() == b"up\n"  # its environ is the job's now
+        folder = memtier_files.job_dir("n1", VICTIM, "777", env)
+        folder.mkdir(parents=True)
+        (folder / memtier_files.PIDFILE).write_text(f"{victim.pid} 0\n")
+        for path in (folder.parent, folder, folder / memtier_files.PIDFILE):
+            os.chown(path, ATTACKER, ATTACKER)
+        gone: Dict[str, Optional[memtier_files.JobFacts]] = {"777": ("GONE", 0), "1": ("COMPLETING", 0)}
+        assert memtier_files.user_ids("n1", env) == []
+        assert memtier_files.epilog_cleanup("n1", 0, "1", gone.get, env) == []
+        assert memtier_files.epilog_cleanup("n1", VICTIM, "777", gone.get, env) == []  # the victim's own epilog
+        assert memtier_files.agent_record("n1", VICTIM, "777", env) is None
+        assert victim.poll() is None and (folder / memtier_files.PIDFILE).exists()
+        # the same folder the victim's own: their word about their own process is taken, as before
+        for path in (folder.parent, folder, folder / memtier_files.PIDFILE):
+            os.chown(path, VICTIM, VICTIM)
+        assert memtier_files.user_ids("n1", env) == [VICTIM]
+        done = memtier_files.epilog_cleanup("n1", 0, "1", gone.get, env)
+        assert done == ["freed memory-tier copies of job 777 (GONE)"] and not folder.exists()
+        assert victim.wait(10) == -signal.SIGKILL
+    finally:
+        victim.kill()
+        victim.wait()
+        if victim.stdout is not None:
+            victim.stdout.close()
+
+
 def test_keep_for_restart_decision():
     keep = memtier_files.keep_for_restart
     assert keep(None, 0)  # Slurm not answering: kept, freed at a later epilog

@@ -658,3 +658,28 @@ def test_a_job_waiting_for_a_lost_prolog_is_stranded_though_slurm_says_running()
     for t in range(140, 190, 10):  # a new run in Prolog: its clock starts again, and runs out
         v += m.observe(Snapshot(float(t), busy, {"10": _job("RUNNING", "Prolog", ("gpu1",), 1)}))
     assert [x.invariant for x in v] == ["stranded"] and "job 10" in v[0].message and "prolog" in v[0].message
+
+
+def test_a_job_whose_prolog_met_a_bad_repairs_defect_raised_again_was_requeued_for_it():
+    """Soak seed 32703: job 4 was requeued off gpu4 for its XID 64 (restart 1). Minutes later spare2, a
+    bad repair, came back from its reboot; Slurm started job 4 there 17 ms later, the defect was raised
+    again, the job's prolog saw the XID 95 and failed, and Slurm requeued it (restart 2). The allocation
+    lasted 1.3 s, between snapshots, and the defect's cause was only looked for at its first injection:
+    "job 4 restarted 2 times but only 1 fault(s) hit its nodes". Its prolog's record says where it was."""
+    prolog = {"time": 300.4, "source": "prolog", "event": "detection", "node": "spare2", "job_ids": ["10"],
+              "message": "xid 95 on GPU 0 of spare2 (0000:1b:00.0): uncontained ECC error"}
+    done = Snapshot(400.0, _nodes(), {"10": _job("COMPLETED", nodes=("gpu4",), restarts=2,
+                                                  comment="autoheal-runner restarts=2 state=completed")})
+    for journal, reopened, want in (([prolog], True, []), ([], True, ["acted-twice"]),
+                                    ([prolog], False, ["acted-twice"])):
+        m = _mon()
+        m.add_fault(Injected(7, "bad-repair", "gpu", 50.0, node="spare2", gpu=0))
+        m.observe(Snapshot(100.0, _nodes(), {"10": _job(nodes=("gpu4",))}))
+        m.add_fault(Injected(8, "xid64", "gpu", 101.0, node="gpu4", gpu=3))
+        m.observe(Snapshot(102.0, _nodes(gpu4=_node("IDLE+DRAIN", True, "autoheal: xid 64")),
+                           {"10": _job("PENDING", "BeginTime", nodes=(), restarts=1)}))
+        if reopened:  # spare2 back in service at 300: the defect again, as the soak's BadRepair raises it
+            m.faults[0].count += 1
+            m.reopen(7, 300.0)
+        v = m.finish(done, journal, 0, {}, [])
+        assert [x.invariant for x in v if x.invariant == "acted-twice"] == want, (journal, reopened, v)
