@@ -30,6 +30,11 @@ def base_dir(node: str, environ: Optional[Mapping[str, str]] = None) -> Path:
     return Path(_base(node, environ))
 
 
+def base_path(node: str, environ: Optional[Mapping[str, str]] = None) -> str:
+    """``base_dir`` as a string, for callers that start fast without pathlib (``autoheal-warm``)."""
+    return _base(node, environ)
+
+
 def _base(node: str, environ: Optional[Mapping[str, str]]) -> str:
     env = os.environ if environ is None else environ
     template = env.get(BASE_ENV, "").strip() or DEFAULT_BASE

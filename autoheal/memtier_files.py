@@ -6,6 +6,7 @@ what a finished job left), which never imports the job side. Layout on every nod
     <base>/autoheal-memtier-<uid>/          # 0700, owned by the job's user
         <job id>/                           # 0700: one folder per Slurm job (kept across requeues)
             agent.pid                       # the node's agent (for the epilog after a kill -9 of the job)
+            warm.pid, warm.sock             # the node's warm interpreter (--preload), its socket
             r00003-s00000120.copy           # rank 3's state at step 120 (memtier_wire frame)
 
 ``<base>`` is ``/dev/shm`` (node memory), or ``$AUTOHEAL_MEMTIER_BASE`` with ``{node}`` replaced by the
@@ -36,6 +37,9 @@ from typing import Callable, List, Mapping, Optional, Tuple
 from autoheal.memtier_base import BASE_ENV, DEFAULT_BASE, base_dir, user_dir, user_ids  # noqa: F401
 
 PIDFILE = "agent.pid"
+#: The job's warm interpreter on the node (``sbatch_helpers/warm_zygote.py``, ``--preload``): its socket
+#: and pidfile live in the same folder, and the epilog ends it like the agent.
+WARM_PIDFILE = "warm.pid"
 _JOB_RE = re.compile(r"^[0-9]{1,12}$")
 
 
@@ -86,9 +90,9 @@ class AgentRecord:
     restarts: int
 
 
-def _read_record(dfd: int) -> Optional[AgentRecord]:
+def _read_record(dfd: int, pidfile: str = PIDFILE) -> Optional[AgentRecord]:
     try:
-        fd = os.open(PIDFILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+        fd = os.open(pidfile, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
     except OSError:
         return None
     try:
@@ -106,9 +110,10 @@ def pidfile_text(restarts: int) -> str:
     return f"{os.getpid()} {int(restarts)}\n"
 
 
-def agent_record(node: str, uid: int, job_id: str,
-                 environ: Optional[Mapping[str, str]] = None) -> Optional[AgentRecord]:
-    """The job's agent record on this node (read without following symlinks), or None."""
+def agent_record(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None,
+                 pidfile: str = PIDFILE) -> Optional[AgentRecord]:
+    """The job's agent record on this node (read without following symlinks), or None; ``pidfile``
+    WARM_PIDFILE: its warm interpreter's."""
     try:
         path = job_dir(node, uid, job_id, environ)
         ufd = _open_user_dir(node, uid, environ)
@@ -121,14 +126,16 @@ def agent_record(node: str, uid: int, job_id: str,
     finally:
         os.close(ufd)
     try:
-        return _read_record(jfd)
+        return _read_record(jfd, pidfile)
     finally:
         os.close(jfd)
 
 
-def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[int]:
-    """SIGKILL the job's agent on this node if it still runs (its job was killed -9); the pid or None."""
-    rec = agent_record(node, uid, job_id, environ)
+def stop_agent(node: str, uid: int, job_id: str, environ: Optional[Mapping[str, str]] = None,
+               pidfile: str = PIDFILE) -> Optional[int]:
+    """SIGKILL the job's agent (``pidfile`` WARM_PIDFILE: its warm interpreter, whose forked ranks die
+    with it) on this node if it still runs (its job was killed -9); the pid or None."""
+    rec = agent_record(node, uid, job_id, environ, pidfile)
     if rec is None or not _proc_is_job_agent(rec.pid, uid, job_id):
         return None
     with contextlib.suppress(OSError):
@@ -227,10 +234,13 @@ def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], O
     job's (state, restart count), state ``GONE`` when Slurm no longer knows it, None when Slurm does not
     answer. Returns one line per action taken."""
     done = []
-    rec = agent_record(node, uid, job_id, environ)
+    rec = agent_record(node, uid, job_id, environ) or agent_record(node, uid, job_id, environ, WARM_PIDFILE)
     pid = stop_agent(node, uid, job_id, environ)
     if pid:
         done.append(f"killed memory-tier agent {pid} of job {job_id}")
+    pid = stop_agent(node, uid, job_id, environ, WARM_PIDFILE)
+    if pid:
+        done.append(f"killed warm interpreter {pid} of job {job_id}")
     if job_id in job_dirs(node, uid, environ):
         facts = facts_of(job_id)
         if keep_for_restart(facts, rec.restarts if rec else None):
@@ -242,6 +252,7 @@ def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], O
         facts = facts_of(job)
         if facts is not None and facts[0] in OVER_STATES:  # a job that will not run again
             stop_agent(node, owner, job, environ)
+            stop_agent(node, owner, job, environ, WARM_PIDFILE)
             if remove_job(node, owner, job, environ):
                 done.append(f"freed memory-tier copies of job {job} ({facts[0]})")
     return done

@@ -47,7 +47,7 @@ Figures, from the evidence's own clocks where it has one:
 
     python bench/bench_ckpt_tiers.py [--only tiny|torch] [--path requeue|hotspare] [--tier durable|memory]
                                      [--fault xid79|ecc|nvlink|node-killed] [--json] [--k 1] [--n 20]
-                                     [--hang-after-fault 5]
+                                     [--hang-after-fault 5] [--preload [MODULES]]
 
 --json: one document (the run's start, end, load averages and torch version, the rows, the targets met
 or not) on stdout; each row's text goes to stderr as it is measured. ``bench/run_all.py --tiers`` writes
@@ -96,6 +96,10 @@ MARKS = (("swapped", "swapped for spare"), ("step busy", "step creation temporar
          ("rank aborted", "uncorrectable ECC error encountered"))
 EVENT_TIME = re.compile(r" time=([\d.]+)")
 GRACE = 10
+#: --preload: what tiers_torch_trainer.py imports (torch._dynamo: the first torch.optim.Adam() imports it;
+#: the lab's fake GPU module is only imported: each rank opens its device after the fork, as CUDA must be)
+PRELOAD = ("torch,torch.optim,torch._dynamo,torch.distributed,autoheal.sbatch_helpers.checkpoint,"
+           "autoheal.sbatch_helpers.memtier,autoheal.sbatch_helpers.preempt,autoheal_lab.fakedevice")
 FAULTS = ("xid79", "ecc", "nvlink", "node-killed")
 #: the faults xid-watch sees (an XID on the node) and signals the job for: their blocked step must be ended
 #: by the runner's hang detection within the grace + 5 s. A killed node sends no signal (Slurm notices it).
@@ -119,8 +123,9 @@ def break_gpu_or_node(lab: Lab, fault: str, node: str, gpu: int) -> None:
 
 
 class Bench:
-    def __init__(self, lab: Lab, k: int, n: int, hang_after_fault: float):
+    def __init__(self, lab: Lab, k: int, n: int, hang_after_fault: float, preload: str = ""):
         self.lab, self.k, self.n, self.hang_after_fault = lab, k, n, hang_after_fault
+        self.preload = preload  # --preload: the ranks start through autoheal-warm (warm interpreters)
         self.env = lab.slurm_env()
         self.slurm = CliSlurm(slurm_conf=str(lab.layout().slurm_conf), env=self.env)
 
@@ -131,7 +136,8 @@ class Bench:
             run = f"export MASTER_ADDR=127.0.0.1\nsrun -l {sys.executable} {TINY} {args} --step-seconds 0.1 " \
                   f"--collective --timestamps --event-times\n"
         else:
-            run = f"srun -l {sys.executable} {TORCH} {args} --step-seconds 0.05\n"
+            warm = f"{Path(sys.executable).parent / 'autoheal-warm'} " if self.preload else ""
+            run = f"srun -l {warm}{sys.executable} {TORCH} {args} --step-seconds 0.05\n"
         path = root / "job.sh"
         path.write_text(f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 --gres=gpu:1 -o {root}/out.txt\n{run}")
         return path
@@ -139,6 +145,7 @@ class Bench:
     def submit(self, root: Path, trainer: str, path: str, tier: str) -> Tuple[str, Path]:
         env = dict(self.env, **({"AUTOHEAL_MEMORY_TIER": "1"} if tier == "memory" else {}))
         extra = ["--spare-nodes", "1"] if path == "hotspare" else []
+        extra += ["--preload", self.preload] if self.preload and trainer == "torch" else []
         argv = [sys.executable, "-m", "autoheal.cli.main", "sbatch", "--grace", str(GRACE), "--hang-after-fault",
                 f"{self.hang_after_fault:g}", *extra, "--parsable", str(self.script(root, trainer, tier))]
         res = subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, timeout=60)
@@ -151,7 +158,8 @@ class Bench:
         lab is put back in order either way (a failed cleanup ends the matrix: the next case would not
         start on clean nodes)."""
         head: Dict[str, object] = {"trainer": trainer, "path": path, "tier": tier, "fault": fault,
-                                   "K": self.k if tier == "memory" else None, "N": self.n}
+                                   "K": self.k if tier == "memory" else None, "N": self.n,
+                                   "preload": self.preload if trainer == "torch" else ""}
         root = Path(tempfile.mkdtemp(prefix=f"bench-tiers-{trainer}-{path}-{tier}-{fault}-"))
         jid, out = self.submit(root, trainer, path, tier)
         victim: Optional[str] = None
@@ -390,6 +398,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--fault", choices=FAULTS, help="only this fault")
     p.add_argument("--hang-after-fault", type=float, default=5.0,
                    help="the runner's --hang-after-fault (default 5 s; the grace is %d s)" % GRACE)
+    p.add_argument("--preload", nargs="?", const=PRELOAD, default="", metavar="MODULES",
+                   help=f"torch cases: warm interpreters preloading MODULES (default {PRELOAD}), the ranks "
+                        f"started through autoheal-warm")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout (rows' text on stderr)")
     return p.parse_args(argv)
 
@@ -402,7 +413,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("bench: torch not installed: torch cases skipped", file=sys.stderr)
         trainers.remove("torch")
     meta: Dict[str, object] = {"argv": sys.argv[1:] if argv is None else list(argv), "k": args.k, "n": args.n,
-                               "grace": GRACE, "hang_after_fault": args.hang_after_fault, "torch": torch_version,
+                               "grace": GRACE, "hang_after_fault": args.hang_after_fault, "preload": args.preload,
+                               "torch": torch_version,
                                "commit": _commit(), "started": _utc(), "uptime_start": _uptime()}
     print(f"bench: started {meta['started']}: {meta['uptime_start']}", file=sys.stderr, flush=True)
     root = Path(tempfile.mkdtemp(prefix="autoheal-bench-tiers-"))
@@ -413,7 +425,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         lab.up(nodes=4, gpus=1, spares=0, hooks=True, xid_watch=True, install=False,
                extra_conf=["SlurmdTimeout=10", "KillWait=5",
                            f"AuthInfo=socket={root}/munge/munge.socket.2,cred_expire=10"])
-        bench = Bench(lab, args.k, args.n, args.hang_after_fault)
+        bench = Bench(lab, args.k, args.n, args.hang_after_fault, args.preload)
         for trainer in trainers:
             for fault in [x for x in FAULTS if args.fault in (None, x)]:
                 for path in [x for x in ("requeue", "hotspare") if args.path in (None, x)]:
@@ -471,6 +483,7 @@ def render_row(r: Dict[str, object]) -> str:
     down = f"  fault->srun told node down {r['fault_to_node_down_s']} s" if r["fault_to_node_down_s"] else ""
     phases = "\n      phases (s after the fault): " + ", ".join(f"{k} {v}" for k, v in r["phases"].items())  # type: ignore
     how = "requeued" if r["requeued"] else "same allocation"
+    how += ", warm interpreters" if r.get("preload") else ""
     return (f"{r['trainer']:5} {r['fault']:11} {r['path']:8} {tier:14} lost steps {r['lost_steps']:3} "
             f"fault->resumed {r['fault_to_resumed_s']:6.2f} s ({how}, from {origin}){ended}{down}{save}{phases}")
 

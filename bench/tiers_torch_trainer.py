@@ -32,11 +32,14 @@ import sys
 import time
 from datetime import timedelta
 
-import torch
+_IMPORT_T0 = time.perf_counter()
+import torch  # noqa: E402 (timed: the start line says what it took, 0 in a warm interpreter)
 
-from autoheal.sbatch_helpers import checkpoint as ck
-from autoheal.sbatch_helpers import preempt
-from autoheal.sbatch_helpers import progress as hb
+from autoheal.sbatch_helpers import checkpoint as ck  # noqa: E402
+from autoheal.sbatch_helpers import preempt  # noqa: E402
+from autoheal.sbatch_helpers import progress as hb  # noqa: E402
+
+IMPORT_MS = 1000 * (time.perf_counter() - _IMPORT_T0)
 
 
 def say(text: str) -> None:
@@ -186,7 +189,8 @@ def main() -> int:
         step, origin, tier, took = resume(model, opt, mgr, args.memory_every)
         say(f"start step={step} resumed_from={origin} restart={os.environ.get('AUTOHEAL_RESTART_COUNT', '0')} "
             f"host={host} rank={rank} world={world} steps={args.steps} "
-            f"reason={os.environ.get('AUTOHEAL_REQUEUE_REASON') or 'none'} build_ms={built_ms:.0f} {took}")
+            f"reason={os.environ.get('AUTOHEAL_REQUEUE_REASON') or 'none'} build_ms={built_ms:.0f} {took} "
+            f"import_ms={IMPORT_MS:.0f} warm={os.environ.get('AUTOHEAL_WARM') or 'no'}")
         return train(args, device, mgr, tier, model, opt, rank, world, step)
     except DEVICE_ERRORS as exc:  # an uncaught CUDA error ends the rank without saving
         say(f"device error error={'_'.join(str(exc).split())} exit=1")

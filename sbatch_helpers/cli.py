@@ -59,6 +59,11 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
               help="After a grace signal, end the step once no rank advanced or saved for this long, instead of "
                    "waiting the whole --grace for ranks blocked in a collective "
                    f"[config sbatch.hang_after_fault; default {_D.hang_after_fault}].")
+@click.option("--preload", default=None, metavar="MODULES",
+              help="Warm interpreters: one per node (spares too) imports these modules (comma-separated, e.g. "
+                   "torch,torch.optim,torch._dynamo) at the job's start; ranks started as 'srun autoheal-warm "
+                   "python train.py' fork from it, so a restarted rank does not import them again. See the "
+                   "researcher guide.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch command and the generated script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (the plan with --dry-run, else the job id).")
 @config_option
@@ -67,8 +72,8 @@ CONTEXT = {"ignore_unknown_options": True, "allow_interspersed_args": False,
 def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Optional[int], signal_name: Optional[str],
            exclude_failed: Optional[bool], notify: Tuple[str, ...], allow_foreign_checkpoint: Optional[bool],
            spare_nodes: Optional[int], min_nodes: Optional[int], watchdog: Optional[int],
-           hang_after_fault: Optional[int], dry_run: bool, as_json: bool, config_path: Optional[str],
-           args: Tuple[str, ...]) -> None:
+           hang_after_fault: Optional[int], preload: Optional[str], dry_run: bool, as_json: bool,
+           config_path: Optional[str], args: Tuple[str, ...]) -> None:
     """Submit SCRIPT like sbatch, with automatic checkpoint-requeue-resume.
 
     \b
@@ -117,7 +122,7 @@ def sbatch(max_restarts: Optional[int], checkpoint_dir: Optional[str], grace: Op
                             "signal": signal_name, "exclude_failed": exclude_failed, "notify": list(notify),
                             "allow_foreign_checkpoint": allow_foreign_checkpoint or None,
                             "spare_nodes": spare_nodes, "min_nodes": min_nodes, "watchdog": watchdog,
-                            "hang_after_fault": hang_after_fault}, late)
+                            "hang_after_fault": hang_after_fault, "preload": preload}, late)
     plan = wrapper.build_plan(_request(cfg, sbatch_args, script, script_args, overrides))
     _show_or_submit(plan, cfg, dry_run, as_json)
 

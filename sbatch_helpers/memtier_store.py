@@ -80,9 +80,10 @@ class CopyStore:
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
-    def write_pidfile(self, restarts: int) -> None:
-        """For the epilog: this agent's pid and the job's restart count of this run."""
-        self._publish(memtier_files.PIDFILE, memtier_files.pidfile_text(restarts).encode())
+    def write_pidfile(self, restarts: int, name: str = memtier_files.PIDFILE) -> None:
+        """For the epilog: this agent's pid and the job's restart count of this run (``name``: another
+        process of the job that the epilog ends, e.g. the warm interpreter's ``warm.pid``)."""
+        self._publish(name, memtier_files.pidfile_text(restarts).encode())
 
     def _publish(self, name: str, data: Union[bytes, bytearray]) -> None:
         tmp = f".tmp-{name}-{os.getpid()}-{secrets.token_hex(4)}"

@@ -543,6 +543,10 @@ class Runner(HotSpareRun):
             from autoheal.sbatch_helpers.memtier_launch import start_for_runner
 
             env = start_for_runner(self, env)
+        if getattr(self.opts, "preload", ""):  # opt-in warm interpreters: one per node until we exit
+            from autoheal.sbatch_helpers import warm_launch
+
+            env = warm_launch.start_for_runner(self, env)
         try:
             child = Child(argv, env, reap_all=self.adopt_orphans)
         except OSError as exc:
@@ -723,8 +727,10 @@ class Runner(HotSpareRun):
         child.wait_group(KILL_AFTER_TERM)
 
     def _user_steps(self) -> List[str]:
-        """The job's steps the user's script started (not batch, extern or the memory-tier agents)."""
+        """The job's steps the user's script started (not batch, extern, the memory-tier agents or the warm
+        interpreters: a hung rank's client is ended with its step, and its warm child with the client)."""
         from autoheal.sbatch_helpers.memtier_launch import AGENT_STEP_NAME
+        from autoheal.sbatch_helpers.warm import STEP_NAME as WARM_STEP_NAME
 
         if self.slurm is None or not self.ident.job_id:
             return []
@@ -733,8 +739,9 @@ class Runner(HotSpareRun):
         except SlurmError as exc:
             say(f"warning: cannot list the steps of job {self.ident.job_id}: {exc}")
             return []
+        ours = (AGENT_STEP_NAME, WARM_STEP_NAME)
         return [step for step, name in steps
-                if step.rpartition(".")[2] not in ("batch", "extern", "interactive") and name != AGENT_STEP_NAME]
+                if step.rpartition(".")[2] not in ("batch", "extern", "interactive") and name not in ours]
 
     def hung(self, child: Child, decision: hang.Decision) -> int:
         """The watchdog: no rank progressed for --watchdog seconds and no fault signal came (a node whose
@@ -974,6 +981,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
     p.add_argument("--spare-nodes", type=int, default=0)
     p.add_argument("--active-nodes", type=int, default=0)
     p.add_argument("--min-nodes", type=int, default=0)
+    p.add_argument("--preload", default="", help="modules the warm interpreters import (warm.py)")
     p.add_argument("--script", help="the user's script (deleted when the runner exits)")
     p.add_argument("command", nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
@@ -988,7 +996,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> RunnerOptions:
                          exclude_failed=a.exclude_failed, notify=a.notify, requeue_margin=a.requeue_margin,
                          script=a.script, command=command, spare_nodes=max(0, a.spare_nodes),
                          active_nodes=max(0, a.active_nodes), min_nodes=max(0, a.min_nodes),
-                         hang_after_fault=max(1, a.hang_after_fault), watchdog=max(0, a.watchdog))
+                         hang_after_fault=max(1, a.hang_after_fault), watchdog=max(0, a.watchdog),
+                         preload=a.preload)
 
 
 def _records(cfg: Any, ident: JobIdentity, as_root: bool) -> Tuple[Any, Optional[Notifier]]:

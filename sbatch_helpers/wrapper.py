@@ -245,6 +245,7 @@ class WrapperOptions:
     hang_after_fault: int = _CONFIG_DEFAULTS.hang_after_fault  # hang detection (hang.py)
     watchdog: int = _CONFIG_DEFAULTS.watchdog
     min_nodes: int = 0  # with spare_nodes: an elastic job goes on with this many nodes at least
+    preload: str = ""  # modules the warm interpreters import, comma-separated (warm.py); "": none
 
 
 # name -> (field, kind); kinds: int, str, bool-true, bool-false, list
@@ -261,6 +262,7 @@ WRAPPER_FLAGS: Dict[str, Tuple[str, str]] = {
     "--min-nodes": ("min_nodes", "int"),
     "--hang-after-fault": ("hang_after_fault", "int"),
     "--watchdog": ("watchdog", "int"),
+    "--preload": ("preload", "str"),
 }
 
 
@@ -338,6 +340,13 @@ def check_options(opts: WrapperOptions) -> WrapperOptions:
         if not url.startswith(("http://", "https://")):
             raise WrapperError(f"--notify {url!r}: must be an http:// or https:// URL")
         _refuse_control(url, "--notify")
+    if opts.preload:
+        from autoheal.sbatch_helpers.warm import parse_preload
+
+        try:
+            opts = replace(opts, preload=",".join(parse_preload(opts.preload)))
+        except ValueError as exc:
+            raise WrapperError(f"--preload {opts.preload!r}: {exc}") from None
     _refuse_control(opts.checkpoint_dir, "--checkpoint-dir")
     _refuse_control(opts.python, "sbatch.python")
     return opts
@@ -562,6 +571,8 @@ def runner_argv(opts: WrapperOptions, active_nodes: int = 0) -> List[str]:
             argv += [flag, str(getattr(opts, name))]
     for url in opts.notify:
         argv += ["--notify", url]
+    if opts.preload:
+        argv += ["--preload", opts.preload]
     if opts.spare_nodes and active_nodes:
         argv += ["--spare-nodes", str(opts.spare_nodes), "--active-nodes", str(active_nodes)]
         if opts.min_nodes:

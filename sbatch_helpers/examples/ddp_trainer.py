@@ -43,6 +43,10 @@ except ImportError:  # running from a source checkout that is not installed
     import preempt  # type: ignore[no-redef]
     import progress as hb  # type: ignore[no-redef]
 
+# the start line says whether torch was imported before this script began (a warm interpreter,
+# autoheal sbatch --preload) and what importing it took here
+_TORCH_PRELOADED = "torch" in sys.modules
+_IMPORT_T0 = time.perf_counter()
 try:
     import torch
     import torch.distributed as dist
@@ -52,6 +56,7 @@ except ImportError as _exc:  # reported by main(), so importing this file never 
     _TORCH_ERROR: Optional[str] = str(_exc)
 else:
     _TORCH_ERROR = None
+_IMPORT_MS = 1000 * (time.perf_counter() - _IMPORT_T0)
 
 EXIT_DONE = 0
 EXIT_CRASH = 1
@@ -371,7 +376,9 @@ def _train(args: argparse.Namespace, rank: int, world: int, host: str, restart: 
     progress["step"] = step
     say(
         f"start step={step} resumed_from={origin} restart={restart} host={host} rank={rank} "
-        f"world={world} steps={args.steps}"
+        f"world={world} steps={args.steps} torch_import_ms={_IMPORT_MS:.0f} "
+        f"torch_preloaded={'yes' if _TORCH_PRELOADED else 'no'} "
+        f"warm={os.environ.get('AUTOHEAL_WARM') or 'no'}"  # set by the warm interpreter (autoheal-warm)
     )
 
     def save() -> Optional[Path]:
