@@ -1,7 +1,8 @@
 """Where the peer-memory checkpoint tier keeps a job's copies on a node, and how root cleans them up.
 
-Shared by the job side (``sbatch_helpers/memtier_*``: the agent writes there) and the epilog (removes
-what a finished job left), which never imports the job side. Layout on every node::
+Shared by the job side (``sbatch_helpers/memtier_*``: the agent writes there) and the hooks, which never
+import the job side: the epilog removes what a finished job left, and the prolog and the healthcheck what
+a job that is over left on a node it no longer ran on (``sweep_over``). Layout on every node::
 
     <base>/autoheal-memtier-<uid>/          # 0700, owned by the job's user
         <job id>/                           # 0700: one folder per Slurm job (kept across requeues)
@@ -229,8 +230,7 @@ def keep_for_restart(facts: Optional[JobFacts], run_restarts: Optional[int]) -> 
 def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], Optional[JobFacts]],
                    environ: Optional[Mapping[str, str]] = None) -> List[str]:
     """The epilog's part: kill the job's agent, free the job's copies unless it was requeued, and free
-    every user's leftovers of jobs that are over (a requeued job that restarted on other nodes leaves
-    its copies here; they go at this node's next epilog once the job has ended). ``facts_of(job)``: the
+    every user's leftovers of jobs that are over (``sweep_over``). ``facts_of(job)``: the
     job's (state, restart count), state ``GONE`` when Slurm no longer knows it, None when Slurm does not
     answer. Returns one line per action taken."""
     done = []
@@ -247,7 +247,20 @@ def epilog_cleanup(node: str, uid: int, job_id: str, facts_of: Callable[[str], O
             done.append(f"kept memory-tier copies of job {job_id} for its next run ({facts})")
         elif remove_job(node, uid, job_id, environ):
             done.append(f"freed memory-tier copies of job {job_id} ({facts})")
-    others = [(u, j) for u in user_ids(node, environ) for j in job_dirs(node, u, environ) if j != job_id]
+    return done + sweep_over(node, facts_of, job_id, environ)
+
+
+def sweep_over(node: str, facts_of: Callable[[str], Optional[JobFacts]], skip: str = "",
+               environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Free every user's copies on this node of jobs that are over (``skip``: the calling hook's own job).
+
+    Run by the epilog, the prolog and the healthcheck: a job requeued onto other nodes leaves its copies
+    on its old ones, and no epilog of its comes there again; without the prolog a later job would start
+    beside them (the bench read a node holding a cancelled job's 4 copies next to the running job's 4),
+    without the healthcheck an idle or drained node would hold them until some job ran there. A job
+    Slurm does not answer about, or that may run again, is kept. One line per folder freed."""
+    done = []
+    others = [(u, j) for u in user_ids(node, environ) for j in job_dirs(node, u, environ) if j != skip]
     for owner, job in others[:SWEEP_LIMIT]:
         facts = facts_of(job)
         if facts is not None and facts[0] in OVER_STATES:  # a job that will not run again

@@ -40,7 +40,9 @@ Figures, from the evidence's own clocks where it has one:
   blocked after a fault signal (XID 79, ECC, NVLink: a row of theirs without it says "not ended by the
   hang detection" and misses the target); the target is the grace + 5 s;
 - save cost: the memory tier's per-save time as the torch trainer reports it (p50, p95), the state's size,
-  and the tier's memory per node (the lab node's /dev/shm just before the fault);
+  and the tier's memory per node, from the lab nodes' /dev/shm just before the fault: the job's own copies
+  on its fullest node at the first read, the peak of its copies and copies being written over 25 reads
+  20 ms apart, and other jobs' copies there if any (a job that is over, not yet freed by the hooks);
 - phases: seconds after the fault of the drain and grace signal (journal), the rank's device error and the
   restarted ranks' start (the trainers' own clocks), the runner's end of the step and swap / requeue, and
   srun's "step creation temporarily disabled" / "Step created" (first seen): where the seconds go.
@@ -78,6 +80,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from bench_requeue_resume import wait_for  # the benches' one poll-until helper (bench/ is on sys.path)
 
 import autoheal.sbatch_helpers as sbh
+from autoheal import memtier_base
 from autoheal.slurm.cli_backend import CliSlurm
 from autoheal_lab import lostwork
 from autoheal_lab.cluster import Lab
@@ -105,6 +108,7 @@ FAULTS = ("xid79", "ecc", "nvlink", "node-killed")
 #: by the runner's hang detection within the grace + 5 s. A killed node sends no signal (Slurm notices it).
 SIGNALLED = frozenset({"xid79", "ecc", "nvlink"})
 HANG_MARGIN = 5.0
+MEMORY_READS = 25  # reads of the nodes' memory before the fault, 20 ms apart: about 0.5 s, a few saves
 RESUME_TARGET_S = 3.0
 
 
@@ -173,13 +177,13 @@ class Bench:
                                                  re.M), 30, "device line").group(1))
             wait_for(lambda: _last_step(_text(out), rank) >= 2 * self.n + self.n // 2, 240, "training under way")
             offset = len(_text(out))
-            shm = self._memory_bytes(job.nodes) if tier == "memory" else {}
+            held = self._memory_held(job.nodes, jid) if tier == "memory" else []
             t_fault = time.time()
             break_gpu_or_node(self.lab, fault, victim, gpu)
             seen = self._watch(out, offset, 300)
             text = _text(out)
             row = dict(head, **figures(text, offset, rank, t_fault, seen, [s[4] for s in starts]))
-            row["memory_per_node_mb"] = round(max(shm.values()) / 1e6, 2) if shm else None
+            row.update(memory_figures(held))
             row["phases"] = phases(text[offset:], self._journal(t_fault), jid, t_fault, seen,
                                    row.pop("first_step_time"))  # type: ignore[arg-type]
             return row
@@ -188,11 +192,15 @@ class Bench:
         finally:
             self._cleanup(jid, victim)
 
-    def _memory_bytes(self, nodes) -> Dict[str, int]:
-        """Bytes the memory tier holds in each node's memory (the lab's per-node /dev/shm), just before the fault."""
+    def _memory_held(self, nodes: Sequence[str], jid: str, reads: int = MEMORY_READS) -> List[Dict[str, Held]]:
+        """What each node's memory (the lab's per-node /dev/shm) holds, read ``reads`` times 20 ms apart
+        just before the fault: the first read is the figure, the others catch the peak (a save in flight)."""
         base = self.lab.layout().memory_base
-        return {n: sum(f.stat().st_size for f in Path(base.replace("{node}", n)).rglob("*") if f.is_file())
-                for n in nodes}
+        out = []
+        for _ in range(reads):
+            out.append({n: memory_held(Path(base.replace("{node}", n)), jid) for n in nodes})
+            time.sleep(0.02)
+        return out
 
     def _journal(self, since: float) -> List[dict]:
         path = self.lab.root / "journal" / "journal.jsonl"
@@ -251,6 +259,58 @@ class Bench:
             if node.drain or node.down:
                 self.slurm.resume(victim)
         wait_for(lambda: all(n.state == "IDLE" and not n.drain for n in self.slurm.list_nodes()), 180, "nodes idle")
+
+
+@dataclass(frozen=True)
+class Held:
+    """Bytes in one node's memory folder: the job's published copies, its copies being written (the
+    agent's temporaries: a save in flight), and every other job's files (copies left by a job that is
+    over: what the hooks' sweep frees)."""
+
+    copies: int = 0
+    in_flight: int = 0
+    other_jobs: int = 0
+
+
+def memory_held(base: Path, jid: str) -> Held:
+    """One read of a node's memory folder ``base`` for job ``jid`` (``autoheal/memtier_files.py``'s
+    layout). A file the agent renames or drops while it is read counts as gone, never as an error."""
+    copies = in_flight = other = 0
+    for user in _entries(base, memtier_base.USER_DIR_PREFIX):
+        for job in _entries(user, ""):
+            for f in _entries(job, ""):
+                try:
+                    size = f.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    continue
+                if job.name != jid:
+                    other += size
+                elif f.name.endswith(".copy"):
+                    copies += size
+                elif f.name.startswith(".tmp-"):
+                    in_flight += size
+    return Held(copies, in_flight, other)
+
+
+def _entries(folder: Path, prefix: str) -> List[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.name.startswith(prefix)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def memory_figures(reads: List[Dict[str, Held]]) -> Dict[str, Optional[float]]:
+    """The row's memory figures in MB from the reads (pure): the job's copies on its fullest node at the
+    first read (the tier's bound: copies x the node's ranks and its ring predecessor's x the state),
+    the peak over every read of the job's copies and temporaries on one node, and the most other jobs'
+    bytes on one node (copies of a job that is over the hooks had not freed yet)."""
+    if not reads:
+        return {"memory_per_node_mb": None, "memory_peak_mb": None, "memory_other_jobs_mb": None}
+    first = reads[0].values()
+    peak = max(h.copies + h.in_flight for read in reads for h in read.values())
+    return {"memory_per_node_mb": round(max(h.copies for h in first) / 1e6, 2),
+            "memory_peak_mb": round(peak / 1e6, 2),
+            "memory_other_jobs_mb": round(max(h.other_jobs for read in reads for h in read.values()) / 1e6, 2)}
 
 
 def resumed_in(tail: str) -> bool:
@@ -472,6 +532,8 @@ def render_row(r: Dict[str, object]) -> str:
     save = (f"  save p50 {r['save_ms_p50']} ms p95 {r['save_ms_p95']} ms of {r['state_mb']} MB"
             if r["save_ms_p50"] is not None else "")
     save += f"  tier memory/node {r['memory_per_node_mb']} MB" if r["memory_per_node_mb"] is not None else ""
+    save += f" (peak {r['memory_peak_mb']} MB)" if r.get("memory_peak_mb") is not None else ""
+    save += f" (+{r['memory_other_jobs_mb']} MB of other jobs)" if r.get("memory_other_jobs_mb") else ""
     origin = str(r["resumed_from"]).split("@")[0] if str(r["resumed_from"]).startswith("memory:") else "durable"
     if r["fault_to_step_ended_s"] is not None:
         ended = (f"  fault->step ended {r['fault_to_step_ended_s']} s (runner: {r['runner_waited_s']} s after "

@@ -167,6 +167,8 @@ def render_tier_costs(doc: dict) -> str:
     p95 = [r["save_ms_p95"] for r in mem]
     state = max((r["state_mb"] for r in mem), default="-")
     shm = [r["memory_per_node_mb"] for r in mem if r.get("memory_per_node_mb")]
+    peak = [r["memory_peak_mb"] for r in mem if r.get("memory_peak_mb")]
+    other = max((r.get("memory_other_jobs_mb") or 0.0 for r in mem), default=0.0)
     per_mb = [round(r["save_ms_p50"] / r["state_mb"], 1) for r in mem if r.get("state_mb")]
 
     def lost(trainer: str, path: str, tier: str) -> str:
@@ -186,8 +188,10 @@ def render_tier_costs(doc: dict) -> str:
              f"`{doc['uptime_end'].split('load average: ')[-1]}`; [the rows](benchmarks.md#checkpoint-tiers)):",
              "",
              f"- the torch MLP's state (model + Adam): {state} MB; memory per node with K={doc['k']} and the default "
-             f"2 copies (2 x the node's rank + its ring predecessor's), read once before the fault: median "
-             f"{statistics.median(shm) if shm else '-'} MB ({_span(shm, ' MB')} over {len(shm)} runs);",
+             f"2 copies (2 x the node's rank + its ring predecessor's), the job's copies read before the fault: "
+             f"median {statistics.median(shm) if shm else '-'} MB ({_span(shm, ' MB')} over {len(shm)} runs)"
+             + (f"; at the peak, with a save in flight: {max(peak)} MB" if peak else "")
+             + (f"; other jobs' copies not yet freed on a node: up to {other} MB" if other else "") + ";",
              f"- time per save of that state: p50 {_span(p50, ' ms')}, p95 {_span(p95, ' ms')} over {len(mem)} "
              f"runs ({_span(per_mb, ' ms')} per MB at p50);",
              f"- K for a 5 % budget with 1 s steps, from the slowest run's p50 / p95: K = {k_p50} / {k_p95};",

@@ -34,6 +34,10 @@ def run(source: str = "healthcheck") -> int:
         print(line, file=sys.stderr if p.exit_code else sys.stdout)
         if trouble:
             report_own_trouble(source, ctx, "node state", trouble)
+        # a requeued job's copies in node memory, left here once it is over (jobhook.sweep_memory_tier)
+        from autoheal.hooks.jobhook import sweep_memory_tier
+
+        sweep_memory_tier(ctx, source)
         return p.exit_code
     except Exception as exc:  # our own trouble (a bug, a disk): "could not tell", never a traceback
         report_own_trouble(source, ctx, "internal error", exc)

@@ -88,6 +88,8 @@ def _run(ctx: Context, kind: str) -> int:
         return 1 if kind == "prolog" or not drained else 0
     if kind == "prolog" and job and mapping_dir:
         _write_mapping(ctx, job, mapping_dir)
+    if kind == "prolog" and job:  # after the checks: trouble of its own never keeps a GPU fault unseen
+        sweep_memory_tier(ctx, kind, job)
     return 0
 
 
@@ -137,14 +139,16 @@ def _spool_is_empty(spool: str) -> bool:
         return False
 
 
-def _memory_tier(ctx: Context, job: str) -> None:
-    """Kill the job's memory-tier agent and free its copies in node memory unless Slurm requeued it
-    (``autoheal/memtier_files.py``). Costs one listing of the memory folder for the jobs that never asked
-    for the tier: the cleanup's module is imported only when some user has a memory folder here."""
+def _memory_tier(ctx: Context, job: str, kind: str = "epilog") -> None:
+    """The epilog: kill the job's memory-tier agent and free its copies in node memory unless Slurm
+    requeued it; the prolog (and the healthcheck, ``job`` ""): free the copies of jobs that are over and
+    left them here, so that no job starts beside them and an idle node does not hold them
+    (``autoheal/memtier_files.py``). Costs one listing of the memory folder when no user has one here:
+    the cleanup's module is imported only when some user does."""
     from autoheal import memtier_base
 
-    uid = os.environ.get("SLURM_JOB_UID", "")
-    if not uid.isdigit() or not memtier_base.user_ids(ctx.node):
+    uid = os.environ.get("SLURM_JOB_UID", "") if kind == "epilog" else ""
+    if (kind == "epilog" and not uid.isdigit()) or not memtier_base.user_ids(ctx.node):
         return
     from autoheal import memtier_files
     from autoheal.errors import SlurmError, SlurmNotFound
@@ -159,10 +163,26 @@ def _memory_tier(ctx: Context, job: str) -> None:
         return (found.state, found.restart_count)
 
     try:
-        for line in memtier_files.epilog_cleanup(ctx.node, int(uid), job, facts_of):
-            print(f"autoheal-epilog: {line}", file=sys.stderr)
-    except OSError as exc:  # a hostile or broken folder: the job's end goes on
-        print(f"autoheal-epilog: warning: memory tier cleanup: {exc}", file=sys.stderr)
+        if kind == "epilog":
+            lines = memtier_files.epilog_cleanup(ctx.node, int(uid), job, facts_of)
+        else:
+            lines = memtier_files.sweep_over(ctx.node, facts_of, job)
+        for line in lines:
+            print(f"autoheal-{kind}: {line}", file=sys.stderr)
+    except OSError as exc:  # a hostile or broken folder: the job's start or end goes on
+        print(f"autoheal-{kind}: warning: memory tier cleanup: {exc}", file=sys.stderr)
+
+
+def sweep_memory_tier(ctx: Context, kind: str, job: str = "") -> None:
+    """The prolog's and the healthcheck's part (``job``: the prolog's own, kept): free the copies of jobs
+    that are over on this node, before a job starts beside them and on an idle or drained node
+    (HealthCheckProgram runs there too). Never fails the hook: its trouble is reported."""
+    from autoheal.hooks.context import report_own_trouble
+
+    try:
+        _memory_tier(ctx, job, kind)
+    except Exception as exc:  # our own trouble: reported, the hook's verdict on the GPUs stands
+        report_own_trouble(kind, ctx, "memory tier sweep", exc)
 
 
 def _accept_resume(ctx: Context, kind: str) -> bool:

@@ -167,3 +167,34 @@ def test_node_killed_requeue_keeps_the_survivors_copies_and_loses_at_most_k_step
     wait_for(lambda: mtlab.slurm.get_job(jid).state not in ("RUNNING", "COMPLETING", "PENDING"), 120, "job end")
     wait_for(lambda: not any(mtlab.memory_dirs(jid).values()) and not _agents_of(jid), 60,
              "the epilogs to free the copies and the agents to end")
+
+
+def test_an_over_jobs_copies_are_freed_where_no_epilog_of_it_comes_again(mtlab, tmp_path):
+    """A requeued job's epilogs keep its copies on its nodes for its next run; when that run never comes
+    there (it ran on other nodes, or the job was held and cancelled, as here), no epilog of that job
+    frees them. The next job's prolog on such a node frees them before that job starts (the bench saw a
+    node holding a cancelled job's 4 copies beside the running job's 4), and the healthcheck frees them
+    on a node that runs nothing."""
+    first, second, *others = mtlab.layout.all_nodes
+    for node in others:  # the job lands on `first` and `second`
+        mtlab.slurm.drain(node, "memtier test: the job must land on the first two nodes")
+    try:
+        jid, _ = mtlab.submit(tmp_path)
+        mtlab.slurm.requeue(jid, hold=True)
+        wait_for(lambda: mtlab.slurm.get_job(jid).state not in ("RUNNING", "COMPLETING"), 120, "the requeue")
+        assert mtlab.memory_dirs(jid)[first] and mtlab.memory_dirs(jid)[second]  # kept for its next run
+        cancel_job(mtlab.env, jid)
+        kept = mtlab.memory_dirs(jid)
+        assert kept[first] and kept[second], kept  # over, and no epilog of it comes to free them
+        where = memtier_files.job_dir(first, os.geteuid(), jid, mtlab.env)
+        script = tmp_path / "next.sh"
+        script.write_text(f"#!/bin/bash\n#SBATCH -N 1 -w {first} -o {tmp_path}/next.txt\n"
+                          f"test -e {where} && echo copies-of-{jid}-present || echo copies-of-{jid}-absent\n")
+        subprocess.run(["sbatch", str(script)], env=mtlab.env, check=True, capture_output=True, timeout=30)
+        wait_text(tmp_path / "next.txt", rf"copies-of-{jid}-absent|copies-of-{jid}-present", 90)
+        assert f"copies-of-{jid}-absent" in (tmp_path / "next.txt").read_text()  # the prolog freed them
+        # `second` runs nothing: its healthcheck (every HealthCheckInterval, 30 s in the lab) frees them
+        wait_for(lambda: not mtlab.memory_dirs(jid)[second], 120, f"the healthcheck on {second} to free them")
+    finally:
+        for node in others:
+            mtlab.slurm.resume(node)

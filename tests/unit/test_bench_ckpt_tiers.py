@@ -178,7 +178,8 @@ def _doc(tiers, rows):
 
 def test_run_all_writes_the_tiers_rows_and_costs_from_the_bench_output(tiers, tmp_path):
     run_all = _run_all()
-    rows = [_row(trainer="torch", save_ms_p50=120.0, save_ms_p95=300.0, state_mb=9.47, memory_per_node_mb=37.88),
+    rows = [_row(trainer="torch", save_ms_p50=120.0, save_ms_p95=300.0, state_mb=9.47, memory_per_node_mb=37.88,
+                 memory_peak_mb=47.35, memory_other_jobs_mb=0.0),
             _row(trainer="torch", fault="ecc", save_ms_p50=200.0, save_ms_p95=350.0, state_mb=9.47,
                  memory_per_node_mb=37.88, lost_steps=1, fault_to_resumed_s=20.1),
             _row(trainer="torch", tier="durable", lost_steps=11, fault_to_resumed_s=19.0)]
@@ -191,7 +192,8 @@ def test_run_all_writes_the_tiers_rows_and_costs_from_the_bench_output(tiers, tm
     assert "hot spare + memory tier fault -> resumed <= 3 s: max 20.1 s over 2 case(s): NOT met" in block
     costs = run_all.render_tier_costs(doc)
     assert "9.47 MB; memory per node with K=1 and the default 2 copies" in costs
-    assert "median 37.88 MB (37.88 MB over 2 runs)" in costs
+    assert "median 37.88 MB (37.88 MB over 2 runs); at the peak, with a save in flight: 47.35 MB;" in costs
+    assert "other jobs" not in costs
     assert "p50 120-200 ms, p95 300-350 ms over 2 runs" in costs
     assert "K = 4 / 7" in costs  # ceil(0.2 / 0.05), ceil(0.35 / 0.05)
     assert "torch 0-1 vs 11" in costs
@@ -212,3 +214,31 @@ def test_the_docs_pages_have_the_tiers_markers():
     for page in (run_all.DOCS, run_all.GUIDE):
         text = page.read_text()
         assert text.count(begin) == 1 and text.count(end) == 1, page
+
+
+def test_memory_read_counts_the_jobs_copies_apart_from_saves_in_flight_and_other_jobs(tiers, tmp_path):
+    """The matrix read 79.04 MB on a node where the tier bounds the job to 37.88 MB: 4 copies of job 26
+    (requeued onto other nodes, then cancelled) next to job 28's 4 and one being written. The read now
+    says which is which: the job's own published copies, its temporaries, other jobs' files."""
+    user = tmp_path / "autoheal-memtier-0"
+    for job, names in {"28": ["r00000-s00000050.copy", "r00000-s00000051.copy", ".tmp-r00000-s00000052.copy-9-ab",
+                              "agent.pid"],
+                       "26": ["r00001-s00000041.copy", "agent.pid"]}.items():
+        (user / job).mkdir(parents=True)
+        for i, name in enumerate(names):
+            (user / job / name).write_bytes(b"x" * (100 * (i + 1)))
+    (tmp_path / "unrelated").write_bytes(b"y" * 5000)  # not the tier's
+    assert tiers.memory_held(tmp_path, "28") == tiers.Held(copies=300, in_flight=300, other_jobs=300)
+    assert tiers.memory_held(tmp_path / "gone", "28") == tiers.Held()
+
+
+def test_memory_figures_are_the_first_reads_copies_the_peak_and_other_jobs(tiers):
+    H = tiers.Held
+    reads = [{"gpu1": H(37_880_000, 0, 0), "gpu2": H(37_880_000, 3_280_000, 0)},
+             {"gpu1": H(37_880_000, 9_470_000, 0), "gpu2": H(37_880_000, 0, 1_000_000)}]
+    assert tiers.memory_figures(reads) == {"memory_per_node_mb": 37.88, "memory_peak_mb": 47.35,
+                                           "memory_other_jobs_mb": 1.0}
+    assert tiers.memory_figures([])["memory_per_node_mb"] is None
+    row = _row(trainer="torch", save_ms_p50=120.0, save_ms_p95=300.0, state_mb=9.47, **tiers.memory_figures(reads))
+    assert "tier memory/node 37.88 MB (peak 47.35 MB) (+1.0 MB of other jobs)" in tiers.render_row(row)
+    assert "of other jobs" not in tiers.render_row(dict(row, memory_other_jobs_mb=0.0))

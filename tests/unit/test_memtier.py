@@ -362,6 +362,45 @@ def test_epilog_keeps_a_requeued_jobs_copies_and_frees_finished_ones(tmp_path):
     assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["8"]
 
 
+def test_sweep_frees_jobs_that_are_over_and_keeps_the_rest(tmp_path):
+    """A job requeued onto other nodes leaves its copies on its old ones and no epilog of it comes there
+    again (the bench read a node holding a cancelled job's 4 copies beside the running job's 4): the
+    sweep frees every job that is over, never the caller's own, one that may run again, or one Slurm
+    does not answer about."""
+    env = _env(tmp_path)
+    memtier_files.base_dir("n1", env).mkdir(parents=True)
+    jobs = {"26": ("CANCELLED", 1), "27": ("GONE", 0), "28": ("PENDING", 1), "29": ("RUNNING", 0), "30": None,
+            "31": ("COMPLETED", 0)}
+    for job in jobs:
+        d = memtier_files.job_dir("n1", os.geteuid(), job, env)
+        d.mkdir(parents=True)
+        (d / "r00000-s00000050.copy").write_bytes(b"x" * 64)
+    done = memtier_files.sweep_over("n1", jobs.get, "31", env)
+    assert memtier_files.job_dirs("n1", os.geteuid(), env) == ["28", "29", "30", "31"]
+    assert sorted(done) == ["freed memory-tier copies of job 26 (CANCELLED)",
+                            "freed memory-tier copies of job 27 (GONE)"]
+    assert memtier_files.sweep_over("n1", jobs.get, "", env) == ["freed memory-tier copies of job 31 (COMPLETED)"]
+
+
+@pytest.mark.parametrize("kind", ["prolog", "healthcheck"])
+def test_the_prolog_and_the_healthcheck_free_an_over_jobs_copies(tmp_path, monkeypatch, kind):
+    """The hooks' side of the sweep, through the hooks' real context type and a Slurm adapter: the
+    prolog of job 40 frees cancelled job 26's copies (before job 40 starts beside them) and keeps its own
+    (a requeued run's); the healthcheck, on a node that runs nothing, frees them too."""
+    from autoheal.hooks import jobhook
+    from autoheal.slurm.model import Job
+    from autoheal_lab.testing.hooks import hook_context
+    from autoheal_lab.testing.slurm import MemorySlurm
+
+    monkeypatch.setenv(memtier_files.BASE_ENV, str(tmp_path / "{node}"))
+    for job in ("26", "40"):
+        memtier_files.job_dir("n1", os.geteuid(), job).mkdir(parents=True)
+    slurm = MemorySlurm(jobs=[Job("26", "CANCELLED", ("n1",)), Job("40", "CONFIGURING", ("n1",))])
+    ctx = hook_context(node="n1", source=kind, state_dir=str(tmp_path / "state"), slurm=slurm)
+    jobhook.sweep_memory_tier(ctx, kind, "40" if kind == "prolog" else "")
+    assert memtier_files.job_dirs("n1", os.geteuid()) == ["40"]
+
+
 def test_common_steps_are_what_every_rank_holds():
     assert wire.common_steps([{0: [10, 12], 1: [8, 10]}, {1: [12]}], 2) == [12, 10]
     assert wire.common_steps([{0: [10, 12]}], 2) == []  # rank 1's copies are out of reach
