@@ -145,10 +145,24 @@ class Zygote:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         parent = os.getpid()
-        pid = os.fork()
+        # Every signal blocked across the fork: the client forwards one as soon as it has the child's pid,
+        # and until become() has put the child's signals back to their defaults the warm interpreter's
+        # dispositions hold there (USR1 ignored, TERM only noted): a signal that came then was lost. Held
+        # pending instead (Linux keeps a blocked signal even when ignored), become() unblocks it.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pid = os.fork()
+        except OSError as exc:  # the step's process limit, memory: this rank starts afresh, the others go on
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            with contextlib.suppress(OSError):
+                conn.sendall(warm.encode({"refused": f"the warm interpreter cannot fork ({exc.strerror})"}))
+            _close(fds)
+            conn.close()
+            return None
         if pid == 0:
             self._forget(conn)
             return Job(req, launch, fds, parent)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         with contextlib.suppress(OSError):  # both sides set it: no window where a signal misses the group
             os.setpgid(pid, pid)
         _close(fds)

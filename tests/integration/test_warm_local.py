@@ -210,3 +210,24 @@ def test_the_epilog_ends_a_warm_interpreter_a_killed_job_left_and_its_ranks_die_
     # processes are that step's); here there is no Slurm
     with contextlib.suppress(ProcessLookupError):
         os.kill(sleep, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_that_reaches_the_rank_before_its_handlers_are_reset_is_not_lost(site, sig):
+    # The client forwards a signal as soon as it knows the child's pid, which can be before the child has
+    # put its signals back to a fresh interpreter's defaults: there the warm interpreter ignores USR1 and
+    # notes TERM in its own handler. A preloaded module's at-fork hook sends the signal at that instant;
+    # a fresh Python dies of a USR1 or TERM that comes before its script handles it, and so must the rank.
+    (site["tmp"] / "early.py").write_text(
+        "import os, signal\n"
+        f"os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), {int(sig)}))\n")
+    env = dict(site["env"], PYTHONPATH=str(site["tmp"]))
+    z = Zygote(env, preload="early")
+    try:
+        assert " ready: imported early " in z.first, z.first
+        res = _run(site, "report", env=dict(env, AUTOHEAL_PRELOAD="early"), input="")
+        assert res.returncode == -sig, (res.returncode, res.stdout, res.stderr)
+        assert z.proc.poll() is None  # the warm interpreter serves on
+    finally:
+        z.stop()
+
