@@ -231,3 +231,25 @@ def test_a_signal_that_reaches_the_rank_before_its_handlers_are_reset_is_not_los
     finally:
         z.stop()
 
+
+def test_a_memory_folder_that_is_not_the_users_own_private_one_is_never_used(site, zygote):
+    # The memory base is world-writable like /dev/shm: anyone can make autoheal-memtier-<uid> for another
+    # user before that user does, a symlink or a folder with a warm.sock symlink to a socket the user
+    # serves (here: the warm interpreter of the user's job on node n1), which the peer check passes.
+    uid = os.getuid()
+    real = site["tmp"] / "mem" / NODE / f"autoheal-memtier-{uid}"
+    (site["tmp"] / "mem" / "n2").mkdir()
+    (site["tmp"] / "mem" / "n2" / f"autoheal-memtier-{uid}").symlink_to(real)
+    linked = _run(site, "report", env=_client_env(site, SLURMD_NODENAME="n2"), input="")
+    assert linked.returncode == 3 and json.loads(linked.stdout.splitlines()[0])["warm"] is None, linked.stderr
+    assert "no warm interpreter to trust on this node" in linked.stderr
+    if os.geteuid() != 0:
+        return  # a folder of another owner: only root can make one here
+    planted = site["tmp"] / "mem" / "n3" / f"autoheal-memtier-{uid}" / JOB
+    planted.mkdir(parents=True)
+    (planted / "warm.sock").symlink_to(real / JOB / "warm.sock")
+    for folder in (planted, planted.parent):
+        os.chown(folder, 65534, 65534)
+    res = _run(site, "report", env=_client_env(site, SLURMD_NODENAME="n3"), input="")
+    assert res.returncode == 3 and json.loads(res.stdout.splitlines()[0])["warm"] is None, res.stderr
+    assert "not this user's private folder" in res.stderr
