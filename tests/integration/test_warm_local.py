@@ -253,3 +253,22 @@ def test_a_memory_folder_that_is_not_the_users_own_private_one_is_never_used(sit
     res = _run(site, "report", env=_client_env(site, SLURMD_NODENAME="n3"), input="")
     assert res.returncode == 3 and json.loads(res.stdout.splitlines()[0])["warm"] is None, res.stderr
     assert "not this user's private folder" in res.stderr
+
+
+def test_a_warm_interpreter_that_dies_mid_job_takes_its_ranks_and_the_next_ranks_start_afresh(site, zygote):
+    proc = subprocess.Popen([CLIENT, PY, site["script"], "sleeper"], env=_client_env(site), cwd=site["work"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    rank, sleep = (int(p) for p in proc.stdout.readline().split()[1:])
+    zygote.proc.kill()  # the OOM killer, a bug in a preloaded module
+    assert proc.wait(30) == -signal.SIGKILL  # the client says how the rank ended: killed with it
+    wait_for(lambda: _gone(rank), 20, "the rank gone with its warm interpreter")
+    # what the rank started is left to Slurm (no Slurm here); it holds the client's stderr open
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(sleep, signal.SIGKILL)
+    assert "the warm interpreter ended before the rank did" in proc.stderr.read()
+    after = _run(site, "report", input="")  # its socket is still there, nobody listens on it
+    assert after.returncode == 3 and json.loads(after.stdout.splitlines()[0])["warm"] is None
+    assert "no warm interpreter on this node (still importing, or ended)" in after.stderr
+    proc.stdout.close()
+    proc.stderr.close()
