@@ -243,6 +243,9 @@ def same_interpreter(exe: str, executable: str) -> bool:
 
 def judge(req: Request, facts: Facts) -> Union[Launch, Refusal]:
     """May the warm interpreter run this request, and how."""
+    job, own = req.env.get("SLURM_JOB_ID"), facts.env.get("SLURM_JOB_ID")
+    if job != own:  # its ranks run in this job's step, die with this job: never another job's rank
+        return Refusal(f"the rank is of job {job}, the warm interpreter of job {own}")
     if not same_interpreter(req.exe, facts.executable):
         return Refusal(f"{req.argv[0]} is {req.exe or 'not found'}, the warm interpreter is {facts.executable}")
     differ = import_time_differences(facts.env, req.env)

@@ -77,9 +77,11 @@ def ask(args: List[str], exe: str, env: Dict[str, str], node: str) -> Tuple[Opti
     except (OSError, ValueError) as exc:
         return None, f"no warm interpreter ({exc})"
     try:
-        dir_fd = os.open(os.path.dirname(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
+        dir_fd = open_job_dir(os.path.dirname(path))
+    except FileNotFoundError:
         return None, "no warm interpreter on this node (the job's memory folder is missing)"
+    except (OSError, warm.WireError) as exc:
+        return None, f"no warm interpreter to trust on this node ({exc})"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(CONNECT_TIMEOUT)
@@ -108,6 +110,29 @@ def ask(args: List[str], exe: str, env: Dict[str, str], node: str) -> Tuple[Opti
         why = reply.get("refused") if reply else None
         return None, str(why or "the warm interpreter ended before it answered")
     return sock, reader
+
+
+def open_job_dir(job_dir: str) -> int:
+    """An fd of the job's memory folder, which must be, like its parent ``autoheal-memtier-<uid>``, a
+    folder (no symlink) of this user's, private: the base is world-writable (``/dev/shm``), and a folder
+    planted there by another user could hold a ``warm.sock`` symlink to any socket this user serves (the
+    warm interpreter of another of their jobs), which the peer check would then pass."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    user_fd = _private(os.open(os.path.dirname(job_dir), flags), os.path.dirname(job_dir))
+    try:
+        job_fd = os.open(os.path.basename(job_dir), flags, dir_fd=user_fd)
+    finally:
+        os.close(user_fd)
+    return _private(job_fd, job_dir)
+
+
+def _private(fd: int, path: str) -> int:
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise warm.WireError(f"{path} is uid {st.st_uid}'s with mode {st.st_mode & 0o777:o}, not this user's "
+                             f"private folder")
+    return fd
 
 
 def _check_peer(sock: socket.socket) -> None:

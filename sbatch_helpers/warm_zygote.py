@@ -113,18 +113,27 @@ class Zygote:
         except OSError:
             return None
         fds: List[int] = []
+        peer_ok = False
+        # one bound for the whole request, not for each read: the ranks already running wait for this loop
+        deadline = time.monotonic() + warm.REQUEST_TIMEOUT
         try:
             conn.settimeout(warm.REQUEST_TIMEOUT)
             _, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                             struct.calcsize("3i")))
             if uid != os.getuid():
                 raise warm.WireError(f"a process of uid {uid} connected (this job's user is {os.getuid()})")
+            peer_ok = True
             marker, fds, _, _ = socket.recv_fds(conn, 1, 3)
             if marker != b"F" or len(fds) != 3:
                 raise warm.WireError("the request came without its three stdio descriptors")
-            req = warm.Request.from_msg(_read_frame(conn))
+            req = warm.Request.from_msg(_read_frame(conn, deadline))
+            conn.settimeout(warm.REQUEST_TIMEOUT)  # for the replies: what was left of the bound may be nothing
         except (OSError, warm.WireError) as exc:
             say(f"{self.node}: a request refused: {exc}")
+            if peer_ok:  # the job's own client is told why (it said only "ended before it answered")
+                with contextlib.suppress(OSError, warm.WireError):
+                    conn.settimeout(1.0)
+                    conn.sendall(warm.encode({"refused": f"the warm interpreter refused the request: {exc}"}))
             _close(fds)
             conn.close()
             return None
@@ -145,10 +154,24 @@ class Zygote:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
         parent = os.getpid()
-        pid = os.fork()
+        # Every signal blocked across the fork: the client forwards one as soon as it has the child's pid,
+        # and until become() has put the child's signals back to their defaults the warm interpreter's
+        # dispositions hold there (USR1 ignored, TERM only noted): a signal that came then was lost. Held
+        # pending instead (Linux keeps a blocked signal even when ignored), become() unblocks it.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            pid = os.fork()
+        except OSError as exc:  # the step's process limit, memory: this rank starts afresh, the others go on
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            with contextlib.suppress(OSError):
+                conn.sendall(warm.encode({"refused": f"the warm interpreter cannot fork ({exc.strerror})"}))
+            _close(fds)
+            conn.close()
+            return None
         if pid == 0:
             self._forget(conn)
             return Job(req, launch, fds, parent)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         with contextlib.suppress(OSError):  # both sides set it: no window where a signal misses the group
             os.setpgid(pid, pid)
         _close(fds)
@@ -238,10 +261,17 @@ def ignore_others() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
-def _read_frame(conn: socket.socket) -> Dict[str, object]:
+def _read_frame(conn: socket.socket, deadline: float) -> Dict[str, object]:
     reader = warm.FrameReader()
     while True:
-        data = conn.recv(65536)
+        left = deadline - time.monotonic()
+        try:
+            if left <= 0:
+                raise socket.timeout
+            conn.settimeout(left)
+            data = conn.recv(65536)
+        except socket.timeout:
+            raise warm.WireError(f"the request was not whole within {warm.REQUEST_TIMEOUT:g}s") from None
         if not data:
             raise warm.WireError("the client closed before its request was whole")
         frames = reader.feed(data)

@@ -210,3 +210,65 @@ def test_the_epilog_ends_a_warm_interpreter_a_killed_job_left_and_its_ranks_die_
     # processes are that step's); here there is no Slurm
     with contextlib.suppress(ProcessLookupError):
         os.kill(sleep, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGTERM])
+def test_a_signal_that_reaches_the_rank_before_its_handlers_are_reset_is_not_lost(site, sig):
+    # The client forwards a signal as soon as it knows the child's pid, which can be before the child has
+    # put its signals back to a fresh interpreter's defaults: there the warm interpreter ignores USR1 and
+    # notes TERM in its own handler. A preloaded module's at-fork hook sends the signal at that instant;
+    # a fresh Python dies of a USR1 or TERM that comes before its script handles it, and so must the rank.
+    (site["tmp"] / "early.py").write_text(
+        "import os, signal\n"
+        f"os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), {int(sig)}))\n")
+    env = dict(site["env"], PYTHONPATH=str(site["tmp"]))
+    z = Zygote(env, preload="early")
+    try:
+        assert " ready: imported early " in z.first, z.first
+        res = _run(site, "report", env=dict(env, AUTOHEAL_PRELOAD="early"), input="")
+        assert res.returncode == -sig, (res.returncode, res.stdout, res.stderr)
+        assert z.proc.poll() is None  # the warm interpreter serves on
+    finally:
+        z.stop()
+
+
+def test_a_memory_folder_that_is_not_the_users_own_private_one_is_never_used(site, zygote):
+    # The memory base is world-writable like /dev/shm: anyone can make autoheal-memtier-<uid> for another
+    # user before that user does, a symlink or a folder with a warm.sock symlink to a socket the user
+    # serves (here: the warm interpreter of the user's job on node n1), which the peer check passes.
+    uid = os.getuid()
+    real = site["tmp"] / "mem" / NODE / f"autoheal-memtier-{uid}"
+    (site["tmp"] / "mem" / "n2").mkdir()
+    (site["tmp"] / "mem" / "n2" / f"autoheal-memtier-{uid}").symlink_to(real)
+    linked = _run(site, "report", env=_client_env(site, SLURMD_NODENAME="n2"), input="")
+    assert linked.returncode == 3 and json.loads(linked.stdout.splitlines()[0])["warm"] is None, linked.stderr
+    assert "no warm interpreter to trust on this node" in linked.stderr
+    if os.geteuid() != 0:
+        return  # a folder of another owner: only root can make one here
+    planted = site["tmp"] / "mem" / "n3" / f"autoheal-memtier-{uid}" / JOB
+    planted.mkdir(parents=True)
+    (planted / "warm.sock").symlink_to(real / JOB / "warm.sock")
+    for folder in (planted, planted.parent):
+        os.chown(folder, 65534, 65534)
+    res = _run(site, "report", env=_client_env(site, SLURMD_NODENAME="n3"), input="")
+    assert res.returncode == 3 and json.loads(res.stdout.splitlines()[0])["warm"] is None, res.stderr
+    assert "not this user's private folder" in res.stderr
+
+
+def test_a_warm_interpreter_that_dies_mid_job_takes_its_ranks_and_the_next_ranks_start_afresh(site, zygote):
+    proc = subprocess.Popen([CLIENT, PY, site["script"], "sleeper"], env=_client_env(site), cwd=site["work"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    rank, sleep = (int(p) for p in proc.stdout.readline().split()[1:])
+    zygote.proc.kill()  # the OOM killer, a bug in a preloaded module
+    assert proc.wait(30) == -signal.SIGKILL  # the client says how the rank ended: killed with it
+    wait_for(lambda: _gone(rank), 20, "the rank gone with its warm interpreter")
+    # what the rank started is left to Slurm (no Slurm here); it holds the client's stderr open
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(sleep, signal.SIGKILL)
+    assert "the warm interpreter ended before the rank did" in proc.stderr.read()
+    after = _run(site, "report", input="")  # its socket is still there, nobody listens on it
+    assert after.returncode == 3 and json.loads(after.stdout.splitlines()[0])["warm"] is None
+    assert "no warm interpreter on this node (still importing, or ended)" in after.stderr
+    proc.stdout.close()
+    proc.stderr.close()

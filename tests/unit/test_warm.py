@@ -202,3 +202,13 @@ def test_the_client_forwards_every_catchable_signal_but_sigchld():
     assert {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGCONT} <= sigs
     assert not sigs & {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
     assert os.getpid() > 0
+
+
+def test_a_rank_of_another_job_is_never_forked(tmp_path):
+    exe = str(tmp_path / "python")
+    Path(exe).write_text("")
+    facts = warm.Facts(exe, {"SLURM_JOB_ID": "42"})
+    assert isinstance(warm.judge(_req(exe=exe, env={"SLURM_JOB_ID": "42"}), facts), warm.Launch)
+    for env in ({"SLURM_JOB_ID": "43"}, {}):
+        other = warm.judge(_req(exe=exe, env=env), facts)
+        assert isinstance(other, warm.Refusal) and "the warm interpreter of job 42" in other.why
