@@ -39,7 +39,7 @@ def is_runner_comment(comment: str) -> bool:
 
 _FIELD = re.compile(r"\b(\w+)=(\S*)")  # \b: a long word without "=" is scanned once, not from every letter
 #: Keys after the marker, in the order they are written (``restarts`` comes first, as a number).
-COMMENT_FIELDS = ("last", "step", "resumed", "nodes", "state", "excl", "guard", "spares", "swaps")
+COMMENT_FIELDS = ("last", "step", "resumed", "reached", "nodes", "state", "excl", "guard", "spares", "swaps")
 _WORD = re.compile(r"[\s|]+")
 
 
@@ -48,20 +48,24 @@ class CommentState:
     """What the runner keeps in the job comment, after the ``autoheal-runner`` marker.
 
     ``restarts``/``last``/``step``: the latest restart (its number, cause label and the checkpoint step it
-    resumes from); ``resumed``: the step the current run started from (``none``); ``nodes``: the current
-    run's nodes; ``state``: running, requeueing (intent written before the hold: the guard may finish
-    it), requeued, requeue-failed, completed, failed, cancelled, max-restarts, no-progress; ``excl``: the
-    nodes autoheal added to the job's ExcNodeList (the rest of the list is the user's own); ``guard``:
-    what ``autoheal guard`` last did for the job (``released``, ``pruned``). Hot-spare jobs
-    (``--spare-nodes``) add ``spares`` (the idle spares, ``none`` once all are in use; the key marks such
-    a job for xid-watch) and ``swaps`` (how many swaps this run made, the last as ``gpu2>gpu3``); their
-    ``nodes`` are the active nodes.
+    resumes from); ``resumed``: the step the current run started from (``none``); ``reached``: written at a
+    requeue by the runner, the furthest step the ranks' heartbeats reached since that resume (``none``: no
+    record changed; absent: not known, e.g. a requeue the runner did not live to record), which lets the
+    next run tell a job hit by two faults within one checkpoint interval from one that cannot get past
+    its resume point; ``nodes``: the current run's nodes; ``state``: running, requeueing (intent written
+    before the hold: the guard may finish it), requeued, requeue-failed, completed, failed, cancelled,
+    max-restarts, no-progress; ``excl``: the nodes autoheal added to the job's ExcNodeList (the rest of
+    the list is the user's own); ``guard``: what ``autoheal guard`` last did for the job (``released``,
+    ``pruned``). Hot-spare jobs (``--spare-nodes``) add ``spares`` (the idle spares, ``none`` once all
+    are in use; the key marks such a job for xid-watch) and ``swaps`` (how many swaps this run made, the
+    last as ``gpu2>gpu3``); their ``nodes`` are the active nodes.
     """
 
     restarts: int = 0
     last: str = ""
     step: str = ""
     resumed: str = ""
+    reached: str = ""
     nodes: str = ""
     state: str = ""
     excl: str = ""

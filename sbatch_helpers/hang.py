@@ -34,6 +34,8 @@ Never a healthy step that is merely slow:
 Progress is a change of a rank's record as the runner sees it, timed by the runner's own clock: ranks
 on other nodes have other clocks. A record's own time serves only to measure how long that rank's
 steps take (above); a rank's clock stepped back (a negative difference) is measured by the runner's.
+The same rule gives how far a run got (``Tracker.reached``): the furthest step among the records seen to
+change, which the runner records at a requeue for its no-progress rule (``runner.no_progress``).
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ class Tracker:
     trains: bool = False          # the job writes per-step heartbeats (now or in an earlier run)
     slowest: float = 0.0          # the longest time one training step took, after each rank's first
     marks: Mapping[int, StepMark] = field(default_factory=dict)  # each rank's current training step
+    #: the furthest step among the records seen to change this step (never a baseline's: an earlier
+    #: run's record says how far that run got, not this one); None while nothing changed
+    reached: Optional[int] = None
 
 
 def within_backstop(seconds: float, backstop: Optional[float]) -> float:
@@ -132,6 +137,7 @@ def observe(tracker: Tracker, beats: Mapping[int, Heartbeat], now: float) -> Tra
     marks = dict(tracker.marks)
     advanced, slowest = tracker.advanced, tracker.slowest
     training = any(b.phase == PHASE_STEP for b in fresh.values())
+    reached = max([b.step for b in fresh.values()] + ([] if tracker.reached is None else [tracker.reached]))
     for rank, beat in fresh.items():
         seen[rank], changed[rank] = beat, now
         first.setdefault(rank, beat.step)
@@ -147,7 +153,8 @@ def observe(tracker: Tracker, beats: Mapping[int, Heartbeat], now: float) -> Tra
             marks[rank] = StepMark(beat.step, beat.time, now)
     return replace(tracker, seen=seen, changed=changed, first_step=first, last_progress=now,
                    last_phase=PHASE_STEP if training else next(iter(fresh.values())).phase,
-                   advanced=advanced, trains=tracker.trains or training, slowest=slowest, marks=marks)
+                   advanced=advanced, trains=tracker.trains or training, slowest=slowest, marks=marks,
+                   reached=reached)
 
 
 def step_time(mark: StepMark, beat: Heartbeat, now: float) -> float:

@@ -428,7 +428,8 @@ class HotSpareRun:
         # every update of it ("the DB index is being set", after 5 s of retries inside scontrol) until
         # it ends or is requeued (see hot_fault for a job Slurm resized itself).
         self._hot_comment()
-        self.comment.resumed, self.comment.state = step, "running"
+        # a new resume point: how far the run got before it says nothing of the step starting now
+        self.comment.resumed, self.comment.reached, self.comment.state = step, "", "running"
         self.write_comment()
         if not self._hot_shrink(fresh, [n for n in decision.drop if n in fresh.nodes]):
             self.hot, self.swaps = before

@@ -152,9 +152,36 @@ def expand_checkpoint_dir(template: str, ident: JobIdentity, token: str = "") ->
     return out
 
 
-def no_progress(restart_count: int, previous_resumed: str, resumed_now: str) -> bool:
-    """Two consecutive restarts (this one and the previous one) resume from the same checkpoint step."""
-    return restart_count >= 2 and previous_resumed != "" and previous_resumed == resumed_now
+def reached_past(resumed: str, reached: str) -> bool:
+    """The run that resumed from ``resumed`` (a step, or ``none``: from scratch, step 0) got past it by
+    the evidence of its heartbeats (``reached``, the comment's field: a step; ``none`` or absent: no)."""
+    if not reached.isdigit():
+        return False
+    if resumed.isdigit():
+        return int(reached) > int(resumed)
+    return resumed == "none" and int(reached) > 0
+
+
+def no_progress(restart_count: int, previous_resumed: str, resumed_now: str, previous_reached: str = "") -> bool:
+    """Two consecutive restarts (this one and the previous one) resume from the same checkpoint step, and
+    the previous run did not get past that step (``previous_reached``: how far its ranks' heartbeats got,
+    recorded at its requeue; absent when not known, which keeps the rule as without it).
+
+    A run that did get past it lost its steps to a second fault before its next checkpoint: on a big fleet
+    (a failure every few hours, checkpoints every 30 min) a healthy job is hit so, and stopping it would be
+    a job autoheal kills. A job that cannot get past a point (it dies right after each resume) is still
+    stopped here; one that dies at a fixed step past its checkpoint is bounded by ``--max-restarts``."""
+    return (restart_count >= 2 and previous_resumed != "" and previous_resumed == resumed_now
+            and not reached_past(previous_resumed, previous_reached))
+
+
+def reached_words(reached: str) -> str:
+    """The comment's ``reached`` for the runner's messages."""
+    if reached.isdigit():
+        return f"reached step {reached}"
+    if reached == "none":
+        return "reached no further step (no heartbeat of its ranks changed)"
+    return "did not record how far it got"
 
 
 def retry_step(fn: Callable[[], None], budget: float, what: str, clock: Callable[[], float] = time.monotonic,
@@ -547,6 +574,9 @@ class Runner(HotSpareRun):
             from autoheal.sbatch_helpers import warm_launch
 
             env = warm_launch.start_for_runner(self, env)
+        # The heartbeats' baseline before the step starts: a record written before it was read would be
+        # taken for an earlier run's, and this run's progress (``reached``) would go unseen.
+        self.watch = HangWatch(self.checkpoint_dir, self.hang_options())
         try:
             child = Child(argv, env, reap_all=self.adopt_orphans)
         except OSError as exc:
@@ -560,12 +590,17 @@ class Runner(HotSpareRun):
         if stop is not None:
             return stop
         env = self.prepare()
-        if no_progress(self.ident.restart_count, self.comment.resumed, self.resume_step):
+        restart, reached = self.ident.restart_count, self.comment.reached
+        both = (f"job {self.ident.job_id}: restarts {restart - 1} and {restart} both resume from checkpoint step "
+                f"{self.resume_step}")
+        if no_progress(restart, self.comment.resumed, self.resume_step, reached):
             return self.finish("no-progress", EXIT_NO_PROGRESS,
-                               f"job {self.ident.job_id}: restarts {self.ident.restart_count - 1} and "
-                               f"{self.ident.restart_count} both resume from checkpoint step {self.resume_step}; "
-                               f"stopping (no progress)")
+                               f"{both} and run {restart - 1} {reached_words(reached)}; stopping (no progress)")
+        if restart >= 2 and self.comment.resumed == self.resume_step:
+            say(f"{both}, but run {restart - 1} {reached_words(reached)} before it ended: lost to a second fault "
+                f"before the next checkpoint, not a lack of progress; going on")
         self.comment.resumed = self.resume_step
+        self.comment.reached = ""  # this run's, written at its requeue: the previous run's says nothing of it
         self.comment.nodes = ",".join(self.job_nodes)
         self.comment.state = "running"
         if self.opts.spare_nodes:
@@ -586,11 +621,12 @@ class Runner(HotSpareRun):
         if self.end_time and self.end_time > self.clock():
             deadline = self.end_time - self.opts.grace - self.opts.requeue_margin
         while True:
-            self.watch = HangWatch(self.checkpoint_dir, self.hang_options())  # a new step: new heartbeats
+            if self.watch is None:
+                self.watch = HangWatch(self.checkpoint_dir, self.hang_options())
             self.hang_decision = None
             act = self._watch_step(child, deadline)
             if act == "restart":
-                child = self.hot_restart(argv)
+                child = self._next_step(argv)
                 continue
             if isinstance(act, int):
                 return act
@@ -599,7 +635,7 @@ class Runner(HotSpareRun):
                 # a fault signal while the step was ending, or the step died (its node died)
                 act = self.hot_fault(child, "signal" if self.received is not None else f"exit {code}")
                 if act == "restart":
-                    child = self.hot_restart(argv)
+                    child = self._next_step(argv)
                     continue
                 if isinstance(act, int):
                     return act
@@ -611,6 +647,26 @@ class Runner(HotSpareRun):
         return self.finish("failed", code if code > 0 else 128 - code,
                            f"job {self.ident.job_id}: the command exited with {code} (not requeued: a failing "
                            f"command is not a node problem)", "info")
+
+    def _next_step(self, argv: Sequence[str]) -> Child:
+        """A hot spare took over: the script again, its heartbeats judged afresh (the baseline read before
+        it starts: what the earlier step left is not this step's progress)."""
+        self.watch = HangWatch(self.checkpoint_dir, self.hang_options())
+        return self.hot_restart(argv)
+
+    def reached(self) -> str:
+        """How far the ranks got since this run (or its last hot-spare step) resumed, for the comment's
+        ``reached``: the furthest step among the heartbeat records seen to change, read once more now;
+        ``none`` when none changed; empty (not known) without a step watched."""
+        if self.watch is None:
+            return ""
+        try:
+            self.watch.tracker = hang.observe(self.watch.tracker, self.watch.read(self.watch.directory),
+                                              self.watch.clock())
+        except Exception as exc:  # the requeue must go on without it (the rule then stays as before)
+            say(f"warning: cannot read the ranks' heartbeats: {exc}")
+        got = self.watch.tracker.reached
+        return "none" if got is None else str(got)
 
     def _watch_step(self, child: Child, deadline: Optional[float]) -> Union[str, int, None]:
         """Until the step's leader exits (None): "restart" (a hot spare takes over) or the run's exit
@@ -797,6 +853,7 @@ class Runner(HotSpareRun):
         """Slurm, an admin, or the job's own framework (submitit, Lightning) requeued it: still keep it
         off the bad node and record why."""
         self.requeueing = True
+        self.comment.reached = evidence["reached"] = self.reached()
         self._note_restart(self.ident.restart_count + 1, cause, step, "requeued")
         excluded = self.exclude_while_pending(cause, nodes)
         evidence["excluded"] = ",".join(excluded)
@@ -820,6 +877,7 @@ class Runner(HotSpareRun):
                            job: Optional[Job],
                            evidence: Dict[str, Any]) -> int:
         """Requeue (the checkpoint is already written) and say what happened; the exit code."""
+        self.comment.reached = evidence["reached"] = self.reached()  # with the requeue's first comment
         try:
             outcome, excluded = self.requeue(cause, nodes, job, next_restart, step)
         except SlurmRequeueDisabled as exc:
