@@ -163,3 +163,57 @@ def test_node_killed_with_the_memory_tier_loses_at_most_k_steps(flab, tmp_path):
     finally:
         cancel_job(flab.env, jid)
         flab.heal(victim)
+
+
+def test_two_faults_before_the_next_checkpoint_do_not_stop_the_job(flab, tmp_path):
+    """XID 79 twice, each on the GPU of the rank that is not on the batch host, both before the job's next
+    durable checkpoint: restarts 1 and 2 both resume from the same step. Run 1 got past it before the
+    second fault (its ranks' heartbeats say how far, recorded in the comment's ``reached``), so restart 2
+    runs and the job completes; before, the runner stopped it ``no-progress`` (seen in the soak, 2026-12-07:
+    "restarts N-1 and N both resume from checkpoint step 310; stopping")."""
+    every, steps = 150, 330  # 15 s between durable saves: the second fault comes well inside the interval
+    script = tmp_path / "job.sh"
+    script.write_text(
+        f"#!/bin/bash\n#SBATCH -N 2 --ntasks-per-node=1 --gres=gpu:1 -o {tmp_path}/out.txt\n"
+        "export MASTER_ADDR=127.0.0.1\n"
+        f"srun -l {PY} {TRAINER} --steps {steps} --step-seconds 0.1 --checkpoint-every {every} "
+        "--device lab --collective --timestamps\n")
+    res = subprocess.run([PY, "-m", "autoheal.cli.main", "sbatch", "--grace", "5", "--parsable", str(script)],
+                         cwd=tmp_path, env=flab.env, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    jid = res.stdout.strip().split(";")[0]
+    out = tmp_path / "out.txt"
+    broken: list = []
+    try:
+        for restart in (0, 1):
+            starts = [s for s in wait_text(out, START, 150, count=2 * restart + 2) if s[3] == str(restart)]
+            batch_host = flab.slurm.get_job(jid).batch_host
+            rank, _, _, _, victim = next(s for s in starts if s[4] != batch_host)
+            gpu = int(wait_text(out, rf"^{rank}: autoheal-trainer: device lab gpus=(\d+)$", 30,
+                                count=restart + 1)[restart])
+            if restart == 0:
+                wait_text(out, rf"checkpoint saved step={every}", 90)
+            else:
+                # the first fault's node back in service, so that restart 2 has two nodes (the runner's
+                # next requeue drops it from the exclusions once it is healthy)
+                flab.heal(broken[0])
+            # past the checkpoint in this run, so the fault costs steps that no checkpoint holds
+            wait_text(out, rf"^{rank}: autoheal-trainer: step={every + 2} ", 60, count=restart + 1)
+            inject(flab.lab, victim, gpu, "xid", xid=79)
+            broken.append(victim)
+        wait_text(out, r" restart=2 ", 150)
+        wait_text(out, r"done step=\d+ final_state=", 120, count=2)
+        text = out.read_text()
+        starts = re.findall(START, text, re.M)
+        # both faults came before step 2*every's save: restarts 1 and 2 resume from the same step
+        assert sorted({(s[3], s[1]) for s in starts}) == [("0", "0"), ("1", str(every)), ("2", str(every))], starts
+        went_on = re.search(rf"restarts 1 and 2 both resume from checkpoint step {every}, but run 1 reached step "
+                            r"(\d+) before it ended", text)
+        assert went_on and int(went_on.group(1)) > every, text[-3000:]
+        assert "no progress" not in text
+        finals = re.findall(r"^(\d+): autoheal-trainer: done step=(\d+) final_state=(\d+)$", text, re.M)
+        assert sorted(finals) == [(r, str(steps), str(expected_final_state(steps))) for r in ("0", "1")], finals
+    finally:
+        cancel_job(flab.env, jid)
+        for node in dict.fromkeys(broken):
+            flab.heal(node)
