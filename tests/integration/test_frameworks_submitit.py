@@ -166,12 +166,17 @@ def _run_both(lab, tmp_path, own_gpu: bool):
         for jid in jobs.values():
             subprocess.run(["scancel", jid], env=env, capture_output=True, timeout=20)
         for node in sorted({n for n, _g in bad}):
-            subprocess.run([PY, "-m", "autoheal.cli.main", "lab", "inject", "--dir", str(lab.root), "--node", node,
-                            "--clear"], env=env, capture_output=True, timeout=30)
-            subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
-                           env=dict(env, **lab.node_env(node)), capture_output=True, timeout=60)
-            if slurm.get_node(node).drain:
-                nodeops.resume(slurm, node)
+            _heal(lab, env, slurm, node)
+
+
+def _heal(lab, env, slurm, node: str) -> None:
+    """The node as before the test: its fault cleared, its fault counts cleared, back in service."""
+    subprocess.run([PY, "-m", "autoheal.cli.main", "lab", "inject", "--dir", str(lab.root), "--node", node,
+                    "--clear"], env=env, capture_output=True, timeout=30)
+    subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
+                   env=dict(env, **lab.node_env(node)), capture_output=True, timeout=60)
+    if slurm.get_node(node).drain:
+        nodeops.resume(slurm, node)
 
 
 def _first_run(log: str) -> str:
@@ -306,12 +311,7 @@ def _run_ranks(lab, tmp_path, kind: str, collective: bool) -> dict:
         if jid:
             subprocess.run(["scancel", jid], env=env, capture_output=True, timeout=20)
         if node:
-            subprocess.run([PY, "-m", "autoheal.cli.main", "lab", "inject", "--dir", str(lab.root), "--node", node,
-                            "--clear"], env=env, capture_output=True, timeout=30)
-            subprocess.run([PY, "-m", "autoheal.cli.main", "check", "--clear-faults", "--node", node],
-                           env=dict(env, **lab.node_env(node)), capture_output=True, timeout=60)
-            if slurm.get_node(node).drain:
-                nodeops.resume(slurm, node)
+            _heal(lab, env, slurm, node)
 
 
 def _steps_done(run: str) -> int:

@@ -8,12 +8,11 @@ both resume from checkpoint step 310; stopping") after two faults within one che
 
 from __future__ import annotations
 
-import signal
 import sys
 from dataclasses import replace
 
 import pytest
-from test_sbatch_runner import make, signal_when_started
+from test_sbatch_runner import keep_signal_handlers, make, signal_when_started  # noqa: F401 (autouse)
 
 from autoheal.reasons import MAX_COMMENT_LEN
 from autoheal.runner_comment import COMMENT_FIELDS, CommentState
@@ -22,15 +21,6 @@ from autoheal.sbatch_helpers import runner as r
 from autoheal.sbatch_helpers.checkpoint import CheckpointManager
 from autoheal.sbatch_helpers.progress import PHASE_SAVED, PHASE_STEP, Heartbeat, heartbeat
 from autoheal.slurm.model import Node
-
-
-@pytest.fixture(autouse=True)
-def keep_signal_handlers(monkeypatch):
-    saved = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM)}
-    monkeypatch.setattr(r, "KILL_AFTER_TERM", 0.5)
-    yield
-    for s, h in saved.items():
-        signal.signal(s, h)
 
 
 def beat(rank: int, step: int, t: float = 100.0, phase: str = PHASE_STEP) -> Heartbeat:
